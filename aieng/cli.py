@@ -1,0 +1,152 @@
+"""``aieng`` command line: serve, infer, health, models, config, load.
+
+``aieng serve`` with no arguments, run from the repository root, serves every
+model under ./models (fetched by scripts/fetch_models.py).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any
+
+import numpy as np
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        return obj.tolist() if obj.size <= 16 else {"dtype": obj.dtype.name, "shape": list(obj.shape),
+                                                   "head": obj.reshape(-1)[:8].tolist()}
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, bytes):
+        return f"<{len(obj)} bytes>"
+    return obj
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from aieng import procutil
+    from aieng.config import load_config
+    from aieng.supervisor import serve
+
+    flags = {"frontend_addr": args.addr, "model_repository": args.models_dir, "models": args.models,
+             "preprocess_workers": args.preprocess_workers, "postprocess_workers": args.postprocess_workers,
+             "log_level": args.log_level}
+    try:
+        cfg = load_config(args.config, flags)
+    except ValueError as exc:
+        print(f"aieng: {exc}", file=sys.stderr)
+        return 2
+    procutil.setup_logging("supervisor", cfg.log_level, cfg.log_format)
+    logging.getLogger("aieng.supervisor").info("effective configuration: %s", json.dumps(
+        {k: v for k, v in cfg.to_dict().items() if k != "sources"}, sort_keys=True))
+    return serve(cfg)
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from aieng.config import load_config
+
+    try:
+        cfg = load_config(args.config)
+    except ValueError as exc:
+        print(f"aieng: {exc}", file=sys.stderr)
+        return 2
+    for k, v in cfg.to_dict().items():
+        if k not in ("sources", "instance"):
+            print(f"{k} = {v!r}  ({cfg.sources.get(k, 'default')})")
+    return 0
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def cmd_infer(args: argparse.Namespace) -> int:
+    from aieng.client import Client, ServerError
+
+    inputs: dict[str, Any] = {}
+    if args.text is not None:
+        inputs["text"] = args.text
+    if args.image is not None:
+        with open(args.image, "rb") as fh:
+            inputs["image"] = fh.read()
+    for item in args.input or []:
+        key, _, value = item.partition("=")
+        inputs[key] = _parse_value(value)
+    with Client(args.addr, timeout_s=args.timeout) as client:
+        try:
+            reply = client.infer(args.model, inputs, version=args.version)
+        except ServerError as exc:
+            print(json.dumps(exc.reply), file=sys.stderr)
+            return 1
+    print(json.dumps(_jsonable(reply), indent=2))
+    return 0
+
+
+def cmd_health(args: argparse.Namespace) -> int:
+    from aieng.client import Client
+
+    with Client(args.addr, timeout_s=args.timeout) as client:
+        reply = client.health() if args.cmd == "health" else client.models()
+    print(json.dumps(_jsonable(reply), indent=2))
+    return 0 if reply.get("ok") else 1
+
+
+def cmd_load(args: argparse.Namespace) -> int:
+    from aieng.loadgen import main_load
+
+    return main_load(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="aieng", description="ONNX inference server over ZeroMQ")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("serve", help="run the server in the foreground")
+    s.add_argument("--config", help="YAML config file")
+    s.add_argument("--addr", help="client address (AIENG_FRONTEND_ADDR)")
+    s.add_argument("--models-dir", help="model repository (AIENG_MODEL_REPOSITORY)")
+    s.add_argument("--models", help="comma-separated models to serve (AIENG_MODELS)")
+    s.add_argument("--preprocess-workers", type=int)
+    s.add_argument("--postprocess-workers", type=int)
+    s.add_argument("--log-level")
+    s.set_defaults(func=cmd_serve)
+
+    c = sub.add_parser("config", help="print the effective configuration and where each value came from")
+    c.add_argument("--config", help="YAML config file")
+    c.set_defaults(func=cmd_config)
+
+    for name in ("infer", "health", "models", "load"):
+        p = sub.add_parser(name)
+        p.add_argument("--addr", default=None)
+        p.add_argument("--timeout", type=float, default=30.0)
+        if name == "infer":
+            p.add_argument("model")
+            p.add_argument("--version")
+            p.add_argument("--text")
+            p.add_argument("--image", help="path to a JPEG/PNG file")
+            p.add_argument("--input", action="append", help="NAME=VALUE (JSON or plain string)")
+            p.set_defaults(func=cmd_infer)
+        elif name == "load":
+            p.add_argument("--model", default="minilm")
+            p.add_argument("--concurrency", default="1,4,16", help="comma-separated levels")
+            p.add_argument("--requests", type=int, default=300, help="requests per level")
+            p.set_defaults(func=cmd_load)
+        else:
+            p.set_defaults(func=cmd_health)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

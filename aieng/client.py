@@ -1,0 +1,161 @@
+"""Python clients for aieng (protocol version 1, see docs/protocol.md).
+
+``Client``: blocking, one request at a time over a REQ socket (or DEALER with
+``dealer=True``, which survives a lost reply: a REQ socket would be stuck).
+``AsyncClient``: asyncio over a DEALER socket, many requests in flight,
+replies matched by ``id``.
+
+Inputs may be str (text), bytes (an encoded image), numbers, lists, or numpy
+arrays (sent as tensor maps).  Tensor maps in replies come back as numpy
+arrays.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+from typing import Any
+
+import msgpack
+import numpy as np
+import zmq
+import zmq.asyncio
+
+from aieng.protocol import decode_tensor, encode_tensor
+
+DEFAULT_ADDR = "tcp://127.0.0.1:5555"
+
+
+class ServerError(Exception):
+    def __init__(self, code: str, message: str, reply: dict):
+        super().__init__(f"{code}: {message}")
+        self.code, self.message, self.reply = code, message, reply
+
+
+def _wire_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
+    return {k: encode_tensor(v) if isinstance(v, np.ndarray) else v for k, v in inputs.items()}
+
+
+def decode_reply(raw: bytes, tensors: bool = True) -> dict:
+    reply = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+    if tensors and reply.get("ok") and isinstance(reply.get("outputs"), dict):
+        reply["outputs"] = {k: decode_tensor(v) if isinstance(v, dict) and "dtype" in v else v
+                            for k, v in reply["outputs"].items()}
+    return reply
+
+
+def build_request(req_id: Any, model: str, inputs: dict, version: str | None = None,
+                  params: dict | None = None, timeout_ms: int | None = None) -> dict:
+    req: dict[str, Any] = {"op": "infer", "id": req_id, "model": model, "inputs": _wire_inputs(inputs)}
+    if version is not None:
+        req["version"] = version
+    if params:
+        req["params"] = params
+    if timeout_ms is not None:
+        req["timeout_ms"] = timeout_ms
+    return req
+
+
+class Client:
+    def __init__(self, addr: str | None = None, timeout_s: float = 30.0, dealer: bool = False):
+        self.addr = addr or os.environ.get("AIENG_FRONTEND_ADDR", DEFAULT_ADDR)
+        self.timeout_s = timeout_s
+        self.ctx = zmq.Context.instance()
+        self.dealer = dealer
+        self.sock = None
+        self.ids = itertools.count(1)
+        self._connect()
+
+    def _connect(self) -> None:
+        if self.sock is not None:
+            self.sock.close(0)
+        self.sock = self.ctx.socket(zmq.DEALER if self.dealer else zmq.REQ)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(self.addr)
+
+    def call(self, request: dict, raise_on_error: bool = True) -> dict:
+        if self.dealer:
+            self.sock.send_multipart([b"", msgpack.packb(request, use_bin_type=True)])
+        else:
+            self.sock.send(msgpack.packb(request, use_bin_type=True))
+        while True:
+            if not self.sock.poll(int(self.timeout_s * 1000)):
+                self._connect()  # a REQ socket cannot send again until it receives
+                raise TimeoutError(f"no reply from {self.addr} within {self.timeout_s}s")
+            frames = self.sock.recv_multipart()
+            reply = decode_reply(frames[-1])
+            if not self.dealer or reply.get("id") == request.get("id"):
+                break  # a DEALER may see a late reply to an earlier, timed-out call: skip it
+        if raise_on_error and not reply.get("ok"):
+            err = reply.get("error") or {}
+            raise ServerError(err.get("code", "?"), err.get("message", ""), reply)
+        return reply
+
+    def infer(self, model: str, inputs: dict, **kw: Any) -> dict:
+        raise_on_error = kw.pop("raise_on_error", True)
+        return self.call(build_request(next(self.ids), model, inputs, **kw), raise_on_error)
+
+    def health(self) -> dict:
+        return self.call({"op": "health", "id": next(self.ids)})
+
+    def models(self) -> dict:
+        return self.call({"op": "models", "id": next(self.ids)})
+
+    def close(self) -> None:
+        self.sock.close(0)
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class AsyncClient:
+    """Many requests in flight over one DEALER socket; replies in any order."""
+
+    def __init__(self, addr: str | None = None, timeout_s: float = 30.0):
+        self.addr = addr or os.environ.get("AIENG_FRONTEND_ADDR", DEFAULT_ADDR)
+        self.timeout_s = timeout_s
+        self.ctx = zmq.asyncio.Context.instance()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(self.addr)
+        self.ids = itertools.count(1)
+        self.waiting: dict[Any, asyncio.Future] = {}
+        self.reader: asyncio.Task | None = None
+
+    async def _read(self) -> None:
+        while True:
+            frames = await self.sock.recv_multipart()
+            reply = decode_reply(frames[-1])
+            fut = self.waiting.pop(reply.get("id"), None)
+            if fut is not None and not fut.done():
+                fut.set_result(reply)
+
+    async def call(self, request: dict, raise_on_error: bool = True) -> dict:
+        if self.reader is None:
+            self.reader = asyncio.get_running_loop().create_task(self._read())
+        fut = asyncio.get_running_loop().create_future()
+        self.waiting[request["id"]] = fut
+        await self.sock.send(msgpack.packb(request, use_bin_type=True))
+        try:
+            reply = await asyncio.wait_for(fut, self.timeout_s)
+        finally:
+            self.waiting.pop(request["id"], None)
+        if raise_on_error and not reply.get("ok"):
+            err = reply.get("error") or {}
+            raise ServerError(err.get("code", "?"), err.get("message", ""), reply)
+        return reply
+
+    async def infer(self, model: str, inputs: dict, **kw: Any) -> dict:
+        raise_on_error = kw.pop("raise_on_error", True)
+        return await self.call(build_request(next(self.ids), model, inputs, **kw), raise_on_error)
+
+    async def health(self) -> dict:
+        return await self.call({"op": "health", "id": next(self.ids)})
+
+    def close(self) -> None:
+        if self.reader is not None:
+            self.reader.cancel()
+        self.sock.close(0)

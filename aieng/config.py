@@ -1,0 +1,104 @@
+"""One typed configuration object, resolved once in the supervisor.
+
+Precedence: defaults < YAML file < ``AIENG_*`` environment < command-line
+flags.  Every child process receives the resolved ``Config`` (as a plain dict)
+at spawn and never re-reads the environment or the command line.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from aieng import envs
+
+
+@dataclass
+class Config:
+    frontend_addr: str = "tcp://127.0.0.1:5555"
+    model_repository: str = "models"
+    models: str = ""
+    preprocess_workers: int = 1
+    postprocess_workers: int = 1
+    max_batch_size: int = 0
+    max_wait_ms: float = -1.0
+    device: str = "auto"
+    intra_op_threads: int = 0
+    max_inflight: int = 256
+    max_message_bytes: int = 32 * 1024 * 1024
+    default_timeout_ms: int = 30000
+    max_timeout_ms: int = 300000
+    shm_slot_bytes: int = 1 << 20
+    shm_slots: int = 0
+    drain_grace_s: float = 10.0
+    startup_timeout_s: float = 120.0
+    runtime_dir: str = ""
+    log_level: str = "INFO"
+    log_format: str = "text"
+    # Filled in by the supervisor, not by users.
+    instance: str = ""
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Config":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    def validate(self) -> None:
+        def need(cond: bool, what: str) -> None:
+            if not cond:
+                src = self.sources.get(what.split()[0], "default")
+                raise ValueError(f"invalid configuration: {what} (from {src})")
+
+        need(self.preprocess_workers >= 1, "preprocess_workers must be >= 1")
+        need(self.postprocess_workers >= 1, "postprocess_workers must be >= 1")
+        need(self.max_inflight >= 1, "max_inflight must be >= 1")
+        need(self.max_message_bytes >= 1024, "max_message_bytes must be >= 1024")
+        need(self.default_timeout_ms > 0, "default_timeout_ms must be > 0")
+        need(self.max_timeout_ms >= self.default_timeout_ms, "max_timeout_ms must be >= default_timeout_ms")
+        need(self.shm_slot_bytes >= 4096, "shm_slot_bytes must be >= 4096")
+        need(self.shm_slots >= 0, "shm_slots must be >= 0")
+        need(self.device in ("auto", "cpu", "cuda"), "device must be auto, cpu or cuda")
+        need(self.log_format in ("text", "json"), "log_format must be text or json")
+        need(self.intra_op_threads >= 0, "intra_op_threads must be >= 0")
+
+    @property
+    def ring_slots(self) -> int:
+        return self.shm_slots or self.max_inflight
+
+
+def load_config(yaml_path: str | None = None, flags: dict[str, Any] | None = None,
+                environ: dict[str, str] | None = None) -> Config:
+    """Resolve the effective configuration and remember where each value came from."""
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for var in envs.REGISTRY:
+        values[var.field] = var.default_value()
+        sources[var.field] = "default"
+    if yaml_path:
+        with open(yaml_path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{yaml_path}: top level must be a mapping")
+        known = {f.name for f in dataclasses.fields(Config)}
+        for key, value in data.items():
+            if key not in known or key in ("instance", "sources"):
+                raise ValueError(f"{yaml_path}: unknown setting {key!r}")
+            values[key] = value
+            sources[key] = f"file:{yaml_path}"
+    for key, (value, src) in envs.read_environ(environ).items():
+        values[key] = value
+        sources[key] = src
+    for key, value in (flags or {}).items():
+        if value is not None:
+            values[key] = value
+            sources[key] = "flag"
+    cfg = Config.from_dict(values)
+    cfg.sources = sources
+    cfg.validate()
+    return cfg

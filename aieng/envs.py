@@ -1,0 +1,127 @@
+"""The one registry of every ``AIENG_*`` environment variable.
+
+Each entry has a type, a default and a one-line meaning.  ``aieng.config`` is
+the only reader; children never read the environment themselves, they get the
+resolved config object at spawn.  The README's table is generated from this
+registry (``python -m aieng.envs --markdown``) and a test keeps them in step.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+def cpu_count() -> int:
+    """CPUs this process may actually run on (cgroup/affinity aware)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # pragma: no cover - non-Linux
+        return max(1, os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    type: Callable[[str], Any]
+    default: Any  # a value or a zero-argument callable computing it
+    help: str
+    field: str  # the Config field it sets
+
+    def default_value(self) -> Any:
+        return self.default() if callable(self.default) else self.default
+
+
+def _bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
+
+
+def _default_preprocess_workers() -> int:
+    return max(1, min(4, cpu_count() // 2))
+
+
+def _default_postprocess_workers() -> int:
+    return max(1, min(2, cpu_count() // 4))
+
+
+REGISTRY: tuple[EnvVar, ...] = (
+    EnvVar("AIENG_FRONTEND_ADDR", str, "tcp://127.0.0.1:5555",
+           "ZMQ ROUTER address clients connect to (loopback by default)", "frontend_addr"),
+    EnvVar("AIENG_MODEL_REPOSITORY", str, "models",
+           "Directory holding <model>/<version>/model.yaml + model.onnx", "model_repository"),
+    EnvVar("AIENG_MODELS", str, "",
+           "Comma-separated model names to serve (empty: every model in the repository)", "models"),
+    EnvVar("AIENG_PREPROCESS_WORKERS", int, _default_preprocess_workers,
+           "Preprocessing processes (default: half the usable CPUs, 1..4)", "preprocess_workers"),
+    EnvVar("AIENG_POSTPROCESS_WORKERS", int, _default_postprocess_workers,
+           "Postprocessing processes (default: a quarter of the usable CPUs, 1..2)", "postprocess_workers"),
+    EnvVar("AIENG_MAX_BATCH_SIZE", int, 0,
+           "Overrides every model's max_batch_size when > 0", "max_batch_size"),
+    EnvVar("AIENG_MAX_WAIT_MS", float, -1.0,
+           "Overrides every model's max_wait_ms when >= 0", "max_wait_ms"),
+    EnvVar("AIENG_DEVICE", str, "auto",
+           "auto: CUDA when a session created with it really runs on a GPU; cpu: never try CUDA", "device"),
+    EnvVar("AIENG_INTRA_OP_THREADS", int, 0,
+           "ONNX Runtime intra-op threads in the executor (0: usable CPUs)", "intra_op_threads"),
+    EnvVar("AIENG_MAX_INFLIGHT", int, 256,
+           "Requests in flight before the frontend answers OVERLOADED", "max_inflight"),
+    EnvVar("AIENG_MAX_MESSAGE_BYTES", int, 32 * 1024 * 1024,
+           "Largest request message accepted (INVALID_REQUEST above it)", "max_message_bytes"),
+    EnvVar("AIENG_DEFAULT_TIMEOUT_MS", int, 30000,
+           "Deadline for requests that give no timeout_ms and whose model sets none", "default_timeout_ms"),
+    EnvVar("AIENG_MAX_TIMEOUT_MS", int, 300000,
+           "Largest timeout_ms a request may ask for", "max_timeout_ms"),
+    EnvVar("AIENG_SHM_SLOT_BYTES", int, 1 << 20,
+           "Minimum bytes per shared-memory slot (raised to fit the largest model tensor)", "shm_slot_bytes"),
+    EnvVar("AIENG_SHM_SLOTS", int, 0,
+           "Slots per producer ring (0: AIENG_MAX_INFLIGHT)", "shm_slots"),
+    EnvVar("AIENG_DRAIN_GRACE_S", float, 10.0,
+           "Seconds SIGTERM waits for in-flight requests before answering them UNAVAILABLE", "drain_grace_s"),
+    EnvVar("AIENG_STARTUP_TIMEOUT_S", float, 120.0,
+           "Seconds to wait for every process to report ready", "startup_timeout_s"),
+    EnvVar("AIENG_RUNTIME_DIR", str, "",
+           "Directory for ipc:// sockets (default: a per-instance dir under the temp dir)", "runtime_dir"),
+    EnvVar("AIENG_LOG_LEVEL", str, "INFO", "Log level of every process", "log_level"),
+    EnvVar("AIENG_LOG_FORMAT", str, "text", "text or json", "log_format"),
+)
+
+BY_NAME = {v.name: v for v in REGISTRY}
+
+
+def read_environ(environ: dict[str, str] | None = None) -> dict[str, tuple[Any, str]]:
+    """Return ``{field: (value, "env:NAME")}`` for each set ``AIENG_*`` variable.
+
+    Raises ``ValueError`` naming the variable when a value does not parse, and
+    for unknown ``AIENG_*`` names (a typo must not be silently ignored).
+    """
+    env = os.environ if environ is None else environ
+    out: dict[str, tuple[Any, str]] = {}
+    for key, raw in env.items():
+        if not key.startswith("AIENG_"):
+            continue
+        var = BY_NAME.get(key)
+        if var is None:
+            raise ValueError(f"unknown environment variable {key} (see aieng/envs.py)")
+        try:
+            value = _bool(raw) if var.type is bool else var.type(raw)
+        except ValueError as exc:
+            raise ValueError(f"invalid value for {key}: {raw!r} ({exc})") from None
+        out[var.field] = (value, f"env:{key}")
+    return out
+
+
+def markdown_table() -> str:
+    rows = ["| variable | type | default | meaning |", "|---|---|---|---|"]
+    for v in REGISTRY:
+        default = "computed" if callable(v.default) else repr(v.default)
+        rows.append(f"| `{v.name}` | {v.type.__name__} | {default} | {v.help} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    print(markdown_table())

@@ -1,0 +1,371 @@
+"""The frontend process: the only one that talks to clients, and the hub.
+
+Two ROUTER sockets, one thread:
+  * clients (``Config.frontend_addr``): one msgpack map in, one map out;
+  * the hub (``ipc://<runtime>/hub.sock``): every worker and the supervisor.
+
+It validates requests, keeps the table of requests in flight, routes each
+one stage to the next (least-loaded live worker of each role), stamps the
+time of every hand-off, answers TIMEOUT when a deadline passes and
+UNAVAILABLE for the requests a dead worker held, and frees the
+shared-memory slot of any request that ends while it is responsible for it.
+No CPU-heavy work happens here.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import zmq
+
+from aieng import messages as m
+from aieng import procutil, protocol as p, shm
+from aieng.addresses import hub_addr
+from aieng.config import Config
+from aieng.frontend.table import EXEC, POST, PRE, Request, RequestTable
+from aieng.model_repo import ModelSpec, latest
+
+WORKER_SILENCE_S = 5.0  # no heartbeat for this long: stop routing to it
+
+
+class Frontend:
+    def __init__(self, cfg: Config, specs: dict[str, dict[str, ModelSpec]], log):
+        self.cfg, self.log = cfg, log
+        self.specs = specs
+        self.default_version = {name: latest(vs) for name, vs in specs.items()}
+        self.table = RequestTable()
+        self.rings = shm.RingCache()
+        self.workers: dict[str, dict] = {}  # name -> {role, pid, seen, info}
+        self.ready = False
+        self.draining_until: float | None = None
+        self.state: dict = {"processes": {}, "restarts": {}}
+        self.started = time.time()
+        self.counts = {"requests": 0, "ok": 0, "errors": {}}
+        self.handlers = {
+            m.Hello: self.on_hello, m.Preprocessed: self.on_preprocessed, m.Inferred: self.on_inferred,
+            m.Result: self.on_result, m.Failed: self.on_failed, m.WorkerDown: self.on_worker_down,
+            m.ServiceState: self.on_state, m.Drain: self.on_drain,
+        }
+        self.init_sockets()
+
+    def init_sockets(self) -> None:
+        self.ctx = zmq.Context.instance()
+        self.clients = self.ctx.socket(zmq.ROUTER)
+        self.clients.setsockopt(zmq.LINGER, 1000)
+        self.clients.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a client gone before its answer: drop it
+        # ZMQ drops a connection on a message over MAXMSGSIZE; keep that far above our own
+        # limit so an oversized request still gets its INVALID_REQUEST answer.
+        self.clients.setsockopt(zmq.MAXMSGSIZE, 4 * self.cfg.max_message_bytes)
+        self.clients.setsockopt(zmq.SNDHWM, 0)
+        self.clients.setsockopt(zmq.RCVHWM, 0)
+        if self.clients.getsockopt(zmq.IPV6) == 0 and self.cfg.frontend_addr.startswith("tcp://["):
+            self.clients.setsockopt(zmq.IPV6, 1)
+        self.clients.bind(self.cfg.frontend_addr)
+        self.hub = self.ctx.socket(zmq.ROUTER)
+        self.hub.setsockopt(zmq.LINGER, 0)
+        self.hub.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a gone worker raises: we answer UNAVAILABLE
+        self.hub.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted worker takes its name back
+        self.hub.setsockopt(zmq.SNDHWM, 0)
+        self.hub.setsockopt(zmq.RCVHWM, 0)
+        self.hub.bind(hub_addr(self.cfg.runtime_dir))
+
+    # -- main loop ----------------------------------------------------------
+    def run(self, stop: procutil.StopFlag) -> None:
+        poller = zmq.Poller()
+        poller.register(self.clients, zmq.POLLIN)
+        poller.register(self.hub, zmq.POLLIN)
+        while not stop.stop:
+            now = time.monotonic()
+            nxt = self.table.next_deadline()
+            timeout = 100 if nxt is None else max(0, min(100, int((nxt - now) * 1000) + 1))
+            events = dict(poller.poll(timeout))
+            if self.hub in events:
+                self.drain_hub()
+            if self.clients in events:
+                self.drain_clients()
+            self.sweep(time.monotonic())
+
+    def drain_hub(self) -> None:
+        for _ in range(1000):
+            try:
+                frames = self.hub.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                msg = m.decode(frames[1].buffer)
+            except Exception:
+                self.log.exception("undecodable hub message from %r", frames[0].bytes)
+                continue
+            self.handlers[type(msg)](msg, frames[0].bytes)
+
+    def drain_clients(self) -> None:
+        for _ in range(1000):
+            try:
+                frames = self.clients.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self.on_client(frames)
+
+    def sweep(self, now: float) -> None:
+        for rid in self.table.expired(now):
+            req = self.table.get(rid)
+            self.respond_error(rid, p.TIMEOUT, f"no answer within the deadline (stage: {req.stage})")
+        if self.draining_until is not None and (not self.table.items or now >= self.draining_until):
+            for rid in list(self.table.items):
+                self.respond_error(rid, p.UNAVAILABLE, "server is shutting down")
+            if self.draining_until != float("inf"):
+                self.send_hub("supervisor", m.Drained(0))
+                self.draining_until = float("inf")
+
+    # -- clients ------------------------------------------------------------
+    def on_client(self, frames: list) -> None:
+        envelope = [f.bytes for f in frames[:-1]]
+        body = frames[-1]
+        received = time.monotonic()
+        if len(body) > self.cfg.max_message_bytes:
+            return self.reply(envelope, p.error_body(None, p.INVALID_REQUEST,
+                                                     f"message of {len(body)} bytes is over the "
+                                                     f"{self.cfg.max_message_bytes}-byte limit"))
+        try:
+            req = p.unpack_limited(body.buffer, self.cfg.max_message_bytes)
+        except Exception as exc:
+            return self.reply(envelope, p.error_body(None, p.INVALID_REQUEST, f"malformed msgpack: {type(exc).__name__}"))
+        if not isinstance(req, dict):
+            return self.reply(envelope, p.error_body(None, p.INVALID_REQUEST, "a request must be a msgpack map"))
+        req_id = req.get("id")
+        if req_id is not None and not p.valid_id(req_id):
+            return self.reply(envelope, p.error_body(None, p.INVALID_REQUEST, "'id' must be a str or an int"))
+        op = req.get("op", "infer")
+        if op == "health":
+            return self.reply(envelope, p.pack(self.health(req_id)))
+        if op == "models":
+            return self.reply(envelope, p.pack(self.models(req_id)))
+        if op != "infer":
+            return self.reply(envelope, p.error_body(req_id, p.INVALID_REQUEST, f"unknown op {op!r}"))
+        self.counts["requests"] += 1
+        try:
+            self.admit(req, req_id, envelope, body, received)
+        except p.RequestError as exc:
+            self.count_error(exc.code)
+            self.reply(envelope, p.error_body(req_id, exc.code, exc.message))
+
+    def admit(self, req: dict, req_id: Any, envelope: list, body, received: float) -> None:
+        model, version = req.get("model"), req.get("version")
+        if not isinstance(model, str):
+            raise p.RequestError(p.INVALID_REQUEST, "'model' must be a string")
+        if model not in self.specs:
+            raise p.RequestError(p.MODEL_NOT_FOUND, f"unknown model {model!r}")
+        if version is None:
+            version = self.default_version[model]
+        if not isinstance(version, str) or version not in self.specs[model]:
+            raise p.RequestError(p.MODEL_NOT_FOUND, f"model {model!r} has no version {version!r}")
+        if not isinstance(req.get("inputs"), dict):
+            raise p.RequestError(p.INVALID_REQUEST, "'inputs' must be a map")
+        params = req.get("params") or {}
+        if not isinstance(params, dict):
+            raise p.RequestError(p.INVALID_REQUEST, "'params' must be a map")
+        spec = self.specs[model][version]
+        timeout_ms = req.get("timeout_ms", spec.timeout_ms or self.cfg.default_timeout_ms)
+        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or not 0 < timeout_ms <= self.cfg.max_timeout_ms:
+            raise p.RequestError(p.INVALID_REQUEST, f"'timeout_ms' must be an int in 1..{self.cfg.max_timeout_ms}")
+        if self.draining_until is not None:
+            raise p.RequestError(p.UNAVAILABLE, "server is shutting down")
+        if not self.ready:
+            raise p.RequestError(p.UNAVAILABLE, "server is not ready yet")
+        if len(self.table) >= self.cfg.max_inflight:
+            raise p.RequestError(p.OVERLOADED, f"{len(self.table)} requests in flight; try again later")
+        worker = self.pick("preprocess")
+        if worker is None:
+            raise p.RequestError(p.UNAVAILABLE, "no preprocess worker is available")
+        r = Request(self.table.new_rid(), envelope, req_id, model, version, received + timeout_ms / 1000.0,
+                    received, params)
+        self.table.add(r)
+        self.table.move(r, PRE, worker)
+        r.stamps[PRE] = time.monotonic()
+        task = m.encode(m.PreTask(r.rid, model, version, r.deadline))
+        if not self.send_hub_frames(worker, [task, body]):
+            self.respond_error(r.rid, p.UNAVAILABLE, "preprocess worker went away")
+
+    def reply(self, envelope: list, body: bytes) -> None:
+        try:
+            self.clients.send_multipart(envelope + [body], copy=False)
+        except zmq.ZMQError as exc:  # pragma: no cover - the client's pipe is gone
+            self.log.debug("reply dropped: %s", exc)
+
+    def respond_error(self, rid: int, code: str, message: str, holder_dead: bool = False) -> None:
+        req = self.table.pop(rid)
+        if req is None:
+            return
+        if req.ref is not None and (req.fe_owns or holder_dead):
+            self.rings.free(req.ref[0], req.ref[1], req.ref[2])
+        self.count_error(code)
+        self.reply(req.envelope, p.error_body(req.client_id, code, message))
+
+    def count_error(self, code: str) -> None:
+        self.counts["errors"][code] = self.counts["errors"].get(code, 0) + 1
+
+    # -- routing --------------------------------------------------------------
+    def pick(self, role: str) -> str | None:
+        now = time.monotonic()
+        best, best_load = None, None
+        for name, w in self.workers.items():
+            if w["role"] != role or now - w["seen"] > WORKER_SILENCE_S:
+                continue
+            load = self.table.load(name)
+            if best_load is None or load < best_load:
+                best, best_load = name, load
+        return best
+
+    def send_hub_frames(self, worker: str, frames: list) -> bool:
+        try:
+            self.hub.send_multipart([worker.encode()] + frames, copy=False)
+            return True
+        except zmq.ZMQError:  # EHOSTUNREACH: not connected (dead or restarting)
+            self.workers.pop(worker, None)
+            return False
+
+    def send_hub(self, worker: str, msg: Any) -> bool:
+        return self.send_hub_frames(worker, [m.encode(msg)])
+
+    # -- hub messages -----------------------------------------------------------
+    def on_hello(self, msg: m.Hello, ident: bytes) -> None:
+        w = self.workers.get(msg.worker)
+        if w is None or w["pid"] != msg.pid:
+            self.log.info("%s (pid %d) is up", msg.worker, msg.pid)
+            self.workers[msg.worker] = w = {"role": msg.role, "pid": msg.pid, "info": msg.info}
+        w["seen"] = time.monotonic()
+
+    def on_preprocessed(self, msg: m.Preprocessed, ident: bytes) -> None:
+        req = self.table.get(msg.rid)
+        if req is None:  # answered already (timeout): the slot is ours to free
+            self.rings.free(msg.ref[0], msg.ref[1], msg.ref[2])
+            return
+        now = time.monotonic()
+        req.timing["preprocess"] = int((now - req.stamps[PRE]) * 1e6)
+        req.timing["preprocess_compute"] = msg.pre_us
+        req.info = msg.info
+        req.ref, req.fe_owns = msg.ref, True
+        if self.pick("executor") is None:
+            return self.respond_error(req.rid, p.UNAVAILABLE, "the executor is not available")
+        upstream = self.table.count_stage(req.model, req.version, PRE) - 1
+        task = m.InferTask(req.rid, req.model, req.version, req.deadline, msg.ref, msg.seq_len, upstream)
+        self.table.move(req, EXEC, "executor")
+        req.stamps[EXEC] = now
+        if not self.send_hub("executor", task):
+            return self.respond_error(req.rid, p.UNAVAILABLE, "the executor went away")
+        req.fe_owns = False  # the executor frees the input slot from here on
+
+    def on_inferred(self, msg: m.Inferred, ident: bytes) -> None:
+        req = self.table.get(msg.rid)
+        if req is None:
+            self.rings.free(msg.ref[0], msg.ref[1], msg.ref[2])
+            return
+        now = time.monotonic()
+        req.timing["executor"] = int((now - req.stamps[EXEC]) * 1e6)
+        req.timing["batch_wait"] = msg.wait_us
+        req.timing["inference"] = msg.infer_us
+        req.info["batch"] = msg.batch
+        req.info["padded"] = msg.padded
+        req.ref, req.fe_owns = msg.ref, True
+        worker = self.pick("postprocess")
+        if worker is None:
+            return self.respond_error(req.rid, p.UNAVAILABLE, "no postprocess worker is available")
+        self.table.move(req, POST, worker)
+        req.stamps[POST] = now
+        if not self.send_hub(worker, m.PostTask(req.rid, req.model, req.version, msg.ref, req.params, req.info)):
+            return self.respond_error(req.rid, p.UNAVAILABLE, "postprocess worker went away")
+        req.fe_owns = False  # the postprocess worker frees the output slot
+
+    def on_result(self, msg: m.Result, ident: bytes) -> None:
+        req = self.table.pop(msg.rid)
+        if req is None:
+            return
+        now = time.monotonic()
+        req.timing["postprocess"] = int((now - req.stamps[POST]) * 1e6)
+        req.timing["postprocess_compute"] = msg.post_us
+        req.timing["total"] = int((now - req.received) * 1e6)
+        self.counts["ok"] += 1
+        extra = {"batch": req.info.get("batch", 1)}
+        self.reply(req.envelope, p.result_body(req.client_id, req.model, req.version, msg.outputs, req.timing, extra))
+
+    def on_failed(self, msg: m.Failed, ident: bytes) -> None:
+        req = self.table.get(msg.rid)
+        if req is None:
+            if msg.ref:
+                self.rings.free(msg.ref[0], msg.ref[1], msg.ref[2])
+            return
+        if msg.ref:
+            req.ref, req.fe_owns = msg.ref, True
+        self.respond_error(msg.rid, msg.code, msg.message)
+
+    def on_worker_down(self, msg: m.WorkerDown, ident: bytes) -> None:
+        self.workers.pop(msg.worker, None)
+        held = self.table.held_by(msg.worker)
+        for rid in held:  # the dead worker can no longer free their slots: we do
+            self.respond_error(rid, p.UNAVAILABLE, f"{msg.worker} exited (code {msg.exitcode}) while holding the request",
+                               holder_dead=True)
+        self.rings.forget(f"{shm.PREFIX}{self.cfg.instance}.{msg.worker}.")
+        if held:
+            self.log.warning("%s died: answered %d requests UNAVAILABLE", msg.worker, len(held))
+
+    def on_state(self, msg: m.ServiceState, ident: bytes) -> None:
+        self.ready = msg.ready
+        self.state = {"processes": msg.processes, "restarts": msg.restarts}
+
+    def on_drain(self, msg: m.Drain, ident: bytes) -> None:
+        self.log.info("draining: %d in flight, grace %.1fs", len(self.table), msg.grace_s)
+        self.draining_until = time.monotonic() + msg.grace_s
+
+    # -- ops ----------------------------------------------------------------
+    def health(self, req_id: Any) -> dict:
+        now = time.monotonic()
+        alive = {n: w for n, w in self.workers.items() if now - w["seen"] <= WORKER_SILENCE_S}
+        roles = {r: sum(1 for w in alive.values() if w["role"] == r) for r in ("preprocess", "executor", "postprocess")}
+        ex = alive.get("executor", {}).get("info", {})
+        providers = {k: v.get("provider") for k, v in ex.get("models", {}).items()}
+        live = all(roles.values())
+        return {"id": req_id, "ok": True, "live": live, "ready": bool(self.ready and live and self.draining_until is None),
+                "protocol": p.PROTOCOL_VERSION, "version": _version(), "pid": os.getpid(),
+                "uptime_s": round(time.time() - self.started, 3), "in_flight": len(self.table),
+                "workers": roles, "providers": providers, "draining": self.draining_until is not None,
+                "processes": self.state["processes"], "restarts": self.state["restarts"],
+                "counts": self.counts}
+
+    def models(self, req_id: Any) -> dict:
+        ex = self.workers.get("executor", {}).get("info", {}).get("models", {})
+        out = {}
+        for name, versions in self.specs.items():
+            out[name] = {"default_version": self.default_version[name],
+                         "versions": {v: dict(s.public(), onnx=ex.get(s.key)) for v, s in versions.items()}}
+        return {"id": req_id, "ok": True, "models": out}
+
+    def close(self) -> None:
+        self.clients.close(linger=500)
+        self.hub.close(0)
+        self.rings.close()
+
+
+def _version() -> str:
+    from aieng import __version__
+    return __version__
+
+
+def run_frontend_process(cfg_dict: dict, spec_dicts: dict, worker: str, ready_conn) -> None:
+    cfg = Config.from_dict(cfg_dict)
+    log = procutil.child_setup("frontend", worker, cfg_dict, ready_conn)
+    stop = procutil.StopFlag()
+    try:
+        specs: dict[str, dict[str, ModelSpec]] = {}
+        for d in spec_dicts.values():
+            s = ModelSpec.from_dict(d)
+            specs.setdefault(s.name, {})[s.version] = s
+        fe = Frontend(cfg, specs, log)
+    except Exception as exc:
+        procutil.report_failure(ready_conn, log, exc)
+        raise SystemExit(1)
+    procutil.report_ready(ready_conn, {"addr": cfg.frontend_addr})
+    try:
+        fe.run(stop)
+    finally:
+        fe.close()

@@ -1,0 +1,126 @@
+"""ONNX Runtime sessions: creation, provider choice, input specs, warm-up.
+
+One ``ModelSession`` per model version, created once and reused.  CUDA is
+tried only when NVML sees a GPU (or ``AIENG_DEVICE=cuda``), and whether it is
+live is decided by what the created session reports, because onnxruntime-gpu
+lists the CUDA provider even on machines where it cannot load.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import onnxruntime as ort
+
+from aieng.envs import cpu_count
+from aieng.model_repo import ModelSpec
+
+log = logging.getLogger("aieng.executor.sessions")
+
+_ORT_DTYPES = {
+    "tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(float16)": np.float16,
+    "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int16)": np.int16,
+    "tensor(int8)": np.int8, "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_,
+}
+
+
+def gpu_count() -> int:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetCount())
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no driver, no library, no device: all mean "no GPU"
+        return 0
+
+
+@dataclass
+class InputSpec:
+    name: str
+    dtype: np.dtype
+    dims: list  # per request, without the batch axis: int = fixed, str = variable (symbolic name)
+    pad: float
+
+
+@dataclass
+class OutputSpec:
+    name: str
+    dtype: str
+    dims: list
+
+
+class ModelSession:
+    def __init__(self, spec: ModelSpec, device: str, intra_op_threads: int):
+        self.spec = spec
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        opts.intra_op_num_threads = intra_op_threads or cpu_count()
+        opts.inter_op_num_threads = 1
+        opts.log_severity_level = 3
+        want_cuda = device == "cuda" or (device == "auto" and "CUDAExecutionProvider" in ort.get_available_providers()
+                                         and gpu_count() > 0)
+        providers = (["CUDAExecutionProvider", "CPUExecutionProvider"] if want_cuda else ["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(spec.onnx_path, sess_options=opts, providers=providers)
+        self.providers = self.session.get_providers()
+        self.provider = self.providers[0]
+        if want_cuda and self.provider != "CUDAExecutionProvider":
+            log.warning("%s: CUDA was requested but the session runs on %s", spec.key, self.provider)
+        if device == "cuda" and self.provider != "CUDAExecutionProvider":
+            raise RuntimeError(f"{spec.key}: AIENG_DEVICE=cuda but CUDA is not usable here")
+        self.inputs = [self._input_spec(i) for i in self.session.get_inputs()]
+        self.outputs = [OutputSpec(o.name, o.type, list(o.shape[1:])) for o in self.session.get_outputs()]
+        self.output_names = [o.name for o in self.outputs]
+
+    def _input_spec(self, node) -> InputSpec:
+        dtype = _ORT_DTYPES.get(node.type)
+        if dtype is None:
+            raise RuntimeError(f"{self.spec.key}: input {node.name} has unsupported type {node.type}")
+        dims = [d if isinstance(d, int) else (d or f"dim{i}") for i, d in enumerate(node.shape[1:], start=1)]
+        return InputSpec(node.name, np.dtype(dtype), dims, float(self.spec.padding.get(node.name, 0)))
+
+    def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        return self.session.run(self.output_names, feeds)
+
+    def describe(self) -> dict:
+        return {
+            "provider": self.provider, "providers": self.providers,
+            "inputs": [{"name": i.name, "dtype": i.dtype.name, "shape": ["batch"] + i.dims} for i in self.inputs],
+            "outputs": [{"name": o.name, "dtype": o.dtype, "shape": ["batch"] + o.dims} for o in self.outputs],
+        }
+
+    def warm_lengths(self) -> list[int]:
+        """Sequence lengths to warm: powers of two up to the model's max_length."""
+        if not any(isinstance(d, str) for i in self.inputs for d in i.dims):
+            return [0]
+        top = int(self.spec.preprocess.get("max_length", 64))
+        lengths, n = [], 8
+        while n < top:
+            lengths.append(n)
+            n *= 2
+        return lengths + [top]
+
+    def warmup(self) -> int:
+        """Run every (batch size in {1, max}) x (warm length) shape once; returns runs."""
+        runs = 0
+        max_b = int(self.spec.batching["max_batch_size"])
+        for length in self.warm_lengths():
+            for rows in sorted({1, max_b}):
+                feeds = {}
+                for i in self.inputs:
+                    shape = [rows] + [d if isinstance(d, int) else max(1, length) for d in i.dims]
+                    feeds[i.name] = np.ones(shape, dtype=i.dtype) if i.dtype.kind in "iub" else \
+                        np.zeros(shape, dtype=i.dtype)
+                self.run(feeds)
+                runs += 1
+        return runs
+
+
+def describe_runtime() -> dict:
+    return {"onnxruntime": ort.__version__, "available_providers": ort.get_available_providers(),
+            "gpus": gpu_count(), "pid": os.getpid()}

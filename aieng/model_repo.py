@@ -1,0 +1,169 @@
+"""The model repository: ``<repo>/<model>/<version>/{model.yaml, model.onnx, ...}``.
+
+A version directory holds everything needed to serve the model identically to
+how it was trained; nothing model-specific lives in the server.  This module
+parses and validates ``model.yaml`` (schema in docs/models.md), resolves every
+referenced file strictly inside the version directory, and computes the
+version's sha256 content hash.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+INPUT_KINDS = ("text", "image", "number", "category", "tensor")
+OUTPUT_KINDS = ("tensor", "str", "number", "list")
+
+
+class ModelError(ValueError):
+    pass
+
+
+@dataclass
+class ModelSpec:
+    name: str
+    version: str
+    path: str
+    content_hash: str
+    description: str
+    inputs: list[dict]
+    outputs: list[dict]
+    preprocess: dict
+    postprocess: dict
+    padding: dict[str, float]
+    batching: dict[str, Any]
+    timeout_ms: int
+    onnx_path: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}:{self.version}"
+
+    def file(self, rel: str) -> str:
+        return resolve_inside(self.path, rel)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ModelSpec":
+        return cls(**data)
+
+    def public(self) -> dict[str, Any]:
+        """What the ``models`` op shows clients."""
+        return {"version": self.version, "hash": self.content_hash, "description": self.description,
+                "inputs": self.inputs, "outputs": self.outputs,
+                "max_batch_size": self.batching["max_batch_size"], "timeout_ms": self.timeout_ms}
+
+
+def resolve_inside(root: str, rel: str) -> str:
+    """Join ``rel`` to ``root`` and refuse anything that escapes it (.., symlinks)."""
+    if not isinstance(rel, str) or not rel or os.path.isabs(rel):
+        raise ModelError(f"file reference must be a relative path, got {rel!r}")
+    real_root = os.path.realpath(root)
+    full = os.path.realpath(os.path.join(real_root, rel))
+    if os.path.commonpath([real_root, full]) != real_root:
+        raise ModelError(f"{rel!r} points outside the model directory")
+    return full
+
+
+def content_hash(path: str) -> str:
+    """sha256 over every file of a version directory (relative name + bytes), sorted."""
+    h = hashlib.sha256()
+    for dirpath, dirnames, filenames in os.walk(path):
+        dirnames.sort()
+        for fn in sorted(filenames):
+            full = os.path.join(dirpath, fn)
+            h.update(os.path.relpath(full, path).encode() + b"\0")
+            with open(full, "rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(chunk)
+            h.update(b"\0")
+    return h.hexdigest()
+
+
+def _version_key(v: str):
+    return (0, int(v), v) if v.isdigit() else (1, 0, v)
+
+
+def load_spec(name: str, version: str, path: str) -> ModelSpec:
+    cfg_path = os.path.join(path, "model.yaml")
+    try:
+        with open(cfg_path, encoding="utf-8") as fh:
+            cfg = yaml.safe_load(fh) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ModelError(f"{cfg_path}: {exc}") from None
+    if not isinstance(cfg, dict):
+        raise ModelError(f"{cfg_path}: top level must be a mapping")
+
+    def need(key: str, typ: type) -> Any:
+        val = cfg.get(key)
+        if not isinstance(val, typ):
+            raise ModelError(f"{cfg_path}: '{key}' must be a {typ.__name__}")
+        return val
+
+    inputs, outputs = need("inputs", list), need("outputs", list)
+    pre, post = need("preprocess", dict), need("postprocess", dict)
+    for item in inputs:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str) or item.get("kind") not in INPUT_KINDS:
+            raise ModelError(f"{cfg_path}: each input needs a name and a kind in {INPUT_KINDS}")
+    for item in outputs:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str) or item.get("kind") not in OUTPUT_KINDS:
+            raise ModelError(f"{cfg_path}: each output needs a name and a kind in {OUTPUT_KINDS}")
+    if not isinstance(pre.get("type"), str) or not isinstance(post.get("type"), str):
+        raise ModelError(f"{cfg_path}: preprocess and postprocess need a 'type'")
+    batching = {"max_batch_size": 8, "max_wait_ms": 2.0, "max_padding_waste": 0.3}
+    batching.update(cfg.get("batching") or {})
+    if not (isinstance(batching["max_batch_size"], int) and batching["max_batch_size"] >= 1):
+        raise ModelError(f"{cfg_path}: batching.max_batch_size must be an int >= 1")
+    onnx_path = resolve_inside(path, cfg.get("model_file", "model.onnx"))
+    if not os.path.isfile(onnx_path):
+        raise ModelError(f"{path}: {os.path.basename(onnx_path)} is missing (run scripts/fetch_models.py?)")
+    return ModelSpec(
+        name=name, version=version, path=os.path.realpath(path), content_hash=content_hash(path),
+        description=str(cfg.get("description", "")), inputs=inputs, outputs=outputs,
+        preprocess=pre, postprocess=post, padding=dict(cfg.get("padding") or {}),
+        batching=batching, timeout_ms=int(cfg.get("timeout_ms", 0)), onnx_path=onnx_path,
+    )
+
+
+def scan(repo: str, only: list[str] | None = None) -> dict[str, dict[str, ModelSpec]]:
+    """Load every model (or just ``only``): ``{name: {version: spec}}``."""
+    if not os.path.isdir(repo):
+        raise ModelError(f"model repository {repo!r} is not a directory")
+    found: dict[str, dict[str, ModelSpec]] = {}
+    for name in sorted(os.listdir(repo)):
+        mdir = os.path.join(repo, name)
+        if name.startswith(".") or not os.path.isdir(mdir) or (only and name not in only):
+            continue
+        versions = {}
+        for ver in sorted(os.listdir(mdir), key=_version_key):
+            vdir = os.path.join(mdir, ver)
+            if os.path.isfile(os.path.join(vdir, "model.yaml")):
+                versions[ver] = load_spec(name, ver, vdir)
+        if versions:
+            found[name] = versions
+    missing = set(only or ()) - set(found)
+    if missing:
+        raise ModelError(f"models not found in {repo!r}: {', '.join(sorted(missing))}")
+    if not found:
+        raise ModelError(f"no models in {repo!r}")
+    return found
+
+
+def latest(versions: dict[str, ModelSpec]) -> str:
+    return max(versions, key=_version_key)
+
+
+def apply_overrides(specs: dict[str, dict[str, ModelSpec]], max_batch_size: int, max_wait_ms: float) -> None:
+    for versions in specs.values():
+        for spec in versions.values():
+            if max_batch_size > 0:
+                spec.batching["max_batch_size"] = max_batch_size
+            if max_wait_ms >= 0:
+                spec.batching["max_wait_ms"] = max_wait_ms

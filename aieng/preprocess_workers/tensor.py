@@ -1,0 +1,33 @@
+"""Raw tensors straight through: each model input arrives as a tensor map.
+
+For models whose clients send tensors ready to run.  Shapes are per request
+(no batch dimension); the executor checks them against the session's inputs.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from aieng.model_repo import ModelSpec
+from aieng.protocol import INVALID_INPUT, RequestError, decode_tensor
+
+
+class TensorPreprocessor:
+    batchable = False
+
+    def __init__(self, spec: ModelSpec):
+        self.names = [i["name"] for i in spec.inputs]
+
+    def process(self, inputs: dict[str, Any]):
+        tensors = []
+        seq_len = 0
+        for name in self.names:
+            if name not in inputs:
+                raise RequestError(INVALID_INPUT, f"missing input '{name}'")
+            arr = decode_tensor(inputs[name], f"input '{name}'")
+            if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
+                raise RequestError(INVALID_INPUT, f"input '{name}' contains NaN or Inf")
+            seq_len = max(seq_len, arr.shape[0] if arr.ndim else 0)
+            tensors.append((name, arr))
+        return tensors, seq_len, {}

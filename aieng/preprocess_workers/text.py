@@ -1,0 +1,58 @@
+"""Text -> token tensors with the model directory's own ``tokenizer.json``.
+
+Truncates at ``max_length`` (a setting of the model directory) and does not
+pad: each request's tensors are exactly its own length, and the executor pads
+a batch to its longest member.  Several waiting requests are encoded in one
+``encode_batch`` call.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from aieng.model_repo import ModelSpec
+from aieng.protocol import INVALID_INPUT, RequestError
+
+
+class TextPreprocessor:
+    batchable = True
+
+    def __init__(self, spec: ModelSpec):
+        cfg = spec.preprocess
+        self.input = cfg.get("input", "text")
+        self.max_length = int(cfg.get("max_length", 512))
+        self.max_chars = int(cfg.get("max_chars", 100_000))
+        names = cfg.get("tensors") or {}
+        self.ids_name = names.get("ids", "input_ids")
+        self.mask_name = names.get("mask")
+        self.type_name = names.get("type_ids")
+        self.tok = Tokenizer.from_file(spec.file(cfg.get("tokenizer", "tokenizer.json")))
+        self.tok.no_padding()
+        self.tok.enable_truncation(max_length=self.max_length)
+
+    def check(self, inputs: dict[str, Any]) -> str:
+        text = inputs.get(self.input)
+        if not isinstance(text, str):
+            raise RequestError(INVALID_INPUT, f"input '{self.input}' must be a string")
+        if not text.strip():
+            raise RequestError(INVALID_INPUT, f"input '{self.input}' is empty")
+        if len(text) > self.max_chars:
+            raise RequestError(INVALID_INPUT, f"input '{self.input}' is longer than {self.max_chars} characters")
+        return text
+
+    def process_many(self, texts: list[str]) -> list[tuple[list[tuple[str, np.ndarray]], int, dict]]:
+        out = []
+        for enc in self.tok.encode_batch(texts, add_special_tokens=True):
+            ids = np.asarray(enc.ids, dtype=np.int64)
+            tensors = [(self.ids_name, ids)]
+            if self.mask_name:
+                tensors.append((self.mask_name, np.asarray(enc.attention_mask, dtype=np.int64)))
+            if self.type_name:
+                tensors.append((self.type_name, np.asarray(enc.type_ids, dtype=np.int64)))
+            out.append((tensors, int(ids.shape[0]), {"tokens": int(ids.shape[0])}))
+        return out
+
+    def process(self, inputs: dict[str, Any]):
+        return self.process_many([self.check(inputs)])[0]

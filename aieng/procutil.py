@@ -1,0 +1,144 @@
+"""Process plumbing shared by every role: title, logging, parent-death hooks,
+the startup handshake with the supervisor, and the worker's hub socket.
+
+Each role module ends with ``run_<role>_process(cfg_dict, ..., ready_conn)``
+which calls :func:`child_setup` first and :func:`report_ready` (or
+:func:`report_failure`) once its work object is initialised.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+import msgpack
+import zmq
+
+PR_SET_PDEATHSIG = 1
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        data = {"ts": round(record.created, 6), "level": record.levelname, "role": getattr(record, "role", ""),
+                "msg": record.getMessage()}
+        trace = getattr(record, "trace", None)
+        if trace is not None:
+            data["trace"] = trace
+        if record.exc_info:
+            data["exc"] = self.formatException(record.exc_info)
+        return json.dumps(data)
+
+
+def setup_logging(worker: str, level: str = "INFO", fmt: str = "text") -> logging.Logger:
+    """Every line is prefixed with the ``<worker>`` that wrote it (mosec style)."""
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)s <{worker}|{os.getpid()}> %(message)s"))
+    old_factory = logging.getLogRecordFactory()
+
+    def factory(*args, **kwargs):
+        rec = old_factory(*args, **kwargs)
+        rec.role = worker
+        return rec
+
+    logging.setLogRecordFactory(factory)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    return logging.getLogger(f"aieng.{worker}")
+
+
+def set_title(title: str) -> None:
+    try:
+        import setproctitle
+
+        setproctitle.setproctitle(title)
+    except ImportError:  # pragma: no cover
+        pass
+
+
+def die_with_parent(ready_conn: Any) -> None:
+    """Exit when the supervisor goes: PR_SET_PDEATHSIG plus EOF on the startup pipe."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:  # pragma: no cover - non-Linux
+        pass
+    parent = os.getppid()
+
+    def watch() -> None:
+        try:
+            while True:
+                ready_conn.recv_bytes()  # the supervisor never sends; EOF means it is gone
+        except (EOFError, OSError):
+            pass
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5.0)  # a loop stuck in native code gets 5 s to notice, then goes
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+    if os.getppid() != parent:  # pragma: no cover - parent died before prctl
+        os._exit(1)
+
+
+def title_of(role: str, worker: str) -> str:
+    """``aieng::preprocess[0]`` for ``pre-0``; ``aieng::executor`` for the executor."""
+    idx = worker.rsplit("-", 1)[1] if "-" in worker else ""
+    return f"aieng::{role}[{idx}]" if idx else f"aieng::{role}"
+
+
+def child_setup(role: str, worker: str, cfg: dict, ready_conn: Any) -> logging.Logger:
+    set_title(title_of(role, worker))
+    log = setup_logging(worker, cfg.get("log_level", "INFO"), cfg.get("log_format", "text"))
+    die_with_parent(ready_conn)
+    return log
+
+
+def report_ready(ready_conn: Any, info: dict | None = None) -> None:
+    ready_conn.send_bytes(msgpack.packb({"ok": True, "pid": os.getpid(), "info": info or {}}))
+
+
+def report_failure(ready_conn: Any, log: logging.Logger, exc: BaseException) -> None:
+    log.error("startup failed: %s\n%s", exc, traceback.format_exc())
+    try:
+        ready_conn.send_bytes(msgpack.packb({"ok": False, "pid": os.getpid(), "error": f"{type(exc).__name__}: {exc}"}))
+    except OSError:
+        pass
+
+
+class StopFlag:
+    """SIGTERM/SIGINT set a flag the worker loop checks between polls."""
+
+    def __init__(self) -> None:
+        self.stop = False
+        signal.signal(signal.SIGTERM, self._set)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the supervisor
+
+    def _set(self, *_: Any) -> None:
+        self.stop = True
+
+
+def hub_socket(ctx: zmq.Context, addr: str, worker: str) -> zmq.Socket:
+    """A DEALER connected to the frontend's worker hub with identity ``worker``."""
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.IDENTITY, worker.encode())
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    sock.connect(addr)
+    return sock
+
+
+def now_us() -> int:
+    return time.monotonic_ns() // 1000

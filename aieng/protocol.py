@@ -1,0 +1,122 @@
+"""The external wire contract (see docs/protocol.md): one msgpack map per request
+and one per response over a ZMQ ROUTER socket.
+
+This module is the single place that knows field names, error codes, the
+tensor-map encoding and the unpack limits.  It is used by the frontend, the
+workers that build outputs, and the client.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import numpy as np
+
+PROTOCOL_VERSION = 1
+
+# Error codes (docs/protocol.md).
+INVALID_REQUEST = "INVALID_REQUEST"
+INVALID_INPUT = "INVALID_INPUT"
+MODEL_NOT_FOUND = "MODEL_NOT_FOUND"
+OVERLOADED = "OVERLOADED"
+TIMEOUT = "TIMEOUT"
+UNAVAILABLE = "UNAVAILABLE"
+INTERNAL = "INTERNAL"
+ERROR_CODES = (INVALID_REQUEST, INVALID_INPUT, MODEL_NOT_FOUND, OVERLOADED, TIMEOUT, UNAVAILABLE, INTERNAL)
+
+OPS = ("infer", "health", "models")
+
+# dtypes a tensor map may carry; always little endian on the wire.
+DTYPES = ("float32", "float64", "float16", "int64", "int32", "int16", "int8", "uint8", "bool")
+MAX_TENSOR_DIMS = 8
+
+
+class RequestError(Exception):
+    """A per-request failure; becomes ``{"ok": false, "error": {...}}``."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def unpack_limited(data: bytes | memoryview, max_bytes: int) -> Any:
+    """Unpack one msgpack object with explicit limits on every container.
+
+    msgpack's own limits are per object; the total size is checked by the
+    caller before this is reached.  ``strict_map_key=False`` lets integer keys
+    through so that a bad key is a clear INVALID_REQUEST, not a parse error.
+    """
+    return msgpack.unpackb(
+        data, raw=False, strict_map_key=False, use_list=True,
+        max_str_len=max_bytes, max_bin_len=max_bytes,
+        max_array_len=1_000_000, max_map_len=10_000, max_ext_len=0,
+    )
+
+
+def pack(obj: Any) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def encode_tensor(arr: np.ndarray) -> dict[str, Any]:
+    arr = np.ascontiguousarray(arr)
+    if arr.dtype.byteorder == ">":
+        arr = arr.astype(arr.dtype.newbyteorder("<"))
+    return {"dtype": arr.dtype.name, "shape": list(arr.shape), "data": arr.tobytes()}
+
+
+def decode_tensor(value: Any, what: str = "tensor") -> np.ndarray:
+    """Decode a tensor map into a read-only numpy view over its bytes."""
+    if not isinstance(value, dict):
+        raise RequestError(INVALID_INPUT, f"{what}: expected a tensor map")
+    dtype, shape, data = value.get("dtype"), value.get("shape"), value.get("data")
+    if dtype not in DTYPES:
+        raise RequestError(INVALID_INPUT, f"{what}: unsupported dtype {dtype!r}")
+    if (not isinstance(shape, list) or len(shape) > MAX_TENSOR_DIMS
+            or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d for d in shape)):
+        raise RequestError(INVALID_INPUT, f"{what}: shape must be a list of up to {MAX_TENSOR_DIMS} non-negative ints")
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise RequestError(INVALID_INPUT, f"{what}: data must be bin")
+    dt = np.dtype(dtype).newbyteorder("<")
+    count = 1
+    for d in shape:
+        count *= d
+    if count * dt.itemsize != len(data):
+        raise RequestError(INVALID_INPUT,
+                           f"{what}: shape {shape} x {dtype} needs {count * dt.itemsize} bytes, got {len(data)}")
+    return np.frombuffer(data, dtype=dt).reshape(shape)
+
+
+def error_body(req_id: Any, code: str, message: str) -> bytes:
+    return pack({"id": req_id, "ok": False, "error": {"code": code, "message": message}})
+
+
+def result_body(req_id: Any, model: str, version: str, packed_outputs: bytes,
+                timing_us: dict[str, int], extra: dict[str, Any] | None = None) -> bytes:
+    """Build a success response around outputs that a worker already packed.
+
+    msgpack maps are a header followed by key/value pairs, so the frontend
+    splices the worker's packed ``outputs`` map in without decoding it.
+    """
+    head: dict[str, Any] = {"id": req_id, "ok": True, "model": model, "version": version,
+                            "timing_us": timing_us}
+    if extra:
+        head.update(extra)
+    n = len(head) + 1
+    if n > 15:  # pragma: no cover - fixmap only; we never have that many keys
+        raise ValueError("too many response fields")
+    parts = [bytes([0x80 | n])]
+    for k, v in head.items():
+        parts.append(pack(k))
+        parts.append(pack(v))
+    parts.append(pack("outputs"))
+    parts.append(packed_outputs)
+    return b"".join(parts)
+
+
+def valid_id(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return -(2 ** 63) <= value < 2 ** 64
+    return isinstance(value, str) and len(value) <= 256

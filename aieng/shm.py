@@ -1,0 +1,265 @@
+"""Shared-memory slot rings: how tensors cross process boundaries.
+
+Each producer (a preprocess worker, the executor) owns exactly one ring, a
+POSIX shared-memory segment ``/dev/shm/aieng.<instance>.<worker>.<pid>``::
+
+    +------------------ header (header_bytes(nslots), page aligned) ---------+
+    | magic u32 | version u32 | nslots u32 | pad u32 | slot_bytes u64       |
+    | state  u8[nslots]   0 = FREE, 1 = BUSY                                 |
+    | gen    u32[nslots]  bumped by the producer at every allocation         |
+    | leased f64[nslots]  CLOCK_MONOTONIC seconds of the allocation          |
+    +--------------------------- data --------------------------------------+
+    | slot 0 (slot_bytes) | slot 1 | ... | slot nslots-1                     |
+    +-----------------------------------------------------------------------+
+
+One slot holds all tensors of one request, each 64-byte aligned, described by
+``[name, dtype, shape, offset]`` entries that travel in the control message
+together with ``(segment, slot, gen)``.  Never the bytes.
+
+Lifecycle of a slot:
+  * the producer allocates it (FREE -> BUSY, gen += 1) and writes the tensors;
+  * exactly one party frees it (BUSY -> FREE) once nobody will read it again.
+    Which party that is follows the request: the consumer that read it (the
+    executor after assembling a batch, a postprocess worker after reading an
+    output), or the frontend when the request ended elsewhere (timeout, a dead
+    consumer, a failure).  ``free`` checks ``gen`` so a stale free is a no-op.
+  * a slot BUSY for longer than ``lease_s`` (well beyond any deadline) is
+    reclaimed by the producer: the safety net for a party that died holding it.
+
+When no slot is FREE the producer waits (backpressure, not an error).  A
+request whose tensors do not fit one slot fails with INVALID_INPUT.
+
+State bytes are written by one party at a time; on x86 (TSO) a consumer's
+reads of the data complete before its FREE store becomes visible, and the ZMQ
+message that carries a descriptor orders the producer's writes before them.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import struct
+import time
+from collections import OrderedDict
+from typing import Any, Iterable
+
+import numpy as np
+
+SHM_DIR = "/dev/shm"
+PREFIX = "aieng."
+MAGIC = 0x4E454941  # "AIEN"
+VERSION = 1
+ALIGN = 64
+FREE, BUSY = 0, 1
+
+_NAME_RE = re.compile(r"^aieng\.([0-9]+)\.")
+
+
+def segment_name(instance: str, worker: str, pid: int) -> str:
+    return f"{PREFIX}{instance}.{worker}.{pid}"
+
+
+def header_bytes(nslots: int) -> int:
+    """Header size for a ring of ``nslots``: fixed fields + state/gen/leased, page aligned."""
+    return (24 + nslots + 8 + 4 * nslots + 8 + 8 * nslots + 4095) & ~4095
+
+
+class Segment:
+    """A named shared-memory mapping with explicit create/attach/close/unlink."""
+
+    def __init__(self, name: str, size: int = 0, create: bool = False):
+        if "/" in name or not name.startswith(PREFIX):
+            raise ValueError(f"bad segment name {name!r}")
+        self.name = name
+        self.path = os.path.join(SHM_DIR, name)
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        fd = os.open(self.path, flags, 0o600)
+        try:
+            if create:
+                os.ftruncate(fd, size)
+            else:
+                size = os.fstat(fd).st_size
+            self.size = size
+            self.mm = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self.buf = np.frombuffer(self.mm, dtype=np.uint8)
+
+    def close(self) -> None:
+        if self.mm is None:
+            return
+        self.buf = None  # type: ignore[assignment]
+        try:
+            self.mm.close()
+        except BufferError:
+            return  # a view is still alive; the mapping goes with the process
+        self.mm = None  # type: ignore[assignment]
+
+    def unlink(self) -> None:
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
+class Ring:
+    """A slot ring over one segment; the owner creates it, others attach."""
+
+    def __init__(self, segment: Segment, nslots: int | None = None, slot_bytes: int | None = None,
+                 lease_s: float = 600.0):
+        self.seg = segment
+        self.lease_s = lease_s
+        hdr = segment.buf
+        if nslots is not None:  # creating
+            struct.pack_into("<IIIIQ", segment.mm, 0, MAGIC, VERSION, nslots, 0, slot_bytes)
+        magic, version, n, _, sb = struct.unpack_from("<IIIIQ", segment.mm, 0)
+        if magic != MAGIC or version != VERSION:
+            raise ValueError(f"{segment.name}: not an aieng ring")
+        self.nslots, self.slot_bytes = n, sb
+        self.data_start = header_bytes(n)
+        off = 24
+        self.state = hdr[off:off + n]
+        off = (off + n + 7) & ~7
+        self.gen = hdr[off:off + 4 * n].view(np.uint32)
+        off += 4 * n
+        off = (off + 7) & ~7
+        self.leased = hdr[off:off + 8 * n].view(np.float64)
+
+    # -- producer side ------------------------------------------------------
+    @classmethod
+    def create(cls, name: str, nslots: int, slot_bytes: int, lease_s: float = 600.0) -> "Ring":
+        if not 1 <= nslots <= 65536:
+            raise ValueError("a ring has 1..65536 slots")
+        slot_bytes = (slot_bytes + 4095) & ~4095
+        seg = Segment(name, header_bytes(nslots) + nslots * slot_bytes, create=True)
+        return cls(seg, nslots, slot_bytes, lease_s)
+
+    def alloc(self) -> tuple[int, int] | None:
+        """Take a FREE slot: ``(slot, gen)``, or None when the ring is full."""
+        free = np.flatnonzero(self.state == FREE)
+        if free.size == 0:
+            self.reclaim()
+            free = np.flatnonzero(self.state == FREE)
+            if free.size == 0:
+                return None
+        slot = int(free[0])  # lowest index: keeps the touched pages few
+        gen = (int(self.gen[slot]) + 1) & 0xFFFFFFFF
+        self.gen[slot] = gen
+        self.leased[slot] = time.monotonic()
+        self.state[slot] = BUSY
+        return slot, gen
+
+    def reclaim(self) -> int:
+        """Free slots BUSY past their lease (their holder died); returns how many."""
+        stale = np.flatnonzero((self.state == BUSY) & (self.leased < time.monotonic() - self.lease_s))
+        self.state[stale] = FREE
+        return int(stale.size)
+
+    def write(self, slot: int, tensors: Iterable[tuple[str, np.ndarray]]) -> list[list[Any]]:
+        """Copy tensors into a slot; returns their descriptors."""
+        base = self.data_start + slot * self.slot_bytes
+        off = 0
+        descs = []
+        for name, arr in tensors:
+            arr = np.asarray(arr)
+            nbytes = arr.nbytes
+            if off + nbytes > self.slot_bytes:
+                raise OverflowError(f"tensors need more than the {self.slot_bytes}-byte slot")
+            dst = self.seg.buf[base + off: base + off + nbytes].view(arr.dtype).reshape(arr.shape)
+            np.copyto(dst, arr, casting="no")
+            descs.append([name, arr.dtype.str, list(arr.shape), off])
+            off = (off + nbytes + ALIGN - 1) & ~(ALIGN - 1)
+        return descs
+
+    def in_use(self) -> int:
+        return int(np.count_nonzero(self.state))
+
+    # -- consumer side ------------------------------------------------------
+    def views(self, slot: int, descs: list[list[Any]]) -> dict[str, np.ndarray]:
+        base = self.data_start + slot * self.slot_bytes
+        out = {}
+        for name, dtype, shape, off in descs:
+            dt = np.dtype(dtype)
+            count = int(np.prod(shape)) if shape else 1
+            start = base + off
+            out[name] = self.seg.buf[start:start + count * dt.itemsize].view(dt).reshape(shape)
+        return out
+
+    def free(self, slot: int, gen: int) -> bool:
+        if 0 <= slot < self.nslots and int(self.gen[slot]) == gen and self.state[slot] == BUSY:
+            self.state[slot] = FREE
+            return True
+        return False
+
+    def close(self) -> None:
+        self.state = self.gen = self.leased = None  # type: ignore[assignment]
+        self.seg.close()
+
+
+class RingCache:
+    """Consumer-side attachments to other processes' rings, opened lazily."""
+
+    def __init__(self, limit: int = 32):
+        self.limit = limit
+        self.rings: OrderedDict[str, Ring] = OrderedDict()
+
+    def get(self, name: str) -> Ring:
+        ring = self.rings.get(name)
+        if ring is None:
+            ring = Ring(Segment(name))
+            self.rings[name] = ring
+            while len(self.rings) > self.limit:
+                _, old = self.rings.popitem(last=False)
+                old.close()
+        else:
+            self.rings.move_to_end(name)
+        return ring
+
+    def free(self, name: str, slot: int, gen: int) -> bool:
+        try:
+            return self.get(name).free(slot, gen)
+        except (FileNotFoundError, ValueError):
+            return False  # the producer is gone and its segment with it
+
+    def forget(self, name_prefix: str) -> None:
+        for name in [n for n in self.rings if n.startswith(name_prefix)]:
+            self.rings.pop(name).close()
+
+    def close(self) -> None:
+        for ring in self.rings.values():
+            ring.close()
+        self.rings.clear()
+
+
+def list_segments(instance: str | None = None) -> list[str]:
+    try:
+        names = os.listdir(SHM_DIR)
+    except FileNotFoundError:  # pragma: no cover
+        return []
+    pref = PREFIX if instance is None else f"{PREFIX}{instance}."
+    return sorted(n for n in names if n.startswith(pref))
+
+
+def unlink_prefix(prefix: str) -> list[str]:
+    gone = []
+    for name in list_segments():
+        if name.startswith(prefix):
+            try:
+                os.unlink(os.path.join(SHM_DIR, name))
+                gone.append(name)
+            except FileNotFoundError:
+                pass
+    return gone
+
+
+def clean_stale(alive=None) -> list[str]:
+    """Unlink segments whose owning instance (the supervisor pid) is gone."""
+    import psutil
+
+    alive = alive or psutil.pid_exists
+    gone = []
+    for name in list_segments():
+        m = _NAME_RE.match(name)
+        if m and not alive(int(m.group(1))):
+            gone += unlink_prefix(f"{PREFIX}{m.group(1)}.")
+    return gone

@@ -1,0 +1,302 @@
+"""The supervisor: starts, watches, restarts and stops every process.
+
+Start: clean what a crashed instance left (shared memory, ipc dirs), load the
+model repository, spawn every role, and wait on each child's ready pipe and
+process sentinel together: a child that dies or reports failure during
+startup fails the start, naming its role and exit code.  Only then does it
+report ready (to the frontend, and ``READY=1`` to systemd when run under it).
+
+Run: a death becomes ``WorkerDown`` for the frontend (which answers the
+requests that child held), the child's segment is unlinked, and the child is
+restarted with exponential back-off if it keeps dying.
+
+Stop (SIGTERM/SIGINT, idempotent): the frontend drains within the grace
+period, then children get SIGTERM, a deadline, SIGKILL; every shared-memory
+segment of this instance is unlinked and the runtime dir removed.
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import socket
+import time
+from multiprocessing.connection import wait
+from typing import Any
+
+import msgpack
+import psutil
+import zmq
+
+from aieng import addresses, messages as m, model_repo, procutil, shm
+from aieng.config import Config
+from aieng.frontend.server import run_frontend_process
+from aieng.gpu_executor.executor import run_executor_process
+from aieng.postprocess_workers.worker import run_postprocess_process
+from aieng.preprocess_workers.worker import run_preprocess_process
+
+log = logging.getLogger("aieng.supervisor")
+
+TARGETS = {
+    "frontend": run_frontend_process,
+    "preprocess": run_preprocess_process,
+    "executor": run_executor_process,
+    "postprocess": run_postprocess_process,
+}
+BACKOFF_MAX_S = 30.0
+
+
+class StartupError(RuntimeError):
+    pass
+
+
+def sd_notify(state: str) -> None:
+    """systemd's notify protocol: one datagram to $NOTIFY_SOCKET (no library)."""
+    addr = os.environ.get("NOTIFY_SOCKET")
+    if not addr:
+        return
+    if addr.startswith("@"):
+        addr = "\0" + addr[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.connect(addr)
+            s.sendall(state.encode())
+    except OSError as exc:
+        log.warning("sd_notify failed: %s", exc)
+
+
+def _instance_alive(pid: int) -> bool:
+    try:
+        return "aieng" in " ".join(psutil.Process(pid).cmdline()) or pid == os.getpid()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+
+
+class Child:
+    def __init__(self, role: str, name: str):
+        self.role, self.name = role, name
+        self.proc: mp.Process | None = None
+        self.conn = None
+        self.restarts = 0
+        self.failures = 0  # consecutive quick deaths, for back-off
+        self.started = 0.0
+        self.restart_at: float | None = None
+        self.ready = False
+
+
+class Supervisor:
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.ctx = mp.get_context("spawn")
+        self.stopping = False
+        self.stopped = False
+        self.init_instance()
+        self.init_models()
+        self.children = [Child(role, name) for role, name in
+                         addresses.worker_names(cfg.preprocess_workers, cfg.postprocess_workers)]
+
+    def init_instance(self) -> None:
+        cfg = self.cfg
+        cfg.instance = str(os.getpid())
+        gone = shm.clean_stale(_instance_alive) + addresses.clean_stale_runtime_dirs(_instance_alive)
+        if gone:
+            log.warning("removed %d stale segments/dirs left by crashed instances: %s", len(gone), ", ".join(gone[:5]))
+        cfg.runtime_dir = addresses.runtime_dir(cfg.instance, cfg.runtime_dir)
+        os.makedirs(cfg.runtime_dir, mode=0o700, exist_ok=True)
+
+    def init_models(self) -> None:
+        only = [n.strip() for n in self.cfg.models.split(",") if n.strip()] or None
+        specs = model_repo.scan(self.cfg.model_repository, only)
+        model_repo.apply_overrides(specs, self.cfg.max_batch_size, self.cfg.max_wait_ms)
+        self.specs = {s.key: s for vs in specs.values() for s in vs.values()}
+        for s in self.specs.values():
+            log.info("model %s from %s (sha256 %s)", s.key, s.path, s.content_hash[:16])
+
+    # -- processes ------------------------------------------------------------
+    def spawn(self, child: Child) -> None:
+        parent_conn, child_conn = self.ctx.Pipe(duplex=True)  # the child reads EOF when we die
+        spec_dicts = {k: s.to_dict() for k, s in self.specs.items()}
+        child.proc = self.ctx.Process(target=TARGETS[child.role], name=child.name, daemon=False,
+                                      args=(self.cfg.to_dict(), spec_dicts, child.name, child_conn))
+        child.proc.start()
+        child_conn.close()
+        child.conn = parent_conn
+        child.started = time.monotonic()
+        child.ready = False
+
+    def read_ready(self, child: Child) -> dict:
+        try:
+            msg = msgpack.unpackb(child.conn.recv_bytes(), raw=False)
+        except (EOFError, OSError):
+            child.proc.join(5)
+            raise StartupError(f"{child.role} {child.name} exited during startup with code {child.proc.exitcode}")
+        if not msg.get("ok"):
+            child.proc.join(10)
+            raise StartupError(f"{child.role} {child.name} failed to start: {msg.get('error')} "
+                               f"(exit code {child.proc.exitcode})")
+        child.ready = True
+        return msg
+
+    def start(self) -> None:
+        sd_notify("STATUS=starting")
+        for child in self.children:
+            self.spawn(child)
+        deadline = time.monotonic() + self.cfg.startup_timeout_s
+        try:
+            pending = {c.conn: c for c in self.children}
+            while pending:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise StartupError("startup timed out waiting for " + ", ".join(c.name for c in pending.values()))
+                sentinels = {c.proc.sentinel: c for c in pending.values()}
+                for obj in wait(list(pending) + list(sentinels), timeout=min(left, 0.5)):
+                    child = pending.get(obj) or sentinels.get(obj)
+                    if child is None or child.conn not in pending:
+                        continue
+                    if obj is child.conn or child.conn.poll():
+                        self.read_ready(child)
+                        del pending[child.conn]
+                    else:  # its sentinel fired with nothing on the pipe: it died
+                        child.proc.join(5)
+                        raise StartupError(f"{child.role} {child.name} exited during startup "
+                                           f"with code {child.proc.exitcode}")
+                if self.stopping:
+                    raise StartupError("interrupted during startup")
+        except BaseException:
+            self.shutdown()
+            raise
+        self.init_hub()
+        self.publish_state()
+        sd_notify("READY=1\nSTATUS=serving " + ", ".join(self.specs))
+        log.info("ready: %s on %s (%d preprocess, %d postprocess workers)", ", ".join(self.specs),
+                 self.cfg.frontend_addr, self.cfg.preprocess_workers, self.cfg.postprocess_workers)
+
+    def init_hub(self) -> None:
+        self.zctx = zmq.Context.instance()
+        self.hub = procutil.hub_socket(self.zctx, addresses.hub_addr(self.cfg.runtime_dir), "supervisor")
+
+    def publish_state(self) -> None:
+        procs = {c.name: {"role": c.role, "pid": c.proc.pid if c.proc else None,
+                          "alive": bool(c.proc and c.proc.is_alive()), "restarts": c.restarts} for c in self.children}
+        restarts = {}
+        for c in self.children:
+            restarts[c.role] = restarts.get(c.role, 0) + c.restarts
+        ready = all(c.ready and c.proc and c.proc.is_alive() for c in self.children)
+        self.hub.send(m.encode(m.ServiceState(ready, procs, restarts)))
+
+    # -- watching -------------------------------------------------------------
+    def serve_forever(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        next_state = 0.0
+        while not self.stopping:
+            objs = [c.proc.sentinel for c in self.children if c.proc is not None and c.restart_at is None]
+            objs += [c.conn for c in self.children if c.proc is not None and not c.ready and c.restart_at is None]
+            for obj in wait(objs, timeout=0.5):
+                self.on_event(obj)
+            now = time.monotonic()
+            for c in self.children:
+                if c.restart_at is not None and now >= c.restart_at and not self.stopping:
+                    c.restart_at = None
+                    c.restarts += 1
+                    log.info("restarting %s (restart %d)", c.name, c.restarts)
+                    self.spawn(c)
+            if now >= next_state:  # periodic: the frontend may itself have restarted
+                self.publish_state()
+                next_state = now + 1.0
+        self.shutdown()
+
+    def on_event(self, obj: Any) -> None:
+        for c in self.children:
+            if c.proc is None:
+                continue
+            if obj is c.conn and not c.ready:
+                try:
+                    self.read_ready(c)
+                    log.info("%s is ready again (pid %d)", c.name, c.proc.pid)
+                    self.publish_state()
+                except StartupError as exc:
+                    log.error("%s", exc)
+                return
+            if obj == c.proc.sentinel:
+                self.on_death(c)
+                return
+
+    def on_death(self, c: Child) -> None:
+        c.proc.join(1)
+        code, pid = c.proc.exitcode, c.proc.pid
+        lived = time.monotonic() - c.started
+        c.failures = c.failures + 1 if lived < 10 else 1
+        delay = min(BACKOFF_MAX_S, 0.1 * (2 ** (c.failures - 1)))
+        log.error("%s (pid %s) died with code %s after %.1fs; restart in %.1fs", c.name, pid, code, lived, delay)
+        shm.unlink_prefix(f"{shm.PREFIX}{self.cfg.instance}.{c.name}.")
+        if c.conn is not None:
+            c.conn.close()
+        c.ready = False
+        c.restart_at = time.monotonic() + delay
+        try:
+            self.hub.send(m.encode(m.WorkerDown(c.name, code if code is not None else -1, pid or 0)))
+        except zmq.ZMQError:
+            pass
+        self.publish_state()
+        sd_notify(f"STATUS={c.name} died (code {code}); restarting")
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.stopping = True
+
+    # -- stopping ---------------------------------------------------------------
+    def drain(self) -> None:
+        fe = next((c for c in self.children if c.role == "frontend"), None)
+        if fe is None or fe.proc is None or not fe.proc.is_alive() or not hasattr(self, "hub"):
+            return
+        self.hub.send(m.encode(m.Drain(self.cfg.drain_grace_s)))
+        if self.hub.poll(int((self.cfg.drain_grace_s + 2) * 1000)):
+            try:
+                self.hub.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                pass
+
+    def shutdown(self) -> None:
+        if self.stopped:
+            return
+        self.stopped = True
+        sd_notify("STOPPING=1")
+        try:
+            self.drain()
+        except zmq.ZMQError as exc:
+            log.warning("drain failed: %s", exc)
+        procs = [c.proc for c in self.children if c.proc is not None and c.proc.is_alive()]
+        for proc in procs:
+            proc.terminate()
+        deadline = time.monotonic() + 5.0
+        for proc in procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+        for proc in procs:
+            if proc.is_alive():
+                log.warning("%s did not stop in time: SIGKILL", proc.name)
+                proc.kill()
+                proc.join(2)
+        if hasattr(self, "hub"):
+            self.hub.close(0)
+        gone = shm.unlink_prefix(f"{shm.PREFIX}{self.cfg.instance}.")
+        shutil.rmtree(self.cfg.runtime_dir, ignore_errors=True)
+        log.info("stopped; unlinked %d shared-memory segments", len(gone))
+
+
+def serve(cfg: Config) -> int:
+    procutil.set_title("aieng::supervisor")
+    sup = Supervisor(cfg)
+    signal.signal(signal.SIGTERM, sup._on_signal)
+    signal.signal(signal.SIGINT, sup._on_signal)
+    try:
+        sup.start()
+    except StartupError as exc:
+        log.error("startup failed: %s", exc)
+        return 1
+    try:
+        sup.serve_forever()
+    finally:
+        sup.shutdown()
+    return 0
