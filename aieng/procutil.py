@@ -99,6 +99,12 @@ def title_of(role: str, worker: str) -> str:
 
 
 def child_setup(role: str, worker: str, cfg: dict, ready_conn: Any) -> logging.Logger:
+    # Our own process group: a terminal's Ctrl-C or a group-wide SIGTERM reaches only the
+    # supervisor, which then stops the children in order (drain first).
+    try:
+        os.setpgid(0, 0)
+    except OSError:  # pragma: no cover
+        pass
     set_title(title_of(role, worker))
     log = setup_logging(worker, cfg.get("log_level", "INFO"), cfg.get("log_format", "text"))
     die_with_parent(ready_conn)
