@@ -1,0 +1,143 @@
+"""Shared test fixtures: a real aieng server as a subprocess on loopback.
+
+``ServerProcess`` starts ``python -m aieng.cli serve`` with its own port and
+environment, waits for the ``health`` op to say ready (bounded), and on stop
+sends SIGTERM and checks that nothing of its instance is left in /dev/shm.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from aieng import shm
+from aieng.client import Client
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODELS = os.path.join(ROOT, "models")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    def __init__(self, tmp_path, **env: str):
+        self.port = free_port()
+        self.addr = f"tcp://127.0.0.1:{self.port}"
+        self.log_path = os.path.join(str(tmp_path), f"server-{self.port}.log")
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("AIENG_")}
+        self.env.update({"AIENG_FRONTEND_ADDR": self.addr, "AIENG_MODEL_REPOSITORY": MODELS,
+                         "AIENG_LOG_LEVEL": "INFO"})
+        self.env.update(env)
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, wait: bool = True, timeout: float = 90.0) -> "ServerProcess":
+        self.log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen([sys.executable, "-m", "aieng.cli", "serve"], cwd=ROOT, env=self.env,
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        if wait:
+            self.wait_ready(timeout)
+        return self
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def client(self, **kw) -> Client:
+        return Client(self.addr, **kw)
+
+    def health(self, timeout_s: float = 2.0) -> dict | None:
+        with Client(self.addr, timeout_s=timeout_s, dealer=True) as c:
+            try:
+                return c.health()
+            except (TimeoutError, Exception):
+                return None
+
+    def wait_ready(self, timeout: float = 90.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.output()}")
+            h = self.health(timeout_s=1.0)
+            if h and h.get("ready"):
+                return h
+        raise RuntimeError(f"server not ready within {timeout}s:\n{self.output()}")
+
+    def output(self) -> str:
+        self.log.flush()
+        with open(self.log_path, "rb") as fh:
+            return fh.read().decode(errors="replace")
+
+    def children(self) -> dict[str, psutil.Process]:
+        out = {}
+        for c in psutil.Process(self.pid).children():
+            try:
+                out[" ".join(c.cmdline())] = c
+            except psutil.NoSuchProcess:
+                pass
+        return out
+
+    def child_pid(self, title: str) -> int:
+        for cmd, proc in self.children().items():
+            if cmd.startswith(title):
+                return proc.pid
+        raise KeyError(f"no child titled {title!r} in {list(self.children())}")
+
+    def segments(self) -> list[str]:
+        return shm.list_segments(str(self.pid))
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        kids = list(psutil.Process(self.pid).children(recursive=True))
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait(10)
+        for k in kids:  # never leave a worker behind, whatever happened
+            try:
+                k.wait(5)
+            except psutil.TimeoutExpired:
+                k.kill()
+            except psutil.NoSuchProcess:
+                pass
+        self.log.close()
+        return code
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    """One server with every demo model, shared by the read-only e2e tests."""
+    srv = ServerProcess(tmp_path_factory.mktemp("server"), AIENG_PREPROCESS_WORKERS="2",
+                        AIENG_POSTPROCESS_WORKERS="1").start()
+    yield srv
+    code = srv.stop()
+    assert code == 0, srv.output()
+    assert srv.segments() == [], "shared memory left behind after a clean stop"
+
+
+@pytest.fixture
+def make_server(tmp_path):
+    """Factory for servers a test may break; each is stopped and checked for leaks."""
+    made: list[ServerProcess] = []
+
+    def make(**env: str) -> ServerProcess:
+        srv = ServerProcess(tmp_path, **env)
+        made.append(srv)
+        return srv
+
+    yield make
+    for srv in made:
+        srv.stop()
+        assert srv.segments() == [], f"shared memory left behind: {srv.segments()}"

@@ -1,0 +1,77 @@
+"""Each demo model through the server matches the same model run in-process
+by a plain script (scripts/reference.py): cosine >= 0.9999 for embeddings,
+identical labels for classifiers."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import cv2
+import numpy as np
+import pytest
+
+from tests.conftest import MODELS, ROOT
+
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import reference  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+
+TEXTS = [
+    "A man is eating food.",
+    "The quick brown fox jumps over the lazy dog.",
+    "Zero-copy shared memory keeps tensors out of the socket.",
+    "ok",
+    "naïve café résumé — unicode 東京 👍",
+    " ".join(["a long input that will be truncated at one hundred and twenty eight tokens"] * 30),
+]
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def test_minilm_matches_reference(server):
+    ref = reference.minilm_embed(os.path.join(MODELS, "minilm", "1"), TEXTS)
+    with server.client() as c:
+        for text, want in zip(TEXTS, ref):
+            got = c.infer("minilm", {"text": text})["outputs"]["embedding"]
+            assert got.dtype == np.float32 and got.shape == (384,)
+            assert abs(float(np.linalg.norm(got)) - 1.0) < 1e-4
+            assert cosine(got, want) >= 0.9999, text[:40]
+
+
+def _documents():
+    out = []
+    for i, (w, h) in enumerate([(800, 1100), (640, 900), (1000, 700)]):
+        page = reference.make_document_image(width=w, height=h, seed=i)
+        for rot in (None, cv2.ROTATE_90_CLOCKWISE, cv2.ROTATE_180, cv2.ROTATE_90_COUNTERCLOCKWISE):
+            img = page if rot is None else cv2.rotate(page, rot)
+            ext = ".png" if i % 2 == 0 else ".jpg"
+            out.append(cv2.imencode(ext, img)[1].tobytes())
+    return out
+
+
+def test_orientation_matches_reference(server):
+    images = _documents()
+    want_labels, want_scores = reference.orientation_classify(
+        os.path.join(MODELS, "orientation", "1"), images, vendor_dir=os.path.join(ROOT, ".cache", "vendor"))
+    with server.client() as c:
+        for img, label, scores in zip(images, want_labels, want_scores):
+            out = c.infer("orientation", {"image": img})["outputs"]
+            assert out["label"] == label
+            np.testing.assert_allclose(out["scores"], scores, atol=1e-4)
+    assert set(want_labels) == {"0", "90", "180", "270"}  # the pages really were rotated
+
+
+def test_tabular_matches_reference(server):
+    with open(os.path.join(MODELS, "tabular", "1", "reference.json")) as fh:
+        cases = json.load(fh)["cases"]
+    rows = [case["input"] for case in cases]
+    labels, probs = reference.tabular_classify(os.path.join(MODELS, "tabular", "1"), rows)
+    with server.client() as c:
+        for row, label, p, case in zip(rows, labels, probs, cases):
+            out = c.infer("tabular", row)["outputs"]
+            assert out["label"] == label == case["expected_label"]
+            np.testing.assert_allclose(out["probabilities"], p, atol=1e-5)

@@ -1,0 +1,251 @@
+"""Unit tests for aieng/gpu_executor/batcher.py: length-aware dynamic batching."""
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aieng.gpu_executor.batcher import Batcher, Pending, padding_waste
+
+INF = math.inf
+
+
+def P(rid: int, seq_len: int, arrived: float, deadline: float = INF) -> Pending:
+    return Pending(rid=rid, seq_len=seq_len, arrived=arrived, deadline=deadline)
+
+
+def batcher(key: str = "m:1", max_batch_size: int = 8, max_wait_ms: float = 5.0,
+            max_padding_waste: float = 0.3) -> Batcher:
+    b = Batcher()
+    b.add_model(key, max_batch_size, max_wait_ms, max_padding_waste)
+    return b
+
+
+def rids(batch) -> list[int]:
+    return [p.rid for p in batch]
+
+
+# ------------------------------------------------------------ padding_waste
+@pytest.mark.parametrize("lengths, expected", [
+    ([], 0.0),
+    ([0], 0.0),
+    ([0, 0, 0], 0.0),
+    ([7], 0.0),
+    ([5, 5, 5], 0.0),
+    ([10, 20], 0.25),
+    ([1, 3], 1 - 4 / 6),
+    ([0, 10], 0.5),
+    ([1, 100], 1 - 101 / 200),
+])
+def test_padding_waste(lengths, expected):
+    assert padding_waste(lengths) == pytest.approx(expected)
+
+
+# ------------------------------------------------------------ selection
+def test_oldest_request_anchors_the_batch():
+    """A long request that arrived first is never overtaken by a crowd of short ones."""
+    b = batcher(max_batch_size=4, max_padding_waste=0.3)
+    b.put("m:1", P(0, 100, arrived=0.0), upstream=0)
+    for i in range(1, 11):
+        b.put("m:1", P(i, 10, arrived=float(i)), upstream=0)
+    key, batch, wake = b.next_batch(now=20.0)
+    assert key == "m:1" and wake is None
+    assert rids(batch) == [0], "short ones would waste too much padding next to the long anchor"
+    _, batch, _ = b.next_batch(now=20.0)
+    assert rids(batch) == [1, 2, 3, 4]
+    _, batch, _ = b.next_batch(now=20.0)
+    assert rids(batch) == [5, 6, 7, 8]
+
+
+def test_short_anchor_is_not_starved_by_long_stream():
+    b = batcher(max_batch_size=4, max_padding_waste=0.1)
+    b.put("m:1", P(0, 5, arrived=0.0), upstream=0)
+    for i in range(1, 9):
+        b.put("m:1", P(i, 120, arrived=float(i)), upstream=0)
+    _, batch, _ = b.next_batch(now=10.0)
+    assert rids(batch) == [0]
+
+
+def test_nearest_lengths_chosen_within_waste_bound():
+    b = batcher(max_batch_size=3, max_padding_waste=0.3)
+    b.put("m:1", P(0, 50, 0.0), upstream=0)
+    for rid, (n, t) in enumerate([(10, 1.0), (48, 2.0), (52, 3.0), (90, 4.0), (51, 5.0), (30, 6.0)], start=1):
+        b.put("m:1", P(rid, n, t), upstream=0)
+    _, batch, _ = b.next_batch(now=10.0)
+    # 51 is nearest; 48 and 52 tie at distance 2 and the earlier arrival (48) wins.
+    assert [p.seq_len for p in batch] == [50, 51, 48]
+    assert padding_waste([p.seq_len for p in batch]) <= 0.3
+
+
+def test_waste_bound_is_inclusive_and_excludes_beyond():
+    b = batcher(max_batch_size=8, max_padding_waste=0.25)
+    b.put("m:1", P(0, 10, 0.0), upstream=0)
+    b.put("m:1", P(1, 20, 1.0), upstream=0)  # waste exactly 0.25: allowed
+    b.put("m:1", P(2, 40, 2.0), upstream=0)  # [10, 20, 40]: waste 0.4167
+    _, batch, _ = b.next_batch(now=5.0)
+    assert rids(batch) == [0, 1]
+    _, batch, _ = b.next_batch(now=5.0)
+    assert rids(batch) == [2]
+
+
+def test_zero_waste_groups_equal_lengths_only():
+    b = batcher(max_batch_size=8, max_padding_waste=0.0)
+    for rid, n in enumerate([7, 8, 7, 9, 7]):
+        b.put("m:1", P(rid, n, float(rid)), upstream=0)
+    _, batch, _ = b.next_batch(now=10.0)
+    assert rids(batch) == [0, 2, 4]
+
+
+def test_fixed_shape_models_batch_everything():
+    b = batcher(max_batch_size=8, max_padding_waste=0.0)
+    for rid in range(5):
+        b.put("m:1", P(rid, 0, float(rid)), upstream=0)
+    _, batch, _ = b.next_batch(now=10.0)
+    assert rids(batch) == [0, 1, 2, 3, 4]
+
+
+def test_max_batch_size_respected():
+    b = batcher(max_batch_size=8)
+    for rid in range(20):
+        b.put("m:1", P(rid, 16, float(rid)), upstream=0)
+    sizes = []
+    while b.pending():
+        _, batch, _ = b.next_batch(now=100.0)
+        sizes.append(len(batch))
+    assert sizes == [8, 8, 4]
+
+
+def test_max_batch_size_one():
+    b = batcher(max_batch_size=1)
+    for rid in range(3):
+        b.put("m:1", P(rid, 16, float(rid)), upstream=5)
+    for rid in range(3):
+        _, batch, _ = b.next_batch(now=0.0)  # a batch of one is always full
+        assert rids(batch) == [rid]
+
+
+# ------------------------------------------------------------ when to run
+def test_full_batch_runs_at_once_even_with_upstream():
+    b = batcher(max_batch_size=4, max_wait_ms=50.0)
+    for rid in range(4):
+        b.put("m:1", P(rid, 10, 1.0 + rid * 1e-4), upstream=10)
+    key, batch, wake = b.next_batch(now=1.001)
+    assert key == "m:1" and rids(batch) == [0, 1, 2, 3] and wake is None
+
+
+def test_non_full_batch_with_upstream_waits_until_max_wait():
+    b = batcher(max_batch_size=4, max_wait_ms=5.0)
+    b.put("m:1", P(0, 10, arrived=1.0), upstream=3)
+    b.put("m:1", P(1, 10, arrived=1.001), upstream=2)
+    key, batch, wake = b.next_batch(now=1.002)
+    assert key is None and batch == []
+    assert wake == pytest.approx(1.005)
+    assert b.pending() == 2, "waiting must not consume anything"
+    key, batch, wake = b.next_batch(now=1.0049)
+    assert key is None and wake == pytest.approx(1.005)
+    key, batch, wake = b.next_batch(now=wake)  # at the deadline it runs
+    assert key == "m:1" and rids(batch) == [0, 1] and wake is None
+
+
+def test_upstream_zero_runs_at_once():
+    b = batcher(max_batch_size=4, max_wait_ms=1000.0)
+    b.put("m:1", P(0, 10, arrived=1.0), upstream=0)
+    key, batch, wake = b.next_batch(now=1.0)
+    assert key == "m:1" and rids(batch) == [0] and wake is None
+
+
+def test_upstream_is_the_latest_put_value():
+    b = batcher(max_batch_size=4, max_wait_ms=1000.0)
+    b.put("m:1", P(0, 10, arrived=1.0), upstream=1)
+    assert b.next_batch(now=1.0)[0] is None
+    b.put("m:1", P(1, 10, arrived=1.1), upstream=0)  # the last one in flight has arrived
+    key, batch, _ = b.next_batch(now=1.1)
+    assert rids(batch) == [0, 1]
+
+
+def test_queue_of_max_size_runs_even_when_waste_keeps_batch_small():
+    b = batcher(max_batch_size=2, max_wait_ms=1000.0, max_padding_waste=0.1)
+    b.put("m:1", P(0, 10, 1.0), upstream=5)
+    b.put("m:1", P(1, 100, 1.0), upstream=5)
+    key, batch, _ = b.next_batch(now=1.0)  # nothing coming could make it fuller
+    assert key == "m:1" and rids(batch) == [0]
+
+
+def test_empty_batcher():
+    b = batcher()
+    assert b.next_batch(now=0.0) == (None, [], None)
+    assert b.pending() == 0 and b.expire(now=1e9) == []
+
+
+# ------------------------------------------------------------ expiry
+def test_expire_removes_expired_items():
+    b = batcher(max_batch_size=8)
+    b.add_model("other:1", 8, 5.0, 0.3)
+    b.put("m:1", P(0, 10, 0.0, deadline=1.0), upstream=0)
+    b.put("m:1", P(1, 10, 0.1, deadline=5.0), upstream=0)
+    b.put("m:1", P(2, 10, 0.2, deadline=2.0), upstream=0)  # deadline == now: expired
+    b.put("other:1", P(3, 0, 0.3, deadline=1.5), upstream=0)
+    gone = b.expire(now=2.0)
+    assert sorted(rids(gone)) == [0, 2, 3]
+    assert b.pending() == 1
+    key, batch, _ = b.next_batch(now=2.0)
+    assert key == "m:1" and rids(batch) == [1], "an expired anchor must not lead the batch"
+    assert b.expire(now=2.0) == []
+
+
+# ------------------------------------------------------------ several models
+def test_older_anchor_model_goes_first():
+    b = Batcher()
+    b.add_model("a:1", 8, 5.0, 0.3)
+    b.add_model("b:1", 8, 5.0, 0.3)
+    b.put("a:1", P(0, 10, arrived=5.0), upstream=0)
+    b.put("a:1", P(1, 10, arrived=5.5), upstream=0)
+    b.put("b:1", P(2, 10, arrived=3.0), upstream=0)
+    key, batch, _ = b.next_batch(now=10.0)
+    assert key == "b:1" and rids(batch) == [2]
+    key, batch, _ = b.next_batch(now=10.0)
+    assert key == "a:1" and rids(batch) == [0, 1]
+    assert b.next_batch(now=10.0) == (None, [], None)
+
+
+def test_runnable_model_goes_while_older_one_waits():
+    b = Batcher()
+    b.add_model("a:1", 8, 5.0, 0.3)
+    b.add_model("b:1", 8, 5.0, 0.3)
+    b.put("a:1", P(0, 10, arrived=1.0), upstream=4)  # waits for company until 1.005
+    b.put("b:1", P(1, 10, arrived=1.002), upstream=0)
+    key, batch, wake = b.next_batch(now=1.003)
+    assert key == "b:1" and rids(batch) == [1]
+    key, batch, wake = b.next_batch(now=1.003)
+    assert key is None and wake == pytest.approx(1.005)
+
+
+def test_wake_at_is_earliest_deadline_across_models():
+    b = Batcher()
+    b.add_model("a:1", 8, 10.0, 0.3)
+    b.add_model("b:1", 8, 2.0, 0.3)
+    b.put("a:1", P(0, 10, arrived=1.0), upstream=1)  # due 1.010
+    b.put("b:1", P(1, 10, arrived=1.004), upstream=1)  # due 1.006
+    assert b.next_batch(now=1.005) == (None, [], pytest.approx(1.006))
+
+
+# ------------------------------------------------------------ properties
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(0, 200), min_size=1, max_size=40),
+       max_batch=st.integers(1, 16), waste=st.sampled_from([0.0, 0.1, 0.3, 0.5, 1.0]))
+def test_drain_invariants(lengths, max_batch, waste):
+    b = batcher(max_batch_size=max_batch, max_padding_waste=waste)
+    for rid, n in enumerate(lengths):
+        b.put("m:1", P(rid, n, float(rid)), upstream=0)
+    seen: list[int] = []
+    while b.pending():
+        remaining = [p.rid for p in b.queues["m:1"].items]
+        key, batch, wake = b.next_batch(now=1e6)
+        assert key == "m:1" and wake is None
+        assert batch[0].rid == remaining[0], "the oldest pending request anchors every batch"
+        assert 1 <= len(batch) <= max_batch
+        assert len(batch) == 1 or padding_waste([p.seq_len for p in batch]) <= waste + 1e-12
+        seen += rids(batch)
+    assert sorted(seen) == list(range(len(lengths)))
