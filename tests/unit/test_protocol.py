@@ -21,7 +21,8 @@ def wire(obj):
     np.arange(12, dtype=np.float32).reshape(3, 4) / 3,
     np.array([-(2**63), -1, 0, 2**63 - 1], dtype=np.int64),
     np.array([[True, False], [False, True]]),
-    np.array(2.5, dtype=np.float32),  # 0-d
+    pytest.param(np.array(2.5, dtype=np.float32), marks=pytest.mark.xfail(
+        strict=True, reason="BUG protocol.py:62: np.ascontiguousarray turns a 0-d array into shape [1]")),
     np.zeros((0, 3), dtype=np.float64),  # empty
     np.arange(8, dtype=np.uint8).reshape(2, 2, 2),
     np.array([1.5, -2.25], dtype=np.float16),
@@ -54,6 +55,17 @@ def test_non_contiguous_input_is_encoded_in_logical_order():
     np.testing.assert_array_equal(out, arr)
 
 
+def test_decode_0d_tensor():
+    out = decode_tensor({"dtype": "int64", "shape": [], "data": np.int64(-7).tobytes()})
+    assert out.shape == () and out.item() == -7
+
+
+@pytest.mark.xfail(strict=True, reason="BUG protocol.py:62: np.ascontiguousarray turns a 0-d array into shape [1]")
+def test_encode_0d_keeps_empty_shape():
+    assert encode_tensor(np.float32(3.0))["shape"] == []
+    assert encode_tensor(np.array(True))["shape"] == []
+
+
 def test_decode_accepts_bytearray_and_memoryview():
     data = np.arange(4, dtype=np.int32).tobytes()
     for d in (bytearray(data), memoryview(data)):
@@ -62,7 +74,8 @@ def test_decode_accepts_bytearray_and_memoryview():
 
 
 @settings(max_examples=50, deadline=None)
-@given(dtype=st.sampled_from(p.DTYPES), shape=st.lists(st.integers(0, 4), max_size=4), seed=st.integers(0, 2**32 - 1))
+@given(dtype=st.sampled_from(p.DTYPES), shape=st.lists(st.integers(0, 4), min_size=1, max_size=4),
+       seed=st.integers(0, 2**32 - 1))
 def test_tensor_round_trip_property(dtype, shape, seed):
     rng = np.random.default_rng(seed)
     dt = np.dtype(dtype)
@@ -115,7 +128,7 @@ def test_result_body_splices_outputs():
     got = msgpack.unpackb(body, raw=False)
     assert got == {"id": "req-1", "ok": True, "model": "orientation", "version": "1",
                    "timing_us": {"pre": 10, "infer": 20}, "batch": 4, "outputs": wire(outputs)}
-    np.testing.assert_array_equal(decode_tensor(got["outputs"]["scores"]), [0.1, 0.9])
+    np.testing.assert_array_equal(decode_tensor(got["outputs"]["scores"]), np.array([0.1, 0.9], np.float32))
     # The spliced body is byte-identical to packing the whole map at once.
     assert body == p.pack({"id": "req-1", "ok": True, "model": "orientation", "version": "1",
                            "timing_us": {"pre": 10, "infer": 20}, "batch": 4, "outputs": outputs})
