@@ -72,6 +72,19 @@ class Config:
         return self.shm_slots or self.max_inflight
 
 
+def _coerce(key: str, value: Any, where: str) -> Any:
+    """Check a YAML/flag value against the field's registry type (an int may stand for a float)."""
+    var = next((v for v in envs.REGISTRY if v.field == key), None)
+    if var is None:
+        return value
+    want = var.type
+    if want is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if want in (int, float, str) and (not isinstance(value, want) or isinstance(value, bool)):
+        raise ValueError(f"{where}: '{key}' must be a {want.__name__}, got {type(value).__name__} {value!r}")
+    return value
+
+
 def load_config(yaml_path: str | None = None, flags: dict[str, Any] | None = None,
                 environ: dict[str, str] | None = None) -> Config:
     """Resolve the effective configuration and remember where each value came from."""
@@ -89,14 +102,14 @@ def load_config(yaml_path: str | None = None, flags: dict[str, Any] | None = Non
         for key, value in data.items():
             if key not in known or key in ("instance", "sources"):
                 raise ValueError(f"{yaml_path}: unknown setting {key!r}")
-            values[key] = value
+            values[key] = _coerce(key, value, yaml_path)
             sources[key] = f"file:{yaml_path}"
     for key, (value, src) in envs.read_environ(environ).items():
         values[key] = value
         sources[key] = src
     for key, value in (flags or {}).items():
         if value is not None:
-            values[key] = value
+            values[key] = _coerce(key, value, "command line")
             sources[key] = "flag"
     cfg = Config.from_dict(values)
     cfg.sources = sources

@@ -119,13 +119,6 @@ class Failed:
     ref: list | None = None
 
 
-@dataclass(slots=True)
-class Dropped:
-    """Executor -> FE: it dropped these expired requests and freed their inputs."""
-    T: ClassVar[str] = "dropped"
-    rids: list
-
-
 # -- supervisor <-> frontend control ------------------------------------------
 @dataclass(slots=True)
 class WorkerDown:
@@ -158,7 +151,7 @@ class Drained:
 
 TYPES: dict[str, type] = {
     cls.T: cls for cls in (Hello, PreTask, Preprocessed, InferTask, Inferred, PostTask, Result,
-                           Failed, Dropped, WorkerDown, ServiceState, Drain, Drained)
+                           Failed, WorkerDown, ServiceState, Drain, Drained)
 }
 _FIELDS = {name: tuple(f.name for f in dataclasses.fields(cls)) for name, cls in TYPES.items()}
 

@@ -118,9 +118,18 @@ def load_spec(name: str, version: str, path: str) -> ModelSpec:
     if not isinstance(pre.get("type"), str) or not isinstance(post.get("type"), str):
         raise ModelError(f"{cfg_path}: preprocess and postprocess need a 'type'")
     batching = {"max_batch_size": 8, "max_wait_ms": 2.0, "max_padding_waste": 0.3}
+    if not isinstance(cfg.get("batching") or {}, dict):
+        raise ModelError(f"{cfg_path}: 'batching' must be a mapping")
     batching.update(cfg.get("batching") or {})
     if not (isinstance(batching["max_batch_size"], int) and batching["max_batch_size"] >= 1):
         raise ModelError(f"{cfg_path}: batching.max_batch_size must be an int >= 1")
+    for key, lo, hi in (("max_wait_ms", 0.0, 10_000.0), ("max_padding_waste", 0.0, 1.0)):
+        val = batching[key]
+        if isinstance(val, bool) or not isinstance(val, (int, float)) or not lo <= val <= hi:
+            raise ModelError(f"{cfg_path}: batching.{key} must be a number in {lo}..{hi}")
+    timeout_ms = cfg.get("timeout_ms", 0)
+    if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms < 0:
+        raise ModelError(f"{cfg_path}: timeout_ms must be a non-negative int (0: the server default)")
     onnx_path = resolve_inside(path, cfg.get("model_file", "model.onnx"))
     if not os.path.isfile(onnx_path):
         raise ModelError(f"{path}: {os.path.basename(onnx_path)} is missing (run scripts/fetch_models.py?)")
@@ -128,7 +137,7 @@ def load_spec(name: str, version: str, path: str) -> ModelSpec:
         name=name, version=version, path=os.path.realpath(path), content_hash=content_hash(path),
         description=str(cfg.get("description", "")), inputs=inputs, outputs=outputs,
         preprocess=pre, postprocess=post, padding=dict(cfg.get("padding") or {}),
-        batching=batching, timeout_ms=int(cfg.get("timeout_ms", 0)), onnx_path=onnx_path,
+        batching=batching, timeout_ms=timeout_ms, onnx_path=onnx_path,
     )
 
 
@@ -157,7 +166,9 @@ def scan(repo: str, only: list[str] | None = None) -> dict[str, dict[str, ModelS
 
 
 def latest(versions: dict[str, ModelSpec]) -> str:
-    return max(versions, key=_version_key)
+    """The default version: the highest numeric one; a named one only if none is numeric."""
+    numeric = [v for v in versions if v.isdigit()]
+    return max(numeric, key=int) if numeric else max(versions)
 
 
 def apply_overrides(specs: dict[str, dict[str, ModelSpec]], max_batch_size: int, max_wait_ms: float) -> None:

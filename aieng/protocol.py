@@ -59,7 +59,7 @@ def pack(obj: Any) -> bytes:
 
 
 def encode_tensor(arr: np.ndarray) -> dict[str, Any]:
-    arr = np.ascontiguousarray(arr)
+    arr = np.asarray(arr, order="C")  # not ascontiguousarray: that turns a 0-d array into shape [1]
     if arr.dtype.byteorder == ">":
         arr = arr.astype(arr.dtype.newbyteorder("<"))
     return {"dtype": arr.dtype.name, "shape": list(arr.shape), "data": arr.tobytes()}

@@ -103,6 +103,7 @@ class Supervisor:
         gone = shm.clean_stale(_instance_alive) + addresses.clean_stale_runtime_dirs(_instance_alive)
         if gone:
             log.warning("removed %d stale segments/dirs left by crashed instances: %s", len(gone), ", ".join(gone[:5]))
+        self.own_runtime_dir = not cfg.runtime_dir
         cfg.runtime_dir = addresses.runtime_dir(cfg.instance, cfg.runtime_dir)
         os.makedirs(cfg.runtime_dir, mode=0o700, exist_ok=True)
 
@@ -200,7 +201,6 @@ class Supervisor:
             for c in self.children:
                 if c.restart_at is not None and now >= c.restart_at and not self.stopping:
                     c.restart_at = None
-                    c.restarts += 1
                     log.info("restarting %s (restart %d)", c.name, c.restarts)
                     self.spawn(c)
             if now >= next_state:  # periodic: the frontend may itself have restarted
@@ -235,6 +235,7 @@ class Supervisor:
         if c.conn is not None:
             c.conn.close()
         c.ready = False
+        c.restarts += 1  # counted when scheduled, so health shows it before the new one says hello
         c.restart_at = time.monotonic() + delay
         try:
             self.hub.send(m.encode(m.WorkerDown(c.name, code if code is not None else -1, pid or 0)))
@@ -281,7 +282,13 @@ class Supervisor:
         if hasattr(self, "hub"):
             self.hub.close(0)
         gone = shm.unlink_prefix(f"{shm.PREFIX}{self.cfg.instance}.")
-        shutil.rmtree(self.cfg.runtime_dir, ignore_errors=True)
+        if self.own_runtime_dir:
+            shutil.rmtree(self.cfg.runtime_dir, ignore_errors=True)
+        else:  # a configured dir may hold other things: remove only our socket
+            try:
+                os.unlink(os.path.join(self.cfg.runtime_dir, "hub.sock"))
+            except FileNotFoundError:
+                pass
         log.info("stopped; unlinked %d shared-memory segments", len(gone))
 
 

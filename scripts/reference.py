@@ -85,7 +85,7 @@ def orientation_classify(model_dir, image_bytes_list, vendor_dir=".cache/vendor"
     in_name, out_name = sess.get_inputs()[0].name, sess.get_outputs()[0].name
     labels, scores = [], []
     for b in image_bytes_list:
-        img = cv2.imdecode(np.frombuffer(b, np.uint8), cv2.IMREAD_COLOR)
+        img = cv2.imdecode(np.frombuffer(b, np.uint8), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
         if img is None:
             raise ValueError("could not decode image bytes")
         row = sess.run([out_name], {in_name: pre(img)})[0][0]

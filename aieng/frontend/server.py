@@ -37,7 +37,8 @@ class Frontend:
         self.table = RequestTable()
         self.rings = shm.RingCache()
         self.workers: dict[str, dict] = {}  # name -> {role, pid, seen, info}
-        self.ready = False
+        self.ready = False  # every process is up and ready (supervisor's view)
+        self.started_ok = False  # the service has been fully ready once: admit requests from then on
         self.draining_until: float | None = None
         self.state: dict = {"processes": {}, "restarts": {}}
         self.started = time.time()
@@ -97,7 +98,11 @@ class Frontend:
             except Exception:
                 self.log.exception("undecodable hub message from %r", frames[0].bytes)
                 continue
-            self.handlers[type(msg)](msg, frames[0].bytes)
+            handler = self.handlers.get(type(msg))
+            if handler is None:
+                self.log.warning("no handler for %s from %r", type(msg).__name__, frames[0].bytes)
+                continue
+            handler(msg, frames[0].bytes)
 
     def drain_clients(self) -> None:
         for _ in range(1000):
@@ -166,12 +171,12 @@ class Frontend:
         if not isinstance(params, dict):
             raise p.RequestError(p.INVALID_REQUEST, "'params' must be a map")
         spec = self.specs[model][version]
-        timeout_ms = req.get("timeout_ms", spec.timeout_ms or self.cfg.default_timeout_ms)
+        timeout_ms = req.get("timeout_ms", min(spec.timeout_ms or self.cfg.default_timeout_ms, self.cfg.max_timeout_ms))
         if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or not 0 < timeout_ms <= self.cfg.max_timeout_ms:
             raise p.RequestError(p.INVALID_REQUEST, f"'timeout_ms' must be an int in 1..{self.cfg.max_timeout_ms}")
         if self.draining_until is not None:
             raise p.RequestError(p.UNAVAILABLE, "server is shutting down")
-        if not self.ready:
+        if not self.started_ok:
             raise p.RequestError(p.UNAVAILABLE, "server is not ready yet")
         if len(self.table) >= self.cfg.max_inflight:
             raise p.RequestError(p.OVERLOADED, f"{len(self.table)} requests in flight; try again later")
@@ -236,8 +241,15 @@ class Frontend:
             self.workers[msg.worker] = w = {"role": msg.role, "pid": msg.pid, "info": msg.info}
         w["seen"] = time.monotonic()
 
+    def held(self, rid: int, ident: bytes, stage: str) -> Request | None:
+        """The request if ``ident`` holds it at ``stage``; else None (it was answered already)."""
+        req = self.table.get(rid)
+        if req is None or req.stage != stage or req.holder.encode() != ident:
+            return None
+        return req
+
     def on_preprocessed(self, msg: m.Preprocessed, ident: bytes) -> None:
-        req = self.table.get(msg.rid)
+        req = self.held(msg.rid, ident, PRE)
         if req is None:  # answered already (timeout): the slot is ours to free
             self.rings.free(msg.ref[0], msg.ref[1], msg.ref[2])
             return
@@ -257,7 +269,7 @@ class Frontend:
         req.fe_owns = False  # the executor frees the input slot from here on
 
     def on_inferred(self, msg: m.Inferred, ident: bytes) -> None:
-        req = self.table.get(msg.rid)
+        req = self.held(msg.rid, ident, EXEC)
         if req is None:
             self.rings.free(msg.ref[0], msg.ref[1], msg.ref[2])
             return
@@ -278,9 +290,9 @@ class Frontend:
         req.fe_owns = False  # the postprocess worker frees the output slot
 
     def on_result(self, msg: m.Result, ident: bytes) -> None:
-        req = self.table.pop(msg.rid)
-        if req is None:
+        if self.held(msg.rid, ident, POST) is None:
             return
+        req = self.table.pop(msg.rid)
         now = time.monotonic()
         req.timing["postprocess"] = int((now - req.stamps[POST]) * 1e6)
         req.timing["postprocess_compute"] = msg.post_us
@@ -291,6 +303,8 @@ class Frontend:
 
     def on_failed(self, msg: m.Failed, ident: bytes) -> None:
         req = self.table.get(msg.rid)
+        if req is not None and req.holder.encode() != ident:
+            req = None
         if req is None:
             if msg.ref:
                 self.rings.free(msg.ref[0], msg.ref[1], msg.ref[2])
@@ -311,6 +325,7 @@ class Frontend:
 
     def on_state(self, msg: m.ServiceState, ident: bytes) -> None:
         self.ready = msg.ready
+        self.started_ok = self.started_ok or msg.ready
         self.state = {"processes": msg.processes, "restarts": msg.restarts}
 
     def on_drain(self, msg: m.Drain, ident: bytes) -> None:
@@ -325,7 +340,11 @@ class Frontend:
         ex = alive.get("executor", {}).get("info", {})
         providers = {k: v.get("provider") for k, v in ex.get("models", {}).items()}
         live = all(roles.values())
-        return {"id": req_id, "ok": True, "live": live, "ready": bool(self.ready and live and self.draining_until is None),
+        # ready: started once, every role has a live worker (one of several restarting still
+        # serves), not draining.  ``degraded`` says some process is down or restarting.
+        return {"id": req_id, "ok": True, "live": live,
+                "ready": bool(self.started_ok and live and self.draining_until is None),
+                "degraded": not self.ready,
                 "protocol": p.PROTOCOL_VERSION, "version": _version(), "pid": os.getpid(),
                 "uptime_s": round(time.time() - self.started, 3), "in_flight": len(self.table),
                 "workers": roles, "providers": providers, "draining": self.draining_until is not None,

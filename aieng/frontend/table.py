@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +38,9 @@ class RequestTable:
     def __init__(self) -> None:
         self.items: dict[int, Request] = {}
         self.deadlines: list[tuple[float, int]] = []
-        self.ids = itertools.count(1)
+        # Request ids start at a random point so a restarted frontend never mistakes a late
+        # message about its predecessor's request for one of its own.
+        self.ids = itertools.count(secrets.randbits(40) << 16)
         self.by_holder: dict[str, set[int]] = {}
 
     def __len__(self) -> int:

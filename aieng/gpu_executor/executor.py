@@ -58,7 +58,8 @@ class Executor:
         self.inputs = shm.RingCache()
         name = shm.segment_name(self.cfg.instance, "executor", os.getpid())
         lease = 2 * self.cfg.max_timeout_ms / 1000 + 30
-        self.ring = shm.Ring.create(name, self.cfg.ring_slots, self.cfg.shm_slot_bytes, lease_s=lease)
+        need = max((s.max_output_bytes for s in self.sessions.values()), default=0)
+        self.ring = shm.Ring.create(name, self.cfg.ring_slots, max(self.cfg.shm_slot_bytes, need), lease_s=lease)
 
     def init_socket(self) -> None:
         self.sock = procutil.hub_socket(zmq.Context.instance(), hub_addr(self.cfg.runtime_dir), "executor")
@@ -68,10 +69,16 @@ class Executor:
                 "models": {k: s.describe() for k, s in self.sessions.items()}}
 
     # -- the loop -----------------------------------------------------------
+    def maybe_hello(self) -> None:
+        """Heartbeat to the frontend at most once a second (it stops routing to a silent worker)."""
+        now = time.monotonic()
+        if now >= self.next_hello:
+            self.sock.send(self.hello)
+            self.next_hello = now + 1.0
+
     def run(self, stop: procutil.StopFlag) -> None:
-        hello = m.encode(m.Hello("executor", "executor", os.getpid(), self.info()))
-        self.sock.send(hello)
-        next_hello = time.monotonic() + 1.0
+        self.hello = m.encode(m.Hello("executor", "executor", os.getpid(), self.info()))
+        self.next_hello = 0.0
         timeout_ms = 200
         while not stop.stop:
             if self.sock.poll(timeout_ms):
@@ -87,9 +94,7 @@ class Executor:
                 timeout_ms = max(0, int((wake_at - now) * 1000) + 1)
             else:
                 timeout_ms = 200
-            if time.monotonic() >= next_hello:
-                self.sock.send(hello)
-                next_hello = time.monotonic() + 1.0
+            self.maybe_hello()
 
     def drain(self) -> None:
         while True:
@@ -194,6 +199,7 @@ class Executor:
             if time.monotonic() > p.deadline:
                 return  # the frontend has answered TIMEOUT
             time.sleep(0.0005)
+            self.maybe_hello()
             slot = self.ring.alloc()
         try:
             descs = self.ring.write(slot[0], tensors)

@@ -74,7 +74,9 @@ class ModelSession:
         if device == "cuda" and self.provider != "CUDAExecutionProvider":
             raise RuntimeError(f"{spec.key}: AIENG_DEVICE=cuda but CUDA is not usable here")
         self.inputs = [self._input_spec(i) for i in self.session.get_inputs()]
-        self.outputs = [OutputSpec(o.name, o.type, list(o.shape[1:])) for o in self.session.get_outputs()]
+        self.outputs = [OutputSpec(o.name, np.dtype(_ORT_DTYPES.get(o.type, np.float32)).name,
+                                   [d if isinstance(d, int) else (d or f"out{i}") for i, d in enumerate(o.shape[1:], 1)])
+                        for o in self.session.get_outputs()]
         self.output_names = [o.name for o in self.outputs]
 
     def _input_spec(self, node) -> InputSpec:
@@ -98,7 +100,7 @@ class ModelSession:
         """Sequence lengths to warm: powers of two up to the model's max_length."""
         if not any(isinstance(d, str) for i in self.inputs for d in i.dims):
             return [0]
-        top = int(self.spec.preprocess.get("max_length", 64))
+        top = int(self.spec.preprocess.get("max_length", 512 if self.spec.preprocess["type"] == "text" else 64))
         lengths, n = [], 8
         while n < top:
             lengths.append(n)
@@ -106,8 +108,13 @@ class ModelSession:
         return lengths + [top]
 
     def warmup(self) -> int:
-        """Run every (batch size in {1, max}) x (warm length) shape once; returns runs."""
+        """Run every (batch size in {1, max}) x (warm length) shape once; returns runs.
+
+        Also records ``max_output_bytes``: the most output bytes one request produced (at the
+        longest warm length), which sizes the executor's output slots.
+        """
         runs = 0
+        self.max_output_bytes = 0
         max_b = int(self.spec.batching["max_batch_size"])
         for length in self.warm_lengths():
             for rows in sorted({1, max_b}):
@@ -116,7 +123,9 @@ class ModelSession:
                     shape = [rows] + [d if isinstance(d, int) else max(1, length) for d in i.dims]
                     feeds[i.name] = np.ones(shape, dtype=i.dtype) if i.dtype.kind in "iub" else \
                         np.zeros(shape, dtype=i.dtype)
-                self.run(feeds)
+                outs = self.run(feeds)
+                self.max_output_bytes = max(self.max_output_bytes,
+                                            sum(o.nbytes // max(1, rows) + 64 for o in outs))
                 runs += 1
         return runs
 

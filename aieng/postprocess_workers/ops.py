@@ -62,7 +62,9 @@ class Classify:
         if self.activation == "softmax":
             scores = _softmax(scores.astype(np.float64)).astype(np.float32)
         elif self.activation == "sigmoid":
-            scores = (1.0 / (1.0 + np.exp(-scores.astype(np.float64)))).astype(np.float32)
+            x = scores.astype(np.float64)
+            e = np.exp(-np.abs(x))  # stable for large |x|
+            scores = np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e)).astype(np.float32)
         best = int(np.argmax(scores))
         result: dict[str, Any] = {
             self.label_output: self.labels[best] if self.labels else str(best),

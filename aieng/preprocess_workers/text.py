@@ -28,6 +28,8 @@ class TextPreprocessor:
         self.ids_name = names.get("ids", "input_ids")
         self.mask_name = names.get("mask")
         self.type_name = names.get("type_ids")
+        n_tensors = 1 + bool(self.mask_name) + bool(self.type_name)
+        self.max_request_bytes = n_tensors * (self.max_length * 8 + 64)
         self.tok = Tokenizer.from_file(spec.file(cfg.get("tokenizer", "tokenizer.json")))
         self.tok.no_padding()
         self.tok.enable_truncation(max_length=self.max_length)

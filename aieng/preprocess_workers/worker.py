@@ -67,7 +67,8 @@ class PreprocessWorker:
     def init_ring(self) -> None:
         name = shm.segment_name(self.cfg.instance, self.worker, os.getpid())
         lease = 2 * self.cfg.max_timeout_ms / 1000 + 30
-        self.ring = shm.Ring.create(name, self.cfg.ring_slots, self.cfg.shm_slot_bytes, lease_s=lease)
+        need = max((getattr(p, "max_request_bytes", 0) for p in self.procs.values()), default=0)
+        self.ring = shm.Ring.create(name, self.cfg.ring_slots, max(self.cfg.shm_slot_bytes, need), lease_s=lease)
 
     def init_socket(self) -> None:
         self.ctx = zmq.Context.instance()
@@ -75,11 +76,15 @@ class PreprocessWorker:
 
     def hello(self) -> None:
         self.sock.send(m.encode(m.Hello(self.worker, "preprocess", os.getpid(), {"ring": self.ring.seg.name})))
+        self.next_hello = time.monotonic() + 1.0
+
+    def maybe_hello(self) -> None:
+        if time.monotonic() >= self.next_hello:
+            self.hello()
 
     # -- the loop -----------------------------------------------------------
     def run(self, stop: procutil.StopFlag) -> None:
         self.hello()
-        next_hello = time.monotonic() + 1.0
         while not stop.stop:
             if self.sock.poll(200):
                 batch = []
@@ -89,9 +94,7 @@ class PreprocessWorker:
                     except zmq.Again:
                         break
                 self.handle(batch)
-            if time.monotonic() >= next_hello:
-                self.hello()  # heartbeat: the frontend learns we are alive (also after it restarts)
-                next_hello = time.monotonic() + 1.0
+            self.maybe_hello()  # heartbeat: the frontend learns we are alive (also after it restarts)
 
     def handle(self, frames_list: list) -> None:
         jobs = []  # (task, spec key, inputs) that passed validation
@@ -126,8 +129,13 @@ class PreprocessWorker:
                 except RequestError as exc:
                     self.fail(task.rid, exc.code, exc.message)
             if checked:
-                outs = proc.process_many([c[1] for c in checked])
-                results = [(task, out) for (task, _), out in zip(checked, outs)]
+                try:
+                    outs = proc.process_many([c[1] for c in checked])
+                    results = [(task, out) for (task, _), out in zip(checked, outs)]
+                except Exception as exc:  # a processor bug fails its requests, not the worker
+                    self.log.exception("batched preprocess failed")
+                    for task, _ in checked:
+                        self.fail(task.rid, INTERNAL, f"preprocessing failed: {type(exc).__name__}")
         else:
             for task, _, inputs in group:
                 try:
@@ -148,6 +156,7 @@ class PreprocessWorker:
                 self.fail(task.rid, TIMEOUT, "deadline passed waiting for a shared-memory slot")
                 return
             time.sleep(0.0005)
+            self.maybe_hello()
             slot = self.ring.alloc()
         try:
             descs = self.ring.write(slot[0], tensors)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 
@@ -84,7 +85,7 @@ def test_env_values_are_typed(cpus):
 
 
 def test_environ_defaults_to_os_environ(monkeypatch, cpus):
-    for key in [k for k in __import__("os").environ if k.startswith("AIENG_")]:
+    for key in [k for k in os.environ if k.startswith("AIENG_")]:
         monkeypatch.delenv(key)
     monkeypatch.setenv("AIENG_MAX_INFLIGHT", "9")
     assert load_config().max_inflight == 9
@@ -176,9 +177,6 @@ def test_explicit_worker_count_wins_over_affinity(cpus):
     assert (cfg.preprocess_workers, cfg.postprocess_workers) == (3, 2)
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError,
-                   reason="BUG config.py:92: YAML values are not type-checked, a quoted number reaches "
-                          "validate() and fails with TypeError instead of a ValueError naming the setting")
 def test_yaml_wrong_type_is_a_value_error(tmp_path, cpus):
     with pytest.raises(ValueError, match="preprocess_workers"):
         load_config(write_yaml(tmp_path, "preprocess_workers: '2'\n"), environ={})

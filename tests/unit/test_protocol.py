@@ -11,6 +11,8 @@ from aieng import protocol as p
 from aieng.protocol import INVALID_INPUT, RequestError, decode_tensor, encode_tensor
 
 
+
+
 def wire(obj):
     """What a tensor map looks like after a trip through msgpack."""
     return msgpack.unpackb(p.pack(obj), raw=False)
@@ -21,8 +23,7 @@ def wire(obj):
     np.arange(12, dtype=np.float32).reshape(3, 4) / 3,
     np.array([-(2**63), -1, 0, 2**63 - 1], dtype=np.int64),
     np.array([[True, False], [False, True]]),
-    pytest.param(np.array(2.5, dtype=np.float32), marks=pytest.mark.xfail(
-        strict=True, reason="BUG protocol.py:62: np.ascontiguousarray turns a 0-d array into shape [1]")),
+    np.array(2.5, dtype=np.float32),  # 0-d keeps shape []
     np.zeros((0, 3), dtype=np.float64),  # empty
     np.arange(8, dtype=np.uint8).reshape(2, 2, 2),
     np.array([1.5, -2.25], dtype=np.float16),
@@ -60,7 +61,6 @@ def test_decode_0d_tensor():
     assert out.shape == () and out.item() == -7
 
 
-@pytest.mark.xfail(strict=True, reason="BUG protocol.py:62: np.ascontiguousarray turns a 0-d array into shape [1]")
 def test_encode_0d_keeps_empty_shape():
     assert encode_tensor(np.float32(3.0))["shape"] == []
     assert encode_tensor(np.array(True))["shape"] == []
