@@ -104,6 +104,18 @@ def cmd_load(args: argparse.Namespace) -> int:
     return main_load(args)
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from aieng.report import main_report
+
+    return main_report(args)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from aieng.bench import main_bench
+
+    return main_bench(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="aieng", description="ONNX inference server over ZeroMQ")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -121,6 +133,25 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("config", help="print the effective configuration and where each value came from")
     c.add_argument("--config", help="YAML config file")
     c.set_defaults(func=cmd_config)
+
+    r = sub.add_parser("report", help="pipeline-stage timing report of a running server")
+    r.add_argument("--addr", default=None)
+    r.add_argument("--timeout", type=float, default=10.0)
+    r.add_argument("--since", type=float, help="only the last SINCE seconds")
+    r.add_argument("--reset", action="store_true", help="start a new window after reading")
+    r.add_argument("--png", help="also draw a stacked bar chart to this PNG file")
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(func=cmd_report)
+
+    b = sub.add_parser("bench", help="server vs in-process limit, side by side in one run")
+    b.add_argument("--model", default="minilm")
+    b.add_argument("--concurrency", default="1,4,16,64")
+    b.add_argument("--requests", type=int, default=400, help="requests per closed-loop level")
+    b.add_argument("--rates", default="0.5,0.8,1.0", help="open-loop rates as fractions of the in-process limit")
+    b.add_argument("--duration", type=float, default=8.0, help="seconds per open-loop rate")
+    b.add_argument("--out", default="bench-out", help="directory for the markdown table and PNG plot")
+    b.add_argument("--repeats", type=int, default=1, help="alternate server/in-process runs this many times")
+    b.set_defaults(func=cmd_bench)
 
     for name in ("infer", "health", "models", "load"):
         p = sub.add_parser(name)

@@ -26,6 +26,10 @@ class Config:
     max_wait_ms: float = -1.0
     device: str = "auto"
     intra_op_threads: int = 0
+    ort_spinning: bool = False
+    worker_nice: int = 0
+    executor_cpus: str = ""
+    worker_cpus: str = ""
     max_inflight: int = 256
     max_message_bytes: int = 32 * 1024 * 1024
     default_timeout_ms: int = 30000
@@ -80,6 +84,10 @@ def _coerce(key: str, value: Any, where: str) -> Any:
     want = var.type
     if want is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if want is envs.boolean:
+        if not isinstance(value, bool):
+            raise ValueError(f"{where}: '{key}' must be true or false, got {value!r}")
+        return value
     if want in (int, float, str) and (not isinstance(value, want) or isinstance(value, bool)):
         raise ValueError(f"{where}: '{key}' must be a {want.__name__}, got {type(value).__name__} {value!r}")
     return value

@@ -28,11 +28,15 @@ class EnvVar:
     help: str
     field: str  # the Config field it sets
 
+    @property
+    def type_name(self) -> str:
+        return "bool" if self.type is boolean else self.type.__name__
+
     def default_value(self) -> Any:
         return self.default() if callable(self.default) else self.default
 
 
-def _bool(text: str) -> bool:
+def boolean(text: str) -> bool:
     low = text.strip().lower()
     if low in ("1", "true", "yes", "on"):
         return True
@@ -68,6 +72,15 @@ REGISTRY: tuple[EnvVar, ...] = (
            "auto: CUDA when a session created with it really runs on a GPU; cpu: never try CUDA; cuda: fail unless CUDA runs", "device"),
     EnvVar("AIENG_INTRA_OP_THREADS", int, 0,
            "ONNX Runtime intra-op threads in the executor (0: usable CPUs)", "intra_op_threads"),
+    EnvVar("AIENG_ORT_SPINNING", boolean, False,
+           "Let ONNX Runtime's intra-op threads spin between runs (burns cores the workers need)", "ort_spinning"),
+    EnvVar("AIENG_WORKER_NICE", int, 0,
+           "nice increment for preprocess/postprocess workers (>0 lets the executor's threads win a contended core)",
+           "worker_nice"),
+    EnvVar("AIENG_EXECUTOR_CPUS", str, "",
+           "CPU list for the executor, e.g. '0-1' (empty: no pinning)", "executor_cpus"),
+    EnvVar("AIENG_WORKER_CPUS", str, "",
+           "CPU list for the frontend and the worker pools, e.g. '1' (empty: no pinning)", "worker_cpus"),
     EnvVar("AIENG_MAX_INFLIGHT", int, 256,
            "Requests in flight before the frontend answers OVERLOADED", "max_inflight"),
     EnvVar("AIENG_MAX_MESSAGE_BYTES", int, 32 * 1024 * 1024,
@@ -108,7 +121,7 @@ def read_environ(environ: dict[str, str] | None = None) -> dict[str, tuple[Any, 
         if var is None:
             raise ValueError(f"unknown environment variable {key} (see aieng/envs.py)")
         try:
-            value = _bool(raw) if var.type is bool else var.type(raw)
+            value = var.type(raw)
         except ValueError as exc:
             raise ValueError(f"invalid value for {key}: {raw!r} ({exc})") from None
         out[var.field] = (value, f"env:{key}")
@@ -119,7 +132,7 @@ def markdown_table() -> str:
     rows = ["| variable | type | default | meaning |", "|---|---|---|---|"]
     for v in REGISTRY:
         default = "computed" if callable(v.default) else repr(v.default)
-        rows.append(f"| `{v.name}` | {v.type.__name__} | {default} | {v.help} |")
+        rows.append(f"| `{v.name}` | {v.type_name} | {default} | {v.help} |")
     return "\n".join(rows)
 
 

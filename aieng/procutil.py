@@ -92,6 +92,24 @@ def die_with_parent(ready_conn: Any) -> None:
         os._exit(1)
 
 
+def parse_cpus(text: str) -> set[int]:
+    """'0-2,5' -> {0, 1, 2, 5}."""
+    cpus: set[int] = set()
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def place(role: str, cfg: dict) -> None:
+    """CPU affinity and priority for this role, so the executor and the pools do not fight."""
+    cpus = cfg.get("executor_cpus") if role == "executor" else cfg.get("worker_cpus")
+    if cpus:
+        os.sched_setaffinity(0, parse_cpus(cpus))
+    if role in ("preprocess", "postprocess") and cfg.get("worker_nice"):
+        os.nice(int(cfg["worker_nice"]))
+
+
 def title_of(role: str, worker: str) -> str:
     """``aieng::preprocess[0]`` for ``pre-0``; ``aieng::executor`` for the executor."""
     idx = worker.rsplit("-", 1)[1] if "-" in worker else ""
@@ -106,6 +124,7 @@ def child_setup(role: str, worker: str, cfg: dict, ready_conn: Any) -> logging.L
     except OSError:  # pragma: no cover
         pass
     set_title(title_of(role, worker))
+    place(role, cfg)
     log = setup_logging(worker, cfg.get("log_level", "INFO"), cfg.get("log_format", "text"))
     die_with_parent(ready_conn)
     return log
@@ -144,6 +163,17 @@ def hub_socket(ctx: zmq.Context, addr: str, worker: str) -> zmq.Socket:
     sock.setsockopt(zmq.RCVHWM, 0)
     sock.connect(addr)
     return sock
+
+
+class Waiter:
+    """Wait for input on one socket with a poller built once (``Socket.poll`` builds one per call)."""
+
+    def __init__(self, sock: zmq.Socket):
+        self.poller = zmq.Poller()
+        self.poller.register(sock, zmq.POLLIN)
+
+    def wait(self, timeout_ms: int) -> bool:
+        return bool(self.poller.poll(timeout_ms))
 
 
 def now_us() -> int:

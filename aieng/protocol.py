@@ -24,7 +24,7 @@ UNAVAILABLE = "UNAVAILABLE"
 INTERNAL = "INTERNAL"
 ERROR_CODES = (INVALID_REQUEST, INVALID_INPUT, MODEL_NOT_FOUND, OVERLOADED, TIMEOUT, UNAVAILABLE, INTERNAL)
 
-OPS = ("infer", "health", "models")
+OPS = ("infer", "health", "models", "stats")
 
 # dtypes a tensor map may carry; always little endian on the wire.
 DTYPES = ("float32", "float64", "float16", "int64", "int32", "int16", "int8", "uint8", "bool")

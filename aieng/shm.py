@@ -35,6 +35,7 @@ message that carries a descriptor orders the producer's writes before them.
 """
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import re
@@ -180,7 +181,7 @@ class Ring:
         out = {}
         for name, dtype, shape, off in descs:
             dt = np.dtype(dtype)
-            count = int(np.prod(shape)) if shape else 1
+            count = math.prod(shape)
             start = base + off
             out[name] = self.seg.buf[start:start + count * dt.itemsize].view(dt).reshape(shape)
         return out

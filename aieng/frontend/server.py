@@ -23,6 +23,7 @@ from aieng import messages as m
 from aieng import procutil, protocol as p, shm
 from aieng.addresses import hub_addr
 from aieng.config import Config
+from aieng.frontend.stats import StageStats
 from aieng.frontend.table import EXEC, POST, PRE, Request, RequestTable
 from aieng.model_repo import ModelSpec, latest
 
@@ -43,6 +44,7 @@ class Frontend:
         self.state: dict = {"processes": {}, "restarts": {}}
         self.started = time.time()
         self.counts = {"requests": 0, "ok": 0, "errors": {}}
+        self.stats = StageStats()
         self.handlers = {
             m.Hello: self.on_hello, m.Preprocessed: self.on_preprocessed, m.Inferred: self.on_inferred,
             m.Result: self.on_result, m.Failed: self.on_failed, m.WorkerDown: self.on_worker_down,
@@ -146,6 +148,8 @@ class Frontend:
             return self.reply(envelope, p.pack(self.health(req_id)))
         if op == "models":
             return self.reply(envelope, p.pack(self.models(req_id)))
+        if op == "stats":
+            return self.reply(envelope, p.pack(self.stats_view(req_id, req)))
         if op != "infer":
             return self.reply(envelope, p.error_body(req_id, p.INVALID_REQUEST, f"unknown op {op!r}"))
         self.counts["requests"] += 1
@@ -188,6 +192,7 @@ class Frontend:
         self.table.add(r)
         self.table.move(r, PRE, worker)
         r.stamps[PRE] = time.monotonic()
+        r.timing["frontend_in"] = int((r.stamps[PRE] - received) * 1e6)
         task = m.encode(m.PreTask(r.rid, model, version, r.deadline))
         if not self.send_hub_frames(worker, [task, body]):
             self.respond_error(r.rid, p.UNAVAILABLE, "preprocess worker went away")
@@ -254,8 +259,9 @@ class Frontend:
             self.rings.free(msg.ref[0], msg.ref[1], msg.ref[2])
             return
         now = time.monotonic()
-        req.timing["preprocess"] = int((now - req.stamps[PRE]) * 1e6)
-        req.timing["preprocess_compute"] = msg.pre_us
+        req.timing["preprocess"] = msg.pre_us
+        req.timing["preprocess_queue"] = max(0, int((now - req.stamps[PRE]) * 1e6) - msg.pre_us)
+        req.seq_len = msg.seq_len
         req.info = msg.info
         req.ref, req.fe_owns = msg.ref, True
         if self.pick("executor") is None:
@@ -274,9 +280,9 @@ class Frontend:
             self.rings.free(msg.ref[0], msg.ref[1], msg.ref[2])
             return
         now = time.monotonic()
-        req.timing["executor"] = int((now - req.stamps[EXEC]) * 1e6)
         req.timing["batch_wait"] = msg.wait_us
         req.timing["inference"] = msg.infer_us
+        req.timing["handoff"] = max(0, int((now - req.stamps[EXEC]) * 1e6) - msg.wait_us - msg.infer_us)
         req.info["batch"] = msg.batch
         req.info["padded"] = msg.padded
         req.ref, req.fe_owns = msg.ref, True
@@ -294,12 +300,15 @@ class Frontend:
             return
         req = self.table.pop(msg.rid)
         now = time.monotonic()
-        req.timing["postprocess"] = int((now - req.stamps[POST]) * 1e6)
-        req.timing["postprocess_compute"] = msg.post_us
+        req.timing["postprocess"] = msg.post_us
+        req.timing["postprocess_queue"] = max(0, int((now - req.stamps[POST]) * 1e6) - msg.post_us)
         req.timing["total"] = int((now - req.received) * 1e6)
         self.counts["ok"] += 1
-        extra = {"batch": req.info.get("batch", 1)}
-        self.reply(req.envelope, p.result_body(req.client_id, req.model, req.version, msg.outputs, req.timing, extra))
+        batch = req.info.get("batch", 1)
+        self.reply(req.envelope, p.result_body(req.client_id, req.model, req.version, msg.outputs, req.timing,
+                                               {"batch": batch}))
+        req.timing["frontend_out"] = int((time.monotonic() - now) * 1e6)
+        self.stats.add(req.model, req.timing, batch, req.seq_len, req.info.get("padded", 0) or req.seq_len)
 
     def on_failed(self, msg: m.Failed, ident: bytes) -> None:
         req = self.table.get(msg.rid)
@@ -350,6 +359,20 @@ class Frontend:
                 "workers": roles, "providers": providers, "draining": self.draining_until is not None,
                 "processes": self.state["processes"], "restarts": self.state["restarts"],
                 "counts": self.counts}
+
+    def stats_view(self, req_id: Any, req: dict) -> dict:
+        """Stage timings (for ``aieng report``), queue depths, counts; ``reset`` starts a new window."""
+        since = req.get("since_s")
+        since = float(since) if isinstance(since, (int, float)) and not isinstance(since, bool) and since > 0 else None
+        summary = self.stats.summary(since)
+        depth: dict[str, int] = {}
+        for r in self.table.items.values():
+            depth[r.stage] = depth.get(r.stage, 0) + 1
+        summary.update({"id": req_id, "ok": True, "in_flight": len(self.table), "queue_depth": depth,
+                        "counts": self.counts, "restarts": self.state["restarts"]})
+        if req.get("reset") is True:
+            self.stats.reset()
+        return summary
 
     def models(self, req_id: Any) -> dict:
         ex = self.workers.get("executor", {}).get("info", {}).get("models", {})

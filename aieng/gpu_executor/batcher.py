@@ -10,7 +10,14 @@ Per model version a queue of pending requests, each with its sequence length
   ``max_padding_waste`` and rows stay within ``max_batch_size``.
 * It runs at once when full, when nothing more is known to be on its way
   (``upstream`` = requests of the model still being preprocessed when the
-  last one was dispatched), or when the anchor has waited ``max_wait_ms``.
+  last one was dispatched), when the anchor has waited ``max_wait_ms``, or
+  when waiting is not expected to pay: with ``b`` rows ready and ``u`` more
+  on their way, arriving about ``gap`` seconds apart, it waits only if
+  ``u * gap + cost(b + u) < cost(b) + cost(u)``, i.e. if running them
+  together finishes the lot sooner than running now and again later.
+  ``cost(rows, length)`` is learned online from measured runs (``CostModel``).
+  On a CPU, where a run costs about the same per token whatever the batch,
+  that says "run now"; on a GPU, where a bigger batch is nearly free, "wait".
   Otherwise the caller sleeps until the earliest such deadline.
 * Among models with a runnable batch, the one with the oldest anchor goes.
 
@@ -21,6 +28,50 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+
+def _bucket(length: int) -> int:
+    """Length bucket: the next power of two (0 stays 0 for fixed-shape models)."""
+    return 0 if length <= 0 else 1 << (int(length) - 1).bit_length()
+
+
+class CostModel:
+    """Run time by (rows, length bucket), an exponential moving average of measured runs."""
+
+    def __init__(self, alpha: float = 0.2):
+        self.alpha = alpha
+        self.table: dict[tuple[int, int], float] = {}
+
+    def observe(self, rows: int, length: int, seconds: float) -> None:
+        key = (rows, _bucket(length))
+        old = self.table.get(key)
+        self.table[key] = seconds if old is None else old + self.alpha * (seconds - old)
+
+    def estimate(self, rows: int, length: int) -> float | None:
+        """Measured, or interpolated in rows within the bucket (linear), else None."""
+        b = _bucket(length)
+        if (rows, b) in self.table:
+            return self.table[(rows, b)]
+        known = sorted((r, t) for (r, bb), t in self.table.items() if bb == b)
+        if not known:
+            buckets = {bb for (_, bb) in self.table}
+            if not buckets or b == 0:
+                return None
+            near = min(buckets, key=lambda bb: abs(bb - b))  # scale the nearest bucket by length
+            est = self.estimate(rows, near)
+            return None if est is None or near == 0 else est * b / near
+        if len(known) == 1:
+            r0, t0 = known[0]
+            return t0 * rows / r0
+        lo = max((k for k in known if k[0] <= rows), default=known[0], key=lambda k: k[0])
+        hi = min((k for k in known if k[0] >= rows), default=known[-1], key=lambda k: k[0])
+        if lo[0] == hi[0]:
+            lo, hi = known[-2], known[-1]
+        slope = (hi[1] - lo[1]) / (hi[0] - lo[0])
+        return max(0.0, lo[1] + slope * (rows - lo[0]))
+
+    def snapshot(self) -> dict[str, float]:
+        return {f"{r}x{b}": round(t * 1000, 3) for (r, b), t in sorted(self.table.items())}
 
 
 @dataclass
@@ -39,6 +90,10 @@ class ModelQueue:
     max_padding_waste: float
     items: list[Pending] = field(default_factory=list)
     upstream: int = 0
+    cost: CostModel = field(default_factory=CostModel)
+    gap: float | None = None  # EMA of seconds between arrivals
+    last_arrival: float | None = None
+    capped: bool = False
 
 
 def padding_waste(lengths: list[int]) -> float:
@@ -59,8 +114,33 @@ class Batcher:
 
     def put(self, key: str, item: Pending, upstream: int) -> None:
         q = self.queues[key]
+        if q.last_arrival is not None:
+            gap = max(0.0, item.arrived - q.last_arrival)
+            q.gap = gap if q.gap is None else q.gap + 0.2 * (gap - q.gap)
+        q.last_arrival = item.arrived
         q.items.append(item)
         q.upstream = upstream
+
+    def observe(self, key: str, rows: int, length: int, seconds: float) -> None:
+        self.queues[key].cost.observe(rows, length, seconds)
+
+    @staticmethod
+    def worth_waiting(q: ModelQueue, batch: list[Pending]) -> bool:
+        """Does waiting for the requests on their way finish everything sooner?"""
+        if q.upstream <= 0:
+            return False
+        if q.gap is None:
+            return True  # no arrival rate known yet: the max_wait bound decides
+        b = len(batch)
+        u = min(q.upstream, q.max_batch_size - b)
+        if u <= 0:
+            return False
+        length = max(p.seq_len for p in batch)
+        now_b, now_u, together = (q.cost.estimate(b, length), q.cost.estimate(u, length),
+                                  q.cost.estimate(b + u, length))
+        if now_b is None or now_u is None or together is None:
+            return True  # nothing measured yet: fall back to the max_wait bound
+        return u * q.gap + together < now_b + now_u
 
     def pending(self) -> int:
         return sum(len(q.items) for q in self.queues.values())
@@ -77,6 +157,7 @@ class Batcher:
     def select(q: ModelQueue) -> list[Pending]:
         """The anchor (oldest) plus its nearest-length neighbours within the waste bound."""
         anchor = q.items[0]
+        q.capped = False
         if q.max_batch_size == 1 or len(q.items) == 1:
             return [anchor]
         rest = sorted(q.items[1:], key=lambda p: (abs(p.seq_len - anchor.seq_len), p.arrived))
@@ -89,7 +170,30 @@ class Batcher:
             if padding_waste(trial) <= q.max_padding_waste:
                 chosen.append(p)
                 lengths = trial
-        return chosen
+        n = Batcher.best_rows(q, lengths)
+        q.capped = n < len(chosen)  # the best size is reached: growing it would not help
+        return chosen[:n]
+
+    @staticmethod
+    def best_rows(q: ModelQueue, lengths: list[int]) -> int:
+        """How many of the chosen (nearest-length first) to run: the count with the lowest
+        measured cost per row; a bigger batch wins unless a smaller one is 5% cheaper per row.
+        On this CPU that is often about 8 rows, not the maximum."""
+        n_all = len(lengths)
+        if n_all <= 1 or not q.cost.table:
+            return n_all
+        best_n, best = n_all, None
+        longest = 0
+        per_row = {}
+        for n in range(1, n_all + 1):
+            longest = max(longest, lengths[n - 1])
+            est = q.cost.estimate(n, longest)
+            if est is not None:
+                per_row[n] = est / n
+        for n in sorted(per_row, reverse=True):
+            if best is None or per_row[n] < best * 0.95:
+                best_n, best = n, per_row[n]
+        return best_n
 
     def next_batch(self, now: float) -> tuple[str | None, list[Pending], float | None]:
         """``(model key, batch, None)`` to run now, or ``(None, [], wake_at)``."""
@@ -101,9 +205,8 @@ class Batcher:
             batch = self.select(q)
             anchor = q.items[0]
             due = anchor.arrived + q.max_wait_s
-            full = len(batch) >= q.max_batch_size
-            nothing_coming = q.upstream <= 0
-            if full or nothing_coming or now >= due or len(q.items) >= q.max_batch_size:
+            full = len(batch) >= q.max_batch_size or q.capped
+            if full or now >= due or len(q.items) >= q.max_batch_size or not self.worth_waiting(q, batch):
                 if best_age is None or anchor.arrived < best_age:
                     best_key, best_batch, best_age = key, batch, anchor.arrived
             else:

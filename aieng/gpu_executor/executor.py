@@ -41,7 +41,7 @@ class Executor:
         self.sessions: dict[str, ModelSession] = {}
         for key, spec in specs.items():
             t0 = time.perf_counter()
-            sess = ModelSession(spec, self.cfg.device, self.cfg.intra_op_threads)
+            sess = ModelSession(spec, self.cfg.device, self.cfg.intra_op_threads, self.cfg.ort_spinning)
             runs = sess.warmup()
             self.sessions[key] = sess
             self.log.info("loaded %s (%s) on %s, %d warm-up runs in %.2fs", key, spec.content_hash[:12],
@@ -53,6 +53,8 @@ class Executor:
             b = sess.spec.batching
             self.batcher.add_model(key, int(b["max_batch_size"]), float(b["max_wait_ms"]),
                                    float(b.get("max_padding_waste", 0.3)))
+            for rows, length, seconds in sess.warm_costs:  # seed the cost model from warm-up runs
+                self.batcher.observe(key, rows, length, seconds)
 
     def init_rings(self) -> None:
         self.inputs = shm.RingCache()
@@ -80,8 +82,9 @@ class Executor:
         self.hello = m.encode(m.Hello("executor", "executor", os.getpid(), self.info()))
         self.next_hello = 0.0
         timeout_ms = 200
+        waiter = procutil.Waiter(self.sock)
         while not stop.stop:
-            if self.sock.poll(timeout_ms):
+            if waiter.wait(timeout_ms):
                 self.drain()
             now = time.monotonic()
             for p in self.batcher.expire(now):
@@ -155,6 +158,7 @@ class Executor:
             return
         infer_us = (time.perf_counter_ns() - t0) // 1000
         padded = max((max(s.values(), default=0) for s in sizes), default=0)
+        self.batcher.observe(key, len(live), padded, infer_us / 1e6)
         for row, p in enumerate(live):
             self.publish(sess, p, row, outputs, sizes[row], len(live), padded,
                          int((started - p.arrived) * 1e6), infer_us)
@@ -171,29 +175,14 @@ class Executor:
                 continue
             views.append((ring, slot, gen, ring.views(slot, descs)))
             live.append(p)
-        feeds = {}
-        for spec in sess.inputs:
-            per = [v[3][spec.name] for v in views]
-            shape = [len(per)] + [max(a.shape[k] for a in per) for k in range(len(spec.dims))]
-            arr = np.full(shape, spec.pad, dtype=spec.dtype) if any(isinstance(d, str) for d in spec.dims) \
-                else np.empty(shape, dtype=spec.dtype)
-            for row, a in enumerate(per):
-                arr[(row,) + tuple(slice(0, n) for n in a.shape)] = a
-            feeds[spec.name] = arr
-        for row, (ring, slot, gen, tensors) in enumerate(views):
-            sizes.append({d: tensors[spec.name].shape[k] for spec in sess.inputs
-                          for k, d in enumerate(spec.dims) if isinstance(d, str)})
-            ring.free(slot, gen)
+        feeds, sizes = sess.feeds_from([v[3] for v in views]) if views else ({}, [])
+        for ring, slot, gen, _ in views:
+            ring.free(slot, gen)  # the rows are copied into the batch: the slot may be reused
         return feeds, sizes, live
 
     def publish(self, sess, p: Pending, row: int, outputs, size: dict, rows: int, padded: int,
                 wait_us: int, infer_us: int) -> None:
-        tensors = []
-        for spec, out in zip(sess.outputs, outputs):
-            part = out[row]
-            cut = tuple(slice(0, size[d]) if isinstance(d, str) and d in size else slice(None)
-                        for d in spec.dims[:part.ndim])
-            tensors.append((spec.name, part[cut]))
+        tensors = sess.request_outputs(outputs, row, size)
         slot = self.ring.alloc()
         while slot is None:  # postprocess is behind: wait for a slot (backpressure)
             if time.monotonic() > p.deadline:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,7 +56,7 @@ class OutputSpec:
 
 
 class ModelSession:
-    def __init__(self, spec: ModelSpec, device: str, intra_op_threads: int):
+    def __init__(self, spec: ModelSpec, device: str, intra_op_threads: int, spinning: bool = False):
         self.spec = spec
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -63,6 +64,9 @@ class ModelSession:
         opts.intra_op_num_threads = intra_op_threads or cpu_count()
         opts.inter_op_num_threads = 1
         opts.log_severity_level = 3
+        # Spinning threads keep a core busy after every run; on a small machine that core is
+        # the one the preprocess/postprocess workers and the frontend need.
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
         want_cuda = device == "cuda" or (device == "auto" and "CUDAExecutionProvider" in ort.get_available_providers()
                                          and gpu_count() > 0)
         providers = (["CUDAExecutionProvider", "CPUExecutionProvider"] if want_cuda else ["CPUExecutionProvider"])
@@ -85,6 +89,35 @@ class ModelSession:
             raise RuntimeError(f"{self.spec.key}: input {node.name} has unsupported type {node.type}")
         dims = [d if isinstance(d, int) else (d or f"dim{i}") for i, d in enumerate(node.shape[1:], start=1)]
         return InputSpec(node.name, np.dtype(dtype), dims, float(self.spec.padding.get(node.name, 0)))
+
+    def feeds_from(self, per_request: list[dict[str, np.ndarray]]) -> tuple[dict[str, np.ndarray], list[dict]]:
+        """Padded batch arrays from per-request tensors (no batch axis), one copy per request.
+
+        Variable dims are padded to the longest in the batch with the input's pad value.
+        Returns the feeds and, per request, its size along each named variable dim.
+        """
+        feeds = {}
+        for spec in self.inputs:
+            per = [t[spec.name] for t in per_request]
+            shape = [len(per)] + [max(a.shape[k] for a in per) for k in range(len(spec.dims))]
+            variable = any(isinstance(d, str) for d in spec.dims)
+            arr = np.full(shape, spec.pad, dtype=spec.dtype) if variable else np.empty(shape, dtype=spec.dtype)
+            for row, a in enumerate(per):
+                arr[(row,) + tuple(slice(0, n) for n in a.shape)] = a
+            feeds[spec.name] = arr
+        sizes = [{d: t[spec.name].shape[k] for spec in self.inputs for k, d in enumerate(spec.dims)
+                  if isinstance(d, str)} for t in per_request]
+        return feeds, sizes
+
+    def request_outputs(self, outputs: list[np.ndarray], row: int, size: dict) -> list[tuple[str, np.ndarray]]:
+        """One request's rows of the batch outputs, with padding cut along named dims."""
+        tensors = []
+        for spec, out in zip(self.outputs, outputs):
+            part = out[row]
+            cut = tuple(slice(0, size[d]) if isinstance(d, str) and d in size else slice(None)
+                        for d in spec.dims[:part.ndim])
+            tensors.append((spec.name, part[cut]))
+        return tensors
 
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         return self.session.run(self.output_names, feeds)
@@ -115,15 +148,19 @@ class ModelSession:
         """
         runs = 0
         self.max_output_bytes = 0
+        self.warm_costs: list[tuple[int, int, float]] = []
         max_b = int(self.spec.batching["max_batch_size"])
         for length in self.warm_lengths():
-            for rows in sorted({1, max_b}):
+            for rows in sorted({r for r in (1, 4, 8, 16, 32) if r <= max_b} | {max_b}):
                 feeds = {}
                 for i in self.inputs:
                     shape = [rows] + [d if isinstance(d, int) else max(1, length) for d in i.dims]
                     feeds[i.name] = np.ones(shape, dtype=i.dtype) if i.dtype.kind in "iub" else \
                         np.zeros(shape, dtype=i.dtype)
+                self.run(feeds)  # the first run at a shape allocates; time the second
+                t0 = time.perf_counter()
                 outs = self.run(feeds)
+                self.warm_costs.append((rows, length, time.perf_counter() - t0))
                 self.max_output_bytes = max(self.max_output_bytes,
                                             sum(o.nbytes // max(1, rows) + 64 for o in outs))
                 runs += 1

@@ -41,8 +41,9 @@ class PostprocessWorker:
         hello = m.encode(m.Hello(self.worker, "postprocess", os.getpid(), {}))
         self.sock.send(hello)
         next_hello = time.monotonic() + 1.0
+        waiter = procutil.Waiter(self.sock)
         while not stop.stop:
-            if self.sock.poll(200):
+            if waiter.wait(200):
                 while True:
                     try:
                         data = self.sock.recv(zmq.NOBLOCK, copy=False)

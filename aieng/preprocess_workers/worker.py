@@ -85,8 +85,9 @@ class PreprocessWorker:
     # -- the loop -----------------------------------------------------------
     def run(self, stop: procutil.StopFlag) -> None:
         self.hello()
+        waiter = procutil.Waiter(self.sock)
         while not stop.stop:
-            if self.sock.poll(200):
+            if waiter.wait(200):
                 batch = []
                 while len(batch) < MAX_DRAIN:
                     try:

@@ -249,3 +249,37 @@ def test_drain_invariants(lengths, max_batch, waste):
         assert len(batch) == 1 or padding_waste([p.seq_len for p in batch]) <= waste + 1e-12
         seen += rids(batch)
     assert sorted(seen) == list(range(len(lengths)))
+
+
+# ------------------------------------------------------------ cost model
+def test_cost_model_interpolates_in_rows_and_scales_buckets():
+    from aieng.gpu_executor.batcher import CostModel
+
+    cm = CostModel()
+    cm.observe(1, 16, 0.002)
+    cm.observe(32, 16, 0.040)
+    assert cm.estimate(1, 16) == pytest.approx(0.002)
+    assert cm.estimate(16, 12) == pytest.approx(0.002 + (0.038 / 31) * 15)  # 12 -> bucket 16
+    assert cm.estimate(8, 64) == pytest.approx(cm.estimate(8, 16) * 4)  # no 64 bucket: scaled
+    cm.observe(1, 16, 0.004)  # EMA moves toward new measurements
+    assert 0.002 < cm.estimate(1, 16) < 0.004
+
+
+def test_waits_only_when_running_together_finishes_sooner():
+    # CPU-like: cost linear in rows -> running now and again later is as good: run now
+    b = Batcher()
+    b.add_model("cpu:1", 8, 50.0, 1.0)
+    for rows in (1, 8):
+        b.observe("cpu:1", rows, 16, 0.005 * rows)
+    b.put("cpu:1", P(0, 16, arrived=1.0), upstream=3)
+    b.put("cpu:1", P(1, 16, arrived=1.001), upstream=3)
+    key, batch, _ = b.next_batch(now=1.002)
+    assert key == "cpu:1" and len(batch) == 2
+    # GPU-like: a bigger batch is nearly free and the rest is 1 ms away -> wait
+    g = Batcher()
+    g.add_model("gpu:1", 8, 50.0, 1.0)
+    for rows in (1, 8):
+        g.observe("gpu:1", rows, 16, 0.005 + 0.0001 * rows)
+    g.put("gpu:1", P(0, 16, arrived=1.0), upstream=3)
+    g.put("gpu:1", P(1, 16, arrived=1.001), upstream=3)
+    assert g.next_batch(now=1.002)[0] is None

@@ -1,0 +1,92 @@
+"""``aieng report``: the pipeline-stage timing report of a running server.
+
+Asks the frontend's ``stats`` op for per-request stage durations and prints,
+per model, p50/p95/p99/mean and each stage's share of the total, plus the
+batch-size distribution and padding waste.  ``--since S`` covers the last S
+seconds, ``--reset`` starts a new window after reading, ``--png FILE`` draws a
+stacked bar per model (mean microseconds per stage).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from aieng.client import Client
+
+
+def fetch(addr: str | None, since_s: float | None = None, reset: bool = False, timeout_s: float = 10.0) -> dict:
+    req: dict[str, Any] = {"op": "stats", "id": "report", "reset": reset}
+    if since_s:
+        req["since_s"] = since_s
+    with Client(addr, timeout_s=timeout_s) as c:
+        return c.call(req)
+
+
+def render(stats: dict) -> str:
+    lines = []
+    for model, data in sorted(stats.get("models", {}).items()):
+        lines.append(f"## {model}: {data['requests']} requests over {data['seconds']:.1f}s, "
+                     f"mean batch {data['mean_batch']:.2f}, padding waste {100 * data['padding_waste']:.1f}%")
+        lines.append("")
+        lines.append("| stage | p50 ms | p95 ms | p99 ms | mean ms | share |")
+        lines.append("|---|---:|---:|---:|---:|---:|")
+        for stage in list(stats["stages"]) + ["total"]:
+            s = data["stages_us"][stage]
+            lines.append(f"| {stage} | {s['p50'] / 1000:.3f} | {s['p95'] / 1000:.3f} | {s['p99'] / 1000:.3f} | "
+                         f"{s['mean'] / 1000:.3f} | {100 * s['share']:.1f}% |")
+        sizes = ", ".join(f"{k}: {v}" for k, v in sorted(data["batch_sizes"].items(), key=lambda kv: int(kv[0])))
+        lines.append("")
+        lines.append(f"batch sizes (requests per size): {sizes}")
+        lines.append("")
+    if not lines:
+        lines.append("no answered requests in this window")
+    return "\n".join(lines)
+
+
+def plot(stats: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = sorted(stats.get("models", {}))
+    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.8 * max(1, len(models))))
+    for row, model in enumerate(models):
+        left = 0.0
+        for stage in stats["stages"]:
+            width = stats["models"][model]["stages_us"][stage]["mean"] / 1000
+            ax.barh(row, width, left=left, label=stage if row == 0 else None)
+            left += width
+    ax.set_yticks(range(len(models)), models)
+    ax.set_xlabel("mean milliseconds per request")
+    ax.set_title("aieng: where each millisecond goes")
+    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.25))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main_report(args) -> int:
+    stats = fetch(args.addr, args.since, args.reset, args.timeout)
+    if args.json:
+        print(json.dumps(stats, indent=2))
+    else:
+        print(render(stats))
+    if args.png:
+        plot(stats, args.png)
+        print(f"wrote {args.png}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - also runnable as a script
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--addr")
+    ap.add_argument("--since", type=float)
+    ap.add_argument("--reset", action="store_true")
+    ap.add_argument("--png")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--timeout", type=float, default=10.0)
+    sys.exit(main_report(ap.parse_args()))
