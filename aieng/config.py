@@ -38,6 +38,7 @@ class Config:
     shm_slots: int = 0
     drain_grace_s: float = 10.0
     startup_timeout_s: float = 120.0
+    hang_timeout_s: float = 30.0
     runtime_dir: str = ""
     log_level: str = "INFO"
     log_format: str = "text"
@@ -70,6 +71,7 @@ class Config:
         need(self.device in ("auto", "cpu", "cuda"), "device must be auto, cpu or cuda")
         need(self.log_format in ("text", "json"), "log_format must be text or json")
         need(self.intra_op_threads >= 0, "intra_op_threads must be >= 0")
+        need(self.hang_timeout_s >= 2.0, "hang_timeout_s must be >= 2")
 
     @property
     def ring_slots(self) -> int:

@@ -97,6 +97,8 @@ REGISTRY: tuple[EnvVar, ...] = (
            "Seconds SIGTERM waits for in-flight requests before answering them UNAVAILABLE", "drain_grace_s"),
     EnvVar("AIENG_STARTUP_TIMEOUT_S", float, 120.0,
            "Seconds to wait for every process to report ready", "startup_timeout_s"),
+    EnvVar("AIENG_HANG_TIMEOUT_S", float, 30.0,
+           "A worker silent (no heartbeat) this long is killed and restarted as hung", "hang_timeout_s"),
     EnvVar("AIENG_RUNTIME_DIR", str, "",
            "Directory for ipc:// sockets (default: a per-instance dir under the temp dir)", "runtime_dir"),
     EnvVar("AIENG_LOG_LEVEL", str, "INFO", "Log level of every process", "log_level"),

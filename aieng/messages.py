@@ -138,6 +138,15 @@ class ServiceState:
 
 
 @dataclass(slots=True)
+class Pulse:
+    """FE -> supervisor twice a second: is the pipeline healthy, and how long has each
+    worker been silent (seconds since its last heartbeat)."""
+    T: ClassVar[str] = "pulse"
+    healthy: bool
+    silent: dict
+
+
+@dataclass(slots=True)
 class Drain:
     T: ClassVar[str] = "drain"
     grace_s: float
@@ -151,7 +160,7 @@ class Drained:
 
 TYPES: dict[str, type] = {
     cls.T: cls for cls in (Hello, PreTask, Preprocessed, InferTask, Inferred, PostTask, Result,
-                           Failed, WorkerDown, ServiceState, Drain, Drained)
+                           Failed, WorkerDown, ServiceState, Pulse, Drain, Drained)
 }
 _FIELDS = {name: tuple(f.name for f in dataclasses.fields(cls)) for name, cls in TYPES.items()}
 

@@ -46,6 +46,7 @@ TARGETS = {
     "postprocess": run_postprocess_process,
 }
 BACKOFF_MAX_S = 30.0
+PULSE_FRESH_S = 2.0
 
 
 class StartupError(RuntimeError):
@@ -92,6 +93,11 @@ class Supervisor:
         self.ctx = mp.get_context("spawn")
         self.stopping = False
         self.stopped = False
+        self.pulse: m.Pulse | None = None
+        self.pulse_at = 0.0
+        usec = os.environ.get("WATCHDOG_USEC", "")
+        self.watchdog_s = int(usec) / 2e6 if usec.isdigit() and int(usec) > 0 else None
+        self.next_watchdog = 0.0
         self.init_instance()
         self.init_models()
         self.children = [Child(role, name) for role, name in
@@ -177,6 +183,37 @@ class Supervisor:
     def init_hub(self) -> None:
         self.zctx = zmq.Context.instance()
         self.hub = procutil.hub_socket(self.zctx, addresses.hub_addr(self.cfg.runtime_dir), "supervisor")
+        self.hub_fd = self.hub.getsockopt(zmq.FD)  # edge-triggered: always drain after a wake-up
+
+    def read_hub(self) -> None:
+        while True:
+            try:
+                msg = m.decode(self.hub.recv(zmq.NOBLOCK))
+            except zmq.Again:
+                return
+            if isinstance(msg, m.Pulse):
+                self.pulse, self.pulse_at = msg, time.monotonic()
+
+    def watchdog(self, now: float) -> None:
+        """WATCHDOG=1 only while the frontend reports a healthy pipeline, recently."""
+        if self.watchdog_s is None or now < self.next_watchdog:
+            return
+        if self.pulse is not None and self.pulse.healthy and now - self.pulse_at < PULSE_FRESH_S:
+            sd_notify("WATCHDOG=1")
+            self.next_watchdog = now + self.watchdog_s
+
+    def check_hung(self, now: float) -> None:
+        """A worker alive to the OS but silent to the frontend for too long is hung: kill it;
+        the usual death handling answers its requests and restarts it."""
+        if self.pulse is None or now - self.pulse_at > PULSE_FRESH_S:
+            return
+        for c in self.children:
+            silent = self.pulse.silent.get(c.name)
+            if (silent is not None and silent > self.cfg.hang_timeout_s and c.ready and c.proc is not None
+                    and c.proc.is_alive() and now - c.started > self.cfg.hang_timeout_s):
+                log.error("%s has sent no heartbeat for %.1fs: hung, killing it", c.name, silent)
+                sd_notify(f"STATUS={c.name} hung; restarting")
+                c.proc.kill()
 
     def publish_state(self) -> None:
         procs = {c.name: {"role": c.role, "pid": c.proc.pid if c.proc else None,
@@ -195,9 +232,15 @@ class Supervisor:
         while not self.stopping:
             objs = [c.proc.sentinel for c in self.children if c.proc is not None and c.restart_at is None]
             objs += [c.conn for c in self.children if c.proc is not None and not c.ready and c.restart_at is None]
-            for obj in wait(objs, timeout=0.5):
-                self.on_event(obj)
+            for obj in wait(objs + [self.hub_fd], timeout=0.25):
+                if obj is self.hub_fd:
+                    self.read_hub()
+                else:
+                    self.on_event(obj)
+            self.read_hub()
             now = time.monotonic()
+            self.watchdog(now)
+            self.check_hung(now)
             for c in self.children:
                 if c.restart_at is not None and now >= c.restart_at and not self.stopping:
                     c.restart_at = None
@@ -253,11 +296,12 @@ class Supervisor:
         if fe is None or fe.proc is None or not fe.proc.is_alive() or not hasattr(self, "hub"):
             return
         self.hub.send(m.encode(m.Drain(self.cfg.drain_grace_s)))
-        if self.hub.poll(int((self.cfg.drain_grace_s + 2) * 1000)):
-            try:
-                self.hub.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                pass
+        deadline = time.monotonic() + self.cfg.drain_grace_s + 2
+        while time.monotonic() < deadline:  # skip pulses until the frontend says it drained
+            if not self.hub.poll(int(max(0.0, deadline - time.monotonic()) * 1000)):
+                return
+            if isinstance(m.decode(self.hub.recv()), m.Drained):
+                return
 
     def shutdown(self) -> None:
         if self.stopped:

@@ -78,8 +78,12 @@ class Frontend:
         poller = zmq.Poller()
         poller.register(self.clients, zmq.POLLIN)
         poller.register(self.hub, zmq.POLLIN)
+        next_pulse = 0.0
         while not stop.stop:
             now = time.monotonic()
+            if now >= next_pulse:
+                self.pulse(now)
+                next_pulse = now + 0.5
             nxt = self.table.next_deadline()
             timeout = 100 if nxt is None else max(0, min(100, int((nxt - now) * 1000) + 1))
             events = dict(poller.poll(timeout))
@@ -88,6 +92,15 @@ class Frontend:
             if self.clients in events:
                 self.drain_clients()
             self.sweep(time.monotonic())
+
+    def pulse(self, now: float) -> None:
+        silent = {n: round(now - w["seen"], 3) for n, w in self.workers.items()}
+        roles = {w["role"] for n, w in self.workers.items() if silent[n] <= WORKER_SILENCE_S}
+        healthy = self.started_ok and roles >= {"preprocess", "executor", "postprocess"}
+        try:
+            self.hub.send_multipart([b"supervisor", m.encode(m.Pulse(healthy, silent))])
+        except zmq.ZMQError:
+            pass  # the supervisor is not connected yet
 
     def drain_hub(self) -> None:
         for _ in range(1000):
