@@ -38,6 +38,7 @@ class Frontend:
         self.table = RequestTable()
         self.rings = shm.RingCache()
         self.workers: dict[str, dict] = {}  # name -> {role, pid, seen, info}
+        self.dead_pids: set[int] = set()  # a dead worker's last hellos may still sit in our queue
         self.ready = False  # every process is up and ready (supervisor's view)
         self.started_ok = False  # the service has been fully ready once: admit requests from then on
         self.draining_until: float | None = None
@@ -253,6 +254,8 @@ class Frontend:
 
     # -- hub messages -----------------------------------------------------------
     def on_hello(self, msg: m.Hello, ident: bytes) -> None:
+        if msg.pid in self.dead_pids:
+            return
         w = self.workers.get(msg.worker)
         if w is None or w["pid"] != msg.pid:
             self.log.info("%s (pid %d) is up", msg.worker, msg.pid)
@@ -337,6 +340,9 @@ class Frontend:
 
     def on_worker_down(self, msg: m.WorkerDown, ident: bytes) -> None:
         self.workers.pop(msg.worker, None)
+        if len(self.dead_pids) > 10_000:
+            self.dead_pids.clear()
+        self.dead_pids.add(msg.pid)
         held = self.table.held_by(msg.worker)
         for rid in held:  # the dead worker can no longer free their slots: we do
             self.respond_error(rid, p.UNAVAILABLE, f"{msg.worker} exited (code {msg.exitcode}) while holding the request",

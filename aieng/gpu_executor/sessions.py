@@ -140,8 +140,17 @@ class ModelSession:
             n *= 2
         return lengths + [top]
 
+    def _feeds(self, rows: int, length: int) -> dict[str, np.ndarray]:
+        feeds = {}
+        for i in self.inputs:
+            shape = [rows] + [d if isinstance(d, int) else max(1, length) for d in i.dims]
+            feeds[i.name] = np.ones(shape, dtype=i.dtype) if i.dtype.kind in "iub" else np.zeros(shape, dtype=i.dtype)
+        return feeds
+
     def warmup(self) -> int:
-        """Run every (batch size in {1, max}) x (warm length) shape once; returns runs.
+        """Run every warm length at 1 and max rows (allocations happen here, not on the first real
+        request), then time a spread of row counts at one middle length to seed the batcher's
+        cost model.  Returns the number of runs.
 
         Also records ``max_output_bytes``: the most output bytes one request produced (at the
         longest warm length), which sizes the executor's output slots.
@@ -150,20 +159,22 @@ class ModelSession:
         self.max_output_bytes = 0
         self.warm_costs: list[tuple[int, int, float]] = []
         max_b = int(self.spec.batching["max_batch_size"])
-        for length in self.warm_lengths():
-            for rows in sorted({r for r in (1, 4, 8, 16, 32) if r <= max_b} | {max_b}):
-                feeds = {}
-                for i in self.inputs:
-                    shape = [rows] + [d if isinstance(d, int) else max(1, length) for d in i.dims]
-                    feeds[i.name] = np.ones(shape, dtype=i.dtype) if i.dtype.kind in "iub" else \
-                        np.zeros(shape, dtype=i.dtype)
-                self.run(feeds)  # the first run at a shape allocates; time the second
+        lengths = self.warm_lengths()
+        for length in lengths:
+            for rows in sorted({1, max_b}):
                 t0 = time.perf_counter()
-                outs = self.run(feeds)
+                outs = self.run(self._feeds(rows, length))
                 self.warm_costs.append((rows, length, time.perf_counter() - t0))
                 self.max_output_bytes = max(self.max_output_bytes,
                                             sum(o.nbytes // max(1, rows) + 64 for o in outs))
                 runs += 1
+        mid = lengths[len(lengths) // 2]
+        for rows in (r for r in (1, 2, 4, 8, 16, 32) if r <= max_b):
+            self.run(self._feeds(rows, mid))
+            t0 = time.perf_counter()
+            self.run(self._feeds(rows, mid))
+            self.warm_costs.append((rows, mid, time.perf_counter() - t0))
+            runs += 2
         return runs
 
 
