@@ -142,3 +142,19 @@ def test_config_error_names_the_variable(tmp_path):
     r = subprocess.run([sys.executable, "-m", "aieng.cli", "serve"], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 2 and "AIENG_PREPROCESS_WORKERS" in r.stderr
+
+
+def test_hung_executor_is_detected_and_replaced(make_server):
+    srv = make_server(AIENG_MODELS="tabular", AIENG_HANG_TIMEOUT_S="3").start()
+    pid = srv.child_pid("aieng::executor")
+    os.kill(pid, signal.SIGSTOP)  # alive to the OS, silent to everyone: a model run that never returns
+    t0 = time.monotonic()
+    with srv.client(timeout_s=30) as c:
+        reply = c.infer("tabular", {"island": "Dream"}, raise_on_error=False, timeout_ms=20000)
+    assert reply["ok"] is False and reply["error"]["code"] == "UNAVAILABLE", reply
+    assert psutil.pid_exists(pid) is False or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    srv.wait_ready(30)
+    print(f"hung executor replaced, ready {time.monotonic() - t0:.1f}s after it stopped")
+    with srv.client() as c:
+        assert c.infer("tabular", {"island": "Dream"})["ok"]
+    assert "hung" in srv.output()
