@@ -135,7 +135,7 @@ def _start_server(model: str, repo: str):
     addr = f"tcp://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if not (k.startswith("AIENG_") and k not in _PASS_THROUGH)}
     env.update({"AIENG_FRONTEND_ADDR": addr, "AIENG_MODEL_REPOSITORY": repo, "AIENG_MODELS": model,
-                "AIENG_LOG_LEVEL": "WARNING"})
+                "AIENG_LOG_LEVEL": "WARNING", "AIENG_HTTP_ADDR": ""})
     log = tempfile.NamedTemporaryFile(prefix="aieng-bench-", suffix=".log", delete=False)
     proc = subprocess.Popen([sys.executable, "-m", "aieng.cli", "serve"], env=env, stdout=log, stderr=log)
     deadline = time.monotonic() + 120

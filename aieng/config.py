@@ -18,6 +18,7 @@ from aieng import envs
 @dataclass
 class Config:
     frontend_addr: str = "tcp://127.0.0.1:5555"
+    http_addr: str = "127.0.0.1:8000"
     model_repository: str = "models"
     models: str = ""
     preprocess_workers: int = 1

@@ -56,6 +56,8 @@ def _default_postprocess_workers() -> int:
 REGISTRY: tuple[EnvVar, ...] = (
     EnvVar("AIENG_FRONTEND_ADDR", str, "tcp://127.0.0.1:5555",
            "ZMQ ROUTER address clients connect to (loopback by default)", "frontend_addr"),
+    EnvVar("AIENG_HTTP_ADDR", str, "127.0.0.1:8000",
+           "HTTP address for /healthz, /readyz, /metrics, /debug (empty: no HTTP server)", "http_addr"),
     EnvVar("AIENG_MODEL_REPOSITORY", str, "models",
            "Directory holding <model>/<version>/model.yaml + model.onnx", "model_repository"),
     EnvVar("AIENG_MODELS", str, "",

@@ -107,6 +107,7 @@ class Result:
     rid: int
     outputs: bytes  # a packed msgpack map: output name -> value
     post_us: int
+    confidence: float | None = None  # top class probability, for classifiers (a metric)
 
 
 @dataclass(slots=True)

@@ -35,8 +35,10 @@ class ServerProcess:
         self.addr = f"tcp://127.0.0.1:{self.port}"
         self.log_path = os.path.join(str(tmp_path), f"server-{self.port}.log")
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("AIENG_")}
+        self.http_port = free_port()
+        self.http = f"http://127.0.0.1:{self.http_port}"
         self.env.update({"AIENG_FRONTEND_ADDR": self.addr, "AIENG_MODEL_REPOSITORY": MODELS,
-                         "AIENG_LOG_LEVEL": "INFO"})
+                         "AIENG_LOG_LEVEL": "INFO", "AIENG_HTTP_ADDR": f"127.0.0.1:{self.http_port}"})
         self.env.update(env)
         self.proc: subprocess.Popen | None = None
 

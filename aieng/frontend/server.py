@@ -23,6 +23,8 @@ from aieng import messages as m
 from aieng import procutil, protocol as p, shm
 from aieng.addresses import hub_addr
 from aieng.config import Config
+from aieng.frontend.http import HttpServer
+from aieng.frontend.metrics import Metrics
 from aieng.frontend.stats import StageStats
 from aieng.frontend.table import EXEC, POST, PRE, Request, RequestTable
 from aieng.model_repo import ModelSpec, latest
@@ -46,6 +48,9 @@ class Frontend:
         self.started = time.time()
         self.counts = {"requests": 0, "ok": 0, "errors": {}}
         self.stats = StageStats()
+        self.metrics = Metrics()
+        self.snapshot: dict = {}
+        self.rss_at = 0.0
         self.handlers = {
             m.Hello: self.on_hello, m.Preprocessed: self.on_preprocessed, m.Inferred: self.on_inferred,
             m.Result: self.on_result, m.Failed: self.on_failed, m.WorkerDown: self.on_worker_down,
@@ -73,6 +78,8 @@ class Frontend:
         self.hub.setsockopt(zmq.SNDHWM, 0)
         self.hub.setsockopt(zmq.RCVHWM, 0)
         self.hub.bind(hub_addr(self.cfg.runtime_dir))
+        self.http = HttpServer(self.cfg.http_addr, lambda: self.snapshot, self.metrics.render) \
+            if self.cfg.http_addr else None
 
     # -- main loop ----------------------------------------------------------
     def run(self, stop: procutil.StopFlag) -> None:
@@ -84,6 +91,7 @@ class Frontend:
             now = time.monotonic()
             if now >= next_pulse:
                 self.pulse(now)
+                self.publish_snapshot(now)
                 next_pulse = now + 0.5
             nxt = self.table.next_deadline()
             timeout = 100 if nxt is None else max(0, min(100, int((nxt - now) * 1000) + 1))
@@ -102,6 +110,60 @@ class Frontend:
             self.hub.send_multipart([b"supervisor", m.encode(m.Pulse(healthy, silent))])
         except zmq.ZMQError:
             pass  # the supervisor is not connected yet
+
+    def publish_snapshot(self, now: float) -> None:
+        """What the HTTP thread may read: a fresh dict swapped in whole, never mutated after."""
+        health = self.health(None)
+        depth: dict[str, int] = {}
+        for r in self.table.items.values():
+            depth[r.stage] = depth.get(r.stage, 0) + 1
+        self.metrics.in_flight.set(len(self.table))
+        for stage in (PRE, EXEC, POST):
+            self.metrics.queue.labels(stage).set(depth.get(stage, 0))
+        snap = {"health": health, "queue_depth": depth, "counts": self.counts}
+        prev = self.metrics.snapshot
+        msnap = {"restarts": dict(self.state["restarts"]), "ready": health["ready"],
+                 "models": {(k.split(":")[0], k.split(":")[1], v or "none"): 1.0
+                            for k, v in health["providers"].items()},
+                 "rss": prev.get("rss", {}), "gpus": prev.get("gpus", {})}
+        if now >= self.rss_at or not msnap["rss"]:  # process memory every 2 s: a psutil call per process
+            msnap["rss"] = self.read_rss()
+            msnap["gpus"] = self.read_gpus()
+            self.rss_at = now + 2.0
+        snap["memory"] = {f"{w}": v for (_, w), v in msnap["rss"].items()}
+        self.metrics.snapshot = msnap
+        self.snapshot = snap
+
+    def read_rss(self) -> dict:
+        import psutil
+
+        out = {}
+        for name, proc in self.state["processes"].items():
+            try:
+                out[(proc["role"], name)] = float(psutil.Process(proc["pid"]).memory_info().rss)
+            except (psutil.Error, TypeError, KeyError):
+                pass
+        return out
+
+    def read_gpus(self) -> dict:
+        ex = self.workers.get("executor", {}).get("info", {}).get("runtime", {})
+        if not ex.get("gpus"):
+            return {}
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            try:
+                out = {}
+                for i in range(pynvml.nvmlDeviceGetCount()):
+                    h = pynvml.nvmlDeviceGetHandleByIndex(i)
+                    out[i] = (float(pynvml.nvmlDeviceGetMemoryInfo(h).used),
+                              pynvml.nvmlDeviceGetUtilizationRates(h).gpu / 100.0)
+                return out
+            finally:
+                pynvml.nvmlShutdown()
+        except Exception:
+            return {}
 
     def drain_hub(self) -> None:
         for _ in range(1000):
@@ -165,12 +227,15 @@ class Frontend:
         if op == "stats":
             return self.reply(envelope, p.pack(self.stats_view(req_id, req)))
         if op != "infer":
+            self.count_error(p.INVALID_REQUEST)
             return self.reply(envelope, p.error_body(req_id, p.INVALID_REQUEST, f"unknown op {op!r}"))
         self.counts["requests"] += 1
         try:
             self.admit(req, req_id, envelope, body, received)
         except p.RequestError as exc:
-            self.count_error(exc.code)
+            model, version = req.get("model"), req.get("version")
+            self.count_error(exc.code, model if isinstance(model, str) and model in self.specs else "",
+                             version if isinstance(version, str) and len(version) < 64 else "")
             self.reply(envelope, p.error_body(req_id, exc.code, exc.message))
 
     def admit(self, req: dict, req_id: Any, envelope: list, body, received: float) -> None:
@@ -223,11 +288,12 @@ class Frontend:
             return
         if req.ref is not None and (req.fe_owns or holder_dead):
             self.rings.free(req.ref[0], req.ref[1], req.ref[2])
-        self.count_error(code)
+        self.count_error(code, req.model, req.version)
         self.reply(req.envelope, p.error_body(req.client_id, code, message))
 
-    def count_error(self, code: str) -> None:
+    def count_error(self, code: str, model: str = "", version: str = "") -> None:
         self.counts["errors"][code] = self.counts["errors"].get(code, 0) + 1
+        self.metrics.failed(model, version, code)
 
     # -- routing --------------------------------------------------------------
     def pick(self, role: str) -> str | None:
@@ -260,6 +326,8 @@ class Frontend:
         if w is None or w["pid"] != msg.pid:
             self.log.info("%s (pid %d) is up", msg.worker, msg.pid)
             self.workers[msg.worker] = w = {"role": msg.role, "pid": msg.pid, "info": msg.info}
+            w["seen"] = time.monotonic()
+            self.publish_snapshot(w["seen"])  # health over HTTP follows at once
         w["seen"] = time.monotonic()
 
     def held(self, rid: int, ident: bytes, stage: str) -> Request | None:
@@ -321,6 +389,7 @@ class Frontend:
         req.timing["total"] = int((now - req.received) * 1e6)
         self.counts["ok"] += 1
         batch = req.info.get("batch", 1)
+        self.metrics.answered(req.model, req.version, req.timing, batch, msg.confidence)  # before the reply
         self.reply(req.envelope, p.result_body(req.client_id, req.model, req.version, msg.outputs, req.timing,
                                                {"batch": batch}))
         req.timing["frontend_out"] = int((time.monotonic() - now) * 1e6)
@@ -348,12 +417,17 @@ class Frontend:
             self.respond_error(rid, p.UNAVAILABLE, f"{msg.worker} exited (code {msg.exitcode}) while holding the request",
                                holder_dead=True)
         self.rings.forget(f"{shm.PREFIX}{self.cfg.instance}.{msg.worker}.")
+        self.publish_snapshot(time.monotonic())
         if held:
             self.log.warning("%s died: answered %d requests UNAVAILABLE", msg.worker, len(held))
 
     def on_state(self, msg: m.ServiceState, ident: bytes) -> None:
+        changed = msg.ready != self.ready
         self.ready = msg.ready
         self.started_ok = self.started_ok or msg.ready
+        self.state = {"processes": msg.processes, "restarts": msg.restarts}
+        if changed:
+            self.publish_snapshot(time.monotonic())
         self.state = {"processes": msg.processes, "restarts": msg.restarts}
 
     def on_drain(self, msg: m.Drain, ident: bytes) -> None:
@@ -402,6 +476,8 @@ class Frontend:
         return {"id": req_id, "ok": True, "models": out}
 
     def close(self) -> None:
+        if self.http is not None:
+            self.http.close()
         self.clients.close(linger=500)
         self.hub.close(0)
         self.rings.close()

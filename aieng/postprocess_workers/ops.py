@@ -57,6 +57,9 @@ class Classify:
         else:
             self.labels = None
 
+    def confidence(self, result: dict[str, Any]) -> float:
+        return float(np.max(result[self.scores_output]))
+
     def __call__(self, outs: dict[str, np.ndarray], params: dict) -> dict[str, Any]:
         scores = outs[self.source].reshape(-1).astype(np.float32)
         if self.activation == "softmax":

@@ -67,6 +67,7 @@ class PostprocessWorker:
         try:
             op = self.ops[f"{task.model}:{task.version}"]
             result = op(ring.views(slot, descs), task.params or {})
+            confidence = op.confidence(result) if hasattr(op, "confidence") else None
             packed = pack({k: to_wire(v) for k, v in result.items()})
         except RequestError as exc:
             self.sock.send(m.encode(m.Failed(task.rid, exc.code, exc.message)))
@@ -77,7 +78,7 @@ class PostprocessWorker:
             return
         finally:
             ring.free(slot, gen)  # results are copies now; the slot may be reused
-        self.sock.send(m.encode(m.Result(task.rid, packed, (time.perf_counter_ns() - t0) // 1000)))
+        self.sock.send(m.encode(m.Result(task.rid, packed, (time.perf_counter_ns() - t0) // 1000, confidence)))
 
     def close(self) -> None:
         self.sock.close(0)

@@ -1,0 +1,93 @@
+"""Prometheus metrics for the whole server, kept in the frontend.
+
+Every request's outcome and stage timings pass through the frontend, so it
+can count them all in one registry: nothing counted in a worker is lost, and
+nothing needs aggregating across processes.  Process-level facts (resident
+memory of every process, restarts, model state, GPU memory) come from a
+snapshot the frontend refreshes in its loop and a collector reads at scrape
+time.  Names follow Prometheus conventions (``aieng_`` prefix, ``_total``,
+``_seconds``, ``_bytes``); docs/metrics.md lists them.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from aieng.frontend.stats import STAGES
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+STAGE_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+class _SnapshotCollector:
+    def __init__(self, metrics: "Metrics"):
+        self.metrics = metrics
+
+    def collect(self):
+        snap = self.metrics.snapshot
+        restarts = CounterMetricFamily("aieng_worker_restarts", "Process restarts by role", labels=["role"])
+        for role, n in sorted(snap.get("restarts", {}).items()):
+            restarts.add_metric([role], n)
+        yield restarts
+        rss = GaugeMetricFamily("aieng_process_resident_memory_bytes", "Resident memory of each aieng process",
+                                labels=["role", "worker"])
+        for (role, worker), value in sorted(snap.get("rss", {}).items()):
+            rss.add_metric([role, worker], value)
+        yield rss
+        loaded = GaugeMetricFamily("aieng_model_loaded", "1 when the model version is loaded and warmed",
+                                   labels=["model", "version", "provider"])
+        for (model, version, provider), value in sorted(snap.get("models", {}).items()):
+            loaded.add_metric([model, version, provider], value)
+        yield loaded
+        ready = GaugeMetricFamily("aieng_ready", "1 when the server accepts inference requests")
+        ready.add_metric([], 1.0 if snap.get("ready") else 0.0)
+        yield ready
+        gpu_used = GaugeMetricFamily("aieng_gpu_memory_used_bytes", "GPU memory in use", labels=["gpu"])
+        gpu_util = GaugeMetricFamily("aieng_gpu_utilization_ratio", "GPU utilisation (0-1)", labels=["gpu"])
+        for idx, (used, util) in sorted(snap.get("gpus", {}).items()):
+            gpu_used.add_metric([str(idx)], used)
+            gpu_util.add_metric([str(idx)], util)
+        yield gpu_used
+        yield gpu_util
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("aieng_requests", "Inference requests answered, by result code",
+                                ["model", "version", "code"], registry=r)
+        self.latency = Histogram("aieng_request_duration_seconds", "End-to-end latency of answered requests",
+                                 ["model", "version"], buckets=LATENCY_BUCKETS, registry=r)
+        self.stage = Histogram("aieng_stage_duration_seconds", "Time per pipeline stage (see aieng report)",
+                               ["model", "stage"], buckets=STAGE_BUCKETS, registry=r)
+        self.batch = Histogram("aieng_batch_size", "Rows in the batch each request ran in", ["model"],
+                               buckets=BATCH_BUCKETS, registry=r)
+        self.confidence = Histogram("aieng_output_confidence", "Top class probability of classifier answers",
+                                    ["model", "version"], buckets=tuple(i / 10 for i in range(1, 11)), registry=r)
+        self.in_flight = Gauge("aieng_in_flight_requests", "Requests admitted and not yet answered", registry=r)
+        self.queue = Gauge("aieng_queue_depth", "Requests in flight per pipeline stage", ["stage"], registry=r)
+        self.snapshot: dict[str, Any] = {}
+        self.lock = threading.Lock()
+        r.register(_SnapshotCollector(self))
+
+    def answered(self, model: str, version: str, timing_us: dict[str, int], batch: int,
+                 confidence: float | None) -> None:
+        self.requests.labels(model, version, "OK").inc()
+        self.latency.labels(model, version).observe(timing_us.get("total", 0) / 1e6)
+        for stage in STAGES:
+            if stage in timing_us:
+                self.stage.labels(model, stage).observe(timing_us[stage] / 1e6)
+        self.batch.labels(model).observe(batch)
+        if confidence is not None:
+            self.confidence.labels(model, version).observe(confidence)
+
+    def failed(self, model: str, version: str, code: str) -> None:
+        self.requests.labels(model, version, code).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

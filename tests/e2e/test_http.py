@@ -1,0 +1,97 @@
+"""HTTP health and Prometheus metrics of a live server: /healthz, /readyz, /metrics, /debug."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+pytestmark = pytest.mark.e2e
+
+
+def get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def samples(base: str) -> dict:
+    code, body = get(base + "/metrics")
+    assert code == 200
+    out: dict = {}
+    for fam in text_string_to_metric_families(body.decode()):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(s: dict, name: str, **labels) -> float:
+    return s.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def test_health_endpoints_and_metrics_add_up(server):
+    code, body = get(server.http + "/healthz")
+    assert code == 200 and json.loads(body)["live"]
+    code, body = get(server.http + "/readyz")
+    assert code == 200 and json.loads(body)["ready"]
+    assert get(server.http + "/nope")[0] == 404
+
+    before = samples(server.http)
+    with server.client() as c:
+        for i in range(7):
+            c.infer("tabular", {"island": "Dream", "bill_length_mm": 40 + i})
+        for _ in range(3):
+            c.infer("tabular", {"island": 5}, raise_on_error=False)  # INVALID_INPUT
+        c.infer("nope", {"x": 1}, raise_on_error=False)  # MODEL_NOT_FOUND
+    after = samples(server.http)
+
+    def delta(name, **labels):
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert delta("aieng_requests_total", model="tabular", version="1", code="OK") == 7
+    assert delta("aieng_requests_total", model="tabular", version="1", code="INVALID_INPUT") == 3
+    assert delta("aieng_requests_total", model="", version="", code="MODEL_NOT_FOUND") == 1
+    assert delta("aieng_request_duration_seconds_count", model="tabular", version="1") == 7
+    assert delta("aieng_stage_duration_seconds_count", model="tabular", stage="inference") == 7
+    assert delta("aieng_stage_duration_seconds_count", model="tabular", stage="preprocess") == 7
+    assert delta("aieng_batch_size_count", model="tabular") == 7
+    assert delta("aieng_output_confidence_count", model="tabular", version="1") == 7
+    names = {k[0] for k in after}
+    assert {"aieng_in_flight_requests", "aieng_queue_depth", "aieng_ready", "aieng_model_loaded",
+            "aieng_worker_restarts_total", "aieng_process_resident_memory_bytes"} <= names
+    assert value(after, "aieng_ready") == 1.0
+    roles = {dict(k[1]).get("role") for k in after if k[0] == "aieng_process_resident_memory_bytes"}
+    assert roles >= {"frontend", "preprocess", "executor", "postprocess"}
+
+    code, body = get(server.http + "/debug")
+    debug = json.loads(body)
+    assert code == 200 and "queue_depth" in debug and debug["health"]["providers"]
+
+
+def test_readyz_turns_false_while_the_executor_is_down(make_server):
+    srv = make_server(AIENG_MODELS="minilm").start()
+    assert get(srv.http + "/readyz")[0] == 200
+    os.kill(srv.child_pid("aieng::executor"), signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    codes = []
+    while time.monotonic() < deadline:
+        codes.append(get(srv.http + "/readyz")[0])
+        if codes[-1] == 503:
+            break
+        time.sleep(0.1)
+    assert codes[-1] == 503, codes
+    assert get(srv.http + "/healthz")[0] == 503  # no live executor: not live either
+    srv.wait_ready(60)
+    deadline = time.monotonic() + 5
+    while get(srv.http + "/readyz")[0] != 200 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert get(srv.http + "/readyz")[0] == 200
+    restarts = samples(srv.http)
+    assert value(restarts, "aieng_worker_restarts_total", role="executor") == 1
