@@ -42,7 +42,7 @@ class Config:
     hang_timeout_s: float = 30.0
     runtime_dir: str = ""
     log_level: str = "INFO"
-    log_format: str = "text"
+    log_format: str = "json"
     # Filled in by the supervisor, not by users.
     instance: str = ""
     sources: dict[str, str] = field(default_factory=dict)

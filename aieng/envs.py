@@ -104,7 +104,7 @@ REGISTRY: tuple[EnvVar, ...] = (
     EnvVar("AIENG_RUNTIME_DIR", str, "",
            "Directory for ipc:// sockets (default: a per-instance dir under the temp dir)", "runtime_dir"),
     EnvVar("AIENG_LOG_LEVEL", str, "INFO", "Log level of every process", "log_level"),
-    EnvVar("AIENG_LOG_FORMAT", str, "text", "text or json", "log_format"),
+    EnvVar("AIENG_LOG_FORMAT", str, "json", "json (JSON lines: ts, level, role, pid, trace, msg) or text", "log_format"),
 )
 
 BY_NAME = {v.name: v for v in REGISTRY}

@@ -55,6 +55,7 @@ class PreTask:
     model: str
     version: str
     deadline: float  # CLOCK_MONOTONIC seconds, same clock in every process
+    trace: str = ""  # the request's trace id, for log lines
 
 
 @dataclass(slots=True)
@@ -77,6 +78,7 @@ class InferTask:
     ref: list
     seq_len: int
     upstream: int  # requests of this model still in preprocessing: more may come
+    trace: str = ""
 
 
 @dataclass(slots=True)
@@ -99,6 +101,7 @@ class PostTask:
     ref: list
     params: dict
     info: dict
+    trace: str = ""
 
 
 @dataclass(slots=True)
@@ -148,6 +151,13 @@ class Pulse:
 
 
 @dataclass(slots=True)
+class LogLevel:
+    """FE -> every worker and the supervisor: change the log level now (admin op)."""
+    T: ClassVar[str] = "log_level"
+    level: str
+
+
+@dataclass(slots=True)
 class Drain:
     T: ClassVar[str] = "drain"
     grace_s: float
@@ -161,7 +171,7 @@ class Drained:
 
 TYPES: dict[str, type] = {
     cls.T: cls for cls in (Hello, PreTask, Preprocessed, InferTask, Inferred, PostTask, Result,
-                           Failed, WorkerDown, ServiceState, Pulse, Drain, Drained)
+                           Failed, WorkerDown, ServiceState, Pulse, LogLevel, Drain, Drained)
 }
 _FIELDS = {name: tuple(f.name for f in dataclasses.fields(cls)) for name, cls in TYPES.items()}
 

@@ -27,13 +27,20 @@ PR_SET_PDEATHSIG = 1
 class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         data = {"ts": round(record.created, 6), "level": record.levelname, "role": getattr(record, "role", ""),
-                "msg": record.getMessage()}
+                "pid": record.process, "msg": record.getMessage()}
         trace = getattr(record, "trace", None)
         if trace is not None:
             data["trace"] = trace
         if record.exc_info:
             data["exc"] = self.formatException(record.exc_info)
         return json.dumps(data)
+
+
+class _TextFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        trace = getattr(record, "trace", None)
+        return f"{line} trace={trace}" if trace else line
 
 
 def setup_logging(worker: str, level: str = "INFO", fmt: str = "text") -> logging.Logger:
@@ -45,7 +52,7 @@ def setup_logging(worker: str, level: str = "INFO", fmt: str = "text") -> loggin
     if fmt == "json":
         handler.setFormatter(_JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)s <{worker}|{os.getpid()}> %(message)s"))
+        handler.setFormatter(_TextFormatter(f"%(asctime)s %(levelname)s <{worker}|{os.getpid()}> %(message)s"))
     old_factory = logging.getLogRecordFactory()
 
     def factory(*args, **kwargs):
@@ -57,6 +64,11 @@ def setup_logging(worker: str, level: str = "INFO", fmt: str = "text") -> loggin
     root.addHandler(handler)
     root.setLevel(level.upper())
     return logging.getLogger(f"aieng.{worker}")
+
+
+def set_level(level: str) -> None:
+    logging.getLogger().setLevel(level)
+    logging.getLogger("aieng").warning("log level is now %s", level)
 
 
 def set_title(title: str) -> None:

@@ -24,7 +24,7 @@ UNAVAILABLE = "UNAVAILABLE"
 INTERNAL = "INTERNAL"
 ERROR_CODES = (INVALID_REQUEST, INVALID_INPUT, MODEL_NOT_FOUND, OVERLOADED, TIMEOUT, UNAVAILABLE, INTERNAL)
 
-OPS = ("infer", "health", "models", "stats")
+OPS = ("infer", "health", "models", "stats", "log_level")
 
 # dtypes a tensor map may carry; always little endian on the wire.
 DTYPES = ("float32", "float64", "float16", "int64", "int32", "int16", "int8", "uint8", "bool")
@@ -87,8 +87,11 @@ def decode_tensor(value: Any, what: str = "tensor") -> np.ndarray:
     return np.frombuffer(data, dtype=dt).reshape(shape)
 
 
-def error_body(req_id: Any, code: str, message: str) -> bytes:
-    return pack({"id": req_id, "ok": False, "error": {"code": code, "message": message}})
+def error_body(req_id: Any, code: str, message: str, trace: str | None = None) -> bytes:
+    body: dict[str, Any] = {"id": req_id, "ok": False, "error": {"code": code, "message": message}}
+    if trace:
+        body["trace_id"] = trace
+    return pack(body)
 
 
 def result_body(req_id: Any, model: str, version: str, packed_outputs: bytes,

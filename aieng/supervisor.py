@@ -193,6 +193,9 @@ class Supervisor:
                 return
             if isinstance(msg, m.Pulse):
                 self.pulse, self.pulse_at = msg, time.monotonic()
+            elif isinstance(msg, m.LogLevel):
+                procutil.set_level(msg.level)
+                self.cfg.log_level = msg.level  # restarted children start at the new level
 
     def watchdog(self, now: float) -> None:
         """WATCHDOG=1 only while the frontend reports a healthy pipeline, recently."""

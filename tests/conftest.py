@@ -75,7 +75,8 @@ class ServerProcess:
         raise RuntimeError(f"server not ready within {timeout}s:\n{self.output()}")
 
     def output(self) -> str:
-        self.log.flush()
+        if not self.log.closed:
+            self.log.flush()
         with open(self.log_path, "rb") as fh:
             return fh.read().decode(errors="replace")
 

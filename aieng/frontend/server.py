@@ -13,7 +13,9 @@ No CPU-heavy work happens here.
 """
 from __future__ import annotations
 
+import logging
 import os
+import secrets
 import time
 from typing import Any
 
@@ -226,6 +228,8 @@ class Frontend:
             return self.reply(envelope, p.pack(self.models(req_id)))
         if op == "stats":
             return self.reply(envelope, p.pack(self.stats_view(req_id, req)))
+        if op == "log_level":
+            return self.reply(envelope, p.pack(self.set_log_level(req_id, req.get("level"))))
         if op != "infer":
             self.count_error(p.INVALID_REQUEST)
             return self.reply(envelope, p.error_body(req_id, p.INVALID_REQUEST, f"unknown op {op!r}"))
@@ -266,13 +270,17 @@ class Frontend:
         worker = self.pick("preprocess")
         if worker is None:
             raise p.RequestError(p.UNAVAILABLE, "no preprocess worker is available")
+        trace = req.get("trace_id")
+        if not (isinstance(trace, str) and 0 < len(trace) <= 64 and trace.isprintable()):
+            trace = secrets.token_hex(8)
         r = Request(self.table.new_rid(), envelope, req_id, model, version, received + timeout_ms / 1000.0,
-                    received, params)
+                    received, params, trace=trace)
         self.table.add(r)
         self.table.move(r, PRE, worker)
         r.stamps[PRE] = time.monotonic()
         r.timing["frontend_in"] = int((r.stamps[PRE] - received) * 1e6)
-        task = m.encode(m.PreTask(r.rid, model, version, r.deadline))
+        self.log.debug("admitted %s:%s -> %s", model, version, worker, extra={"trace": trace})
+        task = m.encode(m.PreTask(r.rid, model, version, r.deadline, trace))
         if not self.send_hub_frames(worker, [task, body]):
             self.respond_error(r.rid, p.UNAVAILABLE, "preprocess worker went away")
 
@@ -289,7 +297,8 @@ class Frontend:
         if req.ref is not None and (req.fe_owns or holder_dead):
             self.rings.free(req.ref[0], req.ref[1], req.ref[2])
         self.count_error(code, req.model, req.version)
-        self.reply(req.envelope, p.error_body(req.client_id, code, message))
+        self.log.debug("answered %s at stage %s", code, req.stage, extra={"trace": req.trace})
+        self.reply(req.envelope, p.error_body(req.client_id, code, message, req.trace))
 
     def count_error(self, code: str, model: str = "", version: str = "") -> None:
         self.counts["errors"][code] = self.counts["errors"].get(code, 0) + 1
@@ -351,7 +360,7 @@ class Frontend:
         if self.pick("executor") is None:
             return self.respond_error(req.rid, p.UNAVAILABLE, "the executor is not available")
         upstream = self.table.count_stage(req.model, req.version, PRE) - 1
-        task = m.InferTask(req.rid, req.model, req.version, req.deadline, msg.ref, msg.seq_len, upstream)
+        task = m.InferTask(req.rid, req.model, req.version, req.deadline, msg.ref, msg.seq_len, upstream, req.trace)
         self.table.move(req, EXEC, "executor")
         req.stamps[EXEC] = now
         if not self.send_hub("executor", task):
@@ -375,7 +384,7 @@ class Frontend:
             return self.respond_error(req.rid, p.UNAVAILABLE, "no postprocess worker is available")
         self.table.move(req, POST, worker)
         req.stamps[POST] = now
-        if not self.send_hub(worker, m.PostTask(req.rid, req.model, req.version, msg.ref, req.params, req.info)):
+        if not self.send_hub(worker, m.PostTask(req.rid, req.model, req.version, msg.ref, req.params, req.info, req.trace)):
             return self.respond_error(req.rid, p.UNAVAILABLE, "postprocess worker went away")
         req.fe_owns = False  # the postprocess worker frees the output slot
 
@@ -391,7 +400,8 @@ class Frontend:
         batch = req.info.get("batch", 1)
         self.metrics.answered(req.model, req.version, req.timing, batch, msg.confidence)  # before the reply
         self.reply(req.envelope, p.result_body(req.client_id, req.model, req.version, msg.outputs, req.timing,
-                                               {"batch": batch}))
+                                               {"batch": batch, "trace_id": req.trace}))
+        self.log.debug("answered OK in %d us", req.timing["total"], extra={"trace": req.trace})
         req.timing["frontend_out"] = int((time.monotonic() - now) * 1e6)
         self.stats.add(req.model, req.timing, batch, req.seq_len, req.info.get("padded", 0) or req.seq_len)
 
@@ -466,6 +476,20 @@ class Frontend:
         if req.get("reset") is True:
             self.stats.reset()
         return summary
+
+    def set_log_level(self, req_id: Any, level: Any) -> dict:
+        """Admin op: change every process's log level at run time, no restart."""
+        if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            return {"id": req_id, "ok": False,
+                    "error": {"code": p.INVALID_REQUEST, "message": "level must be DEBUG, INFO, WARNING or ERROR"}}
+        logging.getLogger().setLevel(level)
+        msg = m.encode(m.LogLevel(level))
+        told = []
+        for name in list(self.workers) + ["supervisor"]:
+            if self.send_hub_frames(name, [msg]):
+                told.append(name)
+        self.log.warning("log level set to %s (%s)", level, ", ".join(told))
+        return {"id": req_id, "ok": True, "level": level, "processes": told}
 
     def models(self, req_id: Any) -> dict:
         ex = self.workers.get("executor", {}).get("info", {}).get("models", {})

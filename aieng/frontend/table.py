@@ -30,6 +30,7 @@ class Request:
     ref: list | None = None  # the shared-memory slot holding this request's tensors now
     fe_owns: bool = False  # True: the FE frees ``ref``; False: its holder does (unless it dies)
     seq_len: int = 0
+    trace: str = ""
     info: dict = field(default_factory=dict)
     stamps: dict = field(default_factory=dict)  # stage -> monotonic seconds of the hand-off
     timing: dict = field(default_factory=dict)  # stage -> microseconds

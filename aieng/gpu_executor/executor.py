@@ -108,6 +108,8 @@ class Executor:
             task = m.decode(data.buffer)
             if isinstance(task, m.InferTask):
                 self.accept(task)
+            elif isinstance(task, m.LogLevel):
+                procutil.set_level(task.level)
             else:
                 self.log.warning("unexpected message %s", type(task).__name__)
 
@@ -197,6 +199,8 @@ class Executor:
             self.fail(p.rid, INTERNAL, f"{exc}; raise AIENG_SHM_SLOT_BYTES")
             return
         ref = [self.ring.seg.name, slot[0], slot[1], descs]
+        self.log.debug("inferred in a batch of %d (padded %d, %d us)", rows, padded, infer_us,
+                       extra={"trace": p.payload.trace})
         self.sock.send(m.encode(m.Inferred(p.rid, ref, rows, padded, wait_us, infer_us)))
 
     def release_input(self, ref: list) -> None:

@@ -52,6 +52,8 @@ class PostprocessWorker:
                     task = m.decode(data.buffer)
                     if isinstance(task, m.PostTask):
                         self.handle(task)
+                    elif isinstance(task, m.LogLevel):
+                        procutil.set_level(task.level)
             if time.monotonic() >= next_hello:
                 self.sock.send(hello)
                 next_hello = time.monotonic() + 1.0
@@ -78,7 +80,9 @@ class PostprocessWorker:
             return
         finally:
             ring.free(slot, gen)  # results are copies now; the slot may be reused
-        self.sock.send(m.encode(m.Result(task.rid, packed, (time.perf_counter_ns() - t0) // 1000, confidence)))
+        post_us = (time.perf_counter_ns() - t0) // 1000
+        self.log.debug("postprocessed %s:%s (%d us)", task.model, task.version, post_us, extra={"trace": task.trace})
+        self.sock.send(m.encode(m.Result(task.rid, packed, post_us, confidence)))
 
     def close(self) -> None:
         self.sock.close(0)

@@ -101,6 +101,9 @@ class PreprocessWorker:
         jobs = []  # (task, spec key, inputs) that passed validation
         for frames in frames_list:
             task = m.decode(frames[0].buffer)
+            if isinstance(task, m.LogLevel):
+                procutil.set_level(task.level)
+                continue
             if not isinstance(task, m.PreTask):
                 self.log.warning("unexpected message %s", type(task).__name__)
                 continue
@@ -166,6 +169,8 @@ class PreprocessWorker:
             self.fail(task.rid, INVALID_INPUT, f"{exc}; raise AIENG_SHM_SLOT_BYTES")
             return
         ref = [self.ring.seg.name, slot[0], slot[1], descs]
+        self.log.debug("preprocessed %s:%s into slot %d (%d us)", task.model, task.version, slot[0], pre_us,
+                       extra={"trace": task.trace})
         self.sock.send(m.encode(m.Preprocessed(task.rid, ref, seq_len, pre_us, info)))
 
     def fail(self, rid: int, code: str, message: str) -> None:

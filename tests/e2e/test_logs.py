@@ -1,0 +1,44 @@
+"""Structured logs: JSON lines from every process, one line per stage for a trace id,
+the level changed at run time without a restart, and no raw input in the logs."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+SECRET = "zebra-quartz-unguessable-7731"
+
+
+def lines(srv) -> list[dict]:
+    out = []
+    for raw in srv.output().splitlines():
+        try:
+            out.append(json.loads(raw))
+        except ValueError:
+            pass  # a child's own stderr (e.g. a native library) need not be JSON
+    return out
+
+
+def test_trace_lines_across_processes_and_runtime_log_level(make_server):
+    srv = make_server(AIENG_MODELS="minilm", AIENG_LOG_FORMAT="json", AIENG_LOG_LEVEL="INFO").start()
+    with srv.client() as c:
+        r = c.call({"op": "infer", "id": 1, "model": "minilm", "inputs": {"text": SECRET},
+                    "trace_id": "trace-before"})
+        assert r["trace_id"] == "trace-before"
+        assert not any(l.get("trace") == "trace-before" for l in lines(srv))  # INFO: no per-request lines
+        ok = c.call({"op": "log_level", "id": 2, "level": "DEBUG"})
+        assert ok["ok"] and {"pre-0", "executor", "post-0", "supervisor"} <= set(ok["processes"])
+        c.call({"op": "infer", "id": 3, "model": "minilm", "inputs": {"text": SECRET}, "trace_id": "trace-42"})
+        bad = c.call({"op": "log_level", "id": 4, "level": "LOUD"}, raise_on_error=False)
+        assert bad["ok"] is False and bad["error"]["code"] == "INVALID_REQUEST"
+    srv.stop()
+    logs = lines(srv)
+    assert logs, "no JSON log lines"
+    assert all({"ts", "level", "role", "pid", "msg"} <= set(l) for l in logs)
+    traced = [l for l in logs if l.get("trace") == "trace-42"]
+    roles = {l["role"] for l in traced}
+    assert roles >= {"frontend", "pre-0", "executor", "post-0"}, traced
+    assert any("answered OK" in l["msg"] for l in traced)
+    assert SECRET not in srv.output(), "raw input text leaked into the logs"
