@@ -152,7 +152,7 @@ def fetch(repo: Path, cache: Path, force: bool = False) -> dict[str, Path]:
             print(f"extracted {n} files of {VENDOR_PREFIX} -> {cache / 'vendor'}")
 
     tab_dir = repo / "tabular" / "1"
-    if force or not (tab_dir / "model.onnx").is_file():
+    if force or not (tab_dir / "model.onnx").is_file() or not (tab_dir / "drift.json").is_file():
         sys.path.insert(0, str(HERE))
         from train_tabular import train  # lazy: sklearn is slow to import
         train(tab_dir)

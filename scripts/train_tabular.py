@@ -169,6 +169,23 @@ def _write_json(path: Path, obj) -> None:
     os.replace(tmp, path)
 
 
+def drift_reference(rows: list[dict]) -> dict:
+    """Reference population of every input feature, for the server's drift score (PSI):
+    numeric features as decile edges and the share of training rows in each of the
+    len(edges)+1 bins; categorical ones as category shares (+ the unknown bucket)."""
+    feats = {}
+    for k in NUMERIC:
+        vals = np.array([r[k] for r in rows if r[k] is not None], dtype=np.float64)
+        edges = sorted(set(np.quantile(vals, np.linspace(0.1, 0.9, 9)).round(6).tolist()))
+        counts = np.bincount(np.searchsorted(edges, vals, side="right"), minlength=len(edges) + 1)
+        feats[k] = {"edges": edges, "proportions": (counts / counts.sum()).round(6).tolist()}
+    for k in CATEGORICAL:
+        cats = sorted({r[k] for r in rows if r[k] is not None})
+        counts = np.array([sum(1 for r in rows if r[k] == c) for c in cats] + [0], dtype=np.float64)
+        feats[k] = {"categories": cats, "proportions": (counts / counts.sum()).round(6).tolist()}
+    return {"source": "palmerpenguins training split", "rows": len(rows), "features": feats}
+
+
 def train(out_dir) -> dict:
     """Train, verify and write the model directory; returns a small summary dict."""
     import onnxruntime as ort
@@ -218,6 +235,7 @@ def train(out_dir) -> dict:
     _write_json(out / "preprocess.json", state)
     _write_json(out / "labels.json", labels)
     _write_json(out / "reference.json", {"labels": labels, "cases": cases})
+    _write_json(out / "drift.json", drift_reference(train_rows))
     tmp = out / "model.onnx.tmp"
     tmp.write_bytes(model.SerializeToString())
     os.replace(tmp, out / "model.onnx")

@@ -53,6 +53,12 @@ class _SnapshotCollector:
             gpu_util.add_metric([str(idx)], util)
         yield gpu_used
         yield gpu_util
+        drift = GaugeMetricFamily("aieng_input_drift_psi",
+                                  "Population stability index of recent inputs against the model's reference",
+                                  labels=["model", "version", "feature"])
+        for (model, version, feature), value in sorted(snap.get("drift", {}).items()):
+            drift.add_metric([model, version, feature], value)
+        yield drift
 
 
 class Metrics:

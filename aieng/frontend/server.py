@@ -25,6 +25,7 @@ from aieng import messages as m
 from aieng import procutil, protocol as p, shm
 from aieng.addresses import hub_addr
 from aieng.config import Config
+from aieng.frontend.drift import DriftMonitor
 from aieng.frontend.http import HttpServer
 from aieng.frontend.metrics import Metrics
 from aieng.frontend.stats import StageStats
@@ -51,6 +52,7 @@ class Frontend:
         self.counts = {"requests": 0, "ok": 0, "errors": {}}
         self.stats = StageStats()
         self.metrics = Metrics()
+        self.drift = DriftMonitor(specs)
         self.snapshot: dict = {}
         self.rss_at = 0.0
         self.handlers = {
@@ -122,12 +124,13 @@ class Frontend:
         self.metrics.in_flight.set(len(self.table))
         for stage in (PRE, EXEC, POST):
             self.metrics.queue.labels(stage).set(depth.get(stage, 0))
-        snap = {"health": health, "queue_depth": depth, "counts": self.counts}
+        snap = {"health": health, "queue_depth": depth, "counts": self.counts,
+                "drift_psi": {"/".join(k): round(v, 4) for k, v in self.drift.scores().items()}}
         prev = self.metrics.snapshot
         msnap = {"restarts": dict(self.state["restarts"]), "ready": health["ready"],
                  "models": {(k.split(":")[0], k.split(":")[1], v or "none"): 1.0
                             for k, v in health["providers"].items()},
-                 "rss": prev.get("rss", {}), "gpus": prev.get("gpus", {})}
+                 "rss": prev.get("rss", {}), "gpus": prev.get("gpus", {}), "drift": self.drift.scores()}
         if now >= self.rss_at or not msnap["rss"]:  # process memory every 2 s: a psutil call per process
             msnap["rss"] = self.read_rss()
             msnap["gpus"] = self.read_gpus()
@@ -399,6 +402,7 @@ class Frontend:
         self.counts["ok"] += 1
         batch = req.info.get("batch", 1)
         self.metrics.answered(req.model, req.version, req.timing, batch, msg.confidence)  # before the reply
+        self.drift.observe(req.model, req.version, req.info)
         self.reply(req.envelope, p.result_body(req.client_id, req.model, req.version, msg.outputs, req.timing,
                                                {"batch": batch, "trace_id": req.trace}))
         self.log.debug("answered OK in %d us", req.timing["total"], extra={"trace": req.trace})

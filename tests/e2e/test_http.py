@@ -95,3 +95,40 @@ def test_readyz_turns_false_while_the_executor_is_down(make_server):
     assert get(srv.http + "/readyz")[0] == 200
     restarts = samples(srv.http)
     assert value(restarts, "aieng_worker_restarts_total", role="executor") == 1
+
+
+def test_input_drift_psi_rises_when_inputs_shift(make_server):
+    import sys
+
+    from tests.conftest import ROOT
+
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import train_tabular
+
+    rows = train_tabular.load_rows()
+    feats = train_tabular.NUMERIC + train_tabular.CATEGORICAL
+    srv = make_server(AIENG_MODELS="tabular").start()
+    with srv.client() as c:
+        for r in rows[:300]:  # the population the model was trained on
+            c.infer("tabular", {k: r[k] for k in feats if r[k] is not None})
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # the snapshot is refreshed every 0.5 s
+        s = samples(srv.http)
+        if value(s, "aieng_input_drift_psi", model="tabular", version="1", feature="bill_length_mm"):
+            break
+    stable = value(s, "aieng_input_drift_psi", model="tabular", version="1", feature="bill_length_mm")
+    assert 0 < stable < 0.1, stable
+    with srv.client() as c:
+        for r in rows[:300]:  # the same birds, but every bill 20 mm longer and all on one island
+            shifted = {k: r[k] for k in feats if r[k] is not None}
+            shifted["bill_length_mm"] = (r["bill_length_mm"] or 44.0) + 20.0
+            shifted["island"] = "Dream"
+            c.infer("tabular", shifted)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        s = samples(srv.http)
+        if value(s, "aieng_input_drift_psi", model="tabular", version="1", feature="bill_length_mm") > 1:
+            break
+    assert value(s, "aieng_input_drift_psi", model="tabular", version="1", feature="bill_length_mm") > 1.0
+    assert value(s, "aieng_input_drift_psi", model="tabular", version="1", feature="island") > 0.25
+    assert value(s, "aieng_input_drift_psi", model="tabular", version="1", feature="body_mass_g") < 0.1
