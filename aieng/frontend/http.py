@@ -24,8 +24,10 @@ def parse_addr(addr: str) -> tuple[str, int]:
 
 
 class HttpServer:
-    def __init__(self, addr: str, snapshot: Callable[[], dict[str, Any]], metrics: Callable[[], bytes]):
+    def __init__(self, addr: str, snapshot: Callable[[], dict[str, Any]], metrics: Callable[[], bytes],
+                 frontend_addr: str = ""):
         self.snapshot, self.metrics = snapshot, metrics
+        self.frontend_addr = frontend_addr
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -40,7 +42,7 @@ class HttpServer:
                 elif path == "/metrics":
                     self.reply(200, outer.metrics(), "text/plain; version=0.0.4; charset=utf-8")
                 elif path == "/debug":
-                    self.reply(200, snap)
+                    self.reply(200, dict(snap, stats=outer.stats()))
                 else:
                     self.reply(404, {"error": "not found", "paths": ["/healthz", "/readyz", "/metrics", "/debug"]})
 
@@ -61,6 +63,21 @@ class HttpServer:
         self.server = server_cls((host, port), Handler)
         self.thread = threading.Thread(target=self.server.serve_forever, name="http", daemon=True)
         self.thread.start()
+
+    def stats(self) -> dict[str, Any]:
+        """Stage summaries come from the frontend's own ``stats`` op over its client socket,
+        so this thread never reads the loop's tables."""
+        if not self.frontend_addr:
+            return {}
+        from aieng.client import Client
+
+        try:
+            with Client(self.frontend_addr, timeout_s=5.0, dealer=True) as c:
+                reply = c.call({"op": "stats", "id": "debug"})
+            reply.pop("id", None)
+            return reply
+        except Exception as exc:  # the loop is busy or gone: say so rather than hang the probe
+            return {"error": f"{type(exc).__name__}: {exc}"}
 
     def close(self) -> None:
         self.server.shutdown()

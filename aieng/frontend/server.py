@@ -43,7 +43,8 @@ class Frontend:
         self.table = RequestTable()
         self.rings = shm.RingCache()
         self.workers: dict[str, dict] = {}  # name -> {role, pid, seen, info}
-        self.dead_pids: set[int] = set()  # a dead worker's last hellos may still sit in our queue
+        self.dead_pids: set[int] = set()
+        self.turn = 0  # a dead worker's last hellos may still sit in our queue
         self.ready = False  # every process is up and ready (supervisor's view)
         self.started_ok = False  # the service has been fully ready once: admit requests from then on
         self.draining_until: float | None = None
@@ -82,8 +83,8 @@ class Frontend:
         self.hub.setsockopt(zmq.SNDHWM, 0)
         self.hub.setsockopt(zmq.RCVHWM, 0)
         self.hub.bind(hub_addr(self.cfg.runtime_dir))
-        self.http = HttpServer(self.cfg.http_addr, lambda: self.snapshot, self.metrics.render) \
-            if self.cfg.http_addr else None
+        self.http = HttpServer(self.cfg.http_addr, lambda: self.snapshot, self.metrics.render,
+                               self.cfg.frontend_addr) if self.cfg.http_addr else None
 
     # -- main loop ----------------------------------------------------------
     def run(self, stop: procutil.StopFlag) -> None:
@@ -309,15 +310,15 @@ class Frontend:
 
     # -- routing --------------------------------------------------------------
     def pick(self, role: str) -> str | None:
+        """The live worker of ``role`` holding the fewest requests; ties go round-robin."""
         now = time.monotonic()
-        best, best_load = None, None
-        for name, w in self.workers.items():
-            if w["role"] != role or now - w["seen"] > WORKER_SILENCE_S:
-                continue
-            load = self.table.load(name)
-            if best_load is None or load < best_load:
-                best, best_load = name, load
-        return best
+        names = [n for n, w in self.workers.items() if w["role"] == role and now - w["seen"] <= WORKER_SILENCE_S]
+        if not names:
+            return None
+        self.turn += 1
+        k = self.turn % len(names)
+        rotated = names[k:] + names[:k]
+        return min(rotated, key=self.table.load)
 
     def send_hub_frames(self, worker: str, frames: list) -> bool:
         try:
@@ -355,6 +356,7 @@ class Frontend:
             self.rings.free(msg.ref[0], msg.ref[1], msg.ref[2])
             return
         now = time.monotonic()
+        self.metrics.worker.labels("preprocess", req.holder).inc()
         req.timing["preprocess"] = msg.pre_us
         req.timing["preprocess_queue"] = max(0, int((now - req.stamps[PRE]) * 1e6) - msg.pre_us)
         req.seq_len = msg.seq_len
@@ -376,6 +378,7 @@ class Frontend:
             self.rings.free(msg.ref[0], msg.ref[1], msg.ref[2])
             return
         now = time.monotonic()
+        self.metrics.worker.labels("executor", req.holder).inc()
         req.timing["batch_wait"] = msg.wait_us
         req.timing["inference"] = msg.infer_us
         req.timing["handoff"] = max(0, int((now - req.stamps[EXEC]) * 1e6) - msg.wait_us - msg.infer_us)
@@ -396,6 +399,7 @@ class Frontend:
             return
         req = self.table.pop(msg.rid)
         now = time.monotonic()
+        self.metrics.worker.labels("postprocess", req.holder).inc()
         req.timing["postprocess"] = msg.post_us
         req.timing["postprocess_queue"] = max(0, int((now - req.stamps[POST]) * 1e6) - msg.post_us)
         req.timing["total"] = int((now - req.received) * 1e6)
@@ -419,6 +423,7 @@ class Frontend:
             return
         if msg.ref:
             req.ref, req.fe_owns = msg.ref, True
+        self.metrics.worker.labels(req.stage, req.holder).inc()
         self.respond_error(msg.rid, msg.code, msg.message)
 
     def on_worker_down(self, msg: m.WorkerDown, ident: bytes) -> None:

@@ -63,6 +63,13 @@ def test_health_endpoints_and_metrics_add_up(server):
     assert delta("aieng_stage_duration_seconds_count", model="tabular", stage="preprocess") == 7
     assert delta("aieng_batch_size_count", model="tabular") == 7
     assert delta("aieng_output_confidence_count", model="tabular", version="1") == 7
+    # per-worker counts: every preprocess worker took part, and they add up to what was sent
+    pre = {dict(k[1])["worker"]: delta(k[0], **dict(k[1])) for k in after
+           if k[0] == "aieng_worker_requests_total" and dict(k[1])["role"] == "preprocess"}
+    assert set(pre) == {"pre-0", "pre-1"} and all(v > 0 for v in pre.values()), pre
+    assert sum(pre.values()) == 10  # 7 answered + 3 refused by preprocessing; MODEL_NOT_FOUND never got there
+    assert delta("aieng_worker_requests_total", role="executor", worker="executor") == 7
+    assert delta("aieng_worker_requests_total", role="postprocess", worker="post-0") == 7
     names = {k[0] for k in after}
     assert {"aieng_in_flight_requests", "aieng_queue_depth", "aieng_ready", "aieng_model_loaded",
             "aieng_worker_restarts_total", "aieng_process_resident_memory_bytes"} <= names
@@ -73,6 +80,8 @@ def test_health_endpoints_and_metrics_add_up(server):
     code, body = get(server.http + "/debug")
     debug = json.loads(body)
     assert code == 200 and "queue_depth" in debug and debug["health"]["providers"]
+    assert debug["stats"]["models"]["tabular"]["stages_us"]["inference"]["p50"] > 0
+    assert set(debug["memory"]) >= {"frontend", "pre-0", "executor", "post-0"}
 
 
 def test_readyz_turns_false_while_the_executor_is_down(make_server):

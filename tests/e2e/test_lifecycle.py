@@ -152,6 +152,14 @@ def test_hung_executor_is_detected_and_replaced(make_server):
     with srv.client(timeout_s=30) as c:
         reply = c.infer("tabular", {"island": "Dream"}, raise_on_error=False, timeout_ms=20000)
     assert reply["ok"] is False and reply["error"]["code"] == "UNAVAILABLE", reply
+    import urllib.error
+    import urllib.request
+
+    try:  # while it is down (or still loading), readiness is not green
+        code = urllib.request.urlopen(srv.http + "/readyz", timeout=5).status
+    except urllib.error.HTTPError as e:
+        code = e.code
+    assert code == 503 or srv.health()["restarts"]["executor"] == 1
     assert psutil.pid_exists(pid) is False or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     srv.wait_ready(30)
     print(f"hung executor replaced, ready {time.monotonic() - t0:.1f}s after it stopped")

@@ -25,6 +25,7 @@ SAMPLES = {
     "worker_down": m.WorkerDown(worker="post1", exitcode=-9, pid=777),
     "state": m.ServiceState(ready=True, processes={"pre0": {"pid": 1, "alive": True}}, restarts={"pre0": 2}),
     "pulse": m.Pulse(healthy=True, silent={"executor": 0.4}),
+    "log_level": m.LogLevel(level="DEBUG"),
     "drain": m.Drain(grace_s=2.5),
     "drained": m.Drained(answered=17),
 }
