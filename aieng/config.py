@@ -35,6 +35,8 @@ class Config:
     max_message_bytes: int = 32 * 1024 * 1024
     default_timeout_ms: int = 30000
     max_timeout_ms: int = 300000
+    breaker_failures: int = 5
+    breaker_cooldown_s: float = 5.0
     shm_slot_bytes: int = 1 << 20
     shm_slots: int = 0
     drain_grace_s: float = 10.0

@@ -25,6 +25,7 @@ from aieng import messages as m
 from aieng import procutil, protocol as p, shm
 from aieng.addresses import hub_addr
 from aieng.config import Config
+from aieng.frontend.breaker import Breakers
 from aieng.frontend.drift import DriftMonitor
 from aieng.frontend.http import HttpServer
 from aieng.frontend.metrics import Metrics
@@ -54,6 +55,7 @@ class Frontend:
         self.stats = StageStats()
         self.metrics = Metrics()
         self.drift = DriftMonitor(specs)
+        self.breakers = Breakers(cfg.breaker_failures, cfg.breaker_cooldown_s)
         self.snapshot: dict = {}
         self.rss_at = 0.0
         self.handlers = {
@@ -274,11 +276,14 @@ class Frontend:
         worker = self.pick("preprocess")
         if worker is None:
             raise p.RequestError(p.UNAVAILABLE, "no preprocess worker is available")
+        admit, probe, why = self.breakers.allow(spec.key, received)
+        if not admit:
+            raise p.RequestError(p.UNAVAILABLE, why)
         trace = req.get("trace_id")
         if not (isinstance(trace, str) and 0 < len(trace) <= 64 and trace.isprintable()):
             trace = secrets.token_hex(8)
         r = Request(self.table.new_rid(), envelope, req_id, model, version, received + timeout_ms / 1000.0,
-                    received, params, trace=trace)
+                    received, params, trace=trace, probe=probe)
         self.table.add(r)
         self.table.move(r, PRE, worker)
         r.stamps[PRE] = time.monotonic()
@@ -298,6 +303,11 @@ class Frontend:
         req = self.table.pop(rid)
         if req is None:
             return
+        key = f"{req.model}:{req.version}"
+        if code == p.INTERNAL and req.stage == EXEC:  # the model run itself failed
+            self.breakers.failure(key, time.monotonic(), req.probe)
+        else:
+            self.breakers.neutral(key, req.probe)
         if req.ref is not None and (req.fe_owns or holder_dead):
             self.rings.free(req.ref[0], req.ref[1], req.ref[2])
         self.count_error(code, req.model, req.version)
@@ -405,6 +415,7 @@ class Frontend:
         req.timing["total"] = int((now - req.received) * 1e6)
         self.counts["ok"] += 1
         batch = req.info.get("batch", 1)
+        self.breakers.success(f"{req.model}:{req.version}")
         self.metrics.answered(req.model, req.version, req.timing, batch, msg.confidence)  # before the reply
         self.drift.observe(req.model, req.version, req.info)
         self.reply(req.envelope, p.result_body(req.client_id, req.model, req.version, msg.outputs, req.timing,
@@ -469,6 +480,7 @@ class Frontend:
                 "protocol": p.PROTOCOL_VERSION, "version": _version(), "pid": os.getpid(),
                 "uptime_s": round(time.time() - self.started, 3), "in_flight": len(self.table),
                 "workers": roles, "providers": providers, "draining": self.draining_until is not None,
+                "breakers": self.breakers.view(),
                 "processes": self.state["processes"], "restarts": self.state["restarts"],
                 "counts": self.counts}
 

@@ -31,6 +31,7 @@ class Request:
     fe_owns: bool = False  # True: the FE frees ``ref``; False: its holder does (unless it dies)
     seq_len: int = 0
     trace: str = ""
+    probe: bool = False  # the half-open circuit breaker's probe
     info: dict = field(default_factory=dict)
     stamps: dict = field(default_factory=dict)  # stage -> monotonic seconds of the hand-off
     timing: dict = field(default_factory=dict)  # stage -> microseconds

@@ -1,0 +1,136 @@
+"""Faults and overload: a model that keeps failing trips its circuit breaker (and
+only its own); 5x the load the server can carry is shed with OVERLOADED while
+accepted requests keep a bounded latency and memory stays bounded."""
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+from aieng.client import AsyncClient
+from tests.conftest import MODELS
+
+pytestmark = pytest.mark.e2e
+
+
+def flaky_model(repo) -> None:
+    """x[batch, n] -> Reshape to [-1, 2]: runs when batch*n is even (so warm-up passes), fails in ONNX Runtime otherwise."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "shape"], ["y"])], "flaky",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])],
+        [helper.make_tensor("shape", TensorProto.INT64, [2], [-1, 2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    d = repo / "flaky" / "1"
+    d.mkdir(parents=True)
+    onnx.save(model, str(d / "model.onnx"))
+    (d / "model.yaml").write_text(
+        "inputs: [{name: x, kind: tensor}]\noutputs: [{name: y, kind: tensor}]\n"
+        "preprocess: {type: tensor}\npostprocess: {type: tensor}\n"
+        "batching: {max_batch_size: 1, max_wait_ms: 0}\n")
+
+
+GOOD, BAD = 4, 3
+
+
+def tensor(n: int) -> dict:
+    return {"x": np.ones(n, dtype=np.float32)}
+
+
+def test_circuit_breaker_opens_fails_fast_and_recovers(make_server, tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    flaky_model(repo)
+    shutil.copytree(os.path.join(MODELS, "tabular"), repo / "tabular")
+    srv = make_server(AIENG_MODEL_REPOSITORY=str(repo), AIENG_BREAKER_FAILURES="3",
+                      AIENG_BREAKER_COOLDOWN_S="1").start()
+    with srv.client() as c:
+        assert c.infer("flaky", tensor(GOOD))["ok"]
+        codes = [c.infer("flaky", tensor(BAD), raise_on_error=False)["error"]["code"] for _ in range(3)]
+        assert codes == ["INTERNAL"] * 3
+        t0 = time.monotonic()
+        fast = c.infer("flaky", tensor(GOOD), raise_on_error=False)
+        assert fast["error"]["code"] == "UNAVAILABLE" and "circuit open" in fast["error"]["message"]
+        assert time.monotonic() - t0 < 0.5
+        assert c.infer("tabular", {"island": "Dream"})["ok"], "another model is not affected"
+        assert c.health()["breakers"]["flaky:1"]["state"] == "open"
+        # a failing probe after the cooldown opens it again, for longer
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            r = c.infer("flaky", tensor(BAD), raise_on_error=False)
+            if r["error"]["code"] == "INTERNAL":
+                break
+        assert r["error"]["code"] == "INTERNAL" and c.health()["breakers"]["flaky:1"]["cooldown_s"] == 2.0
+        # once the model works again, the next probe closes it
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            r = c.infer("flaky", tensor(GOOD), raise_on_error=False)
+            if r["ok"]:
+                break
+        assert r["ok"], r
+        assert c.health()["breakers"] == {}
+        assert c.infer("flaky", tensor(6))["ok"]
+
+
+def test_five_times_capacity_is_shed_not_queued(make_server):
+    srv = make_server(AIENG_MODELS="minilm", AIENG_MAX_INFLIGHT="16")
+    srv.start()
+    text = "a short sentence for the overload test"
+
+    async def closed_loop(seconds: float) -> float:
+        client = AsyncClient(srv.addr)
+        done, end = 0, time.monotonic() + seconds
+
+        async def worker():
+            nonlocal done
+            while time.monotonic() < end:
+                await client.infer("minilm", {"text": text})
+                done += 1
+        await asyncio.gather(*(worker() for _ in range(8)))
+        client.close()
+        return done / seconds
+
+    async def open_loop(rate: float, seconds: float):
+        client = AsyncClient(srv.addr, timeout_s=30)
+        lat, codes, tasks = [], {}, []
+
+        async def one():
+            t0 = time.monotonic()
+            r = await client.infer("minilm", {"text": text}, raise_on_error=False)
+            if r["ok"]:
+                lat.append(time.monotonic() - t0)
+            else:
+                codes[r["error"]["code"]] = codes.get(r["error"]["code"], 0) + 1
+        start = time.monotonic()
+        i = 0
+        while time.monotonic() - start < seconds:
+            tasks.append(asyncio.ensure_future(one()))
+            i += 1
+            await asyncio.sleep(max(0.0, start + i / rate - time.monotonic()))
+        await asyncio.gather(*tasks)
+        client.close()
+        return lat, codes, i
+
+    capacity = asyncio.run(closed_loop(3.0))
+    fe = psutil.Process(srv.child_pid("aieng::frontend"))
+    rss0 = fe.memory_info().rss
+    lat, codes, sent = asyncio.run(open_loop(5 * capacity, 4.0))
+    rss1 = fe.memory_info().rss
+    accepted = len(lat)
+    p99 = float(np.percentile(lat, 99))
+    print(f"capacity {capacity:.0f}/s; offered {sent} at 5x: accepted {accepted}, shed {codes}, "
+          f"accepted p99 {p99 * 1000:.0f} ms, frontend RSS {rss0 >> 20} -> {rss1 >> 20} MiB")
+    assert set(codes) <= {"OVERLOADED"}
+    assert codes.get("OVERLOADED", 0) > 0.5 * sent, "most of 5x the capacity must be shed"
+    assert accepted >= 0.5 * capacity * 4.0, "the server keeps serving near its capacity"
+    assert p99 < 2.0, "accepted requests keep a bounded latency (16 in flight at most)"
+    assert rss1 - rss0 < 64 << 20, "memory stays bounded"
+    assert srv.health()["ready"]
