@@ -116,6 +116,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return main_bench(args)
 
 
+def cmd_soak(args: argparse.Namespace) -> int:
+    from aieng.soak import main_soak
+
+    return main_soak(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="aieng", description="ONNX inference server over ZeroMQ")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -152,6 +158,15 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default="bench-out", help="directory for the markdown table and PNG plot")
     b.add_argument("--repeats", type=int, default=1, help="alternate server/in-process runs this many times")
     b.set_defaults(func=cmd_bench)
+
+    so = sub.add_parser("soak", help="steady load for a while; fails if memory, fds or shared memory grow")
+    so.add_argument("--model", default="minilm")
+    so.add_argument("--seconds", type=float, default=1800.0)
+    so.add_argument("--interval", type=float, default=10.0, help="seconds between samples")
+    so.add_argument("--concurrency", type=int, default=8)
+    so.add_argument("--max-rss-mib-per-min", type=float, default=1.0,
+                    help="fail when a process's resident memory grows faster (second half of the run)")
+    so.set_defaults(func=cmd_soak)
 
     for name in ("infer", "health", "models", "load"):
         p = sub.add_parser(name)

@@ -21,40 +21,61 @@ distribution and the padding waste over a chosen time window.
 from __future__ import annotations
 
 import time
-from collections import deque
 from typing import Any
 
 import numpy as np
 
 STAGES = ("frontend_in", "preprocess_queue", "preprocess", "handoff", "batch_wait", "inference",
           "postprocess_queue", "postprocess", "frontend_out")
-WINDOW = 50_000
+WINDOW = 20_000
+
+
+class _Ring:
+    """A preallocated window of rows (numpy), so memory is flat from the first request."""
+
+    def __init__(self, window: int):
+        self.t = np.zeros(window, dtype=np.float64)
+        self.stages = np.zeros((window, len(STAGES)), dtype=np.int64)
+        self.meta = np.zeros((window, 3), dtype=np.int64)  # batch, seq_len, padded
+        self.n = 0  # rows ever added
+
+    def add(self, t: float, stages: list[int], meta: tuple[int, int, int]) -> None:
+        i = self.n % len(self.t)
+        self.t[i] = t
+        self.stages[i] = stages
+        self.meta[i] = meta
+        self.n += 1
+
+    def rows(self, cut: float):
+        k = min(self.n, len(self.t))
+        sel = self.t[:k] >= cut
+        return self.t[:k][sel], self.stages[:k][sel], self.meta[:k][sel]
 
 
 class StageStats:
     def __init__(self, window: int = WINDOW):
         self.window = window
-        self.rows: dict[str, deque] = {}
+        self.rings: dict[str, _Ring] = {}
         self.since = time.time()
 
     def add(self, model: str, stages: dict[str, int], batch: int, seq_len: int, padded: int) -> None:
-        rows = self.rows.get(model)
-        if rows is None:
-            rows = self.rows[model] = deque(maxlen=self.window)
-        rows.append((time.time(), [stages.get(s, 0) for s in STAGES], batch, seq_len, padded))
+        ring = self.rings.get(model)
+        if ring is None:
+            ring = self.rings[model] = _Ring(self.window)
+        ring.add(time.time(), [stages.get(s, 0) for s in STAGES], (batch, seq_len, padded))
 
     def reset(self) -> None:
-        self.rows.clear()
+        self.rings.clear()
         self.since = time.time()
 
     def summary(self, since_s: float | None = None) -> dict[str, Any]:
         cut = time.time() - since_s if since_s else 0.0
         out: dict[str, Any] = {"stages": list(STAGES), "window_start": self.since, "models": {}}
-        for model, rows in self.rows.items():
-            sel = [r for r in rows if r[0] >= cut]
-            if not sel:
+        for model, ring in self.rings.items():
+            ts, mat, meta = ring.rows(cut)
+            if len(ts) == 0:
                 continue
-            mat = np.asarray([r[1] for r in sel], dtype=np.float64)
+            mat = mat.astype(np.float64)
             total = mat.sum(axis=1)
             grand = float(total.sum()) or 1.0
             stages = {}
@@ -65,13 +86,12 @@ class StageStats:
                                 "share": float(col.sum()) / grand}
             stages["total"] = {"p50": float(np.percentile(total, 50)), "p95": float(np.percentile(total, 95)),
                                "p99": float(np.percentile(total, 99)), "mean": float(total.mean()), "share": 1.0}
-            batches = np.asarray([r[2] for r in sel])
+            batches = meta[:, 0]
             sizes, counts = np.unique(batches, return_counts=True)
-            seq = np.asarray([r[3] for r in sel], dtype=np.float64)
-            padded = np.asarray([r[4] for r in sel], dtype=np.float64)
+            seq, padded = meta[:, 1].astype(np.float64), meta[:, 2].astype(np.float64)
             waste = 1.0 - float(seq.sum()) / float(padded.sum()) if padded.sum() > 0 else 0.0
             out["models"][model] = {
-                "requests": len(sel), "seconds": max(1e-9, sel[-1][0] - sel[0][0]), "stages_us": stages,
+                "requests": int(len(ts)), "seconds": max(1e-9, float(ts.max() - ts.min())), "stages_us": stages,
                 "batch_sizes": {int(s): int(c) for s, c in zip(sizes, counts)},
                 "mean_batch": float(batches.mean()), "padding_waste": waste,
             }

@@ -134,3 +134,19 @@ def test_five_times_capacity_is_shed_not_queued(make_server):
     assert p99 < 2.0, "accepted requests keep a bounded latency (16 in flight at most)"
     assert rss1 - rss0 < 64 << 20, "memory stays bounded"
     assert srv.health()["ready"]
+
+
+def test_short_soak_nothing_grows(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIENG_")}
+    env["AIENG_MODEL_REPOSITORY"] = MODELS
+    r = subprocess.run([sys.executable, "-m", "aieng.cli", "soak", "--model", "tabular", "--seconds", "24",
+                        "--interval", "2", "--concurrency", "4", "--max-rss-mib-per-min", "10"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    print(r.stdout)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "RSS slope" in r.stdout and "shared memory in use" in r.stdout
