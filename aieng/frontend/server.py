@@ -139,6 +139,7 @@ class Frontend:
             msnap["gpus"] = self.read_gpus()
             self.rss_at = now + 2.0
         snap["memory"] = {f"{w}": v for (_, w), v in msnap["rss"].items()}
+        snap["gpus"] = {str(i): {"memory_used_bytes": u, "utilization": g} for i, (u, g) in msnap["gpus"].items()}
         self.metrics.snapshot = msnap
         self.snapshot = snap
 

@@ -138,3 +138,21 @@ def test_input_drift_psi_rises_when_inputs_shift(make_server):
     assert value(s, "aieng_input_drift_psi", model="tabular", version="1", feature="bill_length_mm") > 1.0
     assert value(s, "aieng_input_drift_psi", model="tabular", version="1", feature="island") > 0.25
     assert value(s, "aieng_input_drift_psi", model="tabular", version="1", feature="body_mass_g") < 0.1
+
+
+def test_readyz_turns_false_while_a_worker_is_hung(make_server):
+    srv = make_server(AIENG_MODELS="tabular", AIENG_HANG_TIMEOUT_S="60").start()
+    pid = srv.child_pid("aieng::postprocess[0]")
+    os.kill(pid, signal.SIGSTOP)  # alive to the OS, silent to everyone
+    try:
+        deadline = time.monotonic() + 10  # heartbeats stop; after 5 s of silence it no longer counts
+        while time.monotonic() < deadline and get(srv.http + "/readyz")[0] == 200:
+            time.sleep(0.2)
+        assert get(srv.http + "/readyz")[0] == 503
+        assert srv.health()["ready"] is False
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    deadline = time.monotonic() + 10  # the next heartbeat makes it ready again
+    while time.monotonic() < deadline and get(srv.http + "/readyz")[0] != 200:
+        time.sleep(0.2)
+    assert get(srv.http + "/readyz")[0] == 200
