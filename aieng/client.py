@@ -56,12 +56,20 @@ def build_request(req_id: Any, model: str, inputs: dict, version: str | None = N
     return req
 
 
+def apply_curve(sock: zmq.Socket, curve: tuple[bytes, bytes, bytes] | None) -> None:
+    """``curve = (client_public, client_secret, server_public)`` (z85 keys, e.g. from zmq.auth)."""
+    if curve is not None:
+        sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = curve
+
+
 class Client:
-    def __init__(self, addr: str | None = None, timeout_s: float = 30.0, dealer: bool = False):
+    def __init__(self, addr: str | None = None, timeout_s: float = 30.0, dealer: bool = False,
+                 curve: tuple[bytes, bytes, bytes] | None = None):
         self.addr = addr or os.environ.get("AIENG_FRONTEND_ADDR", DEFAULT_ADDR)
         self.timeout_s = timeout_s
         self.ctx = zmq.Context.instance()
         self.dealer = dealer
+        self.curve = curve
         self.sock = None
         self.ids = itertools.count(1)
         self._connect()
@@ -71,6 +79,7 @@ class Client:
             self.sock.close(0)
         self.sock = self.ctx.socket(zmq.DEALER if self.dealer else zmq.REQ)
         self.sock.setsockopt(zmq.LINGER, 0)
+        apply_curve(self.sock, self.curve)
         self.sock.connect(self.addr)
 
     def call(self, request: dict, raise_on_error: bool = True) -> dict:
@@ -114,12 +123,14 @@ class Client:
 class AsyncClient:
     """Many requests in flight over one DEALER socket; replies in any order."""
 
-    def __init__(self, addr: str | None = None, timeout_s: float = 30.0):
+    def __init__(self, addr: str | None = None, timeout_s: float = 30.0,
+                 curve: tuple[bytes, bytes, bytes] | None = None):
         self.addr = addr or os.environ.get("AIENG_FRONTEND_ADDR", DEFAULT_ADDR)
         self.timeout_s = timeout_s
         self.ctx = zmq.asyncio.Context.instance()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        apply_curve(self.sock, curve)
         self.sock.connect(self.addr)
         self.ids = itertools.count(1)
         self.waiting: dict[Any, asyncio.Future] = {}

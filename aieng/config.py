@@ -37,6 +37,9 @@ class Config:
     max_timeout_ms: int = 300000
     breaker_failures: int = 5
     breaker_cooldown_s: float = 5.0
+    cache_bytes: int = 0
+    curve_secret_key_file: str = ""
+    curve_client_keys_dir: str = ""
     shm_slot_bytes: int = 1 << 20
     shm_slots: int = 0
     drain_grace_s: float = 10.0

@@ -77,6 +77,8 @@ class Metrics:
                                     ["model", "version"], buckets=tuple(i / 10 for i in range(1, 11)), registry=r)
         self.worker = Counter("aieng_worker_requests", "Requests each worker finished its stage of (result or error)",
                               ["role", "worker"], registry=r)
+        self.cache_hits = Counter("aieng_cache_hits", "Requests answered from the response cache", ["model"],
+                                  registry=r)
         self.in_flight = Gauge("aieng_in_flight_requests", "Requests admitted and not yet answered", registry=r)
         self.queue = Gauge("aieng_queue_depth", "Requests in flight per pipeline stage", ["stage"], registry=r)
         self.snapshot: dict[str, Any] = {}

@@ -26,6 +26,7 @@ from aieng import procutil, protocol as p, shm
 from aieng.addresses import hub_addr
 from aieng.config import Config
 from aieng.frontend.breaker import Breakers
+from aieng.frontend.cache import ResponseCache, cache_key
 from aieng.frontend.drift import DriftMonitor
 from aieng.frontend.http import HttpServer
 from aieng.frontend.metrics import Metrics
@@ -56,6 +57,7 @@ class Frontend:
         self.metrics = Metrics()
         self.drift = DriftMonitor(specs)
         self.breakers = Breakers(cfg.breaker_failures, cfg.breaker_cooldown_s)
+        self.cache = ResponseCache(cfg.cache_bytes)
         self.snapshot: dict = {}
         self.rss_at = 0.0
         self.handlers = {
@@ -77,6 +79,9 @@ class Frontend:
         self.clients.setsockopt(zmq.RCVHWM, 0)
         if self.clients.getsockopt(zmq.IPV6) == 0 and self.cfg.frontend_addr.startswith("tcp://["):
             self.clients.setsockopt(zmq.IPV6, 1)
+        self.auth = None
+        if self.cfg.curve_secret_key_file:
+            self.init_curve()
         self.clients.bind(self.cfg.frontend_addr)
         self.hub = self.ctx.socket(zmq.ROUTER)
         self.hub.setsockopt(zmq.LINGER, 0)
@@ -87,6 +92,27 @@ class Frontend:
         self.hub.bind(hub_addr(self.cfg.runtime_dir))
         self.http = HttpServer(self.cfg.http_addr, lambda: self.snapshot, self.metrics.render,
                                self.cfg.frontend_addr) if self.cfg.http_addr else None
+
+    def init_curve(self) -> None:
+        """Encrypt the client socket with CURVE; with a keys dir, only those client keys get in."""
+        import zmq.auth
+        from zmq.auth.thread import ThreadAuthenticator
+
+        public, secret = zmq.auth.load_certificate(self.cfg.curve_secret_key_file)
+        if secret is None:
+            raise ValueError(f"{self.cfg.curve_secret_key_file} holds no secret key")
+        self.auth = ThreadAuthenticator(self.ctx)
+        self.auth.start()
+        if self.cfg.curve_client_keys_dir:
+            self.auth.configure_curve(domain="*", location=self.cfg.curve_client_keys_dir)
+        else:
+            self.auth.configure_curve(domain="*", location=zmq.auth.CURVE_ALLOW_ANY)
+        self.clients.curve_secretkey = secret
+        self.clients.curve_publickey = public
+        self.clients.curve_server = True
+        self.log.info("client socket encrypted with CURVE (%s)",
+                      "allowed keys from " + self.cfg.curve_client_keys_dir if self.cfg.curve_client_keys_dir
+                      else "any client key")
 
     # -- main loop ----------------------------------------------------------
     def run(self, stop: procutil.StopFlag) -> None:
@@ -272,6 +298,18 @@ class Frontend:
             raise p.RequestError(p.UNAVAILABLE, "server is shutting down")
         if not self.started_ok:
             raise p.RequestError(p.UNAVAILABLE, "server is not ready yet")
+        key = None
+        if self.cache.enabled:  # a hit costs nothing: served even when shedding or a breaker is open
+            key = cache_key(model, version, req["inputs"], params)
+            hit = self.cache.get(key)
+            if hit is not None:
+                us = int((time.monotonic() - received) * 1e6)
+                self.metrics.requests.labels(model, version, "OK").inc()
+                self.metrics.cache_hits.labels(model).inc()
+                self.counts["ok"] += 1
+                return self.reply(envelope, p.result_body(req_id, model, version, hit,
+                                                          {"frontend_in": us, "total": us},
+                                                          {"batch": 0, "cached": True}))
         if len(self.table) >= self.cfg.max_inflight:
             raise p.RequestError(p.OVERLOADED, f"{len(self.table)} requests in flight; try again later")
         worker = self.pick("preprocess")
@@ -284,7 +322,7 @@ class Frontend:
         if not (isinstance(trace, str) and 0 < len(trace) <= 64 and trace.isprintable()):
             trace = secrets.token_hex(8)
         r = Request(self.table.new_rid(), envelope, req_id, model, version, received + timeout_ms / 1000.0,
-                    received, params, trace=trace, probe=probe)
+                    received, params, trace=trace, probe=probe, cache_key=key)
         self.table.add(r)
         self.table.move(r, PRE, worker)
         r.stamps[PRE] = time.monotonic()
@@ -417,6 +455,8 @@ class Frontend:
         self.counts["ok"] += 1
         batch = req.info.get("batch", 1)
         self.breakers.success(f"{req.model}:{req.version}")
+        if req.cache_key is not None:
+            self.cache.put(req.cache_key, msg.outputs)
         self.metrics.answered(req.model, req.version, req.timing, batch, msg.confidence)  # before the reply
         self.drift.observe(req.model, req.version, req.info)
         self.reply(req.envelope, p.result_body(req.client_id, req.model, req.version, msg.outputs, req.timing,
@@ -481,7 +521,7 @@ class Frontend:
                 "protocol": p.PROTOCOL_VERSION, "version": _version(), "pid": os.getpid(),
                 "uptime_s": round(time.time() - self.started, 3), "in_flight": len(self.table),
                 "workers": roles, "providers": providers, "draining": self.draining_until is not None,
-                "breakers": self.breakers.view(),
+                "breakers": self.breakers.view(), "cache": self.cache.view() if self.cache.enabled else None,
                 "processes": self.state["processes"], "restarts": self.state["restarts"],
                 "counts": self.counts}
 
@@ -525,6 +565,8 @@ class Frontend:
         if self.http is not None:
             self.http.close()
         self.clients.close(linger=500)
+        if self.auth is not None:
+            self.auth.stop()
         self.hub.close(0)
         self.rings.close()
 

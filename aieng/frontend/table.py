@@ -32,6 +32,7 @@ class Request:
     seq_len: int = 0
     trace: str = ""
     probe: bool = False  # the half-open circuit breaker's probe
+    cache_key: bytes | None = None  # store the answer under this key (response cache on)
     info: dict = field(default_factory=dict)
     stamps: dict = field(default_factory=dict)  # stage -> monotonic seconds of the hand-off
     timing: dict = field(default_factory=dict)  # stage -> microseconds
