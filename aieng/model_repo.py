@@ -138,7 +138,7 @@ def load_spec(name: str, version: str, path: str) -> ModelSpec:
         description=str(cfg.get("description", "")), inputs=inputs, outputs=outputs,
         preprocess=pre, postprocess=post, padding=dict(cfg.get("padding") or {}),
         batching=batching, timeout_ms=timeout_ms, onnx_path=onnx_path,
-        extra={"drift": dict(cfg.get("drift") or {})},
+        extra={"drift": dict(cfg.get("drift") or {}), "degrade": dict(cfg.get("degrade") or {})},
     )
 
 

@@ -27,6 +27,7 @@ from aieng.addresses import hub_addr
 from aieng.config import Config
 from aieng.frontend.breaker import Breakers
 from aieng.frontend.cache import ResponseCache, cache_key
+from aieng.frontend.degrade import Degrader
 from aieng.frontend.drift import DriftMonitor
 from aieng.frontend.http import HttpServer
 from aieng.frontend.metrics import Metrics
@@ -58,6 +59,7 @@ class Frontend:
         self.drift = DriftMonitor(specs)
         self.breakers = Breakers(cfg.breaker_failures, cfg.breaker_cooldown_s)
         self.cache = ResponseCache(cfg.cache_bytes)
+        self.degrader = Degrader(specs)
         self.snapshot: dict = {}
         self.rss_at = 0.0
         self.handlers = {
@@ -124,6 +126,7 @@ class Frontend:
             now = time.monotonic()
             if now >= next_pulse:
                 self.pulse(now)
+                self.update_degradation()
                 self.publish_snapshot(now)
                 next_pulse = now + 0.5
             nxt = self.table.next_deadline()
@@ -143,6 +146,15 @@ class Frontend:
             self.hub.send_multipart([b"supervisor", m.encode(m.Pulse(healthy, silent))])
         except zmq.ZMQError:
             pass  # the supervisor is not connected yet
+
+    def update_degradation(self) -> None:
+        if not self.degrader.models:
+            return
+        per: dict[str, int] = {}
+        for r in self.table.items.values():
+            key = f"{r.model}:{r.version}"
+            per[key] = per.get(key, 0) + 1
+        self.degrader.update(per)
 
     def publish_snapshot(self, now: float) -> None:
         """What the HTTP thread may read: a fresh dict swapped in whole, never mutated after."""
@@ -310,6 +322,17 @@ class Frontend:
                 return self.reply(envelope, p.result_body(req_id, model, version, hit,
                                                           {"frontend_in": us, "total": us},
                                                           {"batch": 0, "cached": True}))
+        level = self.degrader.level(spec.key)
+        if level >= 3:  # the cache had nothing: the configured fallback, or shed
+            fallback = self.degrader.fallback(spec.key)
+            if fallback is None:
+                raise p.RequestError(p.OVERLOADED, f"{spec.key} is degraded (level 3): shedding load")
+            self.metrics.requests.labels(model, version, "OK").inc()
+            self.counts["ok"] += 1
+            us = int((time.monotonic() - received) * 1e6)
+            return self.reply(envelope, p.result_body(req_id, model, version, p.pack(fallback),
+                                                      {"frontend_in": us, "total": us},
+                                                      {"batch": 0, "degraded": 3, "fallback": True}))
         if len(self.table) >= self.cfg.max_inflight:
             raise p.RequestError(p.OVERLOADED, f"{len(self.table)} requests in flight; try again later")
         worker = self.pick("preprocess")
@@ -322,7 +345,7 @@ class Frontend:
         if not (isinstance(trace, str) and 0 < len(trace) <= 64 and trace.isprintable()):
             trace = secrets.token_hex(8)
         r = Request(self.table.new_rid(), envelope, req_id, model, version, received + timeout_ms / 1000.0,
-                    received, params, trace=trace, probe=probe, cache_key=key)
+                    received, params, trace=trace, probe=probe, cache_key=key, degraded=level)
         self.table.add(r)
         self.table.move(r, PRE, worker)
         r.stamps[PRE] = time.monotonic()
@@ -414,6 +437,8 @@ class Frontend:
         if self.pick("executor") is None:
             return self.respond_error(req.rid, p.UNAVAILABLE, "the executor is not available")
         upstream = self.table.count_stage(req.model, req.version, PRE) - 1
+        if req.degraded >= 2:
+            upstream = 0  # degradation level 2: do not wait to fill batches
         task = m.InferTask(req.rid, req.model, req.version, req.deadline, msg.ref, msg.seq_len, upstream, req.trace)
         self.table.move(req, EXEC, "executor")
         req.stamps[EXEC] = now
@@ -439,7 +464,9 @@ class Frontend:
             return self.respond_error(req.rid, p.UNAVAILABLE, "no postprocess worker is available")
         self.table.move(req, POST, worker)
         req.stamps[POST] = now
-        if not self.send_hub(worker, m.PostTask(req.rid, req.model, req.version, msg.ref, req.params, req.info, req.trace)):
+        if not self.send_hub(worker, m.PostTask(req.rid, req.model, req.version, msg.ref,
+                                               dict(req.params, _degraded=req.degraded) if req.degraded else req.params,
+                                               req.info, req.trace)):
             return self.respond_error(req.rid, p.UNAVAILABLE, "postprocess worker went away")
         req.fe_owns = False  # the postprocess worker frees the output slot
 
@@ -459,8 +486,11 @@ class Frontend:
             self.cache.put(req.cache_key, msg.outputs)
         self.metrics.answered(req.model, req.version, req.timing, batch, msg.confidence)  # before the reply
         self.drift.observe(req.model, req.version, req.info)
-        self.reply(req.envelope, p.result_body(req.client_id, req.model, req.version, msg.outputs, req.timing,
-                                               {"batch": batch, "trace_id": req.trace}))
+        extra = {"batch": batch, "trace_id": req.trace}
+        if req.degraded:
+            extra["degraded"] = req.degraded
+        self.degrader.observe_latency(f"{req.model}:{req.version}", now - req.received)
+        self.reply(req.envelope, p.result_body(req.client_id, req.model, req.version, msg.outputs, req.timing, extra))
         self.log.debug("answered OK in %d us", req.timing["total"], extra={"trace": req.trace})
         req.timing["frontend_out"] = int((time.monotonic() - now) * 1e6)
         self.stats.add(req.model, req.timing, batch, req.seq_len, req.info.get("padded", 0) or req.seq_len)
@@ -521,7 +551,7 @@ class Frontend:
                 "protocol": p.PROTOCOL_VERSION, "version": _version(), "pid": os.getpid(),
                 "uptime_s": round(time.time() - self.started, 3), "in_flight": len(self.table),
                 "workers": roles, "providers": providers, "draining": self.draining_until is not None,
-                "breakers": self.breakers.view(), "cache": self.cache.view() if self.cache.enabled else None,
+                "breakers": self.breakers.view(), "degradation": self.degrader.view(), "cache": self.cache.view() if self.cache.enabled else None,
                 "processes": self.state["processes"], "restarts": self.state["restarts"],
                 "counts": self.counts}
 

@@ -33,6 +33,7 @@ class Request:
     trace: str = ""
     probe: bool = False  # the half-open circuit breaker's probe
     cache_key: bytes | None = None  # store the answer under this key (response cache on)
+    degraded: int = 0  # the model's degradation level when it was admitted
     info: dict = field(default_factory=dict)
     stamps: dict = field(default_factory=dict)  # stage -> monotonic seconds of the hand-off
     timing: dict = field(default_factory=dict)  # stage -> microseconds

@@ -74,6 +74,8 @@ class Classify:
             self.scores_output: scores,
         }
         top_k = params.get("top_k")
+        if top_k is not None and params.get("_degraded", 0) >= 1:
+            top_k = None  # degradation level 1: optional postprocessing is skipped
         if top_k is not None:
             if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
                 raise RequestError(INVALID_INPUT, "params.top_k must be a positive integer")

@@ -150,3 +150,38 @@ def test_short_soak_nothing_grows(tmp_path):
     print(r.stdout)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "RSS slope" in r.stdout and "shared memory in use" in r.stdout
+
+
+def test_degradation_levels_follow_pressure(make_server, tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(os.path.join(MODELS, "minilm"), repo / "minilm")
+    yaml_path = repo / "minilm" / "1" / "model.yaml"
+    yaml_path.write_text(yaml_path.read_text() + "degrade: {queue_depth: [4, 8, 12], fallback: {note: busy}}\n")
+    srv = make_server(AIENG_MODEL_REPOSITORY=str(repo)).start()
+    text = " ".join(["pressure"] * 60)
+
+    async def load():
+        client = AsyncClient(srv.addr, timeout_s=30)
+        replies = []
+
+        async def worker():
+            end = time.monotonic() + 4.0
+            while time.monotonic() < end:
+                replies.append(await client.infer("minilm", {"text": text}, raise_on_error=False))
+        await asyncio.gather(*(worker() for _ in range(24)))
+        client.close()
+        return replies
+
+    replies = asyncio.run(load())
+    levels = {r.get("degraded", 0) for r in replies if r["ok"]}
+    fallbacks = [r for r in replies if r.get("fallback")]
+    assert 3 in levels and fallbacks, levels
+    assert all(r["outputs"] == {"note": "busy"} for r in fallbacks)
+    assert any(r["ok"] and "embedding" in r["outputs"] for r in replies), "real answers still flow"
+    deadline = time.monotonic() + 10  # pressure gone: the level comes back down
+    while time.monotonic() < deadline and srv.health()["degradation"]["minilm:1"] != 0:
+        time.sleep(0.2)
+    assert srv.health()["degradation"]["minilm:1"] == 0
+    with srv.client() as c:
+        r = c.infer("minilm", {"text": "calm again"})
+        assert "degraded" not in r and r["outputs"]["embedding"].shape == (384,)
