@@ -31,6 +31,7 @@ from aieng.frontend.degrade import Degrader
 from aieng.frontend.drift import DriftMonitor
 from aieng.frontend.http import HttpServer
 from aieng.frontend.metrics import Metrics
+from aieng.frontend.procinfo import gpu_usage, process_memory
 from aieng.frontend.stats import StageStats
 from aieng.frontend.table import EXEC, POST, PRE, Request, RequestTable
 from aieng.model_repo import ModelSpec, latest
@@ -173,44 +174,14 @@ class Frontend:
                             for k, v in health["providers"].items()},
                  "rss": prev.get("rss", {}), "gpus": prev.get("gpus", {}), "drift": self.drift.scores()}
         if now >= self.rss_at or not msnap["rss"]:  # process memory every 2 s: a psutil call per process
-            msnap["rss"] = self.read_rss()
-            msnap["gpus"] = self.read_gpus()
+            msnap["rss"] = process_memory(self.state["processes"])
+            msnap["gpus"] = gpu_usage() if self.workers.get("executor", {}).get("info", {}).get(
+                "runtime", {}).get("gpus") else {}
             self.rss_at = now + 2.0
         snap["memory"] = {f"{w}": v for (_, w), v in msnap["rss"].items()}
         snap["gpus"] = {str(i): {"memory_used_bytes": u, "utilization": g} for i, (u, g) in msnap["gpus"].items()}
         self.metrics.snapshot = msnap
         self.snapshot = snap
-
-    def read_rss(self) -> dict:
-        import psutil
-
-        out = {}
-        for name, proc in self.state["processes"].items():
-            try:
-                out[(proc["role"], name)] = float(psutil.Process(proc["pid"]).memory_info().rss)
-            except (psutil.Error, TypeError, KeyError):
-                pass
-        return out
-
-    def read_gpus(self) -> dict:
-        ex = self.workers.get("executor", {}).get("info", {}).get("runtime", {})
-        if not ex.get("gpus"):
-            return {}
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            try:
-                out = {}
-                for i in range(pynvml.nvmlDeviceGetCount()):
-                    h = pynvml.nvmlDeviceGetHandleByIndex(i)
-                    out[i] = (float(pynvml.nvmlDeviceGetMemoryInfo(h).used),
-                              pynvml.nvmlDeviceGetUtilizationRates(h).gpu / 100.0)
-                return out
-            finally:
-                pynvml.nvmlShutdown()
-        except Exception:
-            return {}
 
     def drain_hub(self) -> None:
         for _ in range(1000):
