@@ -183,7 +183,11 @@ def encode(msg: Any) -> bytes:
     return msgpack.packb(data, use_bin_type=True)
 
 
+# Internal messages come from our own processes, but are unpacked with limits all the same.
+_LIMITS = dict(max_str_len=1 << 20, max_bin_len=1 << 28, max_array_len=1 << 16, max_map_len=1 << 16, max_ext_len=0)
+
+
 def decode(data: bytes | memoryview) -> Any:
-    obj = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    obj = msgpack.unpackb(data, raw=False, strict_map_key=False, **_LIMITS)
     cls = TYPES[obj.pop("t")]
     return cls(**obj)

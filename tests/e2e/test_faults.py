@@ -185,3 +185,27 @@ def test_degradation_levels_follow_pressure(make_server, tmp_path):
     with srv.client() as c:
         r = c.infer("minilm", {"text": "calm again"})
         assert "degraded" not in r and r["outputs"]["embedding"].shape == (384,)
+
+
+def test_bad_tensor_maps_are_refused(make_server, tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    flaky_model(repo)
+    srv = make_server(AIENG_MODEL_REPOSITORY=str(repo)).start()
+    f32 = np.ones(4, dtype=np.float32).tobytes()
+    cases = {
+        "shape/data disagree": {"dtype": "float32", "shape": [5], "data": f32},
+        "negative dim": {"dtype": "float32", "shape": [-4], "data": f32},
+        "unknown dtype": {"dtype": "complex64", "shape": [4], "data": f32},
+        "wrong dtype for the model": {"dtype": "int32", "shape": [4], "data": f32},
+        "wrong rank for the model": {"dtype": "float32", "shape": [2, 2], "data": f32},
+        "NaN": {"dtype": "float32", "shape": [4], "data": np.array([1, np.nan, 2, 3], np.float32).tobytes()},
+        "data not bin": {"dtype": "float32", "shape": [4], "data": "four floats"},
+        "not a tensor map": [1.0, 2.0, 3.0, 4.0],
+    }
+    with srv.client() as c:
+        for what, value in cases.items():
+            r = c.call({"op": "infer", "id": what, "model": "flaky", "inputs": {"x": value}}, raise_on_error=False)
+            assert r["ok"] is False and r["error"]["code"] == "INVALID_INPUT", (what, r)
+        assert c.infer("flaky", tensor(GOOD))["ok"]
+        assert c.health()["breakers"] == {}, "bad input is the client's fault, not the model's"

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from aieng.protocol import ERROR_CODES
 
 pytestmark = pytest.mark.e2e
-N = int(os.environ.get("AIENG_FUZZ_EXAMPLES", "150"))
+N = int(os.environ.get("AIENG_FUZZ_EXAMPLES", "1000"))
 CODES = set(ERROR_CODES)
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-2 ** 63, 2 ** 64 - 1), st.floats(allow_nan=True),
