@@ -166,3 +166,35 @@ def test_hung_executor_is_detected_and_replaced(make_server):
     with srv.client() as c:
         assert c.infer("tabular", {"island": "Dream"})["ok"]
     assert "hung" in srv.output()
+
+
+def test_a_worker_that_keeps_dying_backs_off(make_server):
+    import json
+    import re
+
+    srv = make_server(AIENG_MODELS="tabular", AIENG_PREPROCESS_WORKERS="2").start()
+    for _ in range(3):
+        pid = srv.child_pid("aieng::preprocess[1]")
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                if srv.child_pid("aieng::preprocess[1]") != pid:
+                    break
+            except KeyError:
+                pass
+            time.sleep(0.05)
+        with srv.client() as c:  # the other preprocess worker keeps the service up meanwhile
+            assert c.infer("tabular", {"island": "Dream"})["ok"]
+    delays = []
+    for line in srv.output().splitlines():
+        try:
+            msg = json.loads(line)["msg"]
+        except (ValueError, KeyError):
+            continue
+        hit = re.match(r"pre-1 \(pid \d+\) died .* restart in ([0-9.]+)s", msg)
+        if hit:
+            delays.append(float(hit.group(1)))
+    assert delays == [0.1, 0.2, 0.4], delays  # quick deaths double the wait
+    h = srv.wait_ready(20)
+    assert h["restarts"]["preprocess"] == 3 and h["processes"]["pre-1"]["restarts"] == 3
