@@ -156,7 +156,6 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--rates", default="0.5,0.8,1.0", help="open-loop rates as fractions of the in-process limit")
     b.add_argument("--duration", type=float, default=8.0, help="seconds per open-loop rate")
     b.add_argument("--out", default="bench-out", help="directory for the markdown table and PNG plot")
-    b.add_argument("--repeats", type=int, default=1, help="alternate server/in-process runs this many times")
     b.set_defaults(func=cmd_bench)
 
     so = sub.add_parser("soak", help="steady load for a while; fails if memory, fds or shared memory grow")
