@@ -225,18 +225,17 @@ class Frontend:
         body = frames[-1]
         received = time.monotonic()
         if len(body) > self.cfg.max_message_bytes:
-            return self.reply(envelope, p.error_body(None, p.INVALID_REQUEST,
-                                                     f"message of {len(body)} bytes is over the "
-                                                     f"{self.cfg.max_message_bytes}-byte limit"))
+            return self.refuse(envelope, f"message of {len(body)} bytes is over the "
+                                         f"{self.cfg.max_message_bytes}-byte limit")
         try:
             req = p.unpack_limited(body.buffer, self.cfg.max_message_bytes)
         except Exception as exc:
-            return self.reply(envelope, p.error_body(None, p.INVALID_REQUEST, f"malformed msgpack: {type(exc).__name__}"))
+            return self.refuse(envelope, f"malformed msgpack: {type(exc).__name__}")
         if not isinstance(req, dict):
-            return self.reply(envelope, p.error_body(None, p.INVALID_REQUEST, "a request must be a msgpack map"))
+            return self.refuse(envelope, "a request must be a msgpack map")
         req_id = req.get("id")
         if req_id is not None and not p.valid_id(req_id):
-            return self.reply(envelope, p.error_body(None, p.INVALID_REQUEST, "'id' must be a str or an int"))
+            return self.refuse(envelope, "'id' must be a str or an int")
         op = req.get("op", "infer")
         if op == "health":
             return self.reply(envelope, p.pack(self.health(req_id)))
@@ -247,8 +246,7 @@ class Frontend:
         if op == "log_level":
             return self.reply(envelope, p.pack(self.set_log_level(req_id, req.get("level"))))
         if op != "infer":
-            self.count_error(p.INVALID_REQUEST)
-            return self.reply(envelope, p.error_body(req_id, p.INVALID_REQUEST, f"unknown op {op!r}"))
+            return self.refuse(envelope, f"unknown op {op!r}", req_id)
         self.counts["requests"] += 1
         try:
             self.admit(req, req_id, envelope, body, received)
@@ -257,6 +255,11 @@ class Frontend:
             self.count_error(exc.code, model if isinstance(model, str) and model in self.specs else "",
                              version if isinstance(version, str) and len(version) < 64 else "")
             self.reply(envelope, p.error_body(req_id, exc.code, exc.message))
+
+    def refuse(self, envelope: list, message: str, req_id: Any = None) -> None:
+        """INVALID_REQUEST for a message that never became a request (counted, model unknown)."""
+        self.count_error(p.INVALID_REQUEST)
+        self.reply(envelope, p.error_body(req_id, p.INVALID_REQUEST, message))
 
     def admit(self, req: dict, req_id: Any, envelope: list, body, received: float) -> None:
         model, version = req.get("model"), req.get("version")
