@@ -51,17 +51,17 @@ def plot(stats: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     models = sorted(stats.get("models", {}))
-    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.8 * max(1, len(models))))
+    fig, ax = plt.subplots(figsize=(10, 1.6 + 0.8 * max(1, len(models))))
     for row, model in enumerate(models):
         left = 0.0
-        for stage in stats["stages"]:
+        for i, stage in enumerate(stats["stages"]):
             width = stats["models"][model]["stages_us"][stage]["mean"] / 1000
-            ax.barh(row, width, left=left, label=stage if row == 0 else None)
+            ax.barh(row, width, left=left, color=f"C{i}", label=stage if row == 0 else None)
             left += width
     ax.set_yticks(range(len(models)), models)
     ax.set_xlabel("mean milliseconds per request")
     ax.set_title("aieng: where each millisecond goes")
-    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.25))
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, off the axis label
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
