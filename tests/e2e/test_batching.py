@@ -7,30 +7,35 @@ import asyncio
 import numpy as np
 import pytest
 
-from aieng.client import AsyncClient
+from aieng.client import AsyncClient, Client
 from aieng.loadgen import text_mix
 
 pytestmark = pytest.mark.e2e
+
+
+def alone_and_together(addr: str, model: str, inputs: list[dict]) -> tuple[list[dict], list[dict]]:
+    """Each input sent on its own, then all of them in flight at once."""
+    with Client(addr) as c:
+        alone = [c.infer(model, i) for i in inputs]
+
+    async def together():
+        client = AsyncClient(addr)
+        try:
+            return await asyncio.gather(*(client.infer(model, i) for i in inputs))
+        finally:
+            client.close()
+
+    return alone, asyncio.run(together())
 
 
 def test_batch_of_32_mixed_lengths_equals_alone(server):
     texts = text_mix(32, seed=7)
     assert len({len(t.split()) for t in texts}) > 10  # really mixed lengths
 
-    with server.client() as c:
-        alone = [c.infer("minilm", {"text": t})["outputs"]["embedding"] for t in texts]
-
-    async def together():
-        client = AsyncClient(server.addr)
-        try:
-            return await asyncio.gather(*(client.infer("minilm", {"text": t}) for t in texts))
-        finally:
-            client.close()
-
-    replies = asyncio.run(together())
+    alone, replies = alone_and_together(server.addr, "minilm", [{"text": t} for t in texts])
     assert max(r["batch"] for r in replies) > 1, "the server never batched: the test proves nothing"
     for a, r in zip(alone, replies):
-        np.testing.assert_allclose(r["outputs"]["embedding"], a, atol=2e-5)
+        np.testing.assert_allclose(r["outputs"]["embedding"], a["outputs"]["embedding"], atol=2e-5)
 
 
 def test_orientation_batched_equals_alone(server):
@@ -39,15 +44,6 @@ def test_orientation_batched_equals_alone(server):
     rng = np.random.default_rng(3)
     images = [cv2.imencode(".png", rng.integers(0, 255, (300 + 40 * i, 400, 3), dtype=np.uint8))[1].tobytes()
               for i in range(12)]
-    with server.client() as c:
-        alone = [c.infer("orientation", {"image": im})["outputs"]["scores"] for im in images]
-
-    async def together():
-        client = AsyncClient(server.addr)
-        try:
-            return await asyncio.gather(*(client.infer("orientation", {"image": im}) for im in images))
-        finally:
-            client.close()
-
-    for a, r in zip(alone, asyncio.run(together())):
-        np.testing.assert_allclose(r["outputs"]["scores"], a, atol=1e-5)
+    alone, replies = alone_and_together(server.addr, "orientation", [{"image": im} for im in images])
+    for a, r in zip(alone, replies):
+        np.testing.assert_allclose(r["outputs"]["scores"], a["outputs"]["scores"], atol=1e-5)

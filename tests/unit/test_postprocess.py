@@ -1,33 +1,20 @@
 """Unit tests for aieng/postprocess_workers/ops.py: raw outputs -> answers."""
 from __future__ import annotations
 
-import dataclasses
-from functools import lru_cache
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-from aieng.model_repo import load_spec
 from aieng.postprocess_workers.ops import OPS, Classify, MeanPool, Passthrough
 from aieng.protocol import INVALID_INPUT, RequestError
 
-ROOT = Path(__file__).resolve().parents[2]
-MODELS = ROOT / "models"
+from tests.unit.demo import MODELS, ROOT, needs_demo_models, spec  # noqa: F401
+from tests.unit.demo import spec_with as _spec_with
 
-pytestmark = pytest.mark.skipif(not all((MODELS / m / "1" / "model.onnx").is_file()
-                                        for m in ("minilm", "orientation", "tabular")),
-                                reason="demo models missing: run scripts/fetch_models.py")
-
-
-@lru_cache(maxsize=None)
-def spec(name: str):
-    return load_spec(name, "1", str(MODELS / name / "1"))
+pytestmark = needs_demo_models
 
 
 def spec_with(name: str, **post):
-    s = spec(name)
-    return dataclasses.replace(s, postprocess={**s.postprocess, **post})
+    return _spec_with(name, "postprocess", **post)
 
 
 def np_softmax(x):

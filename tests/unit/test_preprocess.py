@@ -13,12 +13,9 @@ import math
 import struct
 import zlib
 from functools import lru_cache
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-from aieng.model_repo import load_spec
 from aieng.preprocess_workers import PROCESSORS
 from aieng.preprocess_workers.image import ImagePreprocessor, image_size
 from aieng.preprocess_workers.tabular import TabularPreprocessor
@@ -27,26 +24,18 @@ from aieng.preprocess_workers.text import TextPreprocessor
 from aieng.preprocess_workers.worker import validate_inputs
 from aieng.protocol import INVALID_INPUT, RequestError, encode_tensor
 
-ROOT = Path(__file__).resolve().parents[2]
-MODELS = ROOT / "models"
-VENDOR = ROOT / ".cache" / "vendor"
+from tests.unit.demo import MODELS, ROOT, needs_demo_models, spec  # noqa: F401
+from tests.unit.demo import spec_with as _spec_with
 
-pytestmark = pytest.mark.skipif(not all((MODELS / m / "1" / "model.onnx").is_file()
-                                        for m in ("minilm", "orientation", "tabular")),
-                                reason="demo models missing: run scripts/fetch_models.py")
+VENDOR = ROOT / ".cache" / "vendor"
+pytestmark = needs_demo_models
 
 import cv2  # noqa: E402  (after aieng.preprocess_workers.image has set OpenCV's pixel guard)
 
 
 # ------------------------------------------------------------ helpers
-@lru_cache(maxsize=None)
-def spec(name: str):
-    return load_spec(name, "1", str(MODELS / name / "1"))
-
-
 def spec_with(name: str, **pre):
-    s = spec(name)
-    return dataclasses.replace(s, preprocess={**s.preprocess, **pre})
+    return _spec_with(name, "preprocess", **pre)
 
 
 @lru_cache(maxsize=None)
