@@ -46,6 +46,15 @@ class Config:
     startup_timeout_s: float = 120.0
     hang_timeout_s: float = 30.0
     runtime_dir: str = ""
+    max_inflight_per_client: int = 0
+    client_rate_limit: float = 0.0
+    client_send_queue: int = 1000
+    max_ops_per_s: int = 2000
+    http_token_file: str = ""
+    http_threads: int = 4
+    http_timeout_s: float = 5.0
+    snapshot_ms: int = 500
+    strict_model_load: bool = True
     log_level: str = "INFO"
     log_format: str = "json"
     # Filled in by the supervisor, not by users.
@@ -78,10 +87,21 @@ class Config:
         need(self.log_format in ("text", "json"), "log_format must be text or json")
         need(self.intra_op_threads >= 0, "intra_op_threads must be >= 0")
         need(self.hang_timeout_s >= 2.0, "hang_timeout_s must be >= 2")
+        need(self.max_inflight_per_client >= 0, "max_inflight_per_client must be >= 0")
+        need(self.client_rate_limit >= 0, "client_rate_limit must be >= 0")
+        need(self.client_send_queue >= 1, "client_send_queue must be >= 1")
+        need(self.max_ops_per_s >= 1, "max_ops_per_s must be >= 1")
+        need(self.http_threads >= 1, "http_threads must be >= 1")
+        need(self.http_timeout_s > 0, "http_timeout_s must be > 0")
+        need(self.snapshot_ms >= 10, "snapshot_ms must be >= 10")
 
     @property
     def ring_slots(self) -> int:
         return self.shm_slots or self.max_inflight
+
+    @property
+    def per_client_inflight(self) -> int:
+        return self.max_inflight_per_client or max(1, self.max_inflight // 2)
 
 
 def _coerce(key: str, value: Any, where: str) -> Any:
