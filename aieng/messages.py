@@ -4,7 +4,7 @@ The field names are the internal protocol.  Messages are msgpack maps with a
 ``t`` tag naming the type; receivers route on it with a dispatch table.  All
 internal traffic goes over one ROUTER socket in the frontend (the hub) that
 every worker and the supervisor connect to as a DEALER with its worker name as
-identity.  Tensors never travel here: a ``TensorRef`` names a shared-memory
+identity.  Tensors never travel here: a :class:`Ref` names a shared-memory
 slot (see ``aieng.shm``).
 
 Flow of one inference request (the frontend stamps each arrival)::
@@ -13,39 +13,49 @@ Flow of one inference request (the frontend stamps each arrival)::
     FE -> pre[i]            PreTask + the client's raw request frame
     pre[i] -> FE            Preprocessed (slot in pre[i]'s ring) | Failed
     FE -> executor          InferTask
-    executor -> FE          Inferred (slot in the executor's ring) | Failed
+    executor -> FE          Inferred: one message per batch, a row per request | Failed
     FE -> post[j]           PostTask
     post[j] -> FE           Result (outputs already msgpack-packed) | Failed
     FE -> client            response
+
+Unpack limits are derived from the client protocol's (``configure``): every
+internal message may carry client-supplied ``params``, so whatever the
+frontend accepted a worker can decode.
 """
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Optional
 
 import msgpack
 
 
-
-
 @dataclass(slots=True)
 class Ref:
-    """Where one request's tensors lie: ring segment, slot, generation, tensors."""
+    """Where one request's tensors lie: ring segment, slot, generation, tensors.
+
+    ``tensors`` holds ``[name, dtype str, shape, offset]`` per tensor.  On the
+    wire a Ref is the list ``[seg, slot, gen, tensors]``.
+    """
     seg: str
     slot: int
     gen: int
-    tensors: list  # [[name, dtype str, shape, offset], ...]
+    tensors: list
+
+    def wire(self) -> list:
+        return [self.seg, self.slot, self.gen, self.tensors]
 
 
 @dataclass(slots=True)
 class Hello:
-    """Worker -> FE once it is ready to take work (also after a restart)."""
+    """Worker -> FE once it is ready to take work, then once a second as its heartbeat."""
     T: ClassVar[str] = "hello"
     worker: str
     role: str
     pid: int
-    info: dict = field(default_factory=dict)
+    info: dict = field(default_factory=dict)  # what health/models show: ring, models, runtime, failed
 
 
 @dataclass(slots=True)
@@ -62,10 +72,10 @@ class PreTask:
 class Preprocessed:
     T: ClassVar[str] = "preprocessed"
     rid: int
-    ref: list  # Ref fields as a list: [seg, slot, gen, tensors]
+    ref: Ref
     seq_len: int  # batching key: longest variable dimension (0: fixed shapes)
     pre_us: int
-    info: dict = field(default_factory=dict)  # small per-request facts for postprocessing
+    features: dict = field(default_factory=dict)  # tabular feature values, for input-drift monitoring
 
 
 @dataclass(slots=True)
@@ -75,7 +85,7 @@ class InferTask:
     model: str
     version: str
     deadline: float
-    ref: list
+    ref: Ref
     seq_len: int
     upstream: int  # requests of this model still in preprocessing: more may come
     trace: str = ""
@@ -83,12 +93,13 @@ class InferTask:
 
 @dataclass(slots=True)
 class Inferred:
+    """Executor -> FE once per batch: row ``i`` is request ``rids[i]``, its outputs at ``refs[i]``."""
     T: ClassVar[str] = "inferred"
-    rid: int
-    ref: list
-    batch: int  # rows in the batch this request ran in
-    padded: int  # padded sequence length of that batch
-    wait_us: int  # from arrival at the executor to the start of its batch
+    rids: list
+    refs: list  # list[Ref]
+    wait_us: list  # per row: from arrival at the executor to the start of its batch
+    batch: int  # rows in the batch
+    padded: int  # padded sequence length of the batch
     infer_us: int
 
 
@@ -98,9 +109,9 @@ class PostTask:
     rid: int
     model: str
     version: str
-    ref: list
-    params: dict
-    info: dict
+    ref: Ref
+    params: dict  # the client's params, as sent
+    degraded: int = 0  # the model's degradation level at admission (1+: skip optional steps)
     trace: str = ""
 
 
@@ -120,7 +131,7 @@ class Failed:
     rid: int
     code: str
     message: str
-    ref: list | None = None
+    ref: Optional[Ref] = None
 
 
 # -- supervisor <-> frontend control ------------------------------------------
@@ -176,18 +187,66 @@ TYPES: dict[str, type] = {
 _FIELDS = {name: tuple(f.name for f in dataclasses.fields(cls)) for name, cls in TYPES.items()}
 
 
+def _ref_fields(cls: type) -> tuple[frozenset, frozenset]:
+    """Fields holding a Ref (or None), and fields holding a list of Refs."""
+    hints = typing.get_type_hints(cls)
+    one = frozenset(n for n, h in hints.items() if h is Ref or h == Optional[Ref])
+    many = frozenset(f.name for f in dataclasses.fields(cls) if f.name == "refs")
+    return one, many
+
+
+_REFS = {name: _ref_fields(cls) for name, cls in TYPES.items()}
+
+
+def _check_registry() -> None:
+    """Import-time check: every message dataclass in this module is registered under its tag."""
+    declared = {obj for obj in globals().values()
+                if isinstance(obj, type) and dataclasses.is_dataclass(obj) and hasattr(obj, "T")}
+    missing = declared - set(TYPES.values())
+    if missing or len(TYPES) != len(declared):
+        raise RuntimeError(f"messages not registered in TYPES: {sorted(c.__name__ for c in missing)}")
+
+
+_check_registry()
+
+
 def encode(msg: Any) -> bytes:
     data = {"t": msg.T}
+    one, many = _REFS[msg.T]
     for name in _FIELDS[msg.T]:
-        data[name] = getattr(msg, name)
+        value = getattr(msg, name)
+        if name in one and value is not None:
+            value = value.wire()
+        elif name in many:
+            value = [r.wire() for r in value]
+        data[name] = value
     return msgpack.packb(data, use_bin_type=True)
 
 
-# Internal messages come from our own processes, but are unpacked with limits all the same.
-_LIMITS = dict(max_str_len=1 << 20, max_bin_len=1 << 28, max_array_len=1 << 16, max_map_len=1 << 16, max_ext_len=0)
+# Internal messages come from our own processes, but are unpacked with limits all the same.  They
+# carry client-supplied params, so the limits are those of the client protocol (``configure``).
+_LIMITS: dict[str, int] = {}
+
+
+def configure(max_message_bytes: int) -> None:
+    """Derive the internal unpack limits from the client limits (called at each process start)."""
+    from aieng.protocol import unpack_limits
+
+    _LIMITS.clear()
+    _LIMITS.update(unpack_limits(max_message_bytes))
+
+
+configure(32 * 1024 * 1024)
 
 
 def decode(data: bytes | memoryview) -> Any:
     obj = msgpack.unpackb(data, raw=False, strict_map_key=False, **_LIMITS)
-    cls = TYPES[obj.pop("t")]
+    tag = obj.pop("t")
+    cls = TYPES[tag]
+    one, many = _REFS[tag]
+    for name in one:
+        if obj.get(name) is not None:
+            obj[name] = Ref(*obj[name])
+    for name in many:
+        obj[name] = [Ref(*r) for r in obj[name]]
     return cls(**obj)

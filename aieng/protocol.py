@@ -40,18 +40,24 @@ class RequestError(Exception):
         self.message = message
 
 
+def unpack_limits(max_bytes: int) -> dict[str, int]:
+    """The limits on every container of a client message, in msgpack's terms.
+
+    msgpack's own limits are per object; the total size is checked by the caller.  Internal
+    messages use the same limits (``aieng.messages.configure``), so anything the frontend
+    accepted every worker can decode.
+    """
+    return dict(max_str_len=max_bytes, max_bin_len=max_bytes, max_array_len=1_000_000, max_map_len=10_000,
+                max_ext_len=0)
+
+
 def unpack_limited(data: bytes | memoryview, max_bytes: int) -> Any:
     """Unpack one msgpack object with explicit limits on every container.
 
-    msgpack's own limits are per object; the total size is checked by the
-    caller before this is reached.  ``strict_map_key=False`` lets integer keys
-    through so that a bad key is a clear INVALID_REQUEST, not a parse error.
+    ``strict_map_key=False`` lets integer keys through so that a bad key is a clear
+    INVALID_REQUEST, not a parse error.
     """
-    return msgpack.unpackb(
-        data, raw=False, strict_map_key=False, use_list=True,
-        max_str_len=max_bytes, max_bin_len=max_bytes,
-        max_array_len=1_000_000, max_map_len=10_000, max_ext_len=0,
-    )
+    return msgpack.unpackb(data, raw=False, strict_map_key=False, use_list=True, **unpack_limits(max_bytes))
 
 
 def pack(obj: Any) -> bytes:

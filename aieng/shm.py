@@ -60,6 +60,12 @@ def segment_name(instance: str, worker: str, pid: int) -> str:
     return f"{PREFIX}{instance}.{worker}.{pid}"
 
 
+def lease_for(max_timeout_ms: int) -> float:
+    """How long a slot may stay BUSY before its producer reclaims it: twice the longest deadline a
+    request may have plus a margin, so only a slot whose holder died is ever reclaimed."""
+    return 2 * max_timeout_ms / 1000 + 30
+
+
 def header_bytes(nslots: int) -> int:
     """Header size for a ring of ``nslots``: fixed fields + state/gen/leased, page aligned."""
     return (24 + nslots + 8 + 4 * nslots + 8 + 8 * nslots + 4095) & ~4095
@@ -221,6 +227,10 @@ class RingCache:
             return self.get(name).free(slot, gen)
         except (FileNotFoundError, ValueError):
             return False  # the producer is gone and its segment with it
+
+    def release(self, ref) -> bool:
+        """Free the slot a ``messages.Ref`` names (a stale or repeated free is a no-op)."""
+        return self.free(ref.seg, ref.slot, ref.gen)
 
     def forget(self, name_prefix: str) -> None:
         for name in [n for n in self.rings if n.startswith(name_prefix)]:

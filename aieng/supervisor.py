@@ -32,19 +32,10 @@ import zmq
 
 from aieng import addresses, messages as m, model_repo, procutil, shm
 from aieng.config import Config
-from aieng.frontend.server import run_frontend_process
-from aieng.gpu_executor.executor import run_executor_process
-from aieng.postprocess_workers.worker import run_postprocess_process
-from aieng.preprocess_workers.worker import run_preprocess_process
+from aieng.worker_runtime import run_process
 
 log = logging.getLogger("aieng.supervisor")
 
-TARGETS = {
-    "frontend": run_frontend_process,
-    "preprocess": run_preprocess_process,
-    "executor": run_executor_process,
-    "postprocess": run_postprocess_process,
-}
 BACKOFF_MAX_S = 30.0
 PULSE_FRESH_S = 2.0
 
@@ -125,8 +116,8 @@ class Supervisor:
     def spawn(self, child: Child) -> None:
         parent_conn, child_conn = self.ctx.Pipe(duplex=True)  # the child reads EOF when we die
         spec_dicts = {k: s.to_dict() for k, s in self.specs.items()}
-        child.proc = self.ctx.Process(target=TARGETS[child.role], name=child.name, daemon=False,
-                                      args=(self.cfg.to_dict(), spec_dicts, child.name, child_conn))
+        child.proc = self.ctx.Process(target=run_process, name=child.name, daemon=False,
+                                      args=(child.role, self.cfg.to_dict(), spec_dicts, child.name, child_conn))
         child.proc.start()
         child_conn.close()
         child.conn = parent_conn

@@ -59,6 +59,18 @@ class _SnapshotCollector:
         for (model, version, feature), value in sorted(snap.get("drift", {}).items()):
             drift.add_metric([model, version, feature], value)
         yield drift
+        clients = snap.get("clients", {})
+        dropped = CounterMetricFamily("aieng_client_replies_dropped",
+                                      "Replies dropped: the client's send queue was full (it does not read) or it "
+                                      "was gone", labels=["reason"])
+        for reason, n in sorted(clients.get("replies_dropped", {}).items()):
+            dropped.add_metric([reason], n)
+        yield dropped
+        refused = CounterMetricFamily("aieng_client_messages_refused",
+                                      "Client messages answered OVERLOADED by a rate limit", labels=["limit"])
+        for limit, n in sorted(clients.get("refused", {}).items()):
+            refused.add_metric([limit], n)
+        yield refused
 
 
 class Metrics:

@@ -1,42 +1,71 @@
-"""The frontend's table of requests in flight.
+"""The frontend's table of requests in flight: lifecycle and slot ownership.
 
-Every entry is resolved exactly once: ``pop`` removes it, and whoever popped
-it sends the one response.  Deadlines sit in a heap so the loop knows when to
-wake and which requests to answer TIMEOUT.
+Every entry is resolved exactly once: ``finish`` removes it, and whoever
+finished it sends the one response.  Deadlines sit in a heap so the loop knows
+when to wake and which requests to answer TIMEOUT.
+
+Slot ownership lives here and nowhere else.  A request's tensors lie in one
+shared-memory slot at a time (``Request.ref``)::
+
+    take(req, ref)    the slot arrived with a message: the frontend owns it
+    handed(req)       the next holder got the descriptor: that holder frees it
+    finish(rid)       the request ends here: the slot is freed if the frontend
+                      owns it, or if its holder died (``holder_dead``)
+    stray(ref)        a slot reported for a request already answered: freed
+
+Requests whose next stage has no live worker wait in a per-role queue
+(``hold``/``waiting``) until one says hello; they stay in the table, so their
+deadline and the in-flight limit still bound them.  Per-client in-flight
+counts are kept here too, so one client's share is known at admission.
 """
 from __future__ import annotations
 
 import heapq
 import itertools
 import secrets
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
+
+from aieng import shm
+from aieng.messages import Ref
 
 PRE, EXEC, POST = "preprocess", "executor", "postprocess"
 
 
-@dataclass
+@dataclass(slots=True)
 class Request:
     rid: int
-    envelope: list  # ZMQ routing frames to answer on
-    client_id: Any
+    envelope: list  # ZMQ routing frames to answer on; envelope[0] is the client's identity
+    client_id: Any  # the id the client gave (echoed in the answer)
     model: str
     version: str
     deadline: float
     received: float
     params: dict
-    stage: str = PRE
-    holder: str = ""  # the worker that holds it now
-    ref: list | None = None  # the shared-memory slot holding this request's tensors now
-    fe_owns: bool = False  # True: the FE frees ``ref``; False: its holder does (unless it dies)
-    seq_len: int = 0
     trace: str = ""
     probe: bool = False  # the half-open circuit breaker's probe
     cache_key: bytes | None = None  # store the answer under this key (response cache on)
     degraded: int = 0  # the model's degradation level when it was admitted
-    info: dict = field(default_factory=dict)
+    body: Any = None  # the client's request frame, until a preprocess worker has it
+    stage: str = PRE
+    holder: str = ""  # the worker that holds it now ("" while it waits for one)
+    ref: Ref | None = None  # the shared-memory slot holding this request's tensors now
+    fe_owns: bool = False  # True: the FE frees ``ref``; False: its holder does (unless it dies)
+    seq_len: int = 0
+    features: dict = field(default_factory=dict)  # for drift monitoring
+    batch: int = 1
+    padded: int = 0
     stamps: dict = field(default_factory=dict)  # stage -> monotonic seconds of the hand-off
     timing: dict = field(default_factory=dict)  # stage -> microseconds
+
+    @property
+    def key(self) -> str:
+        return f"{self.model}:{self.version}"
+
+    @property
+    def client(self) -> bytes:
+        return self.envelope[0]
 
 
 class RequestTable:
@@ -47,6 +76,10 @@ class RequestTable:
         # message about its predecessor's request for one of its own.
         self.ids = itertools.count(secrets.randbits(40) << 16)
         self.by_holder: dict[str, set[int]] = {}
+        self.by_client: dict[bytes, int] = {}
+        self.stage_counts: dict[tuple[str, str], int] = {}  # (model key, stage) -> requests there
+        self.waiting: dict[str, deque[int]] = {PRE: deque(), EXEC: deque(), POST: deque()}
+        self.rings = shm.RingCache()
 
     def __len__(self) -> int:
         return len(self.items)
@@ -56,21 +89,77 @@ class RequestTable:
 
     def add(self, req: Request) -> None:
         self.items[req.rid] = req
+        self._count(req, 1)
+        self.by_client[req.client] = self.by_client.get(req.client, 0) + 1
         heapq.heappush(self.deadlines, (req.deadline, req.rid))
 
     def get(self, rid: int) -> Request | None:
         return self.items.get(rid)
 
+    def client_load(self, client: bytes) -> int:
+        return self.by_client.get(client, 0)
+
+    # -- lifecycle --------------------------------------------------------------
+    def _count(self, req: Request, delta: int) -> None:
+        k = (req.key, req.stage)
+        self.stage_counts[k] = self.stage_counts.get(k, 0) + delta
+
     def move(self, req: Request, stage: str, holder: str) -> None:
         if req.holder:
             self.by_holder.get(req.holder, set()).discard(req.rid)
+        self._count(req, -1)
         req.stage, req.holder = stage, holder
-        self.by_holder.setdefault(holder, set()).add(req.rid)
+        self._count(req, 1)
+        if holder:
+            self.by_holder.setdefault(holder, set()).add(req.rid)
 
-    def pop(self, rid: int) -> Request | None:
+    def hold(self, req: Request, stage: str) -> None:
+        """No live worker for ``stage``: the request waits (in the table) for one."""
+        self.move(req, stage, "")
+        queue = self.waiting[stage]
+        queue.append(req.rid)
+        if len(queue) > 2 * len(self.items) + 64:  # answered ones (timeouts) linger until a hello: prune
+            self.waiting[stage] = deque(r for r in queue if r in self.items)
+
+    def take_waiting(self, stage: str) -> list[Request]:
+        """The requests still in flight that wait for ``stage``, oldest first; the queue empties."""
+        rids, self.waiting[stage] = self.waiting[stage], deque()
+        return [r for rid in rids if (r := self.items.get(rid)) is not None and r.stage == stage and not r.holder]
+
+    def take(self, req: Request, ref: Ref) -> None:
+        req.ref, req.fe_owns = ref, True
+
+    def handed(self, req: Request) -> None:
+        req.fe_owns = False
+
+    def stray(self, ref: Ref | None) -> None:
+        if ref is not None:
+            self.rings.release(ref)
+
+    def finish(self, rid: int, holder_dead: bool = False) -> Request | None:
+        """Remove a request; frees its slot where the frontend is responsible for it."""
         req = self.items.pop(rid, None)
-        if req is not None and req.holder:
+        if req is None:
+            return None
+        if req.holder:
             self.by_holder.get(req.holder, set()).discard(rid)
+        self._count(req, -1)
+        left = self.by_client.get(req.client, 1) - 1
+        if left > 0:
+            self.by_client[req.client] = left
+        else:
+            self.by_client.pop(req.client, None)
+        if req.ref is not None and (req.fe_owns or holder_dead):
+            self.rings.release(req.ref)
+        req.body = None
+        return req
+
+    # -- queries ------------------------------------------------------------------
+    def held(self, rid: int, ident: bytes, stage: str) -> Request | None:
+        """The request if ``ident`` holds it at ``stage``; else None (it was answered already)."""
+        req = self.items.get(rid)
+        if req is None or req.stage != stage or req.holder.encode() != ident:
+            return None
         return req
 
     def held_by(self, holder: str) -> list[int]:
@@ -79,8 +168,20 @@ class RequestTable:
     def load(self, holder: str) -> int:
         return len(self.by_holder.get(holder, ()))
 
-    def count_stage(self, model: str, version: str, stage: str) -> int:
-        return sum(1 for r in self.items.values() if r.stage == stage and r.model == model and r.version == version)
+    def count_stage(self, key: str, stage: str) -> int:
+        return self.stage_counts.get((key, stage), 0)
+
+    def depth(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.items.values():
+            out[r.stage] = out.get(r.stage, 0) + 1
+        return out
+
+    def per_model(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.items.values():
+            out[r.key] = out.get(r.key, 0) + 1
+        return out
 
     def expired(self, now: float) -> list[int]:
         out = []
@@ -94,3 +195,6 @@ class RequestTable:
         while self.deadlines and self.deadlines[0][1] not in self.items:
             heapq.heappop(self.deadlines)
         return self.deadlines[0][0] if self.deadlines else None
+
+    def close(self) -> None:
+        self.rings.close()

@@ -1,7 +1,9 @@
 """Raw model outputs -> answers.  One class per model.yaml ``postprocess.type``.
 
 Each takes the request's output views (read in place from shared memory) and
-the request ``params`` and returns ``{output name: value}`` where a value is a
+the request ``params`` and the model's degradation level at admission (a
+typed field set by the frontend, never by a client: level 1+ skips optional
+steps such as ``top_k``) and returns ``{output name: value}`` where a value is a
 str, a number, a list, or a numpy array (sent as a tensor map).
 """
 from __future__ import annotations
@@ -24,7 +26,7 @@ class MeanPool:
         self.source, self.output = cfg["source"], cfg.get("output", "embedding")
         self.normalize = bool(cfg.get("normalize", True))
 
-    def __call__(self, outs: dict[str, np.ndarray], params: dict) -> dict[str, Any]:
+    def __call__(self, outs: dict[str, np.ndarray], params: dict, degraded: int = 0) -> dict[str, Any]:
         x = outs[self.source]
         v = x.mean(axis=0, dtype=np.float64) if x.ndim > 1 else x.astype(np.float64)
         if self.normalize:
@@ -60,7 +62,7 @@ class Classify:
     def confidence(self, result: dict[str, Any]) -> float:
         return float(np.max(result[self.scores_output]))
 
-    def __call__(self, outs: dict[str, np.ndarray], params: dict) -> dict[str, Any]:
+    def __call__(self, outs: dict[str, np.ndarray], params: dict, degraded: int = 0) -> dict[str, Any]:
         scores = outs[self.source].reshape(-1).astype(np.float32)
         if self.activation == "softmax":
             scores = _softmax(scores.astype(np.float64)).astype(np.float32)
@@ -74,7 +76,7 @@ class Classify:
             self.scores_output: scores,
         }
         top_k = params.get("top_k")
-        if top_k is not None and params.get("_degraded", 0) >= 1:
+        if top_k is not None and degraded >= 1:
             top_k = None  # degradation level 1: optional postprocessing is skipped
         if top_k is not None:
             if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
@@ -90,7 +92,7 @@ class Passthrough:
     def __init__(self, spec: ModelSpec):
         pass
 
-    def __call__(self, outs: dict[str, np.ndarray], params: dict) -> dict[str, Any]:
+    def __call__(self, outs: dict[str, np.ndarray], params: dict, degraded: int = 0) -> dict[str, Any]:
         return {k: np.array(v) for k, v in outs.items()}
 
 

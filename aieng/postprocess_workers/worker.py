@@ -6,20 +6,18 @@ frontend already msgpack-packed so the frontend only splices them in.
 """
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
 import numpy as np
-import zmq
 
 from aieng import messages as m
-from aieng import procutil, shm
-from aieng.addresses import hub_addr
+from aieng import shm
 from aieng.config import Config
 from aieng.model_repo import ModelSpec
 from aieng.postprocess_workers.ops import OPS
 from aieng.protocol import INTERNAL, UNAVAILABLE, RequestError, encode_tensor, pack
+from aieng.worker_runtime import HubWorker
 
 
 def to_wire(value: Any) -> Any:
@@ -30,77 +28,41 @@ def to_wire(value: Any) -> Any:
     return value
 
 
-class PostprocessWorker:
+class PostprocessWorker(HubWorker):
+    role = "postprocess"
+
     def __init__(self, cfg: Config, specs: dict[str, ModelSpec], worker: str, log):
-        self.cfg, self.worker, self.log = cfg, worker, log
+        super().__init__(cfg, worker, log)
         self.ops = {key: OPS[s.postprocess["type"]](s) for key, s in specs.items()}
         self.rings = shm.RingCache()
-        self.sock = procutil.hub_socket(zmq.Context.instance(), hub_addr(cfg.runtime_dir), worker)
+        self.handlers[m.PostTask] = self.handle
 
-    def run(self, stop: procutil.StopFlag) -> None:
-        hello = m.encode(m.Hello(self.worker, "postprocess", os.getpid(), {}))
-        self.sock.send(hello)
-        next_hello = time.monotonic() + 1.0
-        waiter = procutil.Waiter(self.sock)
-        while not stop.stop:
-            if waiter.wait(200):
-                while True:
-                    try:
-                        data = self.sock.recv(zmq.NOBLOCK, copy=False)
-                    except zmq.Again:
-                        break
-                    task = m.decode(data.buffer)
-                    if isinstance(task, m.PostTask):
-                        self.handle(task)
-                    elif isinstance(task, m.LogLevel):
-                        procutil.set_level(task.level)
-            if time.monotonic() >= next_hello:
-                self.sock.send(hello)
-                next_hello = time.monotonic() + 1.0
-
-    def handle(self, task: m.PostTask) -> None:
+    def handle(self, task: m.PostTask, frames: list) -> None:
         t0 = time.perf_counter_ns()
-        seg, slot, gen, descs = task.ref
+        ref = task.ref
         try:
-            ring = self.rings.get(seg)
+            ring = self.rings.get(ref.seg)
         except (FileNotFoundError, ValueError):
-            self.sock.send(m.encode(m.Failed(task.rid, UNAVAILABLE, "executor went away before postprocessing")))
+            self.fail(task.rid, UNAVAILABLE, "executor went away before postprocessing")
             return
         try:
             op = self.ops[f"{task.model}:{task.version}"]
-            result = op(ring.views(slot, descs), task.params or {})
+            result = op(ring.views(ref.slot, ref.tensors), task.params, task.degraded)
             confidence = op.confidence(result) if hasattr(op, "confidence") else None
             packed = pack({k: to_wire(v) for k, v in result.items()})
         except RequestError as exc:
-            self.sock.send(m.encode(m.Failed(task.rid, exc.code, exc.message)))
+            self.fail(task.rid, exc.code, exc.message)
             return
         except Exception as exc:
             self.log.exception("postprocess failed for rid %s", task.rid)
-            self.sock.send(m.encode(m.Failed(task.rid, INTERNAL, f"postprocessing failed: {type(exc).__name__}")))
+            self.fail(task.rid, INTERNAL, f"postprocessing failed: {type(exc).__name__}")
             return
         finally:
-            ring.free(slot, gen)  # results are copies now; the slot may be reused
+            ring.free(ref.slot, ref.gen)  # results are copies now; the slot may be reused
         post_us = (time.perf_counter_ns() - t0) // 1000
         self.log.debug("postprocessed %s:%s (%d us)", task.model, task.version, post_us, extra={"trace": task.trace})
-        self.sock.send(m.encode(m.Result(task.rid, packed, post_us, confidence)))
+        self.send(m.Result(task.rid, packed, post_us, confidence))
 
     def close(self) -> None:
-        self.sock.close(0)
+        super().close()
         self.rings.close()
-
-
-def run_postprocess_process(cfg_dict: dict, spec_dicts: dict, worker: str, ready_conn) -> None:
-    cfg = Config.from_dict(cfg_dict)
-    log = procutil.child_setup("postprocess", worker, cfg_dict, ready_conn)
-    stop = procutil.StopFlag()
-    try:
-        specs = {k: ModelSpec.from_dict(v) for k, v in spec_dicts.items()}
-        w = PostprocessWorker(cfg, specs, worker, log)
-    except Exception as exc:
-        procutil.report_failure(ready_conn, log, exc)
-        raise SystemExit(1)
-    procutil.report_ready(ready_conn)
-    try:
-        w.run(stop)
-    finally:
-        w.close()

@@ -5,23 +5,21 @@ inputs against the model's declared inputs, turns them into tensors with the
 model's processor, writes them into a slot of this worker's own shared-memory
 ring and sends the slot descriptor back to the frontend.  Requests that pile
 up while it works are drained together so text models can batch-encode.
+A request whose content it cannot handle fails alone; the worker never dies
+of one request.
 """
 from __future__ import annotations
 
 import math
-import os
 import time
 from typing import Any
 
-import zmq
-
 from aieng import messages as m
-from aieng import procutil, shm
-from aieng.addresses import hub_addr
 from aieng.config import Config
 from aieng.model_repo import ModelSpec
 from aieng.preprocess_workers import PROCESSORS
-from aieng.protocol import INTERNAL, INVALID_INPUT, TIMEOUT, RequestError, unpack_limited
+from aieng.protocol import INTERNAL, INVALID_INPUT, INVALID_REQUEST, RequestError, unpack_limited
+from aieng.worker_runtime import HubWorker, own_ring
 
 _KIND_CHECKS = {
     "text": lambda v: isinstance(v, str),
@@ -53,69 +51,49 @@ def validate_inputs(spec: ModelSpec, inputs: Any) -> dict[str, Any]:
     return inputs
 
 
-class PreprocessWorker:
+class PreprocessWorker(HubWorker):
+    role = "preprocess"
+
     def __init__(self, cfg: Config, specs: dict[str, ModelSpec], worker: str, log):
-        self.cfg, self.worker, self.log = cfg, worker, log
+        super().__init__(cfg, worker, log)
         self.init_processors(specs)
         self.init_ring()
-        self.init_socket()
+        self.handlers[m.PreTask] = self.on_task
+        self.arrived: list[tuple[m.PreTask, Any]] = []  # drained together, encoded together
 
     def init_processors(self, specs: dict[str, ModelSpec]) -> None:
         self.specs = specs
         self.procs = {key: PROCESSORS[s.preprocess["type"]](s) for key, s in specs.items()}
 
     def init_ring(self) -> None:
-        name = shm.segment_name(self.cfg.instance, self.worker, os.getpid())
-        lease = 2 * self.cfg.max_timeout_ms / 1000 + 30
         need = max((getattr(p, "max_request_bytes", 0) for p in self.procs.values()), default=0)
-        self.ring = shm.Ring.create(name, self.cfg.ring_slots, max(self.cfg.shm_slot_bytes, need), lease_s=lease)
+        self.ring = own_ring(self.cfg, self.worker, need)
 
-    def init_socket(self) -> None:
-        self.ctx = zmq.Context.instance()
-        self.sock = procutil.hub_socket(self.ctx, hub_addr(self.cfg.runtime_dir), self.worker)
+    def info(self) -> dict:
+        return {"ring": self.ring.seg.name}
 
-    def hello(self) -> None:
-        self.sock.send(m.encode(m.Hello(self.worker, "preprocess", os.getpid(), {"ring": self.ring.seg.name})))
-        self.next_hello = time.monotonic() + 1.0
+    # -- the loop ---------------------------------------------------------------
+    def on_task(self, task: m.PreTask, frames: list) -> None:
+        self.arrived.append((task, frames[1]))
 
-    def maybe_hello(self) -> None:
-        if time.monotonic() >= self.next_hello:
-            self.hello()
+    def after_drain(self, now: float) -> None:
+        for start in range(0, len(self.arrived), MAX_DRAIN):
+            self.handle(self.arrived[start:start + MAX_DRAIN])
+        self.arrived.clear()
 
-    # -- the loop -----------------------------------------------------------
-    def run(self, stop: procutil.StopFlag) -> None:
-        self.hello()
-        waiter = procutil.Waiter(self.sock)
-        while not stop.stop:
-            if waiter.wait(200):
-                batch = []
-                while len(batch) < MAX_DRAIN:
-                    try:
-                        batch.append(self.sock.recv_multipart(zmq.NOBLOCK, copy=False))
-                    except zmq.Again:
-                        break
-                self.handle(batch)
-            self.maybe_hello()  # heartbeat: the frontend learns we are alive (also after it restarts)
-
-    def handle(self, frames_list: list) -> None:
+    def handle(self, arrived: list) -> None:
         jobs = []  # (task, spec key, inputs) that passed validation
-        for frames in frames_list:
-            task = m.decode(frames[0].buffer)
-            if isinstance(task, m.LogLevel):
-                procutil.set_level(task.level)
-                continue
-            if not isinstance(task, m.PreTask):
-                self.log.warning("unexpected message %s", type(task).__name__)
-                continue
+        for task, body in arrived:
             key = f"{task.model}:{task.version}"
             try:
                 if key not in self.procs:
                     raise RequestError(INTERNAL, f"this worker does not serve {key}")
-                body = unpack_limited(frames[1].buffer, self.cfg.max_message_bytes)
-                inputs = validate_inputs(self.specs[key], body.get("inputs"))
-                jobs.append((task, key, inputs))
+                req = unpack_limited(body.buffer, self.cfg.max_message_bytes)
+                jobs.append((task, key, validate_inputs(self.specs[key], req.get("inputs"))))
             except RequestError as exc:
                 self.fail(task.rid, exc.code, exc.message)
+            except Exception as exc:  # the frontend parsed this body already; never die of one request
+                self.fail(task.rid, INVALID_REQUEST, f"request body could not be read: {type(exc).__name__}")
         by_model: dict[str, list] = {}
         for job in jobs:
             by_model.setdefault(job[1], []).append(job)
@@ -151,49 +129,19 @@ class PreprocessWorker:
                     self.fail(task.rid, INTERNAL, f"preprocessing failed: {type(exc).__name__}")
         per_us = (time.perf_counter_ns() - t0) // 1000 // max(1, len(group))
         for task, (tensors, seq_len, info) in results:
-            self.publish(task, tensors, seq_len, info, per_us)
+            self.publish_one(task, tensors, seq_len, info, per_us)
 
-    def publish(self, task: m.PreTask, tensors, seq_len: int, info: dict, pre_us: int) -> None:
-        slot = self.ring.alloc()
-        while slot is None:  # ring full: backpressure until a consumer frees a slot
-            if time.monotonic() > task.deadline:
-                self.fail(task.rid, TIMEOUT, "deadline passed waiting for a shared-memory slot")
-                return
-            time.sleep(0.0005)
-            self.maybe_hello()
-            slot = self.ring.alloc()
+    def publish_one(self, task: m.PreTask, tensors, seq_len: int, info: dict, pre_us: int) -> None:
         try:
-            descs = self.ring.write(slot[0], tensors)
-        except OverflowError as exc:
-            self.ring.free(*slot)
-            self.fail(task.rid, INVALID_INPUT, f"{exc}; raise AIENG_SHM_SLOT_BYTES")
+            ref = self.publish(self.ring, tensors, task.deadline, INVALID_INPUT)
+        except RequestError as exc:
+            self.fail(task.rid, exc.code, exc.message)
             return
-        ref = [self.ring.seg.name, slot[0], slot[1], descs]
-        self.log.debug("preprocessed %s:%s into slot %d (%d us)", task.model, task.version, slot[0], pre_us,
+        self.log.debug("preprocessed %s:%s into slot %d (%d us)", task.model, task.version, ref.slot, pre_us,
                        extra={"trace": task.trace})
-        self.sock.send(m.encode(m.Preprocessed(task.rid, ref, seq_len, pre_us, info)))
-
-    def fail(self, rid: int, code: str, message: str) -> None:
-        self.sock.send(m.encode(m.Failed(rid, code, message)))
+        self.send(m.Preprocessed(task.rid, ref, seq_len, pre_us, info.get("features") or {}))
 
     def close(self) -> None:
-        self.sock.close(0)
+        super().close()
         self.ring.close()
         self.ring.seg.unlink()
-
-
-def run_preprocess_process(cfg_dict: dict, spec_dicts: dict, worker: str, ready_conn) -> None:
-    cfg = Config.from_dict(cfg_dict)
-    log = procutil.child_setup("preprocess", worker, cfg_dict, ready_conn)
-    stop = procutil.StopFlag()
-    try:
-        specs = {k: ModelSpec.from_dict(v) for k, v in spec_dicts.items()}
-        w = PreprocessWorker(cfg, specs, worker, log)
-    except Exception as exc:
-        procutil.report_failure(ready_conn, log, exc)
-        raise SystemExit(1)
-    procutil.report_ready(ready_conn, {"ring": w.ring.seg.name})
-    try:
-        w.run(stop)
-    finally:
-        w.close()

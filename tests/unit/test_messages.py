@@ -9,16 +9,16 @@ import pytest
 from aieng import messages as m
 from aieng.protocol import pack
 
-REF = ["aieng.123.pre0.456", 3, 7, [["input_ids", "<i8", [12], 0], ["attention_mask", "<i8", [12], 128]]]
+REF = m.Ref("aieng.123.pre0.456", 3, 7, [["input_ids", "<i8", [12], 0], ["attention_mask", "<i8", [12], 128]])
+REF2 = m.Ref("aieng.123.executor.9", 0, 1, [["embedding", "<f4", [384], 0]])
 
 SAMPLES = {
     "hello": m.Hello("pre0", "preprocess", 4321, {"ring": "aieng.1.pre0.4321"}),
     "pre": m.PreTask(rid=1, model="minilm", version="1", deadline=12345.678901),
-    "preprocessed": m.Preprocessed(rid=2, ref=REF, seq_len=12, pre_us=340, info={"tokens": 12}),
+    "preprocessed": m.Preprocessed(rid=2, ref=REF, seq_len=12, pre_us=340, features={"island": "Biscoe"}),
     "infer": m.InferTask(rid=3, model="minilm", version="1", deadline=99.5, ref=REF, seq_len=12, upstream=4),
-    "inferred": m.Inferred(rid=4, ref=REF, batch=8, padded=16, wait_us=1200, infer_us=5300),
-    "post": m.PostTask(rid=5, model="orientation", version="1", ref=REF, params={"top_k": 2},
-                       info={"width": 640, "height": 480}),
+    "inferred": m.Inferred(rids=[4, 5], refs=[REF, REF2], wait_us=[1200, 900], batch=2, padded=16, infer_us=5300),
+    "post": m.PostTask(rid=5, model="orientation", version="1", ref=REF, params={"top_k": 2}, degraded=1),
     "result": m.Result(rid=6, outputs=pack({"label": "90", "scores": {"dtype": "float32", "shape": [0],
                                                                       "data": b""}}), post_us=12),
     "failed": m.Failed(rid=7, code="INVALID_INPUT", message="input 'text' is empty ✗", ref=REF),
@@ -42,7 +42,7 @@ def test_round_trip(tag):
     msg = SAMPLES[tag]
     data = m.encode(msg)
     assert isinstance(data, bytes)
-    raw = msgpack.unpackb(data, raw=False)
+    raw = msgpack.unpackb(data, raw=False, strict_map_key=False)
     assert raw["t"] == tag
     assert set(raw) == {"t"} | {f.name for f in dataclasses.fields(msg)}
     back = m.decode(data)
@@ -67,3 +67,24 @@ def test_result_outputs_stay_bytes():
 def test_unknown_tag_is_refused():
     with pytest.raises(KeyError):
         m.decode(msgpack.packb({"t": "nope", "rid": 1}))
+
+
+def test_refs_are_typed_after_decode():
+    back = m.decode(m.encode(SAMPLES["inferred"]))
+    assert [type(r) for r in back.refs] == [m.Ref, m.Ref]
+    assert back.refs[1].seg == "aieng.123.executor.9" and back.refs[1].tensors[0][0] == "embedding"
+    assert type(m.decode(m.encode(SAMPLES["post"])).ref) is m.Ref
+
+
+def test_internal_limits_follow_the_client_limits():
+    """Whatever the frontend accepts (protocol limits), a worker can decode: a 2 MiB params string
+    and a 100,000-item list were over the old fixed internal limits and killed a worker."""
+    m.configure(32 * 1024 * 1024)
+    task = m.PostTask(1, "minilm", "1", REF, {"s": "x" * (2 << 20), "l": list(range(100_000))})
+    assert m.decode(m.encode(task)) == task
+    m.configure(1024)  # and the limits really are derived: a small client limit refuses it
+    try:
+        with pytest.raises(ValueError):
+            m.decode(m.encode(task))
+    finally:
+        m.configure(32 * 1024 * 1024)

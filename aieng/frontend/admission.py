@@ -1,0 +1,127 @@
+"""Admission: a client's ``infer`` map becomes a typed request, an immediate answer, or a refusal.
+
+Checks, in order (the first that fails answers the request with its code):
+  1. shape of the request: model, version, inputs, params, timeout_ms
+     (INVALID_REQUEST / MODEL_NOT_FOUND); a model that failed to load is
+     UNAVAILABLE with its load error;
+  2. serving state: not ready yet or draining (UNAVAILABLE);
+  3. fairness: this client's requests in flight (``per_client_inflight``),
+     then everyone's (``max_inflight``): OVERLOADED;
+  4. response cache (a hit is answered at once, even while shedding);
+  5. degradation level 3: the model's fallback answer, or OVERLOADED;
+  6. the model's circuit breaker (UNAVAILABLE while open).
+Nothing here blocks or does per-request work a worker could do.
+"""
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from aieng import protocol as p
+from aieng.config import Config
+from aieng.frontend.breaker import Breakers
+from aieng.frontend.cache import ResponseCache, cache_key
+from aieng.frontend.degrade import Degrader
+from aieng.frontend.table import RequestTable
+from aieng.model_repo import ModelSpec
+
+
+@dataclass(slots=True)
+class Admitted:
+    model: str
+    version: str
+    deadline: float
+    params: dict
+    trace: str
+    probe: bool
+    cache_key: bytes | None
+    degraded: int
+
+
+@dataclass(slots=True)
+class Immediate:
+    """Answered without the pipeline: a cache hit or a degradation fallback."""
+    model: str
+    version: str
+    outputs: bytes  # packed outputs map
+    extra: dict
+
+
+class Admission:
+    def __init__(self, cfg: Config, specs: dict[str, dict[str, ModelSpec]], default_version: dict[str, str],
+                 table: RequestTable, breakers: Breakers, cache: ResponseCache, degrader: Degrader):
+        self.cfg, self.specs, self.default_version = cfg, specs, default_version
+        self.table, self.breakers, self.cache, self.degrader = table, breakers, cache, degrader
+        self.failed_models: dict[str, str] = {}  # "model:version" -> load error (from the workers' hellos)
+        self.started = False  # the service was fully ready once: admit from then on
+        self.draining = False
+
+    def resolve(self, req: dict) -> tuple[str, str]:
+        """Model and version named by a request (MODEL_NOT_FOUND when either is unknown)."""
+        model, version = req.get("model"), req.get("version")
+        if not isinstance(model, str):
+            raise p.RequestError(p.INVALID_REQUEST, "'model' must be a string")
+        if model not in self.specs:
+            raise p.RequestError(p.MODEL_NOT_FOUND, f"unknown model {model!r}")
+        if version is None:
+            version = self.default_version[model]
+        if not isinstance(version, str) or version not in self.specs[model]:
+            raise p.RequestError(p.MODEL_NOT_FOUND, f"model {model!r} has no version {version!r}")
+        return model, version
+
+    def admit(self, req: dict, client: bytes, received: float) -> Admitted | Immediate:
+        model, version = self.resolve(req)
+        if not isinstance(req.get("inputs"), dict):
+            raise p.RequestError(p.INVALID_REQUEST, "'inputs' must be a map")
+        params = req.get("params")
+        params = {} if params is None else params
+        if not isinstance(params, dict) or not all(isinstance(k, str) for k in params):
+            raise p.RequestError(p.INVALID_REQUEST, "'params' must be a map with string keys")
+        spec = self.specs[model][version]
+        cap = self.cfg.max_timeout_ms
+        timeout_ms = req.get("timeout_ms", min(spec.timeout_ms or self.cfg.default_timeout_ms, cap))
+        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or not 0 < timeout_ms <= cap:
+            raise p.RequestError(p.INVALID_REQUEST, f"'timeout_ms' must be an int in 1..{cap}")
+        failed = self.failed_models.get(spec.key)
+        if failed is not None:
+            raise p.RequestError(p.UNAVAILABLE, f"model {spec.key} is not loaded: {failed}")
+        if self.draining:
+            raise p.RequestError(p.UNAVAILABLE, "server is shutting down")
+        if not self.started:
+            raise p.RequestError(p.UNAVAILABLE, "server is not ready yet")
+        mine = self.table.client_load(client)
+        if mine >= self.cfg.per_client_inflight:
+            raise p.RequestError(p.OVERLOADED, f"this client has {mine} requests in flight (the per-client "
+                                               f"limit); wait for answers before sending more")
+        if len(self.table) >= self.cfg.max_inflight:
+            raise p.RequestError(p.OVERLOADED, f"{len(self.table)} requests in flight; try again later")
+        key = None
+        if self.cache.enabled:  # a hit costs nothing: served even when shedding or a breaker is open
+            key = cache_key(model, version, req["inputs"], params)
+            hit = self.cache.get(key)
+            if hit is not None:
+                return Immediate(model, version, hit, {"batch": 0, "cached": True})
+        level = self.degrader.level(spec.key)
+        if level >= 3:  # the cache had nothing: the configured fallback, or shed
+            fallback = self.degrader.fallback(spec.key)
+            if fallback is None:
+                raise p.RequestError(p.OVERLOADED, f"{spec.key} is degraded (level 3): shedding load")
+            return Immediate(model, version, p.pack(fallback), {"batch": 0, "degraded": 3, "fallback": True})
+        allowed, probe, why = self.breakers.allow(spec.key, received)
+        if not allowed:
+            raise p.RequestError(p.UNAVAILABLE, why)
+        trace = req.get("trace_id")
+        if not (isinstance(trace, str) and 0 < len(trace) <= 64 and trace.isprintable()):
+            trace = secrets.token_hex(8)
+        return Admitted(model, version, received + timeout_ms / 1000.0, params, trace, probe, key, level)
+
+    @staticmethod
+    def labels_of(req: Any, specs: dict) -> tuple[str, str]:
+        """Model/version labels for counting a refusal: only names we serve (bounded label sets)."""
+        if not isinstance(req, dict):
+            return "", ""
+        model, version = req.get("model"), req.get("version")
+        model = model if isinstance(model, str) and model in specs else ""
+        version = version if model and isinstance(version, str) and version in specs[model] else ""
+        return model, version

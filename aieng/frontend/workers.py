@@ -1,0 +1,79 @@
+"""The frontend's view of its workers: who is up, who is silent, whom to route to.
+
+A worker is known from its ``Hello`` (sent when it is ready, then once a
+second as a heartbeat) until the supervisor reports it down or a send to it
+fails.  One silent for ``SILENCE_S`` is not routed to (it may be hung; the
+supervisor decides whether to kill it).  Hellos from a pid already reported
+dead are ignored: they can still sit in the hub's queue after its death.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from aieng import messages as m
+
+SILENCE_S = 5.0  # no heartbeat for this long: stop routing to it
+ROLES = ("preprocess", "executor", "postprocess")
+
+
+@dataclass(slots=True)
+class WorkerState:
+    name: str
+    role: str
+    pid: int
+    seen: float  # monotonic seconds of its last hello
+    info: dict = field(default_factory=dict)  # what it reported of itself (ring, models, failed loads)
+
+
+class Workers:
+    def __init__(self) -> None:
+        self.by_name: dict[str, WorkerState] = {}
+        self.dead_pids: set[int] = set()
+        self.turn = 0
+
+    def hello(self, msg: m.Hello, now: float) -> bool:
+        """Record a heartbeat; True when this is a worker (or a pid of it) not seen before."""
+        if msg.pid in self.dead_pids:
+            return False
+        w = self.by_name.get(msg.worker)
+        if w is None or w.pid != msg.pid:
+            self.by_name[msg.worker] = WorkerState(msg.worker, msg.role, msg.pid, now, msg.info)
+            return True
+        w.seen = now
+        return False
+
+    def down(self, name: str, pid: int) -> None:
+        self.by_name.pop(name, None)
+        if len(self.dead_pids) > 10_000:
+            self.dead_pids.clear()
+        self.dead_pids.add(pid)
+
+    def gone(self, name: str) -> None:
+        """A send to it failed: it is not connected (dead or restarting)."""
+        self.by_name.pop(name, None)
+
+    def alive(self, now: float) -> list[WorkerState]:
+        return [w for w in self.by_name.values() if now - w.seen <= SILENCE_S]
+
+    def count(self, now: float) -> dict[str, int]:
+        live = self.alive(now)
+        return {r: sum(1 for w in live if w.role == r) for r in ROLES}
+
+    def silence(self, now: float) -> dict[str, float]:
+        return {n: round(now - w.seen, 3) for n, w in self.by_name.items()}
+
+    def info(self, name: str) -> dict:
+        w = self.by_name.get(name)
+        return w.info if w is not None else {}
+
+    def pick(self, role: str, now: float, load: Callable[[str], int]) -> str | None:
+        """The live worker of ``role`` holding the fewest requests; ties go round-robin."""
+        names = [w.name for w in self.by_name.values() if w.role == role and now - w.seen <= SILENCE_S]
+        if not names:
+            return None
+        if len(names) == 1:
+            return names[0]
+        self.turn += 1
+        k = self.turn % len(names)
+        return min(names[k:] + names[:k], key=load)

@@ -1,0 +1,166 @@
+"""One runtime for every role: the process launcher and the hub worker base.
+
+``run_process(role, cfg_dict, spec_dicts, worker, ready_conn)`` is the only
+process entry point the supervisor spawns.  It does the plumbing once for
+every role (title ``aieng::<role>[<i>]``, log prefix, parent-death hooks,
+internal unpack limits), builds the role's work object, reports ready or the
+startup failure to the supervisor, runs it until SIGTERM and closes it.
+
+``HubWorker`` is the base of the three worker roles.  Its loop waits on the
+hub socket, drains every message waiting, routes each by type through a
+dispatch table (``LogLevel`` is handled here for every role), then calls
+``after_drain`` (the preprocess pool encodes what arrived together; the
+executor forms batches) and sends a heartbeat ``Hello`` at most once a
+second.  A message that cannot be decoded is logged and skipped: it never
+ends the worker.
+
+``publish`` is the one ring-publishing path for both producers: take a slot
+(waiting while the ring is full: backpressure, with heartbeats, bounded by the
+request's deadline), write the tensors, return their ``Ref``.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import time
+from typing import Any, Callable
+
+import zmq
+
+from aieng import messages as m
+from aieng import procutil, shm
+from aieng.addresses import hub_addr
+from aieng.config import Config
+from aieng.model_repo import ModelSpec
+from aieng.protocol import TIMEOUT, RequestError
+
+# role -> "module:Class"; imported in the child only, so a worker never imports another role's code.
+ROLES = {
+    "frontend": "aieng.frontend.server:Frontend",
+    "preprocess": "aieng.preprocess_workers.worker:PreprocessWorker",
+    "executor": "aieng.gpu_executor.executor:Executor",
+    "postprocess": "aieng.postprocess_workers.worker:PostprocessWorker",
+}
+HEARTBEAT_S = 1.0
+
+
+def role_class(role: str) -> type:
+    module, _, name = ROLES[role].partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def run_process(role: str, cfg_dict: dict, spec_dicts: dict, worker: str, ready_conn) -> None:
+    """The entry point of every child process (see the module docstring)."""
+    cfg = Config.from_dict(cfg_dict)
+    log = procutil.child_setup(role, worker, cfg_dict, ready_conn)
+    m.configure(cfg.max_message_bytes)
+    stop = procutil.StopFlag()
+    try:
+        specs = {k: ModelSpec.from_dict(v) for k, v in spec_dicts.items()}
+        obj = role_class(role)(cfg, specs, worker, log)
+    except Exception as exc:
+        procutil.report_failure(ready_conn, log, exc)
+        raise SystemExit(1)
+    procutil.report_ready(ready_conn, obj.ready_info())
+    try:
+        obj.run(stop)
+    finally:
+        obj.close()
+
+
+def own_ring(cfg: Config, worker: str, need_bytes: int) -> shm.Ring:
+    """This producer's ring: a slot per request the service may hold, each big enough for its models."""
+    name = shm.segment_name(cfg.instance, worker, os.getpid())
+    return shm.Ring.create(name, cfg.ring_slots, max(cfg.shm_slot_bytes, need_bytes),
+                           lease_s=shm.lease_for(cfg.max_timeout_ms))
+
+
+class HubWorker:
+    """Base of the hub workers: socket, heartbeat, drain, dispatch, fail (see the module docstring)."""
+
+    role = ""
+
+    def __init__(self, cfg: Config, worker: str, log: logging.Logger):
+        self.cfg, self.worker, self.log = cfg, worker, log
+        self.sock = procutil.hub_socket(zmq.Context.instance(), hub_addr(cfg.runtime_dir), worker)
+        self.handlers: dict[type, Callable[[Any, list], None]] = {m.LogLevel: self.on_log_level}
+        self.next_hello = 0.0
+        self.hello_bytes = b""
+
+    # -- what a role provides -------------------------------------------------
+    def info(self) -> dict:
+        """What the frontend shows of this worker in health and models."""
+        return {}
+
+    def ready_info(self) -> dict:
+        return self.info()
+
+    def after_drain(self, now: float) -> int | None:
+        """Work to do once the waiting messages are read; returns the next poll timeout in ms."""
+        return None
+
+    # -- the loop ---------------------------------------------------------------
+    def run(self, stop: procutil.StopFlag) -> None:
+        self.hello_bytes = m.encode(m.Hello(self.worker, self.role, os.getpid(), self.info()))
+        self.heartbeat()
+        waiter = procutil.Waiter(self.sock)
+        timeout_ms = 200
+        while not stop.stop:
+            if waiter.wait(timeout_ms):
+                self.drain()
+            nxt = self.after_drain(time.monotonic())
+            timeout_ms = 200 if nxt is None else nxt
+            self.heartbeat()
+
+    def drain(self, limit: int = 1000) -> None:
+        for _ in range(limit):
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                msg = m.decode(frames[0].buffer)
+            except Exception as exc:  # never the worker's death: the request times out at the frontend
+                self.log.error("undecodable message skipped: %s: %s", type(exc).__name__, exc)
+                continue
+            handler = self.handlers.get(type(msg))
+            if handler is None:
+                self.log.warning("unexpected message %s", type(msg).__name__)
+                continue
+            handler(msg, frames)
+
+    def heartbeat(self) -> None:
+        now = time.monotonic()
+        if now >= self.next_hello:
+            self.sock.send(self.hello_bytes)
+            self.next_hello = now + HEARTBEAT_S
+
+    def on_log_level(self, msg: m.LogLevel, frames: list) -> None:
+        procutil.set_level(msg.level)
+
+    # -- sending ------------------------------------------------------------------
+    def send(self, msg: Any) -> None:
+        self.sock.send(m.encode(msg))
+
+    def fail(self, rid: int, code: str, message: str, ref: m.Ref | None = None) -> None:
+        self.send(m.Failed(rid, code, message, ref))
+
+    def publish(self, ring: shm.Ring, tensors, deadline: float, overflow_code: str) -> m.Ref:
+        """Write one request's tensors into a slot of ``ring``; raises RequestError when it cannot."""
+        slot = ring.alloc()
+        while slot is None:  # ring full: backpressure until a consumer frees a slot
+            if time.monotonic() > deadline:
+                raise RequestError(TIMEOUT, "deadline passed waiting for a shared-memory slot")
+            time.sleep(0.0005)
+            self.heartbeat()
+            slot = ring.alloc()
+        try:
+            descs = ring.write(slot[0], tensors)
+        except OverflowError as exc:
+            ring.free(*slot)
+            raise RequestError(overflow_code, f"{exc}; raise AIENG_SHM_SLOT_BYTES") from None
+        return m.Ref(ring.seg.name, slot[0], slot[1], descs)
+
+    def close(self) -> None:
+        self.sock.close(0)
