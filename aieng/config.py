@@ -49,7 +49,7 @@ class Config:
     max_inflight_per_client: int = 0
     client_rate_limit: float = 0.0
     client_send_queue: int = 1000
-    max_ops_per_s: int = 2000
+    max_ops_per_s: int = 200
     http_token_file: str = ""
     http_threads: int = 4
     http_timeout_s: float = 5.0
