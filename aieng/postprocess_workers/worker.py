@@ -14,7 +14,7 @@ import numpy as np
 import zmq
 
 from aieng import messages as m
-from aieng import procutil, shm
+from aieng import model_repo, procutil, shm
 from aieng.addresses import hub_addr
 from aieng.config import Config
 from aieng.model_repo import ModelSpec
@@ -33,12 +33,15 @@ def to_wire(value: Any) -> Any:
 class PostprocessWorker:
     def __init__(self, cfg: Config, specs: dict[str, ModelSpec], worker: str, log):
         self.cfg, self.worker, self.log = cfg, worker, log
-        self.ops = {key: OPS[s.postprocess["type"]](s) for key, s in specs.items()}
+        # Each model's op on its own: one that fails (e.g. labels read from a corrupt model file)
+        # is recorded in ``failed`` and its requests get UNAVAILABLE; the other models serve.
+        self.ops, self.failed = model_repo.build_each(specs, lambda s: OPS[s.postprocess["type"]](s),
+                                                      log, cfg.strict_model_load)
         self.rings = shm.RingCache()
         self.sock = procutil.hub_socket(zmq.Context.instance(), hub_addr(cfg.runtime_dir), worker)
 
     def run(self, stop: procutil.StopFlag) -> None:
-        hello = m.encode(m.Hello(self.worker, "postprocess", os.getpid(), {}))
+        hello = m.encode(m.Hello(self.worker, "postprocess", os.getpid(), {"failed": self.failed}))
         self.sock.send(hello)
         next_hello = time.monotonic() + 1.0
         waiter = procutil.Waiter(self.sock)
@@ -67,7 +70,7 @@ class PostprocessWorker:
             self.sock.send(m.encode(m.Failed(task.rid, UNAVAILABLE, "executor went away before postprocessing")))
             return
         try:
-            op = self.ops[f"{task.model}:{task.version}"]
+            op = self.op(f"{task.model}:{task.version}")
             result = op(ring.views(slot, descs), task.params or {})
             confidence = op.confidence(result) if hasattr(op, "confidence") else None
             packed = pack({k: to_wire(v) for k, v in result.items()})
@@ -83,6 +86,11 @@ class PostprocessWorker:
         post_us = (time.perf_counter_ns() - t0) // 1000
         self.log.debug("postprocessed %s:%s (%d us)", task.model, task.version, post_us, extra={"trace": task.trace})
         self.sock.send(m.encode(m.Result(task.rid, packed, post_us, confidence)))
+
+    def op(self, key: str):
+        if key in self.failed:
+            raise RequestError(UNAVAILABLE, self.failed[key])
+        return self.ops[key]
 
     def close(self) -> None:
         self.sock.close(0)

@@ -16,12 +16,12 @@ from typing import Any
 import zmq
 
 from aieng import messages as m
-from aieng import procutil, shm
+from aieng import model_repo, procutil, shm
 from aieng.addresses import hub_addr
 from aieng.config import Config
 from aieng.model_repo import ModelSpec
 from aieng.preprocess_workers import PROCESSORS
-from aieng.protocol import INTERNAL, INVALID_INPUT, TIMEOUT, RequestError, unpack_limited
+from aieng.protocol import INTERNAL, INVALID_INPUT, TIMEOUT, UNAVAILABLE, RequestError, unpack_limited
 
 _KIND_CHECKS = {
     "text": lambda v: isinstance(v, str),
@@ -61,8 +61,11 @@ class PreprocessWorker:
         self.init_socket()
 
     def init_processors(self, specs: dict[str, ModelSpec]) -> None:
+        """Each model's processor on its own: one that fails (e.g. a corrupt tokenizer file) is
+        recorded in ``failed`` and its requests get UNAVAILABLE; the other models serve."""
         self.specs = specs
-        self.procs = {key: PROCESSORS[s.preprocess["type"]](s) for key, s in specs.items()}
+        self.procs, self.failed = model_repo.build_each(specs, lambda s: PROCESSORS[s.preprocess["type"]](s),
+                                                        self.log, self.cfg.strict_model_load)
 
     def init_ring(self) -> None:
         name = shm.segment_name(self.cfg.instance, self.worker, os.getpid())
@@ -75,7 +78,8 @@ class PreprocessWorker:
         self.sock = procutil.hub_socket(self.ctx, hub_addr(self.cfg.runtime_dir), self.worker)
 
     def hello(self) -> None:
-        self.sock.send(m.encode(m.Hello(self.worker, "preprocess", os.getpid(), {"ring": self.ring.seg.name})))
+        self.sock.send(m.encode(m.Hello(self.worker, "preprocess", os.getpid(),
+                                      {"ring": self.ring.seg.name, "failed": self.failed})))
         self.next_hello = time.monotonic() + 1.0
 
     def maybe_hello(self) -> None:
@@ -109,6 +113,8 @@ class PreprocessWorker:
                 continue
             key = f"{task.model}:{task.version}"
             try:
+                if key in self.failed:
+                    raise RequestError(UNAVAILABLE, self.failed[key])
                 if key not in self.procs:
                     raise RequestError(INTERNAL, f"this worker does not serve {key}")
                 body = unpack_limited(frames[1].buffer, self.cfg.max_message_bytes)
