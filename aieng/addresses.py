@@ -4,14 +4,85 @@ There is one internal socket.  The frontend binds a ROUTER at ``hub``; every
 worker (``pre-<i>``, ``executor``, ``post-<j>``) and the supervisor connect a
 DEALER to it with their name as ZMQ identity.  Clients reach the frontend's
 client ROUTER at ``Config.frontend_addr`` (bound by the frontend only).
+
+One instance per runtime directory: the supervisor holds ``RuntimeDirLock``
+(an ``flock`` on ``<runtime dir>/aieng.lock``, holding its pid) from before
+anything binds or spawns until it has stopped everything.  A second instance
+pointed at the same directory is refused at once, naming the directory and
+the holder's pid, instead of its workers joining the first one's hub.
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import tempfile
 
 RUNTIME_PREFIX = "aieng."
+LOCK_NAME = "aieng.lock"
+
+
+class RuntimeDirInUse(RuntimeError):
+    pass
+
+
+class RuntimeDirLock:
+    """An exclusive ``flock`` on ``<rdir>/aieng.lock``; the file holds the holder's pid.
+
+    The kernel drops the lock when the holder dies, however it dies, so a crashed
+    instance never blocks the next one; the file is removed on a clean release only.
+    The fd is not inherited by children (O_CLOEXEC, and spawn passes no fds), so
+    the lock lives exactly as long as the supervisor.
+    """
+
+    def __init__(self, rdir: str):
+        self.rdir = rdir
+        self.path = os.path.join(rdir, LOCK_NAME)
+        self.fd: int | None = None
+
+    def acquire(self) -> None:
+        """Take the lock or raise ``RuntimeDirInUse``; ``OSError`` if the file cannot be opened."""
+        for _ in range(10):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _read_pid(fd)
+                os.close(fd)
+                raise RuntimeDirInUse(f"runtime directory {self.rdir} is in use by another aieng instance "
+                                      f"(pid {holder or 'unknown'} holds {self.path}); "
+                                      f"give each instance its own AIENG_RUNTIME_DIR") from None
+            try:  # the holder we raced with may have unlinked the file we locked: lock the live one
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                os.ftruncate(fd, 0)
+                os.write(fd, f"{os.getpid()}\n".encode())
+                self.fd = fd
+                return
+            os.close(fd)
+        raise RuntimeDirInUse(f"runtime directory {self.rdir}: could not take {self.path} "
+                              f"(it keeps being replaced)")
+
+    def release(self) -> None:
+        """Remove the file (only while we hold it, so never another holder's) and drop the lock."""
+        if self.fd is None:
+            return
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        os.close(self.fd)
+        self.fd = None
+
+
+def _read_pid(fd: int) -> int | None:
+    try:
+        text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
 
 
 def runtime_dir(instance: str, configured: str = "") -> str:

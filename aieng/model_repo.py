@@ -5,13 +5,21 @@ how it was trained; nothing model-specific lives in the server.  This module
 parses and validates ``model.yaml`` (schema in docs/models.md), resolves every
 referenced file strictly inside the version directory, and computes the
 version's sha256 content hash.
+
+Per-model isolation (``build_each``): every role that builds per-model state
+builds each model on its own; a model that fails is recorded with one line
+naming it and its path (``model minilm:1 (<path>): <Type>: <message>``) and
+every other model serves.  Only a strict build (the first start, by default)
+turns any failure into ``ModelLoadError``.  ``verify_content`` re-hashes a
+version directory so a file changed on disk after the supervisor's scan is
+refused instead of loaded.
 """
 from __future__ import annotations
 
 import hashlib
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
@@ -21,6 +29,19 @@ OUTPUT_KINDS = ("tensor", "str", "number", "list")
 
 class ModelError(ValueError):
     pass
+
+
+class ContentChanged(ModelError):
+    """A version directory's files no longer match the hash taken at start."""
+
+    def __init__(self, path: str, expected: str, found: str):
+        super().__init__(f"content changed on disk since start (expected sha256 {expected[:12]}..., "
+                         f"found {found[:12]}...)")
+        self.path = path  # the hash covers the whole directory, so the directory is what changed
+
+
+class ModelLoadError(RuntimeError):
+    """A strict build had failing models; the message names each one and its path."""
 
 
 @dataclass
@@ -85,6 +106,44 @@ def content_hash(path: str) -> str:
                     h.update(chunk)
             h.update(b"\0")
     return h.hexdigest()
+
+
+def verify_content(spec: ModelSpec) -> None:
+    """Raise ``ContentChanged`` unless the version directory still hashes to ``spec.content_hash``."""
+    found = content_hash(spec.path)
+    if found != spec.content_hash:
+        raise ContentChanged(spec.path, spec.content_hash, found)
+
+
+MAX_FAILURE_CHARS = 1000  # failures travel in heartbeats and log lines: keep each one short
+
+
+def failure_message(spec: ModelSpec, exc: BaseException, path: str | None = None) -> str:
+    """``model minilm:1 (<path>): <ExceptionType>: <message>`` on one line."""
+    where = getattr(exc, "path", None) or path or spec.path
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    return f"model {spec.key} ({where}): {text}"[:MAX_FAILURE_CHARS]
+
+
+def build_each(specs: dict[str, ModelSpec], build: Callable[[ModelSpec], Any], log, strict: bool,
+               path: Callable[[ModelSpec], str] | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+    """``build(spec)`` for every model on its own: ``({key: built}, {key: failure message})``.
+
+    One model's failure never stops the others from being built.  ``strict`` raises
+    ``ModelLoadError`` naming every failed model once all have been tried (the first start);
+    a restart while serving is never strict, so it comes up with whatever loads.
+    """
+    built: dict[str, Any] = {}
+    failed: dict[str, str] = {}
+    for key, spec in specs.items():
+        try:
+            built[key] = build(spec)
+        except Exception as exc:  # any failure is this model's alone
+            failed[key] = failure_message(spec, exc, path(spec) if path else None)
+            log.error("%s; the model is unavailable", failed[key])
+    if failed and strict:
+        raise ModelLoadError("; ".join(failed.values()))
+    return built, failed
 
 
 def _version_key(v: str):

@@ -1,18 +1,23 @@
 """The supervisor: starts, watches, restarts and stops every process.
 
-Start: clean what a crashed instance left (shared memory, ipc dirs), load the
-model repository, spawn every role, and wait on each child's ready pipe and
+Start: clean what a crashed instance left (shared memory, ipc dirs), take the
+runtime directory's lock (one instance per directory: a second one is refused
+naming the holder's pid; an unusable directory is a configuration error), load
+the model repository, spawn every role, and wait on each child's ready pipe and
 process sentinel together: a child that dies or reports failure during
 startup fails the start, naming its role and exit code.  Only then does it
 report ready (to the frontend, and ``READY=1`` to systemd when run under it).
 
 Run: a death becomes ``WorkerDown`` for the frontend (which answers the
 requests that child held), the child's segment is unlinked, and the child is
-restarted with exponential back-off if it keeps dying.
+restarted with exponential back-off if it keeps dying.  A restarted child
+never loads models strictly: a model that no longer loads (e.g. its file
+changed on disk) is unavailable, and the child comes back serving the others.
 
 Stop (SIGTERM/SIGINT, idempotent): the frontend drains within the grace
 period, then children get SIGTERM, a deadline, SIGKILL; every shared-memory
-segment of this instance is unlinked and the runtime dir removed.
+segment of this instance is unlinked, the runtime dir removed (a configured
+one: only our socket and lock file) and the lock released.
 """
 from __future__ import annotations
 
@@ -42,6 +47,10 @@ PULSE_FRESH_S = 2.0
 
 class StartupError(RuntimeError):
     pass
+
+
+class ConfigError(ValueError):
+    """A setting that cannot be used as given; the message names the variable."""
 
 
 def sd_notify(state: str) -> None:
@@ -89,8 +98,13 @@ class Supervisor:
         usec = os.environ.get("WATCHDOG_USEC", "")
         self.watchdog_s = int(usec) / 2e6 if usec.isdigit() and int(usec) > 0 else None
         self.next_watchdog = 0.0
+        self.lock: addresses.RuntimeDirLock | None = None
         self.init_instance()
-        self.init_models()
+        try:
+            self.init_models()
+        except BaseException:
+            self.release_runtime_dir()
+            raise
         self.children = [Child(role, name) for role, name in
                          addresses.worker_names(cfg.preprocess_workers, cfg.postprocess_workers)]
 
@@ -102,7 +116,16 @@ class Supervisor:
             log.warning("removed %d stale segments/dirs left by crashed instances: %s", len(gone), ", ".join(gone[:5]))
         self.own_runtime_dir = not cfg.runtime_dir
         cfg.runtime_dir = addresses.runtime_dir(cfg.instance, cfg.runtime_dir)
-        os.makedirs(cfg.runtime_dir, mode=0o700, exist_ok=True)
+        lock = addresses.RuntimeDirLock(cfg.runtime_dir)
+        try:  # before anything binds or spawns: a second instance must not join our hub
+            os.makedirs(cfg.runtime_dir, mode=0o700, exist_ok=True)
+            lock.acquire()
+        except OSError as exc:
+            src = ("default, under the temp dir" if self.own_runtime_dir
+                   else cfg.sources.get("runtime_dir", "default"))
+            raise ConfigError(f"invalid configuration: AIENG_RUNTIME_DIR {cfg.runtime_dir!r} cannot be "
+                              f"created or used: {exc.strerror or exc} (from {src})") from None
+        self.lock = lock
 
     def init_models(self) -> None:
         only = [n.strip() for n in self.cfg.models.split(",") if n.strip()] or None
@@ -116,8 +139,11 @@ class Supervisor:
     def spawn(self, child: Child) -> None:
         parent_conn, child_conn = self.ctx.Pipe(duplex=True)  # the child reads EOF when we die
         spec_dicts = {k: s.to_dict() for k, s in self.specs.items()}
+        cfg = self.cfg.to_dict()
+        if child.restarts:  # a restart while serving is never strict: come back with whatever loads
+            cfg["strict_model_load"] = False
         child.proc = self.ctx.Process(target=run_process, name=child.name, daemon=False,
-                                      args=(child.role, self.cfg.to_dict(), spec_dicts, child.name, child_conn))
+                                      args=(child.role, cfg, spec_dicts, child.name, child_conn))
         child.proc.start()
         child_conn.close()
         child.conn = parent_conn
@@ -320,6 +346,14 @@ class Supervisor:
         if hasattr(self, "hub"):
             self.hub.close(0)
         gone = shm.unlink_prefix(f"{shm.PREFIX}{self.cfg.instance}.")
+        self.release_runtime_dir()
+        log.info("stopped; unlinked %d shared-memory segments", len(gone))
+
+    def release_runtime_dir(self) -> None:
+        """Remove what is ours in the runtime dir, then drop its lock.  Only the lock's holder
+        touches the dir, so a refused second instance never removes the first one's socket."""
+        if self.lock is None:
+            return
         if self.own_runtime_dir:
             shutil.rmtree(self.cfg.runtime_dir, ignore_errors=True)
         else:  # a configured dir may hold other things: remove only our socket
@@ -327,12 +361,20 @@ class Supervisor:
                 os.unlink(os.path.join(self.cfg.runtime_dir, "hub.sock"))
             except FileNotFoundError:
                 pass
-        log.info("stopped; unlinked %d shared-memory segments", len(gone))
+        self.lock.release()
+        self.lock = None
 
 
 def serve(cfg: Config) -> int:
     procutil.set_title("aieng::supervisor")
-    sup = Supervisor(cfg)
+    try:
+        sup = Supervisor(cfg)
+    except ConfigError as exc:
+        log.error("%s", exc)
+        return 2
+    except (addresses.RuntimeDirInUse, model_repo.ModelError) as exc:
+        log.error("startup failed: %s", exc)
+        return 1
     signal.signal(signal.SIGTERM, sup._on_signal)
     signal.signal(signal.SIGINT, sup._on_signal)
     try:

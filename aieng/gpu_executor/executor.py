@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from aieng import messages as m
-from aieng import shm
+from aieng import model_repo, shm
 from aieng.config import Config
 from aieng.gpu_executor.batcher import Batcher, Pending
 from aieng.gpu_executor.sessions import ModelSession, describe_runtime
@@ -39,14 +39,22 @@ class Executor(HubWorker):
         self.handlers[m.InferTask] = self.on_task
 
     def init_sessions(self, specs: dict[str, ModelSpec]) -> None:
-        self.sessions: dict[str, ModelSession] = {}
-        for key, spec in specs.items():
+        """One session per model, each built on its own: a model that fails (a corrupt file, a file
+        changed on disk since the supervisor hashed it) is recorded in ``failed`` and answered
+        UNAVAILABLE; the others serve.  Only a strict start fails the executor."""
+        def load(spec: ModelSpec) -> ModelSession:
             t0 = time.perf_counter()
+            model_repo.verify_content(spec)  # never load a file that changed under us
             sess = ModelSession(spec, self.cfg.device, self.cfg.intra_op_threads, self.cfg.ort_spinning)
             runs = sess.warmup()
-            self.sessions[key] = sess
-            self.log.info("loaded %s (%s) on %s, %d warm-up runs in %.2fs", key, spec.content_hash[:12],
+            self.log.info("loaded %s (%s) on %s, %d warm-up runs in %.2fs", spec.key, spec.content_hash[:12],
                           sess.provider, runs, time.perf_counter() - t0)
+            return sess
+
+        self.sessions: dict[str, ModelSession]
+        self.failed: dict[str, str]
+        self.sessions, self.failed = model_repo.build_each(specs, load, self.log, self.cfg.strict_model_load,
+                                                           path=lambda s: s.onnx_path)
 
     def init_batcher(self) -> None:
         self.batcher = Batcher()
@@ -63,7 +71,7 @@ class Executor(HubWorker):
 
     def info(self) -> dict:
         return {"ring": self.ring.seg.name, "runtime": describe_runtime(),
-                "models": {k: s.describe() for k, s in self.sessions.items()}}
+                "models": {k: s.describe() for k, s in self.sessions.items()}, "failed": dict(self.failed)}
 
     # -- the loop ---------------------------------------------------------------
     def on_task(self, task: m.InferTask, frames: list) -> None:
@@ -83,8 +91,11 @@ class Executor(HubWorker):
     def accept(self, task: m.InferTask) -> None:
         key = f"{task.model}:{task.version}"
         sess = self.sessions.get(key)
-        if sess is None:
-            self.fail(task.rid, INTERNAL, f"executor does not serve {key}", task.ref)
+        if sess is None:  # a model that failed to load is unavailable, not an internal error
+            if key in self.failed:
+                self.fail(task.rid, UNAVAILABLE, self.failed[key], task.ref)
+            else:
+                self.fail(task.rid, INTERNAL, f"executor does not serve {key}", task.ref)
             return
         problem = self.check_shapes(sess, task.ref.tensors)
         if problem:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from aieng import messages as m
-from aieng import shm
+from aieng import model_repo, shm
 from aieng.config import Config
 from aieng.model_repo import ModelSpec
 from aieng.postprocess_workers.ops import OPS
@@ -33,7 +33,10 @@ class PostprocessWorker(HubWorker):
 
     def __init__(self, cfg: Config, specs: dict[str, ModelSpec], worker: str, log):
         super().__init__(cfg, worker, log)
-        self.ops = {key: OPS[s.postprocess["type"]](s) for key, s in specs.items()}
+        # Each model's op on its own: one that fails (e.g. labels read from a corrupt model file)
+        # is recorded in ``failed`` and its requests get UNAVAILABLE; the other models serve.
+        self.ops, self.failed = model_repo.build_each(specs, lambda s: OPS[s.postprocess["type"]](s),
+                                                      log, cfg.strict_model_load)
         self.rings = shm.RingCache()
         self.handlers[m.PostTask] = self.handle
 
@@ -46,7 +49,7 @@ class PostprocessWorker(HubWorker):
             self.fail(task.rid, UNAVAILABLE, "executor went away before postprocessing")
             return
         try:
-            op = self.ops[f"{task.model}:{task.version}"]
+            op = self.op(f"{task.model}:{task.version}")
             result = op(ring.views(ref.slot, ref.tensors), task.params, task.degraded)
             confidence = op.confidence(result) if hasattr(op, "confidence") else None
             packed = pack({k: to_wire(v) for k, v in result.items()})
@@ -62,6 +65,14 @@ class PostprocessWorker(HubWorker):
         post_us = (time.perf_counter_ns() - t0) // 1000
         self.log.debug("postprocessed %s:%s (%d us)", task.model, task.version, post_us, extra={"trace": task.trace})
         self.send(m.Result(task.rid, packed, post_us, confidence))
+
+    def info(self) -> dict:
+        return {"failed": dict(self.failed)}
+
+    def op(self, key: str):
+        if key in self.failed:
+            raise RequestError(UNAVAILABLE, self.failed[key])
+        return self.ops[key]
 
     def close(self) -> None:
         super().close()

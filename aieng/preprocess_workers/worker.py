@@ -15,10 +15,11 @@ import time
 from typing import Any
 
 from aieng import messages as m
+from aieng import model_repo
 from aieng.config import Config
 from aieng.model_repo import ModelSpec
 from aieng.preprocess_workers import PROCESSORS
-from aieng.protocol import INTERNAL, INVALID_INPUT, INVALID_REQUEST, RequestError, unpack_limited
+from aieng.protocol import INTERNAL, INVALID_INPUT, INVALID_REQUEST, UNAVAILABLE, RequestError, unpack_limited
 from aieng.worker_runtime import HubWorker, own_ring
 
 _KIND_CHECKS = {
@@ -62,15 +63,18 @@ class PreprocessWorker(HubWorker):
         self.arrived: list[tuple[m.PreTask, Any]] = []  # drained together, encoded together
 
     def init_processors(self, specs: dict[str, ModelSpec]) -> None:
+        """Each model's processor on its own: one that fails (e.g. a corrupt tokenizer file) is
+        recorded in ``failed`` and its requests get UNAVAILABLE; the other models serve."""
         self.specs = specs
-        self.procs = {key: PROCESSORS[s.preprocess["type"]](s) for key, s in specs.items()}
+        self.procs, self.failed = model_repo.build_each(specs, lambda s: PROCESSORS[s.preprocess["type"]](s),
+                                                        self.log, self.cfg.strict_model_load)
 
     def init_ring(self) -> None:
         need = max((getattr(p, "max_request_bytes", 0) for p in self.procs.values()), default=0)
         self.ring = own_ring(self.cfg, self.worker, need)
 
     def info(self) -> dict:
-        return {"ring": self.ring.seg.name}
+        return {"ring": self.ring.seg.name, "failed": dict(self.failed)}
 
     # -- the loop ---------------------------------------------------------------
     def on_task(self, task: m.PreTask, frames: list) -> None:
@@ -86,6 +90,8 @@ class PreprocessWorker(HubWorker):
         for task, body in arrived:
             key = f"{task.model}:{task.version}"
             try:
+                if key in self.failed:
+                    raise RequestError(UNAVAILABLE, self.failed[key])
                 if key not in self.procs:
                     raise RequestError(INTERNAL, f"this worker does not serve {key}")
                 req = unpack_limited(body.buffer, self.cfg.max_message_bytes)
