@@ -26,6 +26,7 @@ class Config:
     max_batch_size: int = 0
     max_wait_ms: float = -1.0
     device: str = "auto"
+    executor_lanes: int = 1
     intra_op_threads: int = 0
     ort_spinning: bool = False
     worker_nice: int = 0
@@ -86,6 +87,7 @@ class Config:
         need(self.device in ("auto", "cpu", "cuda"), "device must be auto, cpu or cuda")
         need(self.log_format in ("text", "json"), "log_format must be text or json")
         need(self.intra_op_threads >= 0, "intra_op_threads must be >= 0")
+        need(1 <= self.executor_lanes <= 64, "executor_lanes must be in 1..64")
         need(self.hang_timeout_s >= 2.0, "hang_timeout_s must be >= 2")
         need(self.max_inflight_per_client >= 0, "max_inflight_per_client must be >= 0")
         need(self.client_rate_limit >= 0, "client_rate_limit must be >= 0")

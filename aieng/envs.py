@@ -49,6 +49,10 @@ def _default_preprocess_workers() -> int:
     return max(1, min(4, cpu_count() // 2))
 
 
+def _default_lanes() -> int:
+    return max(1, min(4, cpu_count()))
+
+
 def _default_postprocess_workers() -> int:
     return max(1, min(2, cpu_count() // 4))
 
@@ -72,8 +76,11 @@ REGISTRY: tuple[EnvVar, ...] = (
            "Overrides every model's max_wait_ms when >= 0", "max_wait_ms"),
     EnvVar("AIENG_DEVICE", str, "auto",
            "auto: CUDA when a session created with it really runs on a GPU; cpu: never try CUDA; cuda: fail unless CUDA runs", "device"),
+    EnvVar("AIENG_EXECUTOR_LANES", int, _default_lanes,
+           "Batches the executor runs at once, each on its own thread (default: usable CPUs, 1..4; 1 on CUDA)",
+           "executor_lanes"),
     EnvVar("AIENG_INTRA_OP_THREADS", int, 0,
-           "ONNX Runtime intra-op threads in the executor (0: usable CPUs)", "intra_op_threads"),
+           "ONNX Runtime intra-op threads per run (0: usable CPUs / AIENG_EXECUTOR_LANES)", "intra_op_threads"),
     EnvVar("AIENG_ORT_SPINNING", boolean, False,
            "Let ONNX Runtime's intra-op threads spin between runs (burns cores the workers need)", "ort_spinning"),
     EnvVar("AIENG_WORKER_NICE", int, 0,

@@ -87,6 +87,7 @@ class HubWorker:
         self.handlers: dict[type, Callable[[Any, list], None]] = {m.LogLevel: self.on_log_level}
         self.next_hello = 0.0
         self.hello_bytes = b""
+        self.wake_fds: list[int] = []  # more file descriptors the loop waits on (the executor's lanes)
 
     # -- what a role provides -------------------------------------------------
     def info(self) -> dict:
@@ -104,10 +105,13 @@ class HubWorker:
     def run(self, stop: procutil.StopFlag) -> None:
         self.hello_bytes = m.encode(m.Hello(self.worker, self.role, os.getpid(), self.info()))
         self.heartbeat()
-        waiter = procutil.Waiter(self.sock)
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        for fd in self.wake_fds:
+            poller.register(fd, zmq.POLLIN)
         timeout_ms = 200
         while not stop.stop:
-            if waiter.wait(timeout_ms):
+            if poller.poll(timeout_ms):
                 self.drain()
             nxt = self.after_drain(time.monotonic())
             timeout_ms = 200 if nxt is None else nxt

@@ -1,11 +1,13 @@
 """The executor process: owns every ONNX Runtime session and runs batches.
 
-One thread, one loop (the shared ``HubWorker`` runtime): drain ``InferTask``
-messages from the hub, hand them to the batcher, and when it says so assemble
-a padded batch straight from the preprocess workers' shared-memory slots
-(freeing each slot as soon as its rows are copied), run the session, write
-each request's own rows into a slot of this process's output ring, and tell
-the frontend with one ``Inferred`` message per batch.
+One loop (the shared ``HubWorker`` runtime) and a few lanes (``lanes``): the
+loop drains ``InferTask`` messages from the hub, hands them to the batcher,
+and while a lane is free and the batcher says so, assembles a padded batch
+straight from the preprocess workers' shared-memory slots (freeing each slot
+as soon as its rows are copied) and gives the run to a lane.  When a lane is
+done the loop writes each request's own rows into a slot of this process's
+output ring and tells the frontend with one ``Inferred`` message per batch.
+All socket and ring work stays on the loop thread.
 
 Padding never changes a result: every variable input dimension carries a
 symbolic name (e.g. ``sequence``); output dimensions with the same name are
@@ -21,7 +23,9 @@ import numpy as np
 from aieng import messages as m
 from aieng import model_repo, shm
 from aieng.config import Config
+from aieng.envs import cpu_count
 from aieng.gpu_executor.batcher import Batcher, Pending
+from aieng.gpu_executor.lanes import Job, Lanes
 from aieng.gpu_executor.sessions import ModelSession, describe_runtime
 from aieng.model_repo import ModelSpec
 from aieng.protocol import INTERNAL, INVALID_INPUT, UNAVAILABLE, RequestError
@@ -36,6 +40,7 @@ class Executor(HubWorker):
         self.init_sessions(specs)
         self.init_batcher()
         self.init_rings()
+        self.init_lanes()
         self.handlers[m.InferTask] = self.on_task
 
     def init_sessions(self, specs: dict[str, ModelSpec]) -> None:
@@ -45,7 +50,8 @@ class Executor(HubWorker):
         def load(spec: ModelSpec) -> ModelSession:
             t0 = time.perf_counter()
             model_repo.verify_content(spec)  # never load a file that changed under us
-            sess = ModelSession(spec, self.cfg.device, self.cfg.intra_op_threads, self.cfg.ort_spinning)
+            threads = self.cfg.intra_op_threads or max(1, cpu_count() // self.cfg.executor_lanes)
+            sess = ModelSession(spec, self.cfg.device, threads, self.cfg.ort_spinning)
             runs = sess.warmup()
             self.log.info("loaded %s (%s) on %s, %d warm-up runs in %.2fs", spec.key, spec.content_hash[:12],
                           sess.provider, runs, time.perf_counter() - t0)
@@ -69,8 +75,13 @@ class Executor(HubWorker):
         self.inputs = shm.RingCache()
         self.ring = own_ring(self.cfg, self.worker, max((s.max_output_bytes for s in self.sessions.values()), default=0))
 
+    def init_lanes(self) -> None:
+        on_gpu = any(s.provider == "CUDAExecutionProvider" for s in self.sessions.values())
+        self.lanes = Lanes(1 if on_gpu else self.cfg.executor_lanes)  # one stream on a GPU: one lane
+        self.wake_fds.append(self.lanes.wake_fd)
+
     def info(self) -> dict:
-        return {"ring": self.ring.seg.name, "runtime": describe_runtime(),
+        return {"ring": self.ring.seg.name, "runtime": describe_runtime(), "lanes": self.lanes.n,
                 "models": {k: s.describe() for k, s in self.sessions.items()}, "failed": dict(self.failed)}
 
     # -- the loop ---------------------------------------------------------------
@@ -78,15 +89,19 @@ class Executor(HubWorker):
         self.accept(task)
 
     def after_drain(self, now: float) -> int:
+        for job in self.lanes.finished():
+            self.finish_batch(job)
         for p in self.batcher.expire(now):
             self.inputs.release(p.payload.ref)  # the frontend answers TIMEOUT itself
-        key, batch, wake_at = self.batcher.next_batch(now)
-        if key is not None:
-            self.run_batch(key, batch)
-            return 0  # look again at once: more may be ready
-        if wake_at is not None:
+        wake_at = None
+        while self.lanes.free() > 0:
+            key, batch, wake_at = self.batcher.next_batch(now)
+            if key is None:
+                break
+            self.start_batch(key, batch)
+        if wake_at is not None and self.lanes.free() > 0:
             return max(0, int((wake_at - now) * 1000) + 1)
-        return 200
+        return 200  # a finished lane or a new task wakes the loop
 
     def accept(self, task: m.InferTask) -> None:
         key = f"{task.model}:{task.version}"
@@ -122,21 +137,20 @@ class Executor(HubWorker):
                     return f"input '{spec.name}' has an empty dimension"
         return None
 
-    def run_batch(self, key: str, batch: list[Pending]) -> None:
+    def start_batch(self, key: str, batch: list[Pending]) -> None:
         sess = self.sessions[key]
-        started = time.monotonic()
         feeds, sizes, live = self.assemble(sess, batch)
-        if not live:
-            return
-        t0 = time.perf_counter_ns()
-        try:
-            outputs = sess.run(feeds)
-        except Exception as exc:  # a failing run fails its batch, not the executor
-            self.log.exception("%s: run failed", key)
+        if live:
+            self.lanes.submit(Job(lambda: sess.run(feeds), (key, sess, sizes, live)))
+
+    def finish_batch(self, job: Job) -> None:
+        key, sess, sizes, live = job.context
+        if job.error is not None:  # a failing run fails its batch, not the executor
+            self.log.error("%s: run failed: %s: %s", key, type(job.error).__name__, job.error)
             for p in live:
-                self.fail(p.rid, INTERNAL, f"model run failed: {type(exc).__name__}")
+                self.fail(p.rid, INTERNAL, f"model run failed: {type(job.error).__name__}")
             return
-        infer_us = (time.perf_counter_ns() - t0) // 1000
+        outputs, infer_us = job.result, job.run_ns // 1000
         padded = max((max(s.values(), default=0) for s in sizes), default=0)
         self.batcher.observe(key, len(live), padded, infer_us / 1e6)
         done = m.Inferred([], [], [], len(live), padded, infer_us)
@@ -148,7 +162,7 @@ class Executor(HubWorker):
                 continue
             done.rids.append(p.rid)
             done.refs.append(ref)
-            done.wait_us.append(int((started - p.arrived) * 1e6))
+            done.wait_us.append(max(0, int((job.started - p.arrived) * 1e6)))
             self.log.debug("inferred in a batch of %d (padded %d, %d us)", len(live), padded, infer_us,
                            extra={"trace": p.payload.trace})
         if done.rids:
@@ -177,6 +191,7 @@ class Executor(HubWorker):
         self.send(m.Failed(rid, code, message))
 
     def close(self) -> None:
+        self.lanes.close()
         super().close()
         self.inputs.close()
         self.ring.close()

@@ -1,0 +1,103 @@
+"""Executor lanes: whole batches run concurrently on a few threads, one ONNX Runtime run each.
+
+Why (measured, docs/architecture.md "Profile"): on a CPU, ONNX Runtime's
+intra-op parallelism over two threads cost about 15% more CPU per request
+than one thread on minilm (a condition-variable wake-up in every parallel
+op), and the executor's Python work (assembling a batch, publishing outputs)
+ran serially with the model.  With ``lanes`` threads each running a whole
+batch on one intra-op thread, every core does useful work and the loop
+assembles the next batch while runs are under way.  ONNX Runtime releases
+the GIL during ``run``, and one session serves concurrent runs.
+
+Contract:
+  * ``submit`` and ``finished`` are called from the loop thread only;
+    ``submit`` only while ``free() > 0``.
+  * A lane calls ``job.run()`` (pure compute: no sockets, no rings), puts the
+    finished job on the done queue and writes one byte to ``wake_fd``, which
+    the loop polls beside its hub socket; the loop does all socket and ring
+    work, so nothing here needs a lock.
+  * ``close`` stops the lanes (a ``None`` job each) and joins them.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from typing import Any, Callable
+
+
+class Job:
+    """One batch: ``fn()`` computes ``result`` (or ``error``) on a lane; the rest is the loop's."""
+
+    __slots__ = ("fn", "context", "result", "error", "started", "run_ns")
+
+    def __init__(self, fn: Callable[[], Any], context: Any):
+        self.fn, self.context = fn, context
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.started = 0.0  # monotonic seconds the run began
+        self.run_ns = 0
+
+    def run(self) -> None:
+        self.started = time.monotonic()
+        t0 = time.perf_counter_ns()
+        try:
+            self.result = self.fn()
+        except Exception as exc:  # a failing run fails its batch, never the lane
+            self.error = exc
+        self.run_ns = time.perf_counter_ns() - t0
+
+
+class Lanes:
+    def __init__(self, n: int):
+        self.n = n
+        self.busy = 0
+        self.todo: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self.done: queue.SimpleQueue[Job] = queue.SimpleQueue()
+        self.wake_fd, self._wake_w = os.pipe()
+        os.set_blocking(self.wake_fd, False)
+        self.threads = [threading.Thread(target=self._lane, name=f"lane-{i}", daemon=True) for i in range(n)]
+        for t in self.threads:
+            t.start()
+
+    def _lane(self) -> None:
+        while True:
+            job = self.todo.get()
+            if job is None:
+                return
+            job.run()
+            self.done.put(job)
+            os.write(self._wake_w, b"x")
+
+    def free(self) -> int:
+        return self.n - self.busy
+
+    def submit(self, job: Job) -> None:
+        self.busy += 1
+        self.todo.put(job)
+
+    def finished(self) -> list[Job]:
+        """Jobs done since the last call (empties the wake pipe)."""
+        try:
+            while os.read(self.wake_fd, 4096):
+                pass
+        except BlockingIOError:
+            pass
+        out = []
+        while True:
+            try:
+                out.append(self.done.get_nowait())
+            except queue.Empty:
+                break
+        self.busy -= len(out)
+        return out
+
+    def close(self, timeout: float = 5.0) -> None:
+        for _ in self.threads:
+            self.todo.put(None)
+        deadline = time.monotonic() + timeout
+        for t in self.threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        os.close(self.wake_fd)
+        os.close(self._wake_w)
