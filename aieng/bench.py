@@ -1,208 +1,240 @@
-"""``aieng bench``: the server against the same model in-process, in one run.
+"""``aieng bench``: the server, the in-process limit and a plain baseline server, in one run.
 
-1. In-process limit (before): the same processors, session settings, padding
-   and postprocessing the server uses, in one process: batch 1, then batches
-   of 4/8/16/32 in arrival order and sorted by length.  The best row is the
+1. In-process limit (before, ``aieng.bench_limit``): the best a user could run
+   in one process with the same model files: batch 1 and batches of 4..32 in
+   arrival order and sorted by length, ONNX Runtime spinning off and on
+   (threads = usable CPUs), plus batch 1 on one thread.  The best row is the
    limit.
-2. The server (a subprocess serving only this model): closed loop at each
+2. The aieng server (a subprocess serving only this model): closed loop at each
    concurrency, then open loop with Poisson arrivals at fractions of the
-   limit.  Throughput, p50/p95/p99, errors, mean batch; ratio to the limit.
-3. In-process limit again (after), so drift of this shared machine shows; the
-   higher of the two is used, which makes the ratio conservative.
+   limit.  Throughput, p50/p95/p99, errors, mean batch, ratio to the limit,
+   and CPU per answered request: ``/proc`` CPU time of the supervisor and all
+   its children read around each closed-loop level (``aieng.cpuacct``), total
+   and per process.
+3. The baseline (``aieng.baseline``, a subprocess: one process, one session,
+   a thread pool, no batching) driven by the same closed loop; its throughput
+   and CPU per request (skip with ``--skip-baseline``).
+4. In-process again (after): the best row of each spinning setting re-run, so
+   drift of this shared machine shows (the higher limit is used, which makes
+   the ratio conservative), and the in-process CPU per request at each mean
+   batch the server reached, so "server CPU minus in-process CPU" is the cost
+   of the process split.
 
-Writes ``<out>/<model>.md`` (the tables) and ``<out>/<model>.png``
-(latency vs throughput).  Speed targets live here, never in unit tests.
+Writes ``<out>/<model>.md`` (the tables) and ``<out>/<model>.png`` (latency vs
+throughput, aieng and baseline).  Speed targets live here, never in unit tests.
 """
 from __future__ import annotations
 
 import asyncio
 import os
-import random
+import signal
+import socket
+import subprocess
+import sys
 import tempfile
 import time
-from typing import Any
+from typing import Any, Callable
 
-import numpy as np
+from aieng import cpuacct
+from aieng.bench_limit import InProcess
+from aieng.loadgen import open_loop, run_level, sample_inputs
 
-from aieng.loadgen import run_level, sample_inputs
-
-BATCHES = (1, 4, 8, 16, 32)
-
-
-def _spec(model: str, repo: str):
-    from aieng.model_repo import latest, scan
-
-    versions = scan(repo, [model])[model]
-    return versions[latest(versions)]
-
-
-def inprocess_limit(model: str, repo: str, inputs: list[dict], threads: int, spinning: bool) -> dict[str, Any]:
-    """Sentences (requests) per second, everything in this one process."""
-    from aieng.gpu_executor.sessions import ModelSession
-    from aieng.postprocess_workers.ops import OPS
-    from aieng.preprocess_workers import PROCESSORS
-
-    spec = _spec(model, repo)
-    pre = PROCESSORS[spec.preprocess["type"]](spec)
-    post = OPS[spec.postprocess["type"]](spec)
-    sess = ModelSession(spec, "auto", threads, spinning)
-    sess.warmup()
-    max_b = int(spec.batching["max_batch_size"])
-
-    def encode(items: list[dict]) -> list:
-        if getattr(pre, "batchable", False):
-            return pre.process_many([pre.check(i) for i in items])
-        return [pre.process(i) for i in items]
-
-    def run(batch: int, order: list[int]) -> float:
-        t0 = time.perf_counter()
-        for s in range(0, len(order), batch):
-            encs = encode([inputs[i] for i in order[s:s + batch]])
-            feeds, sizes = sess.feeds_from([dict(e[0]) for e in encs])
-            outs = sess.run(feeds)
-            for row in range(len(encs)):
-                post(dict(sess.request_outputs(outs, row, sizes[row])), {})
-        return len(order) / (time.perf_counter() - t0)
-
-    arrival = list(range(len(inputs)))
-    lengths = [e[1] for e in encode(inputs)]
-    by_len = sorted(arrival, key=lambda i: lengths[i])
-    run(min(8, max_b), arrival[:64])  # warm caches
-    rows = []
-    lat1 = []
-    for i in arrival[:50]:  # batch-1 latency, one request at a time
-        t0 = time.perf_counter()
-        run(1, [i])
-        lat1.append(time.perf_counter() - t0)
-    for b in BATCHES:
-        if b > max_b:
-            continue
-        rows.append({"batch": b, "arrival": run(b, arrival), "sorted": run(b, by_len) if b > 1 else None})
-    best = max(max(r["arrival"], r["sorted"] or 0) for r in rows)
-    return {"rows": rows, "best": best, "batch1_p50_ms": float(np.median(lat1)) * 1000}
-
-
-async def open_loop(addr: str, model: str, inputs: list[dict], rate: float, duration: float,
-                    timeout_s: float) -> dict[str, Any]:
-    from aieng.client import AsyncClient
-
-    client = AsyncClient(addr, timeout_s=timeout_s)
-    rng = random.Random(1)
-    lat: list[float] = []
-    errors: dict[str, int] = {}
-
-    async def one(i: int) -> None:
-        t0 = time.perf_counter()
-        try:
-            reply = await client.infer(model, inputs[i % len(inputs)], raise_on_error=False)
-        except asyncio.TimeoutError:
-            errors["CLIENT_TIMEOUT"] = errors.get("CLIENT_TIMEOUT", 0) + 1
-            return
-        if reply.get("ok"):
-            lat.append(time.perf_counter() - t0)
-        else:
-            code = reply["error"]["code"]
-            errors[code] = errors.get(code, 0) + 1
-
-    tasks = []
-    start = time.perf_counter()
-    nxt = start
-    i = 0
-    while nxt - start < duration:
-        await asyncio.sleep(max(0.0, nxt - time.perf_counter()))
-        tasks.append(asyncio.ensure_future(one(i)))
-        i += 1
-        nxt += rng.expovariate(rate)
-    await asyncio.gather(*tasks)
-    elapsed = time.perf_counter() - start
-    client.close()
-    ms = np.asarray(lat) * 1000 if lat else np.zeros(1)
-    return {"rate": rate, "sent": i, "ok": len(lat), "rps": len(lat) / elapsed,
-            "p50_ms": float(np.percentile(ms, 50)), "p95_ms": float(np.percentile(ms, 95)),
-            "p99_ms": float(np.percentile(ms, 99)), "errors": errors}
-
-
-def _start_server(model: str, repo: str):
-    import socket
-    import subprocess
-    import sys
-
-    from aieng.client import Client
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    addr = f"tcp://127.0.0.1:{port}"
-    env = {k: v for k, v in os.environ.items() if not (k.startswith("AIENG_") and k not in _PASS_THROUGH)}
-    env.update({"AIENG_FRONTEND_ADDR": addr, "AIENG_MODEL_REPOSITORY": repo, "AIENG_MODELS": model,
-                "AIENG_LOG_LEVEL": "WARNING", "AIENG_HTTP_ADDR": ""})
-    log = tempfile.NamedTemporaryFile(prefix="aieng-bench-", suffix=".log", delete=False)
-    proc = subprocess.Popen([sys.executable, "-m", "aieng.cli", "serve"], env=env, stdout=log, stderr=log)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}; see {log.name}")
-        try:
-            with Client(addr, timeout_s=1.0, dealer=True) as c:
-                if c.health().get("ready"):
-                    return proc, addr, log.name
-        except (TimeoutError, Exception):
-            pass
-    proc.kill()
-    raise RuntimeError(f"server not ready; see {log.name}")
-
-
+# Column order of the per-process CPU table; names not listed follow, sorted.
+_ROLE_ORDER = ("frontend", "preprocess", "executor", "postprocess", "supervisor", "other")
 # Tuning variables the bench passes to the server it starts (everything else is reset).
 _PASS_THROUGH = {"AIENG_PREPROCESS_WORKERS", "AIENG_POSTPROCESS_WORKERS", "AIENG_MAX_BATCH_SIZE",
                  "AIENG_MAX_WAIT_MS", "AIENG_INTRA_OP_THREADS", "AIENG_ORT_SPINNING", "AIENG_DEVICE"}
 
 
-def server_side(model: str, repo: str, inputs: list[dict], levels: list[int], rates: list[float],
-                duration: float, limit: float, n_requests: int) -> dict[str, Any]:
-    import signal
+def ratio(a: float | None, b: float | None) -> float | None:
+    """``a / b``, or None when either is missing or ``b`` is not positive."""
+    if a is None or b is None or b <= 0:
+        return None
+    return a / b
 
+
+def _f(x: float | None, nd: int = 2) -> str:
+    return "-" if x is None else f"{x:.{nd}f}"
+
+
+def answered(r: dict) -> int:
+    return int(r["requests"]) - sum(r["errors"].values())
+
+
+def _spawn(what: str, argv: list[str], env: dict[str, str], addr: str, ready: Callable[[dict], bool]):
+    """Start ``argv`` with its output in a temp log and wait (bounded) until ``health`` says ready."""
+    from aieng.client import Client
+
+    log = tempfile.NamedTemporaryFile(prefix=f"aieng-bench-{what}-", suffix=".log", delete=False)
+    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=log)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}; see {log.name}")
+        try:
+            with Client(addr, timeout_s=1.0, dealer=True) as c:
+                if ready(c.health()):
+                    return proc, log.name
+        except Exception:  # not bound yet, or still loading: ask again until the deadline
+            pass
+    proc.kill()
+    proc.wait(10)
+    raise RuntimeError(f"{what} not ready within 120 s; see {log.name}")
+
+
+def _free_addr() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
+def closed_levels(addr: str, pid: int, model: str, inputs: list[dict], levels: list[int], n: int,
+                  report: bool) -> list[dict]:
+    """Warm, then one measured closed-loop run per level, with the CPU the tree under ``pid`` used."""
     from aieng.report import fetch
 
+    out = []
+    for c in levels:
+        asyncio.run(run_level(addr, model, inputs[:min(len(inputs), 4 * c)], c, 60))  # warm this level
+        if report:
+            fetch(addr, reset=True)
+        before = cpuacct.snapshot(pid)
+        r = asyncio.run(run_level(addr, model, inputs[:n], c, 60))
+        used = cpuacct.delta(before, cpuacct.snapshot(pid))
+        r["cpu"] = cpuacct.per_request_ms(used, answered(r))
+        if report:
+            r["report"] = fetch(addr)["models"].get(model, {})
+        out.append(r)
+    return out
+
+
+def _start_server(model: str, repo: str) -> tuple[subprocess.Popen, str, str]:
+    """The aieng server serving only ``model`` on a free loopback port, ready: ``(proc, addr, log path)``.
+    Also used by scripts/kill_recovery.py."""
+    addr = _free_addr()
+    env = {k: v for k, v in os.environ.items() if not (k.startswith("AIENG_") and k not in _PASS_THROUGH)}
+    env.update({"AIENG_FRONTEND_ADDR": addr, "AIENG_MODEL_REPOSITORY": repo, "AIENG_MODELS": model,
+                "AIENG_LOG_LEVEL": "WARNING", "AIENG_HTTP_ADDR": ""})
+    proc, log = _spawn("server", [sys.executable, "-m", "aieng.cli", "serve"], env, addr,
+                       lambda h: bool(h.get("ready")))
+    return proc, addr, log
+
+
+def server_side(model: str, repo: str, inputs: list[dict], levels: list[int], rates: list[float],
+                duration: float, limit: float, n_requests: int) -> dict[str, Any]:
     proc, addr, log = _start_server(model, repo)
     try:
-        closed = []
-        for c in levels:
-            asyncio.run(run_level(addr, model, inputs[:min(len(inputs), 4 * c)], c, 60))  # warm this level
-            fetch(addr, reset=True)
-            r = asyncio.run(run_level(addr, model, inputs[:n_requests], c, 60))
-            r["report"] = fetch(addr)["models"].get(f"{model}", {})
-            closed.append(r)
+        closed = closed_levels(addr, proc.pid, model, inputs, levels, n_requests, report=True)
         opened = [asyncio.run(open_loop(addr, model, inputs, f * limit, duration, 60)) for f in rates]
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
+        _stop(proc)
     return {"closed": closed, "open": opened, "log": log}
 
 
-def _fmt_table(model: str, before: dict, after: dict, srv: dict, limit: float, rates: list[float]) -> str:
-    lines = [f"# aieng bench: {model}", "",
-             f"In-process limit (same processors, session settings and padding, one process): "
-             f"**{limit:.1f} req/s** (best row; before {before['best']:.1f}, after {after['best']:.1f}); "
-             f"batch-1 latency p50 {before['batch1_p50_ms']:.2f} ms.", "",
-             "| batch | arrival order req/s | sorted by length req/s |", "|---:|---:|---:|"]
-    for r in before["rows"]:
-        srt = f"{r['sorted']:.1f}" if r["sorted"] else "-"
-        lines.append(f"| {r['batch']} | {r['arrival']:.1f} | {srt} |")
-    lines += ["", "Server, closed loop:", "",
-              "| concurrency | req/s | ratio to limit | p50 ms | p95 ms | p99 ms | p99/p50 | mean batch | padding waste | errors |",
-              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for r in srv["closed"]:
+def baseline_side(model: str, repo: str, inputs: list[dict], levels: list[int], n_requests: int) -> dict:
+    addr = _free_addr()
+    argv = [sys.executable, "-m", "aieng.baseline", "--model", model, "--repo", repo, "--addr", addr]
+    proc, log = _spawn("baseline", argv, dict(os.environ), addr, lambda h: bool(h.get("ready")))
+    try:
+        closed = closed_levels(addr, proc.pid, model, inputs, levels, n_requests, report=False)
+    finally:
+        _stop(proc)
+    return {"closed": closed, "log": log}
+
+
+def _role_columns(rows: list[dict]) -> list[str]:
+    names = {k for r in rows for k in r["cpu"] if k != "total"}
+    return sorted(names, key=lambda k: (next((i for i, p in enumerate(_ROLE_ORDER) if k.startswith(p)),
+                                             len(_ROLE_ORDER)), k))
+
+
+def fmt_inprocess(before: dict, after: dict, limit: float) -> list[str]:
+    spin = after.get("by_spinning", {})
+    best = {s: max((max(r["arrival"], r["sorted"] or 0) for r in before["rows"] if r["spinning"] == s),
+                   default=None) for s in (False, True)}
+    lines = [f"In-process limit (the best one process can do with the same model files: same processors, "
+             f"session settings and padding): **{limit:.1f} req/s** (best row; best with intra-op spinning "
+             f"off {_f(best[False], 1)}, on {_f(best[True], 1)}; before {before['best']:.1f}, "
+             f"after {after['best']:.1f}: best row re-run with spinning off {_f(spin.get(False), 1)}, "
+             f"on {_f(spin.get(True), 1)}); batch-1 latency p50 {before['batch1_p50_ms']:.2f} ms; "
+             f"batch 1 on one intra-op thread {_f(before.get('one_thread_batch1'), 1)} req/s.", "",
+             "| batch | arrival, spinning off | sorted, spinning off | arrival, spinning on "
+             "| sorted, spinning on | CPU ms/req (spinning off) |", "|---:|---:|---:|---:|---:|---:|"]
+    by = {(r["batch"], r["spinning"]): r for r in before["rows"]}
+    for b in sorted({r["batch"] for r in before["rows"]}):
+        off, on = by.get((b, False), {}), by.get((b, True), {})
+        lines.append(f"| {b} | {_f(off.get('arrival'), 1)} | {_f(off.get('sorted'), 1)} | "
+                     f"{_f(on.get('arrival'), 1)} | {_f(on.get('sorted'), 1)} | {_f(off.get('cpu_ms'))} |")
+    return lines
+
+
+def fmt_closed(srv: list[dict], base: list[dict] | None, limit: float) -> list[str]:
+    lines = ["| concurrency | aieng req/s | ratio to limit | baseline req/s | aieng/baseline | p50 ms "
+             "| p95 ms | p99 ms | p99/p50 | mean batch | CPU ms/req | padding waste | errors |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    by_c = {r["concurrency"]: r for r in base or []}
+    for r in srv:
+        b = by_c.get(r["concurrency"])
         rep = r.get("report") or {}
-        waste = f"{100 * rep['padding_waste']:.1f}%" if rep else "-"
-        lines.append(f"| {r['concurrency']} | {r['rps']:.1f} | {r['rps'] / limit:.2f} | {r['p50_ms']:.2f} | "
-                     f"{r['p95_ms']:.2f} | {r['p99_ms']:.2f} | {r['p99_ms'] / max(r['p50_ms'], 1e-9):.2f} | "
-                     f"{r['mean_batch']:.2f} | {waste} | {r['errors'] or '-'} |")
-    lines += ["", "Server, open loop (Poisson arrivals):", "",
+        waste = f"{100 * rep['padding_waste']:.1f}%" if "padding_waste" in rep else "-"
+        lines.append(f"| {r['concurrency']} | {r['rps']:.1f} | {_f(ratio(r['rps'], limit))} | "
+                     f"{_f(b and b['rps'], 1)} | {_f(ratio(r['rps'], b and b['rps']))} | {r['p50_ms']:.2f} | "
+                     f"{r['p95_ms']:.2f} | {r['p99_ms']:.2f} | {_f(ratio(r['p99_ms'], r['p50_ms']))} | "
+                     f"{r['mean_batch']:.2f} | {r['cpu']['total']:.2f} | {waste} | {r['errors'] or '-'} |")
+    return lines
+
+
+def fmt_cpu(srv: list[dict], base: list[dict] | None) -> list[str]:
+    lines = ["| concurrency | mean batch | aieng CPU ms/req | in-process CPU ms/req at that batch | "
+             "aieng minus in-process (target <= 1 ms) | baseline CPU ms/req |",
+             "|---:|---:|---:|---:|---:|---:|"]
+    by_c = {r["concurrency"]: r for r in base or []}
+    for r in srv:
+        b = by_c.get(r["concurrency"])
+        inproc = r.get("inprocess_cpu_ms")
+        diff = None if inproc is None else r["cpu"]["total"] - inproc
+        lines.append(f"| {r['concurrency']} | {r['mean_batch']:.2f} | {r['cpu']['total']:.2f} | "
+                     f"{_f(inproc)} | {'-' if diff is None else f'{diff:+.2f}'} | "
+                     f"{_f(b and b['cpu']['total'])} |")
+    cols = _role_columns(srv)
+    lines += ["", "aieng CPU ms per answered request, per process:", "",
+              "| concurrency | " + " | ".join(cols) + " | total |", "|---:|" + "---:|" * (len(cols) + 1)]
+    for r in srv:
+        lines.append(f"| {r['concurrency']} | " + " | ".join(_f(r["cpu"].get(k)) for k in cols)
+                     + f" | {r['cpu']['total']:.2f} |")
+    return lines
+
+
+def fmt_table(model: str, before: dict, after: dict, srv: dict, base: dict | None, limit: float) -> str:
+    lines = [f"# aieng bench: {model}", ""] + fmt_inprocess(before, after, limit)
+    lines += ["", "Closed loop, aieng server" + (" and baseline (one process, one session, thread pool, no "
+                                                 "batching, same transport)" if base else "")
+              + "; latency, mean batch and CPU columns are aieng's:", ""]
+    lines += fmt_closed(srv["closed"], base and base["closed"], limit)
+    lines += ["", "CPU per answered request (utime+stime from /proc of every server process, read around "
+                  "each level; in-process: this process, batches sorted by length, spinning off):", ""]
+    lines += fmt_cpu(srv["closed"], base and base["closed"])
+    if base:
+        lines += ["", "Baseline, closed loop:", "", "| concurrency | req/s | p50 ms | p95 ms | p99 ms | "
+                  "CPU ms/req | errors |", "|---:|---:|---:|---:|---:|---:|---|"]
+        lines += [f"| {r['concurrency']} | {r['rps']:.1f} | {r['p50_ms']:.2f} | {r['p95_ms']:.2f} | "
+                  f"{r['p99_ms']:.2f} | {r['cpu']['total']:.2f} | {r['errors'] or '-'} |"
+                  for r in base["closed"]]
+    lines += ["", "aieng server, open loop (Poisson arrivals):", "",
               "| offered req/s | answered req/s | ratio to limit | p50 ms | p95 ms | p99 ms | errors |",
               "|---:|---:|---:|---:|---:|---:|---|"]
     for r in srv["open"]:
-        lines.append(f"| {r['rate']:.1f} | {r['rps']:.1f} | {r['rps'] / limit:.2f} | {r['p50_ms']:.2f} | "
-                     f"{r['p95_ms']:.2f} | {r['p99_ms']:.2f} | {r['errors'] or '-'} |")
+        lines.append(f"| {r['rate']:.1f} | {r['rps']:.1f} | {_f(ratio(r['rps'], limit))} | "
+                     f"{r['p50_ms']:.2f} | {r['p95_ms']:.2f} | {r['p99_ms']:.2f} | {r['errors'] or '-'} |")
     c1 = next((r for r in srv["closed"] if r["concurrency"] == 1), None)
     if c1:
         lines += ["", f"p50 at concurrency 1 minus in-process batch-1 p50: "
@@ -210,7 +242,7 @@ def _fmt_table(model: str, before: dict, after: dict, srv: dict, limit: float, r
     return "\n".join(lines) + "\n"
 
 
-def _plot(model: str, srv: dict, limit: float, path: str) -> None:
+def _plot(model: str, srv: dict, base: dict | None, limit: float, path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -219,8 +251,15 @@ def _plot(model: str, srv: dict, limit: float, path: str) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     xs = [r["rps"] for r in srv["closed"]]
     for key, style in (("p50_ms", "o-"), ("p99_ms", "s--")):
-        ax.plot(xs, [r[key] for r in srv["closed"]], style, label=f"closed loop {key[:3]}")
-    ax.plot([r["rps"] for r in srv["open"]], [r["p50_ms"] for r in srv["open"]], "^-", label="open loop p50")
+        ax.plot(xs, [r[key] for r in srv["closed"]], style, label=f"aieng closed loop {key[:3]}")
+    ax.plot([r["rps"] for r in srv["open"]], [r["p50_ms"] for r in srv["open"]], "^-",
+            label="aieng open loop p50")
+    if base:
+        bx = [r["rps"] for r in base["closed"]]
+        ax.plot(bx, [r["p50_ms"] for r in base["closed"]], "o-", color="black", alpha=0.6,
+                label="baseline closed loop p50")
+        ax.plot(bx, [r["p99_ms"] for r in base["closed"]], "s--", color="black", alpha=0.6,
+                label="baseline closed loop p99")
     ax.axvline(limit, color="grey", linestyle=":", label=f"in-process limit {limit:.0f}/s")
     ax.set_xlabel("answered requests per second")
     ax.set_ylabel("latency ms")
@@ -241,19 +280,32 @@ def main_bench(args) -> int:
     threads = cfg.intra_op_threads or cpu_count()
     levels = [int(x) for x in str(args.concurrency).split(",") if x]
     rates = [float(x) for x in str(args.rates).split(",") if x]
-    inputs = sample_inputs(args.model, max(args.requests, 400))
-    print(f"bench {args.model}: {len(inputs)} inputs, levels {levels}, executor threads {threads}", flush=True)
-    before = inprocess_limit(args.model, repo, inputs, threads, cfg.ort_spinning)
+    n_req = min(args.requests, 60) if args.quick else args.requests
+    duration = min(args.duration, 2.0) if args.quick else args.duration
+    # Per in-process row: half a closed-loop level keeps the whole run near its old length
+    # although every row is now measured with spinning off and on.
+    n_inproc = 48 if args.quick else max(64, n_req // 2)
+    inputs = sample_inputs(args.model, max(n_req, 64 if args.quick else 400))
+    t_start = time.monotonic()
+    print(f"bench {args.model}: {len(inputs)} inputs, levels {levels}, {n_req} requests/level, "
+          f"{n_inproc} per in-process row, threads {threads}", flush=True)
+    inproc = InProcess(args.model, repo, inputs, threads, row_seconds=1.5 if args.quick else 5.0)
+    before = inproc.limit(n_inproc)
     print(f"in-process limit (before): {before['best']:.1f} req/s", flush=True)
-    srv = server_side(args.model, repo, inputs, levels, rates, args.duration, before["best"], args.requests)
-    after = inprocess_limit(args.model, repo, inputs, threads, cfg.ort_spinning)
+    srv = server_side(args.model, repo, inputs, levels, rates, duration, before["best"], n_req)
+    print("server done", flush=True)
+    base = None if args.skip_baseline else baseline_side(args.model, repo, inputs, levels, n_req)
+    after = inproc.recheck(before, n_inproc)
+    cache = {r["batch"]: r["cpu_ms"] for r in before["rows"] if not r["spinning"]}
+    for r in srv["closed"]:
+        r["inprocess_cpu_ms"] = inproc.cpu_at(int(round(r["mean_batch"])), n_inproc, cache)
     limit = max(before["best"], after["best"])
-    text = _fmt_table(args.model, before, after, srv, limit, rates)
+    text = fmt_table(args.model, before, after, srv, base, limit)
     os.makedirs(args.out, exist_ok=True)
     md = os.path.join(args.out, f"{args.model}.md")
     with open(md, "w", encoding="utf-8") as fh:
         fh.write(text)
-    _plot(args.model, srv, limit, os.path.join(args.out, f"{args.model}.png"))
+    _plot(args.model, srv, base, limit, os.path.join(args.out, f"{args.model}.png"))
     print(text)
-    print(f"wrote {md} and {args.model}.png in {args.out}")
+    print(f"wrote {md} and {args.model}.png in {args.out} ({time.monotonic() - t_start:.0f} s)")
     return 0

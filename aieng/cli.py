@@ -149,13 +149,19 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=cmd_report)
 
-    b = sub.add_parser("bench", help="server vs in-process limit, side by side in one run")
-    b.add_argument("--model", default="minilm")
-    b.add_argument("--concurrency", default="1,4,16,64")
-    b.add_argument("--requests", type=int, default=400, help="requests per closed-loop level")
+    b = sub.add_parser("bench", help="server vs in-process limit vs a plain baseline server, in one run")
+    b.add_argument("--model", default="minilm", help="model to bench (its latest version in the repository)")
+    b.add_argument("--concurrency", default="1,4,16,64", help="comma-separated closed-loop levels")
+    b.add_argument("--requests", type=int, default=400,
+                   help="requests per closed-loop level (half that per in-process row)")
     b.add_argument("--rates", default="0.5,0.8,1.0", help="open-loop rates as fractions of the in-process limit")
     b.add_argument("--duration", type=float, default=8.0, help="seconds per open-loop rate")
     b.add_argument("--out", default="bench-out", help="directory for the markdown table and PNG plot")
+    b.add_argument("--skip-baseline", action="store_true",
+                   help="do not run the plain single-process baseline server (python -m aieng.baseline)")
+    b.add_argument("--quick", action="store_true",
+                   help="smoke test: at most 60 requests per level, 48 per in-process row, "
+                        "2 s per open-loop rate")
     b.set_defaults(func=cmd_bench)
 
     so = sub.add_parser("soak", help="steady load for a while; fails if memory, fds or shared memory grow")

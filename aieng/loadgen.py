@@ -4,6 +4,9 @@ For each concurrency level, that many asyncio workers each send a request and
 wait for its answer, over one DEALER socket, until ``--requests`` answers
 have come back.  Inputs come from a deterministic mix, so runs compare.
 Reports requests/s, p50/p95/p99 latency and errors per level.
+
+``open_loop`` (used by ``aieng bench``) sends with Poisson arrivals at a fixed
+rate for a fixed time instead, whatever the answers do.
 """
 from __future__ import annotations
 
@@ -81,6 +84,46 @@ async def run_level(addr: str | None, model: str, inputs: list[dict], concurrenc
             "rps": round(len(latencies) / elapsed, 1), "p50_ms": round(float(np.percentile(lat, 50)), 2),
             "p95_ms": round(float(np.percentile(lat, 95)), 2), "p99_ms": round(float(np.percentile(lat, 99)), 2),
             "mean_batch": round(float(np.mean(batches)), 2) if batches else 0.0, "errors": errors}
+
+
+async def open_loop(addr: str, model: str, inputs: list[dict], rate: float, duration: float,
+                    timeout_s: float) -> dict[str, Any]:
+    from aieng.client import AsyncClient
+
+    client = AsyncClient(addr, timeout_s=timeout_s)
+    rng = random.Random(1)
+    lat: list[float] = []
+    errors: dict[str, int] = {}
+
+    async def one(i: int) -> None:
+        t0 = time.perf_counter()
+        try:
+            reply = await client.infer(model, inputs[i % len(inputs)], raise_on_error=False)
+        except asyncio.TimeoutError:
+            errors["CLIENT_TIMEOUT"] = errors.get("CLIENT_TIMEOUT", 0) + 1
+            return
+        if reply.get("ok"):
+            lat.append(time.perf_counter() - t0)
+        else:
+            code = reply["error"]["code"]
+            errors[code] = errors.get(code, 0) + 1
+
+    tasks = []
+    start = time.perf_counter()
+    nxt = start
+    i = 0
+    while nxt - start < duration:
+        await asyncio.sleep(max(0.0, nxt - time.perf_counter()))
+        tasks.append(asyncio.ensure_future(one(i)))
+        i += 1
+        nxt += rng.expovariate(rate)
+    await asyncio.gather(*tasks)
+    elapsed = time.perf_counter() - start
+    client.close()
+    ms = np.asarray(lat) * 1000 if lat else np.zeros(1)
+    return {"rate": rate, "sent": i, "ok": len(lat), "rps": len(lat) / elapsed,
+            "p50_ms": float(np.percentile(ms, 50)), "p95_ms": float(np.percentile(ms, 95)),
+            "p99_ms": float(np.percentile(ms, 99)), "errors": errors}
 
 
 def main_load(args) -> int:

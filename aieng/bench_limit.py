@@ -1,0 +1,142 @@
+"""The in-process limit for ``aieng bench``: the best a user could do in one process
+with the same model files.
+
+Contract: ``InProcess`` holds the model's processor and postprocessing op (the
+same ``PROCESSORS`` / ``OPS`` classes the server uses) and ONNX Runtime sessions
+built by the server's own ``ModelSession``, one per ``(threads, spinning)``
+setting, created on first use and warmed.  ``run(batch, order, threads,
+spinning)`` pushes the inputs in ``order`` through preprocess -> padded batch
+-> session -> per-request postprocess, ``batch`` at a time, and returns the
+requests per second and the CPU milliseconds per request of this process
+(``time.process_time``, which includes ONNX Runtime's own threads).  A run stops
+early after ``row_seconds`` (rates need no fixed count), so a setting that is
+slow on a busy machine (spinning, most of all) cannot stretch the whole bench.
+
+``limit(n)`` measures batch 1 and batches of 4/8/16/32 (up to the model's
+``max_batch_size``) in arrival order and sorted by length, each with intra-op
+spinning off and on, at threads = usable CPUs, plus batch 1 on one thread; the
+best row is the limit.  ``recheck`` re-runs only the best row of each spinning
+setting, so drift of a shared machine shows without doubling the run time.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+BATCHES = (1, 4, 8, 16, 32)
+
+
+def load_spec(model: str, repo: str):
+    from aieng.model_repo import latest, scan
+
+    versions = scan(repo, [model])[model]
+    return versions[latest(versions)]
+
+
+class InProcess:
+    def __init__(self, model: str, repo: str, inputs: list[dict], threads: int, row_seconds: float = 5.0):
+        from aieng.postprocess_workers.ops import OPS
+        from aieng.preprocess_workers import PROCESSORS
+
+        self.spec = load_spec(model, repo)
+        self.pre = PROCESSORS[self.spec.preprocess["type"]](self.spec)
+        self.post = OPS[self.spec.postprocess["type"]](self.spec)
+        self.inputs = inputs
+        self.threads = threads
+        self.row_seconds = row_seconds
+        self.max_batch = int(self.spec.batching["max_batch_size"])
+        self.sessions: dict[tuple[int, bool], Any] = {}
+        self.arrival = list(range(len(inputs)))
+        lengths = [e[1] for e in self.encode(inputs)]
+        self.by_len = sorted(self.arrival, key=lambda i: lengths[i])
+
+    def session(self, threads: int, spinning: bool):
+        from aieng.gpu_executor.sessions import ModelSession
+
+        key = (threads, spinning)
+        if key not in self.sessions:
+            sess = ModelSession(self.spec, "auto", threads, spinning)
+            sess.warmup()
+            self.sessions[key] = sess
+        return self.sessions[key]
+
+    def encode(self, items: list[dict]) -> list:
+        if getattr(self.pre, "batchable", False):
+            return self.pre.process_many([self.pre.check(i) for i in items])
+        return [self.pre.process(i) for i in items]
+
+    def run(self, batch: int, order: list[int], threads: int, spinning: bool) -> tuple[float, float]:
+        """``(requests/s, CPU ms/request)`` for ``order`` pushed through ``batch`` at a time
+        (or as much of it as fits in ``row_seconds``)."""
+        sess = self.session(threads, spinning)
+        c0, t0 = time.process_time(), time.perf_counter()
+        done = 0
+        for s in range(0, len(order), batch):
+            encs = self.encode([self.inputs[i] for i in order[s:s + batch]])
+            feeds, sizes = sess.feeds_from([dict(e[0]) for e in encs])
+            outs = sess.run(feeds)
+            for row in range(len(encs)):
+                self.post(dict(sess.request_outputs(outs, row, sizes[row])), {})
+            done += len(encs)
+            if time.perf_counter() - t0 > self.row_seconds:
+                break
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        return done / wall, 1000.0 * cpu / done
+
+    def orders(self, n: int) -> tuple[list[int], list[int]]:
+        """The first ``n`` inputs in arrival order, and the same inputs sorted by length."""
+        arrival = self.arrival[:n]
+        keep = set(arrival)
+        return arrival, [i for i in self.by_len if i in keep]
+
+    def limit(self, n: int) -> dict[str, Any]:
+        arrival, by_len = self.orders(n)
+        rows = []
+        for spinning in (False, True):
+            self.run(min(8, self.max_batch), arrival[:64], self.threads, spinning)  # warm caches
+            for b in BATCHES:
+                if b > self.max_batch:
+                    continue
+                arr = self.run(b, arrival, self.threads, spinning)
+                srt = self.run(b, by_len, self.threads, spinning) if b > 1 else None
+                rows.append({"batch": b, "spinning": spinning, "arrival": arr[0], "sorted": srt and srt[0],
+                             "cpu_ms": (srt or arr)[1], "order": "sorted" if srt else "arrival"})
+        lat1 = []
+        for i in arrival[:50]:  # batch-1 latency, one request at a time, the server's settings
+            t0 = time.perf_counter()
+            self.run(1, [i], self.threads, False)
+            lat1.append(time.perf_counter() - t0)
+        one_thread = self.run(1, arrival, 1, False)[0] if self.threads > 1 else None
+        best = max(max(r["arrival"], r["sorted"] or 0) for r in rows)
+        return {"rows": rows, "best": max(best, one_thread or 0), "one_thread_batch1": one_thread,
+                "best_by_spinning": {s: _best_row(rows, s) for s in (False, True)},
+                "batch1_p50_ms": float(np.median(lat1)) * 1000}
+
+    def recheck(self, before: dict, n: int) -> dict[str, Any]:
+        """Re-run the best row of each spinning setting; the best of those is the 'after' limit."""
+        arrival, by_len = self.orders(n)
+        out = {}
+        for spinning, (b, order) in before["best_by_spinning"].items():
+            out[spinning] = self.run(b, by_len if order == "sorted" else arrival, self.threads, spinning)[0]
+        return {"best": max(out.values()), "by_spinning": out}
+
+    def cpu_at(self, batch: int, n: int, cache: dict[int, float]) -> float:
+        """CPU ms/request at ``batch`` sorted by length with the server's settings (spinning off)."""
+        b = max(1, min(self.max_batch, batch))
+        if b not in cache:
+            arrival, by_len = self.orders(n)
+            cache[b] = self.run(b, by_len if b > 1 else arrival, self.threads, False)[1]
+        return cache[b]
+
+
+def _best_row(rows: list[dict], spinning: bool) -> tuple[int, str]:
+    best, pick = -1.0, (1, "arrival")
+    for r in rows:
+        if r["spinning"] != spinning:
+            continue
+        for order in ("arrival", "sorted"):
+            if (r[order] or 0) > best:
+                best, pick = r[order], (r["batch"], order)
+    return pick

@@ -1,0 +1,193 @@
+"""Unit tests for ``aieng bench``'s pure parts (CPU accounting from /proc readings, ratios,
+table formatting) and one real run of the baseline server (``python -m aieng.baseline``)
+on the tabular model, compared with the same processors run in this process."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from aieng import cpuacct
+from aieng.bench import fmt_closed, fmt_cpu, fmt_table, ratio
+from aieng.client import Client
+
+from tests.unit.demo import MODELS, ROOT, needs_demo_models, spec
+
+
+def stat_line(pid: int, comm: str, ppid: int, utime: int, stime: int) -> str:
+    """A /proc/<pid>/stat line: fields 3..13 filler, then utime (14) and stime (15), then more."""
+    middle = " ".join(["S", str(ppid)] + ["0"] * 9)
+    return f"{pid} ({comm}) {middle} {utime} {stime} 0 0 20 0 4 0 123\n"
+
+
+# ------------------------------------------------------------ /proc parsing and CPU deltas
+def test_parse_stat_counts_fields_from_the_last_paren():
+    assert cpuacct.parse_stat(stat_line(42, "we ird) name", 7, 150, 30)) == (7, 180)
+
+
+def test_name_of_uses_the_process_title():
+    assert cpuacct.name_of(b"aieng::preprocess[0]\0\0", False) == "preprocess[0]"
+    assert cpuacct.name_of(b"aieng::executor\0", False) == "executor"
+    assert cpuacct.name_of(b"/usr/bin/python\0-c\0from multiprocessing...\0", False) == "other"
+    assert cpuacct.name_of(b"python\0-m\0aieng.cli\0serve\0", True) == "supervisor"
+
+
+def test_descendants_walks_the_whole_tree_and_nothing_else():
+    parents = {10: 1, 11: 10, 12: 10, 13: 12, 20: 1, 21: 20}
+    assert sorted(cpuacct.descendants(10, parents)) == [10, 11, 12, 13]
+
+
+def test_delta_and_per_request_from_two_readings():
+    before = {10: ("supervisor", 1.00), 11: ("frontend", 2.00), 12: ("executor", 5.00),
+              13: ("postprocess[0]", 0.50), 14: ("preprocess[0]", 0.30)}
+    # 13 died and came back as 15 (counted from zero); 14 exited (its last part is lost).
+    after = {10: ("supervisor", 1.02), 11: ("frontend", 2.40), 12: ("executor", 9.00),
+             15: ("postprocess[0]", 0.20)}
+    used = cpuacct.delta(before, after)
+    assert used == pytest.approx({"supervisor": 0.02, "frontend": 0.40, "executor": 4.00,
+                                  "postprocess[0]": 0.20})
+    per = cpuacct.per_request_ms(used, 400)
+    assert per == pytest.approx({"supervisor": 0.05, "frontend": 1.0, "executor": 10.0,
+                                 "postprocess[0]": 0.5, "total": 11.55})
+
+
+def test_delta_counts_a_reused_pid_with_a_new_name_from_zero():
+    used = cpuacct.delta({7: ("executor", 3.0)}, {7: ("preprocess[0]", 0.25)})
+    assert used == pytest.approx({"preprocess[0]": 0.25})
+
+
+def test_snapshot_of_this_process_sees_its_own_cpu_time():
+    me = os.getpid()
+    first = cpuacct.snapshot(me)
+    start = time.process_time()
+    x = 0
+    while time.process_time() - start < 0.2:  # burn 0.2 s of CPU (not wall) time
+        x += 1
+    used = cpuacct.delta(first, cpuacct.snapshot(me))
+    assert first[me][0] == "supervisor"
+    assert used["supervisor"] >= 0.1
+
+
+# ------------------------------------------------------------ ratios and tables
+def test_ratio_handles_missing_and_zero():
+    assert ratio(90.0, 100.0) == pytest.approx(0.9)
+    assert ratio(None, 100.0) is None
+    assert ratio(90.0, None) is None
+    assert ratio(90.0, 0.0) is None
+
+
+def level(c: int, rps: float, mean_batch: float, cpu: dict, **kw) -> dict:
+    row = {"concurrency": c, "requests": 100, "rps": rps, "p50_ms": 10.0, "p95_ms": 20.0, "p99_ms": 30.0,
+           "mean_batch": mean_batch, "errors": {}, "cpu": cpu}
+    row.update(kw)
+    return row
+
+
+SRV = [level(1, 50.0, 1.0, {"frontend": 1.0, "executor": 9.0, "preprocess[0]": 0.5, "total": 10.5},
+             inprocess_cpu_ms=9.25, report={"padding_waste": 0.05}),
+       level(16, 90.0, 6.0, {"frontend": 0.8, "executor": 6.0, "preprocess[0]": 0.4, "total": 7.2},
+             inprocess_cpu_ms=6.7)]
+BASE = [level(1, 40.0, 1.0, {"total": 11.0}), level(16, 60.0, 1.0, {"total": 12.0})]
+
+
+def cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def test_closed_table_puts_aieng_and_baseline_side_by_side():
+    lines = fmt_closed(SRV, BASE, limit=100.0)
+    head = cells(lines[0])
+    assert head[:5] == ["concurrency", "aieng req/s", "ratio to limit", "baseline req/s", "aieng/baseline"]
+    row = dict(zip(head, cells(lines[3])))
+    assert row["concurrency"] == "16"
+    assert row["ratio to limit"] == "0.90"
+    assert row["baseline req/s"] == "60.0"
+    assert row["aieng/baseline"] == "1.50"
+    assert row["mean batch"] == "6.00"
+    assert row["CPU ms/req"] == "7.20"
+    assert dict(zip(head, cells(lines[2])))["padding waste"] == "5.0%"
+
+
+def test_closed_table_without_baseline_shows_dashes():
+    row = dict(zip(cells(fmt_closed(SRV, None, 100.0)[0]), cells(fmt_closed(SRV, None, 100.0)[2])))
+    assert (row["baseline req/s"], row["aieng/baseline"]) == ("-", "-")
+
+
+def test_cpu_table_difference_and_per_process_columns():
+    lines = fmt_cpu(SRV, BASE)
+    head = cells(lines[0])
+    row = dict(zip(head, cells(lines[2])))
+    assert row["aieng minus in-process (target <= 1 ms)"] == "+1.25"
+    assert row["baseline CPU ms/req"] == "11.00"
+    roles = lines.index("| concurrency | frontend | preprocess[0] | executor | total |")
+    assert cells(lines[roles + 3]) == ["16", "0.80", "0.40", "6.00", "7.20"]
+
+
+def test_full_table_has_every_section():
+    before = {"best": 100.0, "batch1_p50_ms": 8.0, "one_thread_batch1": 40.0,
+              "rows": [{"batch": 1, "spinning": s, "arrival": 70.0 + s, "sorted": None, "cpu_ms": 9.0}
+                       for s in (False, True)]}
+    after = {"best": 95.0, "by_spinning": {False: 95.0, True: 80.0}}
+    srv = {"closed": SRV, "open": [{"rate": 50.0, "rps": 49.0, "p50_ms": 12.0, "p95_ms": 20.0,
+                                    "p99_ms": 25.0, "errors": {}}]}
+    text = fmt_table("minilm", before, after, srv, {"closed": BASE}, 100.0)
+    assert "**100.0 req/s**" in text
+    assert "best with intra-op spinning off 70.0, on 71.0" in text
+    assert "| 1 | 70.0 | - | 71.0 | - | 9.00 |" in text
+    assert "Baseline, closed loop:" in text
+    assert "| 50.0 | 49.0 | 0.49 | 12.00 | 20.00 | 25.00 | - |" in text
+    assert "p50 at concurrency 1 minus in-process batch-1 p50: +2.00 ms" in text
+
+
+# ------------------------------------------------------------ the baseline server, for real
+def in_process_answer(inputs: dict) -> dict:
+    from aieng.gpu_executor.sessions import ModelSession
+    from aieng.postprocess_workers.ops import OPS
+    from aieng.preprocess_workers import PROCESSORS
+
+    s = spec("tabular")
+    tensors, _, _ = PROCESSORS[s.preprocess["type"]](s).process(inputs)
+    sess = ModelSession(s, "cpu", 1, False)
+    feeds, sizes = sess.feeds_from([dict(tensors)])
+    outs = sess.run(feeds)
+    return OPS[s.postprocess["type"]](s)(dict(sess.request_outputs(outs, 0, sizes[0])), {})
+
+
+@needs_demo_models
+def test_baseline_answers_like_the_in_process_pipeline(tmp_path):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        addr = f"tcp://127.0.0.1:{sock.getsockname()[1]}"
+    log = open(tmp_path / "baseline.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "aieng.baseline", "--model", "tabular", "--repo", str(MODELS),
+                             "--addr", addr], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        with Client(addr, timeout_s=1.0, dealer=True) as c:
+            deadline = time.monotonic() + 15
+            health = None
+            while health is None and time.monotonic() < deadline and proc.poll() is None:
+                try:
+                    health = c.health()
+                except TimeoutError:
+                    pass
+            assert health is not None and health["ready"] is True
+            penguin = {"bill_length_mm": 47.5, "bill_depth_mm": 15.0, "flipper_length_mm": 217.0,
+                       "body_mass_g": 5200.0, "island": "Biscoe", "sex": "male"}
+            reply = c.infer("tabular", penguin)
+            missing = c.infer("nope", {}, raise_on_error=False)
+        expected = in_process_answer(penguin)
+        assert (reply["ok"], reply["model"], reply["version"]) == (True, "tabular", "1")
+        assert reply["outputs"]["label"] == expected["label"]
+        np.testing.assert_allclose(reply["outputs"]["probabilities"], expected["probabilities"], rtol=1e-5)
+        assert missing["error"]["code"] == "MODEL_NOT_FOUND"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(15)
+        log.close()
+    assert code == 0
