@@ -159,21 +159,25 @@ def _role_columns(rows: list[dict]) -> list[str]:
 
 def fmt_inprocess(before: dict, after: dict, limit: float) -> list[str]:
     spin = after.get("by_spinning", {})
-    best = {s: max((max(r["arrival"], r["sorted"] or 0) for r in before["rows"] if r["spinning"] == s),
-                   default=None) for s in (False, True)}
+    best = {s: max((max(r["arrival"], r["sorted"] or 0) for r in before["rows"]
+                    if r["spinning"] == s and not r.get("lanes")), default=None) for s in (False, True)}
     lines = [f"In-process limit (the best one process can do with the same model files: same processors, "
              f"session settings and padding): **{limit:.1f} req/s** (best row; best with intra-op spinning "
              f"off {_f(best[False], 1)}, on {_f(best[True], 1)}; before {before['best']:.1f}, "
              f"after {after['best']:.1f}: best row re-run with spinning off {_f(spin.get(False), 1)}, "
-             f"on {_f(spin.get(True), 1)}); batch-1 latency p50 {before['batch1_p50_ms']:.2f} ms; "
-             f"batch 1 on one intra-op thread {_f(before.get('one_thread_batch1'), 1)} req/s.", "",
+             f"on {_f(spin.get(True), 1)}, lanes {_f(spin.get('lanes'), 1)}); batch-1 latency p50 {before['batch1_p50_ms']:.2f} ms; "
+             f"batch 1 on one intra-op thread {_f(before.get('one_thread_batch1'), 1)} req/s; "
+             f"best with lanes (threads side by side, one intra-op thread each) "
+             f"{_f(before.get('best_lanes'), 1)} req/s.", "",
              "| batch | arrival, spinning off | sorted, spinning off | arrival, spinning on "
-             "| sorted, spinning on | CPU ms/req (spinning off) |", "|---:|---:|---:|---:|---:|---:|"]
-    by = {(r["batch"], r["spinning"]): r for r in before["rows"]}
+             "| sorted, spinning on | CPU ms/req (spinning off) | arrival, lanes | sorted, lanes | CPU ms/req (lanes) |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    by = {(r["batch"], r["spinning"], bool(r.get("lanes"))): r for r in before["rows"]}
     for b in sorted({r["batch"] for r in before["rows"]}):
-        off, on = by.get((b, False), {}), by.get((b, True), {})
+        off, on, ln = by.get((b, False, False), {}), by.get((b, True, False), {}), by.get((b, False, True), {})
         lines.append(f"| {b} | {_f(off.get('arrival'), 1)} | {_f(off.get('sorted'), 1)} | "
-                     f"{_f(on.get('arrival'), 1)} | {_f(on.get('sorted'), 1)} | {_f(off.get('cpu_ms'))} |")
+                     f"{_f(on.get('arrival'), 1)} | {_f(on.get('sorted'), 1)} | {_f(off.get('cpu_ms'))} | "
+                     f"{_f(ln.get('arrival'), 1)} | {_f(ln.get('sorted'), 1)} | {_f(ln.get('cpu_ms'))} |")
     return lines
 
 
@@ -296,7 +300,12 @@ def main_bench(args) -> int:
     print("server done", flush=True)
     base = None if args.skip_baseline else baseline_side(args.model, repo, inputs, levels, n_req)
     after = inproc.recheck(before, n_inproc)
-    cache = {r["batch"]: r["cpu_ms"] for r in before["rows"] if not r["spinning"]}
+    # CPU per request in process at a batch size: the cheapest configuration measured there (lanes
+    # when measured: the executor's own way of running), so the gap printed is not flattered.
+    cache: dict[int, float] = {}
+    for r in before["rows"]:
+        if not r["spinning"]:
+            cache[r["batch"]] = min(cache.get(r["batch"], r["cpu_ms"]), r["cpu_ms"])
     for r in srv["closed"]:
         r["inprocess_cpu_ms"] = inproc.cpu_at(int(round(r["mean_batch"])), n_inproc, cache)
     limit = max(before["best"], after["best"])

@@ -14,12 +14,15 @@ slow on a busy machine (spinning, most of all) cannot stretch the whole bench.
 
 ``limit(n)`` measures batch 1 and batches of 4/8/16/32 (up to the model's
 ``max_batch_size``) in arrival order and sorted by length, each with intra-op
-spinning off and on, at threads = usable CPUs, plus batch 1 on one thread; the
-best row is the limit.  ``recheck`` re-runs only the best row of each spinning
+spinning off and on, at threads = usable CPUs, plus batch 1 on one thread,
+plus the same batches run by ``lanes`` = usable-CPUs threads side by side on
+one session of one intra-op thread each (what a user with a thread pool gets,
+and what the server's executor does); the best row is the limit.  ``recheck`` re-runs only the best row of each spinning
 setting, so drift of a shared machine shows without doubling the run time.
 """
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -85,6 +88,36 @@ class InProcess:
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         return done / wall, 1000.0 * cpu / done
 
+    def run_lanes(self, batch: int, order: list[int], lanes: int) -> tuple[float, float]:
+        """Like ``run``, with ``lanes`` threads taking batches in turn, on one 1-thread session."""
+        sess = self.session(1, False)
+        chunks = [order[s:s + batch] for s in range(0, len(order), batch)]
+        nxt, done, lock = [0], [0], threading.Lock()
+        c0, t0 = time.process_time(), time.perf_counter()
+
+        def lane() -> None:
+            while time.perf_counter() - t0 <= self.row_seconds:
+                with lock:
+                    i = nxt[0]
+                    nxt[0] += 1
+                if i >= len(chunks):
+                    return
+                encs = self.encode([self.inputs[j] for j in chunks[i]])
+                feeds, sizes = sess.feeds_from([dict(e[0]) for e in encs])
+                outs = sess.run(feeds)
+                for row in range(len(encs)):
+                    self.post(dict(sess.request_outputs(outs, row, sizes[row])), {})
+                with lock:
+                    done[0] += len(encs)
+
+        threads = [threading.Thread(target=lane) for _ in range(lanes)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        return done[0] / wall, 1000.0 * cpu / max(1, done[0])
+
     def orders(self, n: int) -> tuple[list[int], list[int]]:
         """The first ``n`` inputs in arrival order, and the same inputs sorted by length."""
         arrival = self.arrival[:n]
@@ -103,16 +136,35 @@ class InProcess:
                 srt = self.run(b, by_len, self.threads, spinning) if b > 1 else None
                 rows.append({"batch": b, "spinning": spinning, "arrival": arr[0], "sorted": srt and srt[0],
                              "cpu_ms": (srt or arr)[1], "order": "sorted" if srt else "arrival"})
-        lat1 = []
-        for i in arrival[:50]:  # batch-1 latency, one request at a time, the server's settings
-            t0 = time.perf_counter()
-            self.run(1, [i], self.threads, False)
-            lat1.append(time.perf_counter() - t0)
+        if self.threads > 1:  # a thread pool of 1-thread runs: the executor's own lanes, in one process
+            self.run_lanes(min(8, self.max_batch), arrival[:64], self.threads)  # warm
+            for b in BATCHES:
+                if b > self.max_batch:
+                    continue
+                arr = self.run_lanes(b, arrival, self.threads)
+                srt = self.run_lanes(b, by_len, self.threads) if b > 1 else None
+                rows.append({"batch": b, "spinning": False, "lanes": self.threads, "arrival": arr[0],
+                             "sorted": srt and srt[0], "cpu_ms": (srt or arr)[1],
+                             "order": "sorted" if srt else "arrival"})
+        p50s = {}
+        for threads in sorted({self.threads, 1}):  # batch-1 latency, one request at a time: the best setting
+            lat1 = []
+            for i in arrival[:50]:
+                t0 = time.perf_counter()
+                self.run(1, [i], threads, False)
+                lat1.append(time.perf_counter() - t0)
+            p50s[threads] = float(np.median(lat1)) * 1000
         one_thread = self.run(1, arrival, 1, False)[0] if self.threads > 1 else None
         best = max(max(r["arrival"], r["sorted"] or 0) for r in rows)
+        lanes = [max(r["arrival"], r["sorted"] or 0) for r in rows if r.get("lanes")]
+        lane_row = max((r for r in rows if r.get("lanes")), default=None,
+                       key=lambda r: max(r["arrival"], r["sorted"] or 0))
         return {"rows": rows, "best": max(best, one_thread or 0), "one_thread_batch1": one_thread,
+                "best_lanes": max(lanes) if lanes else None,
+                "best_lanes_row": lane_row and (lane_row["batch"], "sorted" if (lane_row["sorted"] or 0)
+                                                > lane_row["arrival"] else "arrival"),
                 "best_by_spinning": {s: _best_row(rows, s) for s in (False, True)},
-                "batch1_p50_ms": float(np.median(lat1)) * 1000}
+                "batch1_p50_ms": min(p50s.values()), "batch1_p50_ms_by_threads": p50s}
 
     def recheck(self, before: dict, n: int) -> dict[str, Any]:
         """Re-run the best row of each spinning setting; the best of those is the 'after' limit."""
@@ -120,6 +172,9 @@ class InProcess:
         out = {}
         for spinning, (b, order) in before["best_by_spinning"].items():
             out[spinning] = self.run(b, by_len if order == "sorted" else arrival, self.threads, spinning)[0]
+        if before.get("best_lanes_row"):
+            b, order = before["best_lanes_row"]
+            out["lanes"] = self.run_lanes(b, by_len if order == "sorted" else arrival, self.threads)[0]
         return {"best": max(out.values()), "by_spinning": out}
 
     def cpu_at(self, batch: int, n: int, cache: dict[int, float]) -> float:
@@ -134,7 +189,7 @@ class InProcess:
 def _best_row(rows: list[dict], spinning: bool) -> tuple[int, str]:
     best, pick = -1.0, (1, "arrival")
     for r in rows:
-        if r["spinning"] != spinning:
+        if r["spinning"] != spinning or r.get("lanes"):
             continue
         for order in ("arrival", "sorted"):
             if (r[order] or 0) > best:
