@@ -3,12 +3,17 @@ and models ops, and every kind of bad input answered with its error code while
 the server keeps serving everyone else."""
 from __future__ import annotations
 
+import os
+import shutil
+
 import msgpack
 import numpy as np
 import pytest
 import zmq
 
 from aieng.client import decode_reply
+from aieng.protocol import encode_tensor
+from tests.conftest import MODELS, ServerProcess
 
 pytestmark = pytest.mark.e2e
 
@@ -26,8 +31,55 @@ def raw_call(addr: str, frame: bytes, sock_type=zmq.DEALER, timeout_ms: int = 10
         s.close(0)
 
 
+def raw_reply(addr: str, frame: bytes, timeout_ms: int = 10000) -> dict:
+    """The reply exactly as sent: msgpack only, tensor maps left as {dtype, shape, data}."""
+    s = zmq.Context.instance().socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(addr)
+    try:
+        s.send(frame)
+        assert s.poll(timeout_ms), "no reply: a request went unanswered"
+        return msgpack.unpackb(s.recv(), raw=False, strict_map_key=False)
+    finally:
+        s.close(0)
+
+
 def pack(obj) -> bytes:
     return msgpack.packb(obj, use_bin_type=True)
+
+
+def transpose_model(repo) -> None:
+    """x[batch, 2, 3] -> y[batch, 3, 2], each request's matrix transposed: a 2-D output whose
+    C-order bytes differ from its Fortran-order bytes, passed through as a tensor map."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Transpose", ["x"], ["y"], perm=[0, 2, 1])], "transpose",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3, 2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    d = repo / "transpose" / "1"
+    d.mkdir(parents=True)
+    onnx.save(model, str(d / "model.onnx"))
+    (d / "model.yaml").write_text(
+        "inputs: [{name: x, kind: tensor}]\noutputs: [{name: y, kind: tensor}]\n"
+        "preprocess: {type: tensor}\npostprocess: {type: tensor}\n"
+        "batching: {max_batch_size: 1, max_wait_ms: 0}\n")
+
+
+@pytest.fixture(scope="module")
+def small_server(tmp_path_factory):
+    """tabular and the transpose model, with a 64 KiB message limit (one start for both tests)."""
+    tmp = tmp_path_factory.mktemp("small")
+    repo = tmp / "repo"
+    repo.mkdir()
+    transpose_model(repo)
+    shutil.copytree(os.path.join(MODELS, "tabular"), repo / "tabular")
+    srv = ServerProcess(tmp, AIENG_MODEL_REPOSITORY=str(repo), AIENG_MAX_MESSAGE_BYTES="65536").start()
+    yield srv
+    assert srv.stop() == 0, srv.output()
+    assert srv.segments() == [], "shared memory left behind after a clean stop"
 
 
 def test_req_socket_client(server):
@@ -104,8 +156,8 @@ def test_bad_input_gets_its_code(server, frame, code):
     assert reply["error"]["message"]
 
 
-def test_message_over_size_limit(make_server):
-    srv = make_server(AIENG_MODELS="tabular", AIENG_MAX_MESSAGE_BYTES="65536").start()
+def test_message_over_size_limit(small_server):
+    srv = small_server
     big = pack({"id": 1, "model": "tabular", "inputs": {"island": "x" * 100_000}})
     reply = raw_call(srv.addr, big)
     assert reply["error"]["code"] == "INVALID_REQUEST" and "limit" in reply["error"]["message"]
@@ -123,12 +175,32 @@ def test_server_keeps_serving_after_bad_input(server):
 
 
 def test_tensor_map_outputs_are_little_endian_c_order(server):
-    reply = raw_call(server.addr, pack({"id": 1, "model": "tabular", "inputs": {"island": "Biscoe"},
-                                        "params": {"top_k": 2}}))
+    # Read the tensor maps as the server sent them: the client's decoder reinterprets any bytes
+    # as little endian of the dtype named, so a check after it could not see a wrong wire form.
+    reply = raw_reply(server.addr, pack({"id": 1, "model": "tabular", "inputs": {"island": "Biscoe"},
+                                         "params": {"top_k": 2}}))
+    assert reply["ok"] and reply["id"] == 1, reply
     probs = reply["outputs"]["probabilities"]
-    assert probs.dtype == np.dtype("<f4") and probs.shape == (3,)
-    assert abs(float(probs.sum()) - 1.0) < 1e-4
+    assert probs["dtype"] == "float32" and probs["shape"] == [3], probs
+    assert isinstance(probs["data"], bytes) and len(probs["data"]) == 3 * 4
+    values = np.frombuffer(probs["data"], dtype="<f4")  # protocol: little endian on the wire
+    assert abs(float(values.sum()) - 1.0) < 1e-4 and values.min() >= 0.0, values
     assert len(reply["outputs"]["top_k"]) == 2
+    emb = raw_reply(server.addr, pack({"id": 2, "model": "minilm", "inputs": {"text": "byte order"}}))
+    emb = emb["outputs"]["embedding"]
+    assert emb["dtype"] == "float32" and emb["shape"] == [384] and len(emb["data"]) == 384 * 4, emb["shape"]
+    assert abs(float(np.linalg.norm(np.frombuffer(emb["data"], dtype="<f4"))) - 1.0) < 1e-3  # normalised
+
+
+def test_tensor_map_2d_output_is_c_order_on_the_wire(small_server):
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    frame = pack({"id": "t", "model": "transpose", "inputs": {"x": encode_tensor(x)}})
+    reply = raw_reply(small_server.addr, frame)
+    assert reply["ok"] and reply["id"] == "t", reply
+    y = reply["outputs"]["y"]
+    assert y["dtype"] == "float32" and y["shape"] == [3, 2], y
+    # row-major little-endian bytes of x.T: 0 3 1 4 2 5 (Fortran order would read 0 1 2 3 4 5)
+    assert y["data"] == np.ascontiguousarray(x.T).astype("<f4").tobytes(), np.frombuffer(y["data"], "<f4")
 
 
 def test_timeout_is_answered(server):

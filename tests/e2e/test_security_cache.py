@@ -1,8 +1,11 @@
 """ZMQ CURVE on the client socket (an unknown client key is refused) and the optional
-response cache (hits marked cached, errors never cached, budget respected)."""
+response cache (hits marked cached, errors never cached, the byte budget kept by evicting the
+least recently used answer)."""
 from __future__ import annotations
 
+import re
 import time
+import urllib.request
 
 import numpy as np
 import pytest
@@ -49,11 +52,22 @@ def test_curve_refuses_unknown_client_keys(make_server, tmp_path):
     assert "CURVE" in srv.output()
 
 
+BUDGET = 1000  # bytes: room for a handful of tabular answers (about 100 bytes each), see below
+
+
+def cache_hits_metric(srv) -> float:
+    text = urllib.request.urlopen(srv.http + "/metrics", timeout=5).read().decode()
+    hit = re.search(r'^aieng_cache_hits_total\{model="tabular"\} ([0-9.e+]+)$', text, re.M)
+    assert hit, "aieng_cache_hits_total for tabular is not exported"
+    return float(hit.group(1))
+
+
 def test_response_cache(make_server):
-    srv = make_server(AIENG_MODELS="tabular", AIENG_CACHE_BYTES="100000").start()
+    srv = make_server(AIENG_MODELS="tabular", AIENG_CACHE_BYTES=str(BUDGET)).start()
     row = {"island": "Biscoe", "bill_length_mm": 47.0}
     with srv.client() as c:
         first = c.infer("tabular", row)
+        entry = c.health()["cache"]["bytes"]  # the real size of one cached answer (key + packed outputs)
         second = c.infer("tabular", row)
         assert "cached" not in first and second["cached"] is True
         np.testing.assert_array_equal(first["outputs"]["probabilities"], second["outputs"]["probabilities"])
@@ -64,3 +78,34 @@ def test_response_cache(make_server):
             assert bad["ok"] is False and "cached" not in bad
         view = c.health()["cache"]
         assert view["hits"] == 1 and view["entries"] == 2 and view["bytes"] <= view["budget"]
+        check_lru_eviction(srv, c, row, dict(row, bill_length_mm=48.0), first["outputs"]["label"], entry)
+
+
+def check_lru_eviction(srv, c, row: dict, other: dict, label: str, entry: int) -> None:
+    """Fill the cache to its budget, refresh ``row``, add one more: ``other``, now the least
+    recently used, is evicted and everything else is kept."""
+    # Inputs near ``row`` give the same label, so every answer packs to the same size and the
+    # budget holds exactly ``capacity`` of them.
+    capacity = BUDGET // entry
+    assert 3 <= capacity <= 20, (entry, capacity)  # the test needs a few entries, and stays short
+    assert c.health()["cache"]["bytes"] == 2 * entry  # row and other, the same size
+    fresh = [dict(row, bill_length_mm=47.0 + 0.01 * (i + 1)) for i in range(capacity - 1)]
+    for inputs in fresh[:-1]:  # fill up: capacity entries in all
+        reply = c.infer("tabular", inputs)
+        assert "cached" not in reply and reply["outputs"]["label"] == label, reply
+    view = c.health()["cache"]
+    assert view["entries"] == capacity and view["bytes"] == capacity * entry <= BUDGET, view
+    assert c.infer("tabular", row).get("cached") is True  # row is now the most recently used
+    assert "cached" not in c.infer("tabular", fresh[-1])  # one over the budget: one must go
+    view = c.health()["cache"]
+    assert view["entries"] == capacity and view["bytes"] == capacity * entry, view
+    hits = view["hits"]
+    for inputs in [row] + fresh:  # kept: each answered from the cache
+        assert c.infer("tabular", inputs).get("cached") is True, inputs
+    after = c.health()["cache"]
+    assert after["hits"] == hits + capacity, after
+    evicted = c.infer("tabular", other)  # evicted: computed again, no hit counted
+    assert "cached" not in evicted and evicted["outputs"]["label"] == label, evicted
+    final = c.health()["cache"]
+    assert final["hits"] == after["hits"] and final["misses"] == after["misses"] + 1, final
+    assert cache_hits_metric(srv) == final["hits"]
