@@ -1,9 +1,15 @@
 """The wiring diagram: every internal address, who binds it and who connects.
 
-There is one internal socket.  The frontend binds a ROUTER at ``hub``; every
-worker (``pre-<i>``, ``executor``, ``post-<j>``) and the supervisor connect a
-DEALER to it with their name as ZMQ identity.  Clients reach the frontend's
-client ROUTER at ``Config.frontend_addr`` (bound by the frontend only).
+Control: the frontend binds a ROUTER at ``hub``; every worker (``pre-<i>``,
+``executor``, ``post-<j>``) and the supervisor connect a DEALER to it with
+their name as ZMQ identity.  Clients reach the frontend's client ROUTER at
+``Config.frontend_addr`` (bound by the frontend only).
+
+Data path (descriptors only, straight from one stage to the next): the
+executor binds a PULL at ``exec_addr`` that every preprocess worker connects
+a PUSH to; each postprocess worker binds a PULL at ``post_addr(name)`` that
+the executor connects a PUSH to when it first sends there.  A PUSH queues
+while its peer restarts, so a restart holds requests instead of losing them.
 
 One instance per runtime directory: the supervisor holds ``RuntimeDirLock``
 (an ``flock`` on ``<runtime dir>/aieng.lock``, holding its pid) from before
@@ -91,6 +97,20 @@ def runtime_dir(instance: str, configured: str = "") -> str:
 
 def hub_addr(rdir: str) -> str:
     return f"ipc://{os.path.join(rdir, 'hub.sock')}"
+
+
+def exec_addr(rdir: str) -> str:
+    return f"ipc://{os.path.join(rdir, 'executor.sock')}"
+
+
+def post_addr(rdir: str, name: str) -> str:
+    return f"ipc://{os.path.join(rdir, name + '.sock')}"
+
+
+def socket_files(rdir: str, n_post: int) -> list[str]:
+    """Every ipc socket file an instance makes in its runtime dir (removed on a clean stop)."""
+    names = ["hub.sock", "executor.sock"] + [f"post-{j}.sock" for j in range(n_post)]
+    return [os.path.join(rdir, n) for n in names]
 
 
 def clean_stale_runtime_dirs(alive) -> list[str]:

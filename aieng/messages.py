@@ -1,22 +1,25 @@
 """Every message that crosses a process boundary inside aieng, declared once.
 
 The field names are the internal protocol.  Messages are msgpack maps with a
-``t`` tag naming the type; receivers route on it with a dispatch table.  All
-internal traffic goes over one ROUTER socket in the frontend (the hub) that
-every worker and the supervisor connect to as a DEALER with its worker name as
-identity.  Tensors never travel here: a :class:`Ref` names a shared-memory
-slot (see ``aieng.shm``).
-
-Flow of one inference request (the frontend stamps each arrival)::
+``t`` tag naming the type; receivers route on it with a dispatch table.
+Tensors never travel here: a :class:`Ref` names a shared-memory slot (see
+``aieng.shm``).  A request's descriptors go straight from one stage to the
+next; the frontend is told of each hand-off (one notice per preprocess drain
+or executor batch), so it always knows who holds a request (``addresses``
+has the sockets)::
 
     client -> FE            request (protocol.py)
     FE -> pre[i]            PreTask + the client's raw request frame
-    pre[i] -> FE            Preprocessed (slot in pre[i]'s ring) | Failed
-    FE -> executor          InferTask
-    executor -> FE          Inferred: one message per batch, a row per request | Failed
-    FE -> post[j]           PostTask
-    post[j] -> FE           Result (outputs already msgpack-packed) | Failed
+    pre[i] -> executor      InferTask (slot in pre[i]'s ring)      | pre[i] -> FE: Failed
+    pre[i] -> FE            Preprocessed: who now holds which rows (a notice)
+    executor -> post[j]     PostTask (slot in the executor's ring) | executor -> FE: Failed
+    executor -> FE          Inferred: a notice per batch
+    post[j] -> FE           Result (outputs already msgpack-packed, the request's Trail) | Failed
     FE -> client            response
+
+A :class:`Trail` travels with the request and collects each stage's clock
+readings (CLOCK_MONOTONIC is one clock for every process), so the frontend
+gets the whole timing with the result, whatever order the notices arrive in.
 
 Unpack limits are derived from the client protocol's (``configure``): every
 internal message may carry client-supplied ``params``, so whatever the
@@ -49,6 +52,24 @@ class Ref:
 
 
 @dataclass(slots=True)
+class Trail:
+    """Clock readings (monotonic seconds) and sizes a request collects on its way; a list on the wire."""
+    pre_started: float = 0.0  # its preprocess group began
+    pre_sent: float = 0.0  # its tensors were written and it left for the executor
+    exec_arrived: float = 0.0
+    batch_started: float = 0.0
+    infer_us: int = 0  # the run of its batch
+    seq_len: int = 0  # its own sequence length (0: fixed shapes)
+    batch: int = 1  # rows in that batch
+    padded: int = 0  # padded sequence length of that batch
+    post_started: float = 0.0
+    post_us: int = 0
+
+    def wire(self) -> list:
+        return [getattr(self, f.name) for f in dataclasses.fields(self)]
+
+
+@dataclass(slots=True)
 class Hello:
     """Worker -> FE once it is ready to take work, then once a second as its heartbeat."""
     T: ClassVar[str] = "hello"
@@ -66,45 +87,41 @@ class PreTask:
     version: str
     deadline: float  # CLOCK_MONOTONIC seconds, same clock in every process
     trace: str = ""  # the request's trace id, for log lines
-
-
-@dataclass(slots=True)
-class Preprocessed:
-    T: ClassVar[str] = "preprocessed"
-    rid: int
-    ref: Ref
-    seq_len: int  # batching key: longest variable dimension (0: fixed shapes)
-    pre_us: int
-    features: dict = field(default_factory=dict)  # tabular feature values, for input-drift monitoring
+    post: str = ""  # the postprocess worker the frontend chose for it
+    upstream: int = 0  # requests of this model in preprocessing when it was sent: more may come
+    degraded: int = 0  # the model's degradation level at admission (1+: skip optional steps)
 
 
 @dataclass(slots=True)
 class InferTask:
+    """pre[i] -> executor: one request's input tensors, ready to batch."""
     T: ClassVar[str] = "infer"
     rid: int
     model: str
     version: str
     deadline: float
     ref: Ref
-    seq_len: int
-    upstream: int  # requests of this model still in preprocessing: more may come
+    seq_len: int  # batching key: longest variable dimension (0: fixed shapes)
+    upstream: int
+    post: str
+    params: dict  # the client's params, as sent, for postprocessing
+    degraded: int = 0
     trace: str = ""
+    trail: Trail = field(default_factory=Trail)
 
 
 @dataclass(slots=True)
-class Inferred:
-    """Executor -> FE once per batch: row ``i`` is request ``rids[i]``, its outputs at ``refs[i]``."""
-    T: ClassVar[str] = "inferred"
+class Preprocessed:
+    """pre[i] -> FE, once per group it forwarded: these requests' input slots are the executor's now."""
+    T: ClassVar[str] = "preprocessed"
     rids: list
     refs: list  # list[Ref]
-    wait_us: list  # per row: from arrival at the executor to the start of its batch
-    batch: int  # rows in the batch
-    padded: int  # padded sequence length of the batch
-    infer_us: int
+    features: list  # per row: tabular feature values for input-drift monitoring (often {})
 
 
 @dataclass(slots=True)
 class PostTask:
+    """executor -> post[j]: one request's outputs."""
     T: ClassVar[str] = "post"
     rid: int
     model: str
@@ -113,6 +130,16 @@ class PostTask:
     params: dict  # the client's params, as sent
     degraded: int = 0  # the model's degradation level at admission (1+: skip optional steps)
     trace: str = ""
+    trail: Trail = field(default_factory=Trail)
+
+
+@dataclass(slots=True)
+class Inferred:
+    """executor -> FE once per batch: row ``i`` is request ``rids[i]``, its outputs at ``refs[i]``,
+    handed to its postprocess worker."""
+    T: ClassVar[str] = "inferred"
+    rids: list
+    refs: list  # list[Ref]
 
 
 @dataclass(slots=True)
@@ -120,7 +147,7 @@ class Result:
     T: ClassVar[str] = "result"
     rid: int
     outputs: bytes  # a packed msgpack map: output name -> value
-    post_us: int
+    trail: Trail = field(default_factory=Trail)
     confidence: float | None = None  # top class probability, for classifiers (a metric)
 
 
@@ -187,15 +214,18 @@ TYPES: dict[str, type] = {
 _FIELDS = {name: tuple(f.name for f in dataclasses.fields(cls)) for name, cls in TYPES.items()}
 
 
-def _ref_fields(cls: type) -> tuple[frozenset, frozenset]:
-    """Fields holding a Ref (or None), and fields holding a list of Refs."""
+_NESTED = (Ref, Trail)  # dataclasses that travel inside messages as lists
+
+
+def _nested_fields(cls: type) -> tuple[dict[str, type], frozenset]:
+    """Fields holding a nested dataclass (or None), and fields holding a list of Refs."""
     hints = typing.get_type_hints(cls)
-    one = frozenset(n for n, h in hints.items() if h is Ref or h == Optional[Ref])
+    one = {n: t for t in _NESTED for n, h in hints.items() if h is t or h == Optional[t]}
     many = frozenset(f.name for f in dataclasses.fields(cls) if f.name == "refs")
     return one, many
 
 
-_REFS = {name: _ref_fields(cls) for name, cls in TYPES.items()}
+_REFS = {name: _nested_fields(cls) for name, cls in TYPES.items()}
 
 
 def _check_registry() -> None:
@@ -244,9 +274,9 @@ def decode(data: bytes | memoryview) -> Any:
     tag = obj.pop("t")
     cls = TYPES[tag]
     one, many = _REFS[tag]
-    for name in one:
+    for name, typ in one.items():
         if obj.get(name) is not None:
-            obj[name] = Ref(*obj[name])
+            obj[name] = typ(*obj[name])
     for name in many:
         obj[name] = [Ref(*r) for r in obj[name]]
     return cls(**obj)

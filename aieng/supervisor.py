@@ -356,11 +356,12 @@ class Supervisor:
             return
         if self.own_runtime_dir:
             shutil.rmtree(self.cfg.runtime_dir, ignore_errors=True)
-        else:  # a configured dir may hold other things: remove only our socket
-            try:
-                os.unlink(os.path.join(self.cfg.runtime_dir, "hub.sock"))
-            except FileNotFoundError:
-                pass
+        else:  # a configured dir may hold other things: remove only our sockets
+            for path in addresses.socket_files(self.cfg.runtime_dir, self.cfg.postprocess_workers):
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
         self.lock.release()
         self.lock = None
 

@@ -7,8 +7,9 @@ internal unpack limits), builds the role's work object, reports ready or the
 startup failure to the supervisor, runs it until SIGTERM and closes it.
 
 ``HubWorker`` is the base of the three worker roles.  Its loop waits on the
-hub socket, drains every message waiting, routes each by type through a
-dispatch table (``LogLevel`` is handled here for every role), then calls
+hub socket and the role's data-path socket (``inbox``: a PULL the previous
+stage pushes descriptors to), drains every message waiting, routes each by
+type through a dispatch table (``LogLevel`` is handled here for every role), then calls
 ``after_drain`` (the preprocess pool encodes what arrived together; the
 executor forms batches) and sends a heartbeat ``Hello`` at most once a
 second.  A message that cannot be decoded is logged and skipped: it never
@@ -88,6 +89,7 @@ class HubWorker:
         self.next_hello = 0.0
         self.hello_bytes = b""
         self.wake_fds: list[int] = []  # more file descriptors the loop waits on (the executor's lanes)
+        self.inbox: zmq.Socket | None = None  # the data-path PULL socket, for roles that have one
 
     # -- what a role provides -------------------------------------------------
     def info(self) -> dict:
@@ -106,21 +108,30 @@ class HubWorker:
         self.hello_bytes = m.encode(m.Hello(self.worker, self.role, os.getpid(), self.info()))
         self.heartbeat()
         poller = zmq.Poller()
-        poller.register(self.sock, zmq.POLLIN)
+        socks = [self.sock] + ([self.inbox] if self.inbox is not None else [])
+        for sock in socks:
+            poller.register(sock, zmq.POLLIN)
         for fd in self.wake_fds:
             poller.register(fd, zmq.POLLIN)
         timeout_ms = 200
         while not stop.stop:
             if poller.poll(timeout_ms):
-                self.drain()
+                for sock in socks:
+                    self.drain(sock)
             nxt = self.after_drain(time.monotonic())
             timeout_ms = 200 if nxt is None else nxt
             self.heartbeat()
 
-    def drain(self, limit: int = 1000) -> None:
+    def bind_inbox(self, addr: str) -> None:
+        self.inbox = zmq.Context.instance().socket(zmq.PULL)
+        self.inbox.setsockopt(zmq.LINGER, 0)
+        self.inbox.setsockopt(zmq.RCVHWM, 0)  # bounded by the requests in flight, not by a queue size
+        self.inbox.bind(addr)
+
+    def drain(self, sock: zmq.Socket, limit: int = 1000) -> None:
         for _ in range(limit):
             try:
-                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
             try:
@@ -168,3 +179,14 @@ class HubWorker:
 
     def close(self) -> None:
         self.sock.close(0)
+        if self.inbox is not None:
+            self.inbox.close(0)
+
+
+def push_socket(addr: str) -> zmq.Socket:
+    """A PUSH to the next stage's inbox; it queues while that stage restarts (bounded by in-flight)."""
+    sock = zmq.Context.instance().socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.connect(addr)
+    return sock

@@ -1,17 +1,25 @@
 """Routing one request through preprocess -> executor -> postprocess, and ending it once.
 
-The frontend loop hands every hub message to a handler here (a dispatch
-table by message type).  Each stage hand-off stamps the time, moves the
-request in the table to its next holder, and passes the slot on (see
-``table`` for who frees which slot).  A message about a request its sender no
-longer holds (answered already: timeout, worker death) is dropped, and any
-slot it carried is freed.
+The frontend sends each admitted request to a preprocess worker with its
+route (the postprocess worker it chose); from there the descriptors go
+straight from stage to stage (``messages`` draws the flow), and the workers
+tell the frontend of each hand-off with a notice per drain or batch.  The
+frontend moves the request in the table to its new holder (``table`` says who
+frees which slot) and answers it once: the ``Result``, a ``Failed``, a
+TIMEOUT when its deadline passes, or UNAVAILABLE when its holder dies.
 
-Hold, don't refuse: when the next stage has no live worker (one restarting),
-the request waits in the table for a hello from that role, bounded by its
-deadline and the in-flight limit.  A send that fails (the worker vanished
-before we knew) holds the request the same way: the worker never got it.
-Only what a dead worker actually held is answered UNAVAILABLE.
+Notices can arrive in any order (they come from different processes): a
+request only moves forward (preprocess < executor < postprocess), a notice
+about a stage it has passed is ignored, and a ``Result`` or ``Failed`` is
+accepted from any worker on its route.  Nothing the workers pushed to each
+other is the frontend's to free, except the slot a dead holder held.
+
+Hold, don't refuse: when no preprocess worker is live (one restarting) the
+request waits in the table for a hello, bounded by its deadline and the
+in-flight limit; a send that fails (the worker vanished before we knew)
+holds it the same way.  The executor and postprocess inboxes queue while
+their process restarts, so those stages hold by themselves.  Only what a
+dead worker actually held is answered UNAVAILABLE.
 """
 from __future__ import annotations
 
@@ -33,6 +41,22 @@ from aieng.frontend.workers import Workers
 log = logging.getLogger("aieng.frontend.pipeline")
 
 
+def _us(seconds: float) -> int:
+    return max(0, int(seconds * 1e6))
+
+
+def stage_times(req: Request, t: m.Trail, now: float) -> dict[str, int]:
+    """The request's stages (docs in ``stats``) from the frontend's stamps and the trail's clock
+    readings; all are CLOCK_MONOTONIC, so they add up to ``total`` but for rounding."""
+    batch_end = t.batch_started + t.infer_us / 1e6
+    return {"frontend_in": _us(req.dispatched - req.received),
+            "preprocess_queue": _us(t.pre_started - req.dispatched),
+            "preprocess": _us(t.pre_sent - t.pre_started), "handoff": _us(t.exec_arrived - t.pre_sent),
+            "batch_wait": _us(t.batch_started - t.exec_arrived), "inference": t.infer_us,
+            "postprocess_queue": _us(t.post_started - batch_end) + _us(now - t.post_started - t.post_us / 1e6),
+            "postprocess": t.post_us, "total": _us(now - req.received)}
+
+
 class Counts:
     """What health and stats report: requests admitted, answered OK, errors by code."""
 
@@ -46,10 +70,11 @@ class Counts:
 
 
 class Pipeline:
-    def __init__(self, table: RequestTable, workers: Workers, send: Callable[[str, list], bool],
-                 reply: Callable[[list, bytes], None], metrics: Metrics, stats: StageStats, breakers: Breakers,
+    def __init__(self, table: RequestTable, workers: Workers, post_names: list[str],
+                 send: Callable[[str, list], bool], reply: Callable[[list, bytes], None], metrics: Metrics, stats: StageStats, breakers: Breakers,
                  cache: ResponseCache, drift: DriftMonitor, degrader: Degrader):
         self.table, self.workers, self.send, self.reply = table, workers, send, reply
+        self.post_names = post_names  # every postprocess worker, live or restarting
         self.metrics, self.stats, self.breakers = metrics, stats, breakers
         self.cache, self.drift, self.degrader = cache, drift, degrader
         self.counts = Counts()
@@ -58,84 +83,65 @@ class Pipeline:
             m.Result: self.on_result, m.Failed: self.on_failed,
         }
 
-    # -- sending a request to its next stage -------------------------------------
+    # -- sending a request on its way ----------------------------------------------
     def start(self, req: Request) -> None:
         """A newly admitted request: to a preprocess worker with the client's raw frame."""
         self.table.add(req)
-        req.stamps[PRE] = time.monotonic()
-        req.timing["frontend_in"] = int((req.stamps[PRE] - req.received) * 1e6)
-        self.route(req, PRE)
+        self.dispatch(req)
 
-    def route(self, req: Request, stage: str) -> None:
+    def dispatch(self, req: Request) -> None:
         now = time.monotonic()
-        worker = self.workers.pick(stage, now, self.table.load)
+        worker = self.workers.pick(PRE, now, self.table.load)
         if worker is None:
-            self.table.hold(req, stage)
+            self.table.hold(req, PRE)
             return
-        self.table.move(req, stage, worker)
-        if stage == PRE:
-            frames = [m.encode(m.PreTask(req.rid, req.model, req.version, req.deadline, req.trace)), req.body]
-        elif stage == EXEC:
-            upstream = 0 if req.degraded >= 2 else self.table.count_stage(req.key, PRE)  # level 2: no waiting
-            frames = [m.encode(m.InferTask(req.rid, req.model, req.version, req.deadline, req.ref, req.seq_len,
-                                           upstream, req.trace))]
-        else:
-            frames = [m.encode(m.PostTask(req.rid, req.model, req.version, req.ref, req.params, req.degraded,
-                                          req.trace))]
-        if not self.send(worker, frames):  # not connected: it never got it, so it is safe to hold
+        if not req.post:
+            self.table.route(req, self.workers.pick(POST, now, self.table.post_load)
+                             or min(self.post_names, key=self.table.post_load))
+        self.table.move(req, PRE, worker)
+        upstream = 0 if req.degraded >= 2 else self.table.count_stage(req.key, PRE) - 1  # level 2: no waiting
+        task = m.PreTask(req.rid, req.model, req.version, req.deadline, req.trace, req.post, upstream, req.degraded)
+        if not self.send(worker, [m.encode(task), req.body]):  # it never got it: safe to hold
             self.workers.gone(worker)
-            self.table.hold(req, stage)
+            self.table.hold(req, PRE)
             return
-        if stage == PRE:
-            req.body = None
-        else:
-            self.table.handed(req)  # the holder frees the slot from here on
+        req.pre, req.dispatched, req.body = worker, now, None
 
     def release_waiting(self, role: str) -> None:
         """A worker of ``role`` said hello: send it what waited for one."""
         for req in self.table.take_waiting(role):
-            self.route(req, role)
+            self.dispatch(req)
 
-    # -- hub messages ---------------------------------------------------------------
+    # -- notices and answers from the workers ---------------------------------------
     def on_preprocessed(self, msg: m.Preprocessed, ident: bytes) -> None:
-        req = self.table.held(msg.rid, ident, PRE)
-        if req is None:  # answered already (timeout): the slot is ours to free
-            self.table.stray(msg.ref)
-            return
-        now = time.monotonic()
-        self.metrics.worker.labels(PRE, req.holder).inc()
-        req.timing["preprocess"] = msg.pre_us
-        req.timing["preprocess_queue"] = max(0, int((now - req.stamps[PRE]) * 1e6) - msg.pre_us)
-        req.seq_len, req.features = msg.seq_len, msg.features
-        self.table.take(req, msg.ref)
-        req.stamps[EXEC] = now
-        self.route(req, EXEC)
+        for rid, ref, features in zip(msg.rids, msg.refs, msg.features):
+            req = self.table.get(rid)
+            if req is None or req.stage != PRE or req.holder.encode() != ident:
+                continue  # answered already, or the executor's notice came first
+            self.metrics.worker.labels(PRE, req.holder).inc()
+            req.features = features
+            self.table.move(req, EXEC, "executor")
+            self.table.pass_on(req, ref)
 
     def on_inferred(self, msg: m.Inferred, ident: bytes) -> None:
-        now = time.monotonic()
-        for rid, ref, wait_us in zip(msg.rids, msg.refs, msg.wait_us):
-            req = self.table.held(rid, ident, EXEC)
-            if req is None:
-                self.table.stray(ref)
+        for rid, ref in zip(msg.rids, msg.refs):
+            req = self.table.get(rid)
+            if req is None or req.stage == POST:
                 continue
-            self.metrics.worker.labels(EXEC, req.holder).inc()
-            req.timing["batch_wait"] = wait_us
-            req.timing["inference"] = msg.infer_us
-            req.timing["handoff"] = max(0, int((now - req.stamps[EXEC]) * 1e6) - wait_us - msg.infer_us)
-            req.batch, req.padded = msg.batch, msg.padded
-            self.table.take(req, ref)
-            req.stamps[POST] = now
-            self.route(req, POST)
+            self.metrics.worker.labels(EXEC, "executor").inc()
+            self.table.move(req, POST, req.post)
+            self.table.pass_on(req, ref)
 
     def on_result(self, msg: m.Result, ident: bytes) -> None:
-        if self.table.held(msg.rid, ident, POST) is None:
+        req = self.table.get(msg.rid)
+        if req is None or req.post.encode() != ident:
             return
         now = time.monotonic()
-        req = self.table.finish(msg.rid)
-        self.metrics.worker.labels(POST, req.holder).inc()
-        req.timing["postprocess"] = msg.post_us
-        req.timing["postprocess_queue"] = max(0, int((now - req.stamps[POST]) * 1e6) - msg.post_us)
-        req.timing["total"] = int((now - req.received) * 1e6)
+        self.table.finish(msg.rid)
+        self.metrics.worker.labels(POST, req.post).inc()
+        req.timing.update(stage_times(req, msg.trail, now))
+        t = msg.trail
+        req.batch, req.padded, req.seq_len = t.batch, t.padded, t.seq_len
         self.counts.ok += 1
         self.breakers.success(req.key)
         if req.cache_key is not None:
@@ -154,13 +160,13 @@ class Pipeline:
 
     def on_failed(self, msg: m.Failed, ident: bytes) -> None:
         req = self.table.get(msg.rid)
-        if req is None or req.holder.encode() != ident:
+        if req is None or ident.decode() not in (req.pre, "executor", req.post):
             self.table.stray(msg.ref)
             return
         if msg.ref is not None:
             self.table.take(req, msg.ref)
-        self.metrics.worker.labels(req.stage, req.holder).inc()
-        self.fail(msg.rid, msg.code, msg.message)
+        self.metrics.worker.labels(req.stage, ident.decode()).inc()
+        self.fail(msg.rid, msg.code, msg.message, model_fault=ident == b"executor" and msg.code == p.INTERNAL)
 
     def on_worker_down(self, worker: str, pid: int, exitcode: int) -> int:
         """The supervisor saw ``worker`` die: answer what it held (its slots are ours to free)."""
@@ -172,11 +178,11 @@ class Pipeline:
         return len(held)
 
     # -- ending a request with an error ---------------------------------------------
-    def fail(self, rid: int, code: str, message: str, holder_dead: bool = False) -> None:
+    def fail(self, rid: int, code: str, message: str, holder_dead: bool = False, model_fault: bool = False) -> None:
         req = self.table.finish(rid, holder_dead)
         if req is None:
             return
-        if code == p.INTERNAL and req.stage == EXEC:  # the model run itself failed
+        if model_fault:  # the model run itself failed: the breaker counts it
             self.breakers.failure(req.key, time.monotonic(), req.probe)
         else:
             self.breakers.neutral(req.key, req.probe)

@@ -68,8 +68,9 @@ class Frontend:
         self.gate = ClientGate(cfg.client_rate_limit, cfg.max_ops_per_s)
         self.admission = Admission(cfg, self.specs, self.default_version, self.table, self.breakers, self.cache,
                                    self.degrader)
-        self.pipeline = Pipeline(self.table, self.workers, self.send_hub, self.reply, self.metrics, self.stats,
-                                 self.breakers, self.cache, self.drift, self.degrader)
+        posts = [f"post-{j}" for j in range(cfg.postprocess_workers)]
+        self.pipeline = Pipeline(self.table, self.workers, posts, self.send_hub, self.reply, self.metrics,
+                                 self.stats, self.breakers, self.cache, self.drift, self.degrader)
         self.ops = ClientOps(self)
         self.handlers = dict(self.pipeline.handlers)
         self.handlers.update({m.Hello: self.on_hello, m.WorkerDown: self.on_worker_down,
@@ -275,7 +276,7 @@ class Frontend:
             self.log.info("%s (pid %d) is up", msg.worker, msg.pid)
             self.admission.failed_models = self.failed_models()
             publish_snapshot(self, now, full=False)  # health over HTTP follows at once
-        if self.table.waiting[msg.role]:
+        if self.table.waiting.get(msg.role):
             self.pipeline.release_waiting(msg.role)
 
     def on_worker_down(self, msg: m.WorkerDown, ident: bytes) -> None:

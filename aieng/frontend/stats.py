@@ -1,18 +1,20 @@
 """Per-request stage timings, kept by the frontend for the timing report.
 
-The frontend stamps every hand-off of a request, and the workers report
-their own compute times, so each answered request yields one row of stage
-durations (microseconds) that add up to its total:
+The frontend stamps a request's receipt, its dispatch and its answer, and
+the request's ``Trail`` brings back each worker's clock readings (one
+monotonic clock for every process), so each answered request yields one row
+of stage durations (microseconds) that add up to its total:
 
-    frontend_in        receipt -> dispatched to a preprocess worker (parse, validate, route)
-    preprocess_queue   waiting for / travelling to and from the preprocess worker
+    frontend_in        receipt -> sent to a preprocess worker (parse, validate, route; any wait for a worker)
+    preprocess_queue   travelling to the preprocess worker and waiting there
     preprocess         tokenize / decode / featurise, write into shared memory
-    handoff            FE -> executor -> FE transport, batch assembly, output write
-    batch_wait         in the executor's queue until its batch started
+    handoff            preprocess worker -> executor transport
+    batch_wait         in the executor's queue until its batch started (batch assembly included)
     inference          the ONNX Runtime run of its batch
-    postprocess_queue  waiting for / travelling to and from the postprocess worker
+    postprocess_queue  output write, travel to the postprocess worker, waiting there, and the answer's way
+                       back to the frontend
     postprocess        pooling / softmax / labels, packing the answer
-    frontend_out       building and sending the response
+    frontend_out       building and sending the response (after ``total`` is stamped)
 
 Rows live in a bounded window per model (oldest dropped first); ``summary``
 gives p50/p95/p99/mean and each stage's share of the total, the batch-size

@@ -5,15 +5,16 @@ finished it sends the one response.  Deadlines sit in a heap so the loop knows
 when to wake and which requests to answer TIMEOUT.
 
 Slot ownership lives here and nowhere else.  A request's tensors lie in one
-shared-memory slot at a time (``Request.ref``)::
+shared-memory slot at a time (``Request.ref``); its holder frees it, and the
+frontend learns of each slot from the hand-off notices::
 
-    take(req, ref)    the slot arrived with a message: the frontend owns it
-    handed(req)       the next holder got the descriptor: that holder frees it
+    pass_on(req, ref) a notice: ``ref`` is the new holder's to free
+    take(req, ref)    a slot came back with a failure: the frontend owns it
     finish(rid)       the request ends here: the slot is freed if the frontend
                       owns it, or if its holder died (``holder_dead``)
-    stray(ref)        a slot reported for a request already answered: freed
+    stray(ref)        a slot returned for a request already answered: freed
 
-Requests whose next stage has no live worker wait in a per-role queue
+Requests that no preprocess worker could take wait in a queue
 (``hold``/``waiting``) until one says hello; they stay in the table, so their
 deadline and the in-flight limit still bound them.  Per-client in-flight
 counts are kept here too, so one client's share is known at admission.
@@ -48,6 +49,9 @@ class Request:
     cache_key: bytes | None = None  # store the answer under this key (response cache on)
     degraded: int = 0  # the model's degradation level when it was admitted
     body: Any = None  # the client's request frame, until a preprocess worker has it
+    pre: str = ""  # the preprocess worker it was sent to
+    post: str = ""  # the postprocess worker on its route (chosen when it is first sent)
+    dispatched: float = 0.0  # monotonic seconds it was sent to its preprocess worker
     stage: str = PRE
     holder: str = ""  # the worker that holds it now ("" while it waits for one)
     ref: Ref | None = None  # the shared-memory slot holding this request's tensors now
@@ -56,7 +60,6 @@ class Request:
     features: dict = field(default_factory=dict)  # for drift monitoring
     batch: int = 1
     padded: int = 0
-    stamps: dict = field(default_factory=dict)  # stage -> monotonic seconds of the hand-off
     timing: dict = field(default_factory=dict)  # stage -> microseconds
 
     @property
@@ -77,8 +80,9 @@ class RequestTable:
         self.ids = itertools.count(secrets.randbits(40) << 16)
         self.by_holder: dict[str, set[int]] = {}
         self.by_client: dict[bytes, int] = {}
+        self.by_post: dict[str, int] = {}  # requests routed to each postprocess worker
         self.stage_counts: dict[tuple[str, str], int] = {}  # (model key, stage) -> requests there
-        self.waiting: dict[str, deque[int]] = {PRE: deque(), EXEC: deque(), POST: deque()}
+        self.waiting: dict[str, deque[int]] = {PRE: deque()}  # later stages queue in their inboxes
         self.rings = shm.RingCache()
 
     def __len__(self) -> int:
@@ -126,11 +130,18 @@ class RequestTable:
         rids, self.waiting[stage] = self.waiting[stage], deque()
         return [r for rid in rids if (r := self.items.get(rid)) is not None and r.stage == stage and not r.holder]
 
+    def route(self, req: Request, post: str) -> None:
+        req.post = post
+        self.by_post[post] = self.by_post.get(post, 0) + 1
+
+    def post_load(self, post: str) -> int:
+        return self.by_post.get(post, 0)
+
+    def pass_on(self, req: Request, ref: Ref) -> None:
+        req.ref, req.fe_owns = ref, False
+
     def take(self, req: Request, ref: Ref) -> None:
         req.ref, req.fe_owns = ref, True
-
-    def handed(self, req: Request) -> None:
-        req.fe_owns = False
 
     def stray(self, ref: Ref | None) -> None:
         if ref is not None:
@@ -144,6 +155,8 @@ class RequestTable:
         if req.holder:
             self.by_holder.get(req.holder, set()).discard(rid)
         self._count(req, -1)
+        if req.post:
+            self.by_post[req.post] = self.by_post.get(req.post, 1) - 1
         left = self.by_client.get(req.client, 1) - 1
         if left > 0:
             self.by_client[req.client] = left

@@ -1,12 +1,15 @@
 """The executor process: owns every ONNX Runtime session and runs batches.
 
 One loop (the shared ``HubWorker`` runtime) and a few lanes (``lanes``): the
-loop drains ``InferTask`` messages from the hub, hands them to the batcher,
+loop drains ``InferTask`` messages that preprocess workers push to its inbox,
+hands them to the batcher,
 and while a lane is free and the batcher says so, assembles a padded batch
 straight from the preprocess workers' shared-memory slots (freeing each slot
 as soon as its rows are copied) and gives the run to a lane.  When a lane is
 done the loop writes each request's own rows into a slot of this process's
-output ring and tells the frontend with one ``Inferred`` message per batch.
+output ring, pushes each descriptor to the postprocess worker the frontend
+chose for the request, and tells the frontend with one ``Inferred`` notice per
+batch.
 All socket and ring work stays on the loop thread.
 
 Padding never changes a result: every variable input dimension carries a
@@ -29,7 +32,8 @@ from aieng.gpu_executor.lanes import Job, Lanes
 from aieng.gpu_executor.sessions import ModelSession, describe_runtime
 from aieng.model_repo import ModelSpec
 from aieng.protocol import INTERNAL, INVALID_INPUT, UNAVAILABLE, RequestError
-from aieng.worker_runtime import HubWorker, own_ring
+from aieng.addresses import exec_addr, post_addr
+from aieng.worker_runtime import HubWorker, own_ring, push_socket
 
 
 class Executor(HubWorker):
@@ -41,6 +45,8 @@ class Executor(HubWorker):
         self.init_batcher()
         self.init_rings()
         self.init_lanes()
+        self.bind_inbox(exec_addr(cfg.runtime_dir))  # preprocess workers push InferTasks here
+        self.posts = {f"post-{j}": None for j in range(cfg.postprocess_workers)}  # name -> PUSH, on first use
         self.handlers[m.InferTask] = self.on_task
 
     def init_sessions(self, specs: dict[str, ModelSpec]) -> None:
@@ -116,7 +122,12 @@ class Executor(HubWorker):
         if problem:
             self.fail(task.rid, INVALID_INPUT, problem, task.ref)
             return
-        self.batcher.put(key, Pending(task.rid, task.seq_len, time.monotonic(), task.deadline, task), task.upstream)
+        if task.post not in self.posts:
+            self.fail(task.rid, INTERNAL, f"no postprocess worker named {task.post!r}", task.ref)
+            return
+        now = time.monotonic()
+        task.trail.exec_arrived = now
+        self.batcher.put(key, Pending(task.rid, task.seq_len, now, task.deadline, task), task.upstream)
 
     @staticmethod
     def check_shapes(sess: ModelSession, descs: list) -> str | None:
@@ -153,20 +164,30 @@ class Executor(HubWorker):
         outputs, infer_us = job.result, job.run_ns // 1000
         padded = max((max(s.values(), default=0) for s in sizes), default=0)
         self.batcher.observe(key, len(live), padded, infer_us / 1e6)
-        done = m.Inferred([], [], [], len(live), padded, infer_us)
+        done = m.Inferred([], [])
         for row, p in enumerate(live):
+            task = p.payload
             try:
                 ref = self.publish(self.ring, sess.request_outputs(outputs, row, sizes[row]), p.deadline, INTERNAL)
             except RequestError as exc:
                 self.fail(p.rid, exc.code, exc.message)
                 continue
+            trail = task.trail
+            trail.batch_started, trail.infer_us, trail.batch, trail.padded = job.started, infer_us, len(live), padded
+            self.post_socket(task.post).send(m.encode(m.PostTask(p.rid, task.model, task.version, ref, task.params,
+                                                                 task.degraded, task.trace, trail)))
             done.rids.append(p.rid)
             done.refs.append(ref)
-            done.wait_us.append(max(0, int((job.started - p.arrived) * 1e6)))
             self.log.debug("inferred in a batch of %d (padded %d, %d us)", len(live), padded, infer_us,
-                           extra={"trace": p.payload.trace})
-        if done.rids:
+                           extra={"trace": task.trace})
+        if done.rids:  # one notice per batch: these output slots are the postprocess workers' now
             self.send(done)
+
+    def post_socket(self, name: str):
+        sock = self.posts[name]
+        if sock is None:
+            sock = self.posts[name] = push_socket(post_addr(self.cfg.runtime_dir, name))
+        return sock
 
     def assemble(self, sess: ModelSession, batch: list[Pending]):
         """Copy each request's tensors into padded batch arrays; free input slots."""
@@ -192,6 +213,9 @@ class Executor(HubWorker):
 
     def close(self) -> None:
         self.lanes.close()
+        for sock in self.posts.values():
+            if sock is not None:
+                sock.close(0)
         super().close()
         self.inputs.close()
         self.ring.close()

@@ -1,4 +1,4 @@
-"""The postprocess worker process: ``PostTask`` in, ``Result``/``Failed`` out.
+"""The postprocess worker process: ``PostTask`` in (pushed by the executor), ``Result``/``Failed`` out.
 
 Reads the request's outputs in place from the executor's ring, computes the
 answer with the model's op, frees the slot, and sends the outputs back to the
@@ -17,6 +17,7 @@ from aieng.config import Config
 from aieng.model_repo import ModelSpec
 from aieng.postprocess_workers.ops import OPS
 from aieng.protocol import INTERNAL, UNAVAILABLE, RequestError, encode_tensor, pack
+from aieng.addresses import post_addr
 from aieng.worker_runtime import HubWorker
 
 
@@ -38,9 +39,11 @@ class PostprocessWorker(HubWorker):
         self.ops, self.failed = model_repo.build_each(specs, lambda s: OPS[s.postprocess["type"]](s),
                                                       log, cfg.strict_model_load)
         self.rings = shm.RingCache()
+        self.bind_inbox(post_addr(cfg.runtime_dir, worker))  # the executor pushes PostTasks here
         self.handlers[m.PostTask] = self.handle
 
     def handle(self, task: m.PostTask, frames: list) -> None:
+        started = time.monotonic()
         t0 = time.perf_counter_ns()
         ref = task.ref
         try:
@@ -62,9 +65,10 @@ class PostprocessWorker(HubWorker):
             return
         finally:
             ring.free(ref.slot, ref.gen)  # results are copies now; the slot may be reused
-        post_us = (time.perf_counter_ns() - t0) // 1000
-        self.log.debug("postprocessed %s:%s (%d us)", task.model, task.version, post_us, extra={"trace": task.trace})
-        self.send(m.Result(task.rid, packed, post_us, confidence))
+        task.trail.post_started, task.trail.post_us = started, (time.perf_counter_ns() - t0) // 1000
+        self.log.debug("postprocessed %s:%s (%d us)", task.model, task.version, task.trail.post_us,
+                       extra={"trace": task.trace})
+        self.send(m.Result(task.rid, packed, task.trail, confidence))
 
     def info(self) -> dict:
         return {"failed": dict(self.failed)}

@@ -1,9 +1,10 @@
-"""The preprocess worker process: ``PreTask`` in, ``Preprocessed``/``Failed`` out.
+"""The preprocess worker process: ``PreTask`` in; ``InferTask`` to the executor, ``Preprocessed``/``Failed`` out.
 
 Receives the client's raw request frame from the frontend, validates the
 inputs against the model's declared inputs, turns them into tensors with the
 model's processor, writes them into a slot of this worker's own shared-memory
-ring and sends the slot descriptor back to the frontend.  Requests that pile
+ring and sends the slot descriptor straight to the executor (``InferTask``),
+telling the frontend with one ``Preprocessed`` notice per drain.  Requests that pile
 up while it works are drained together so text models can batch-encode.
 A request whose content it cannot handle fails alone; the worker never dies
 of one request.
@@ -20,7 +21,8 @@ from aieng.config import Config
 from aieng.model_repo import ModelSpec
 from aieng.preprocess_workers import PROCESSORS
 from aieng.protocol import INTERNAL, INVALID_INPUT, INVALID_REQUEST, UNAVAILABLE, RequestError, unpack_limited
-from aieng.worker_runtime import HubWorker, own_ring
+from aieng.addresses import exec_addr
+from aieng.worker_runtime import HubWorker, own_ring, push_socket
 
 _KIND_CHECKS = {
     "text": lambda v: isinstance(v, str),
@@ -59,6 +61,8 @@ class PreprocessWorker(HubWorker):
         super().__init__(cfg, worker, log)
         self.init_processors(specs)
         self.init_ring()
+        self.to_exec = push_socket(exec_addr(cfg.runtime_dir))
+        self.notice = m.Preprocessed([], [], [])
         self.handlers[m.PreTask] = self.on_task
         self.arrived: list[tuple[m.PreTask, Any]] = []  # drained together, encoded together
 
@@ -86,7 +90,8 @@ class PreprocessWorker(HubWorker):
         self.arrived.clear()
 
     def handle(self, arrived: list) -> None:
-        jobs = []  # (task, spec key, inputs) that passed validation
+        started = time.monotonic()
+        jobs = []  # (task, spec key, inputs, params) that passed validation
         for task, body in arrived:
             key = f"{task.model}:{task.version}"
             try:
@@ -95,7 +100,7 @@ class PreprocessWorker(HubWorker):
                 if key not in self.procs:
                     raise RequestError(INTERNAL, f"this worker does not serve {key}")
                 req = unpack_limited(body.buffer, self.cfg.max_message_bytes)
-                jobs.append((task, key, validate_inputs(self.specs[key], req.get("inputs"))))
+                jobs.append((task, key, validate_inputs(self.specs[key], req.get("inputs")), req.get("params") or {}))
             except RequestError as exc:
                 self.fail(task.rid, exc.code, exc.message)
             except Exception as exc:  # the frontend parsed this body already; never die of one request
@@ -104,16 +109,18 @@ class PreprocessWorker(HubWorker):
         for job in jobs:
             by_model.setdefault(job[1], []).append(job)
         for key, group in by_model.items():
-            self.run_group(self.procs[key], group)
+            self.run_group(self.procs[key], group, started)
+        if self.notice.rids:  # one notice for the whole drain: these slots are the executor's now
+            self.send(self.notice)
+            self.notice = m.Preprocessed([], [], [])
 
-    def run_group(self, proc, group: list) -> None:
-        t0 = time.perf_counter_ns()
+    def run_group(self, proc, group: list, started: float) -> None:
         results: list = []
         if getattr(proc, "batchable", False):
             checked = []
-            for task, _, inputs in group:
+            for task, _, inputs, params in group:
                 try:
-                    checked.append((task, proc.check(inputs)))
+                    checked.append(((task, params), proc.check(inputs)))
                 except RequestError as exc:
                     self.fail(task.rid, exc.code, exc.message)
             if checked:
@@ -122,32 +129,39 @@ class PreprocessWorker(HubWorker):
                     results = [(task, out) for (task, _), out in zip(checked, outs)]
                 except Exception as exc:  # a processor bug fails its requests, not the worker
                     self.log.exception("batched preprocess failed")
-                    for task, _ in checked:
+                    for (task, _), _ in checked:
                         self.fail(task.rid, INTERNAL, f"preprocessing failed: {type(exc).__name__}")
         else:
-            for task, _, inputs in group:
+            for task, _, inputs, params in group:
                 try:
-                    results.append((task, proc.process(inputs)))
+                    results.append(((task, params), proc.process(inputs)))
                 except RequestError as exc:
                     self.fail(task.rid, exc.code, exc.message)
                 except Exception as exc:  # a processor bug fails its request, not the worker
                     self.log.exception("preprocess failed for rid %s", task.rid)
                     self.fail(task.rid, INTERNAL, f"preprocessing failed: {type(exc).__name__}")
-        per_us = (time.perf_counter_ns() - t0) // 1000 // max(1, len(group))
-        for task, (tensors, seq_len, info) in results:
-            self.publish_one(task, tensors, seq_len, info, per_us)
+        for (task, params), (tensors, seq_len, info) in results:
+            self.forward(task, params, tensors, seq_len, info, started)
 
-    def publish_one(self, task: m.PreTask, tensors, seq_len: int, info: dict, pre_us: int) -> None:
+    def forward(self, task: m.PreTask, params: dict, tensors, seq_len: int, info: dict, started: float) -> None:
+        """Write the tensors into our ring and send the descriptor straight to the executor."""
         try:
             ref = self.publish(self.ring, tensors, task.deadline, INVALID_INPUT)
         except RequestError as exc:
             self.fail(task.rid, exc.code, exc.message)
             return
-        self.log.debug("preprocessed %s:%s into slot %d (%d us)", task.model, task.version, ref.slot, pre_us,
+        trail = m.Trail(pre_started=started, pre_sent=time.monotonic(), seq_len=seq_len)
+        self.to_exec.send(m.encode(m.InferTask(task.rid, task.model, task.version, task.deadline, ref, seq_len,
+                                               task.upstream, task.post, params, task.degraded, task.trace,
+                                               trail)))
+        self.notice.rids.append(task.rid)
+        self.notice.refs.append(ref)
+        self.notice.features.append(info.get("features") or {})
+        self.log.debug("preprocessed %s:%s into slot %d", task.model, task.version, ref.slot,
                        extra={"trace": task.trace})
-        self.send(m.Preprocessed(task.rid, ref, seq_len, pre_us, info.get("features") or {}))
 
     def close(self) -> None:
+        self.to_exec.close(0)
         super().close()
         self.ring.close()
         self.ring.seg.unlink()

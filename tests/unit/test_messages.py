@@ -10,17 +10,21 @@ from aieng import messages as m
 from aieng.protocol import pack
 
 REF = m.Ref("aieng.123.pre0.456", 3, 7, [["input_ids", "<i8", [12], 0], ["attention_mask", "<i8", [12], 128]])
+TRAIL = m.Trail(pre_started=10.5, pre_sent=10.501, exec_arrived=10.502, batch_started=10.503, infer_us=4000,
+                batch=2, padded=12, post_started=10.51, post_us=80)
 REF2 = m.Ref("aieng.123.executor.9", 0, 1, [["embedding", "<f4", [384], 0]])
 
 SAMPLES = {
     "hello": m.Hello("pre0", "preprocess", 4321, {"ring": "aieng.1.pre0.4321"}),
-    "pre": m.PreTask(rid=1, model="minilm", version="1", deadline=12345.678901),
-    "preprocessed": m.Preprocessed(rid=2, ref=REF, seq_len=12, pre_us=340, features={"island": "Biscoe"}),
-    "infer": m.InferTask(rid=3, model="minilm", version="1", deadline=99.5, ref=REF, seq_len=12, upstream=4),
-    "inferred": m.Inferred(rids=[4, 5], refs=[REF, REF2], wait_us=[1200, 900], batch=2, padded=16, infer_us=5300),
-    "post": m.PostTask(rid=5, model="orientation", version="1", ref=REF, params={"top_k": 2}, degraded=1),
+    "pre": m.PreTask(rid=1, model="minilm", version="1", deadline=12345.678901, post="post-0", upstream=3),
+    "preprocessed": m.Preprocessed(rids=[2, 3], refs=[REF, REF2], features=[{"island": "Biscoe"}, {}]),
+    "infer": m.InferTask(rid=3, model="minilm", version="1", deadline=99.5, ref=REF, seq_len=12, upstream=4,
+                         post="post-1", params={"top_k": 2}, trail=TRAIL),
+    "inferred": m.Inferred(rids=[4, 5], refs=[REF, REF2]),
+    "post": m.PostTask(rid=5, model="orientation", version="1", ref=REF, params={"top_k": 2}, degraded=1,
+                       trail=TRAIL),
     "result": m.Result(rid=6, outputs=pack({"label": "90", "scores": {"dtype": "float32", "shape": [0],
-                                                                      "data": b""}}), post_us=12),
+                                                                      "data": b""}}), trail=TRAIL),
     "failed": m.Failed(rid=7, code="INVALID_INPUT", message="input 'text' is empty ✗", ref=REF),
     "worker_down": m.WorkerDown(worker="post1", exitcode=-9, pid=777),
     "state": m.ServiceState(ready=True, processes={"pre0": {"pid": 1, "alive": True}}, restarts={"pre0": 2}),
@@ -52,7 +56,7 @@ def test_round_trip(tag):
 
 def test_defaults_survive():
     for msg in (m.Hello("w", "executor", 1), m.Failed(1, "TIMEOUT", "late"),
-                m.Preprocessed(1, REF, 0, 0)):
+                m.Preprocessed([1], [REF], [{}])):
         back = m.decode(m.encode(msg))
         assert back == msg
     assert m.decode(m.encode(m.Failed(1, "TIMEOUT", "late"))).ref is None
@@ -74,6 +78,7 @@ def test_refs_are_typed_after_decode():
     assert [type(r) for r in back.refs] == [m.Ref, m.Ref]
     assert back.refs[1].seg == "aieng.123.executor.9" and back.refs[1].tensors[0][0] == "embedding"
     assert type(m.decode(m.encode(SAMPLES["post"])).ref) is m.Ref
+    assert m.decode(m.encode(SAMPLES["result"])).trail == TRAIL
 
 
 def test_internal_limits_follow_the_client_limits():

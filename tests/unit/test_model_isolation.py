@@ -92,7 +92,7 @@ def test_executor_serves_the_models_that_load(tmp_path):
 
     calls = []
     ex.fail = lambda rid, code, message, ref=None: calls.append((rid, code, message))
-    ex.accept(m.InferTask(7, "broken", "1", time.monotonic() + 5, ["seg", 0, 0, []], 0, 0))
+    ex.accept(m.InferTask(7, "broken", "1", time.monotonic() + 5, m.Ref("seg", 0, 0, []), 0, 0, "post-0", {}))
     assert calls == [(7, UNAVAILABLE, ex.failed["broken:1"])]
 
     with pytest.raises(ModelLoadError, match=r"model broken:1 \(.*model\.onnx\): "):
@@ -104,6 +104,7 @@ def test_preprocess_worker_answers_a_failed_model_unavailable(tmp_path):
     copy_model("minilm", tmp_path, broken_file="tokenizer.json")
     specs = specs_of(tmp_path, "tabular", "minilm")
     w = bare(PreprocessWorker, strict=False)
+    w.notice = m.Preprocessed([], [], [])
     w.init_processors(specs)
     assert list(w.procs) == ["tabular:1"]
     assert w.failed["minilm:1"].startswith(f"model minilm:1 ({specs['minilm:1'].path}): ")
