@@ -94,7 +94,9 @@ class Frontend:
         self.hub.setsockopt(zmq.RCVHWM, 0)
         self.hub.bind(hub_addr(self.cfg.runtime_dir))
         self.http = HttpServer(self.cfg.http_addr, lambda: self.snapshot, self.metrics.render,
-                               self.cfg.frontend_addr) if self.cfg.http_addr else None
+                               self.cfg.http_token_file, self.cfg.http_threads, self.cfg.http_timeout_s,
+                               self.cfg.snapshot_ms, self.metrics.dropped_connection
+                               ) if self.cfg.http_addr else None
 
     def init_curve(self) -> None:
         """Encrypt the client socket with CURVE; with a keys dir, only those client keys get in."""
@@ -180,6 +182,13 @@ class Frontend:
             self.rss_at = now + 2.0
         snap["memory"] = {f"{w}": v for (_, w), v in msnap["rss"].items()}
         snap["gpus"] = {str(i): {"memory_used_bytes": u, "utilization": g} for i, (u, g) in msnap["gpus"].items()}
+        # /debug serves this, HTTP never calls into the loop.  The summary costs the loop milliseconds
+        # (tens with full windows), so it is refreshed only after a /debug asked for it.
+        asked = self.http is not None and self.http.debug_asked.is_set()
+        if asked:
+            self.http.debug_asked.clear()
+        snap["stats"] = self.stats.summary(None) if asked else self.snapshot.get("stats", {})
+        snap["in_flight"] = len(self.table)
         self.metrics.snapshot = msnap
         self.snapshot = snap
 
