@@ -1,84 +1,155 @@
 """The frontend's small HTTP server (``AIENG_HTTP_ADDR``, default 127.0.0.1:8000).
 
-``/healthz`` liveness and ``/readyz`` readiness (200 or 503, for load
-balancers and Kubernetes probes), ``/metrics`` (Prometheus text format) and
-``/debug`` (JSON: health, queue depths, counts).  It runs on a daemon thread
-and reads only snapshots the frontend loop publishes (a reference swap), so
-it never touches the loop's own tables.
+``/healthz`` liveness and ``/readyz`` readiness (200 or 503, for load balancers and Kubernetes
+probes), ``/metrics`` (Prometheus text format) and ``/debug`` (JSON: health, queue depths, stage
+timings, counts, memory).  Nothing here can slow the frontend loop down by more than a bounded amount:
+
+  * every answer but /metrics comes from the snapshot dict the loop publishes (a reference swap, never
+    mutated after); no HTTP thread calls into the loop, over ZMQ or otherwise, so /debug also works
+    with CURVE on.  A /debug sets ``debug_asked``: the loop refreshes the snapshot's stage timings
+    (``stats``, costly with full windows) at its next publish only when someone asked, so a /debug
+    after a quiet spell shows the timings of the last one, and fresh ones one period later;
+  * /metrics is rendered at most once per ``cache_ms`` (under a lock: concurrent scrapers wait for the
+    one render and share it), so any number of scrapers costs the process one render per period;
+  * connections are served by a fixed pool (``httpserver.BoundedHttpServer``: one reader thread plus
+    ``threads`` workers, bounded queues, a ``timeout_s`` deadline per connection).
+
+With ``token_file`` set, /metrics and /debug need ``Authorization: Bearer <token>`` (401 otherwise);
+/healthz and /readyz stay open for probes.  The token is read once, at start.
 """
 from __future__ import annotations
 
+import hmac
 import json
-import logging
 import socket
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import time
+from http import HTTPStatus
 from typing import Any, Callable
 
-log = logging.getLogger("aieng.frontend.http")
+from aieng.frontend.httpserver import BoundedHttpServer, HeadError, parse_head
+
+PATHS = ["/healthz", "/readyz", "/metrics", "/debug"]
+PROTECTED = ("/metrics", "/debug")
+METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+CHALLENGE = 'Bearer realm="aieng"'
 
 
 def parse_addr(addr: str) -> tuple[str, int]:
     host, _, port = addr.rpartition(":")
-    return host.strip("[]") or "127.0.0.1", int(port)
+    try:
+        number = int(port)
+    except ValueError:
+        raise ValueError(f"bad HTTP address {addr!r} (AIENG_HTTP_ADDR): expected host:port") from None
+    return host.strip("[]") or "127.0.0.1", number
+
+
+def read_token(path: str) -> bytes:
+    """The bearer token in ``path`` (surrounding whitespace stripped); an empty file is refused."""
+    with open(path, "rb") as fh:
+        token = fh.read().strip()
+    if not token:
+        raise ValueError(f"HTTP token file {path} (AIENG_HTTP_TOKEN_FILE) is empty")
+    return token
+
+
+def authorized(header: str | None, token: bytes | None) -> bool:
+    if token is None:
+        return True
+    scheme, _, given = (header or "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode("latin-1"), token)
+
+
+def response(code: int, body: bytes, ctype: str = "application/json", extra: dict[str, str] | None = None,
+             head_only: bool = False) -> bytes:
+    lines = [f"HTTP/1.1 {code} {HTTPStatus(code).phrase}", f"Content-Type: {ctype}",
+             f"Content-Length: {len(body)}", "Connection: close", "Cache-Control: no-store"]
+    lines += [f"{k}: {v}" for k, v in (extra or {}).items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (b"" if head_only else body)
+
+
+def bind(addr: str) -> socket.socket:
+    """A listening socket on ``addr``; any failure is an OSError that names the address."""
+    host, port = parse_addr(addr)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart within TIME_WAIT still binds
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        err = OSError(f"cannot bind the HTTP address {addr} (AIENG_HTTP_ADDR): {exc}")
+        err.errno = exc.errno
+        raise err from None
+    return sock
 
 
 class HttpServer:
     def __init__(self, addr: str, snapshot: Callable[[], dict[str, Any]], metrics: Callable[[], bytes],
-                 frontend_addr: str = ""):
-        self.snapshot, self.metrics = snapshot, metrics
-        self.frontend_addr = frontend_addr
-        outer = self
+                 token_file: str = "", threads: int = 4, timeout_s: float = 5.0, cache_ms: int = 500,
+                 dropped: Callable[[str], None] | None = None):
+        """Bind ``addr`` (an OSError naming it if that fails) and start serving; ``dropped(reason)``
+        counts each connection closed without an answer (``Metrics.dropped_connection``)."""
+        self.snapshot, self.render = snapshot, metrics
+        self.token = read_token(token_file) if token_file else None
+        self.cache_s = cache_ms / 1000.0
+        self.metrics_lock = threading.Lock()
+        self.metrics_body: bytes | None = None
+        self.metrics_at = 0.0
+        self.debug_cache: tuple[dict, bytes] | None = None  # (the snapshot, its JSON)
+        self.debug_asked = threading.Event()  # tells the loop to refresh the snapshot's stage stats
+        self.server = BoundedHttpServer(bind(addr), self.respond, dropped or (lambda reason: None),
+                                        threads=threads, timeout_s=timeout_s)
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-                path = self.path.split("?", 1)[0]
-                snap = outer.snapshot()
-                health = snap.get("health", {})
-                if path == "/healthz":
-                    self.reply(200 if health.get("live") else 503, health)
-                elif path == "/readyz":
-                    self.reply(200 if health.get("ready") else 503, health)
-                elif path == "/metrics":
-                    self.reply(200, outer.metrics(), "text/plain; version=0.0.4; charset=utf-8")
-                elif path == "/debug":
-                    self.reply(200, dict(snap, stats=outer.stats()))
-                else:
-                    self.reply(404, {"error": "not found", "paths": ["/healthz", "/readyz", "/metrics", "/debug"]})
-
-            def reply(self, code: int, body: Any, ctype: str = "application/json") -> None:
-                data = body if isinstance(body, bytes) else json.dumps(body, default=str).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, fmt: str, *args: Any) -> None:
-                log.debug("http %s", fmt % args)
-
-        host, port = parse_addr(addr)
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        server_cls = type("Server", (ThreadingHTTPServer,), {"address_family": family, "daemon_threads": True})
-        self.server = server_cls((host, port), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, name="http", daemon=True)
-        self.thread.start()
-
-    def stats(self) -> dict[str, Any]:
-        """Stage summaries come from the frontend's own ``stats`` op over its client socket,
-        so this thread never reads the loop's tables."""
-        if not self.frontend_addr:
-            return {}
-        from aieng.client import Client
-
+    def respond(self, head: bytes) -> bytes:
+        """The whole answer (status line, headers, body) to one request head."""
         try:
-            with Client(self.frontend_addr, timeout_s=5.0, dealer=True) as c:
-                reply = c.call({"op": "stats", "id": "debug"})
-            reply.pop("id", None)
-            return reply
-        except Exception as exc:  # the loop is busy or gone: say so rather than hang the probe
-            return {"error": f"{type(exc).__name__}: {exc}"}
+            method, path, headers = parse_head(head)
+        except HeadError as exc:
+            return response(exc.code, json.dumps({"error": str(exc)}).encode())
+        if method not in ("GET", "HEAD"):
+            return response(405, b'{"error": "only GET and HEAD"}', extra={"Allow": "GET, HEAD"})
+        code, body, ctype, extra = self.route(path, headers)
+        return response(code, body, ctype, extra, head_only=method == "HEAD")
+
+    def route(self, path: str, headers: dict[str, str]) -> tuple[int, bytes, str, dict[str, str]]:
+        if path in PROTECTED and not authorized(headers.get("authorization"), self.token):
+            return 401, b'{"error": "unauthorized"}', "application/json", {"WWW-Authenticate": CHALLENGE}
+        if path == "/metrics":
+            return 200, self.metrics_text(), METRICS_TYPE, {}
+        snap = self.snapshot()
+        if path == "/debug":
+            self.debug_asked.set()
+            return 200, self.debug_json(snap), "application/json", {}
+        health = snap.get("health", {})
+        if path == "/healthz":
+            return (200 if health.get("live") else 503), _json(health), "application/json", {}
+        if path == "/readyz":
+            return (200 if health.get("ready") else 503), _json(health), "application/json", {}
+        return 404, _json({"error": "not found", "paths": PATHS}), "application/json", {}
+
+    def metrics_text(self) -> bytes:
+        """The last render if it is younger than ``cache_ms``, else a new one (one thread renders, the
+        others wait for it on the lock rather than rendering too)."""
+        with self.metrics_lock:
+            if self.metrics_body is None or time.monotonic() - self.metrics_at >= self.cache_s:
+                self.metrics_body = self.render()
+                self.metrics_at = time.monotonic()  # from the end: renders are >= cache_ms apart
+            return self.metrics_body
+
+    def debug_json(self, snap: dict[str, Any]) -> bytes:
+        """The snapshot as JSON, encoded once per published snapshot (it is never mutated)."""
+        cached = self.debug_cache
+        if cached is not None and cached[0] is snap:
+            return cached[1]
+        body = _json(snap)
+        self.debug_cache = (snap, body)
+        return body
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.server.close()
+
+
+def _json(obj: Any) -> bytes:
+    return json.dumps(obj, default=str).encode()

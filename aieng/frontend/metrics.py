@@ -93,6 +93,11 @@ class Metrics:
                                   registry=r)
         self.in_flight = Gauge("aieng_in_flight_requests", "Requests admitted and not yet answered", registry=r)
         self.queue = Gauge("aieng_queue_depth", "Requests in flight per pipeline stage", ["stage"], registry=r)
+        self.http_dropped = Counter("aieng_http_dropped_connections",
+                                    "HTTP connections closed without an answer (timeout, reset, overflow)",
+                                    ["reason"], registry=r)
+        for reason in ("timeout", "reset", "overflow"):  # present at 0 from the start
+            self.http_dropped.labels(reason)
         self.snapshot: dict[str, Any] = {}
         self.lock = threading.Lock()
         r.register(_SnapshotCollector(self))
@@ -110,6 +115,10 @@ class Metrics:
 
     def failed(self, model: str, version: str, code: str) -> None:
         self.requests.labels(model, version, code).inc()
+
+    def dropped_connection(self, reason: str) -> None:
+        """Called from HTTP threads (prometheus_client counters are thread-safe)."""
+        self.http_dropped.labels(reason).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -105,7 +105,9 @@ class Frontend:
         self.hub.setsockopt(zmq.RCVHWM, 0)
         self.hub.bind(hub_addr(self.cfg.runtime_dir))
         self.http = HttpServer(self.cfg.http_addr, lambda: self.snapshot, self.metrics.render,
-                               self.cfg.frontend_addr) if self.cfg.http_addr else None
+                               self.cfg.http_token_file, self.cfg.http_threads, self.cfg.http_timeout_s,
+                               self.cfg.snapshot_ms, self.metrics.dropped_connection
+                               ) if self.cfg.http_addr else None
 
     def init_curve(self) -> None:
         """Encrypt the client socket with CURVE; with a keys dir, only those client keys get in."""

@@ -1,7 +1,8 @@
 """What the HTTP thread may read: a snapshot the frontend loop publishes.
 
 The loop calls ``publish_snapshot`` every ``snapshot_ms`` (and at once when a
-worker comes or goes, without the costly stage summary).  It builds a fresh
+worker comes or goes, without the costly stage summary, which is refreshed
+only when a /debug has asked for it since the last one).  It builds a fresh
 dict and swaps it in whole; nothing mutates it afterwards, so the HTTP
 threads never touch the loop's tables and never make the loop compute on
 their behalf, however many scrapers there are.
@@ -26,9 +27,15 @@ def publish_snapshot(fe: "Frontend", now: float, full: bool = True) -> None:
     for stage in (PRE, EXEC, POST):
         fe.metrics.queue.labels(stage).set(depth.get(stage, 0))
     prev = fe.snapshot
-    snap = {"health": health, "queue_depth": depth, "counts": fe.pipeline.counts.view(),
+    # The stage summary costs the loop milliseconds (more with full windows), so it is refreshed
+    # only on a periodic snapshot after a /debug asked for it: at most once per period, however
+    # many ask, and never while nobody looks.
+    asked = full and fe.http is not None and fe.http.debug_asked.is_set()
+    if asked:
+        fe.http.debug_asked.clear()
+    snap = {"health": health, "queue_depth": depth, "counts": fe.pipeline.counts.view(), "in_flight": len(fe.table),
             "drift_psi": {"/".join(k): round(v, 4) for k, v in fe.drift.scores().items()},
-            "stats": fe.stats.summary(None) if full or "stats" not in prev else prev["stats"]}
+            "stats": fe.stats.summary(None) if asked else prev.get("stats", {})}
     old = fe.metrics.snapshot
     msnap = {"restarts": dict(fe.state["restarts"]), "ready": health["ready"],
              "models": {(k.split(":")[0], k.split(":")[1], v or "none"): 1.0 for k, v in health["providers"].items()},

@@ -50,7 +50,12 @@ def test_health_endpoints_and_metrics_add_up(server):
         for _ in range(3):
             c.infer("tabular", {"island": 5}, raise_on_error=False)  # INVALID_INPUT
         c.infer("nope", {"x": 1}, raise_on_error=False)  # MODEL_NOT_FOUND
-    after = samples(server.http)
+    # /metrics is rendered at most once per AIENG_SNAPSHOT_MS (500 ms): wait (bounded) for a render made
+    # after these requests, i.e. the first one that differs from `before`
+    after, deadline = samples(server.http), time.monotonic() + 5
+    while after == before and time.monotonic() < deadline:
+        time.sleep(0.1)
+        after = samples(server.http)
 
     def delta(name, **labels):
         return value(after, name, **labels) - value(before, name, **labels)
@@ -77,7 +82,11 @@ def test_health_endpoints_and_metrics_add_up(server):
     roles = {dict(k[1]).get("role") for k in after if k[0] == "aieng_process_resident_memory_bytes"}
     assert roles >= {"frontend", "preprocess", "executor", "postprocess"}
 
-    code, body = get(server.http + "/debug")
+    code, body = get(server.http + "/debug")  # the loop's snapshot, published every 0.5 s: wait for one
+    deadline = time.monotonic() + 5           # that holds the tabular requests above
+    while "tabular" not in json.loads(body)["stats"].get("models", {}) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        code, body = get(server.http + "/debug")
     debug = json.loads(body)
     assert code == 200 and "queue_depth" in debug and debug["health"]["providers"]
     assert debug["stats"]["models"]["tabular"]["stages_us"]["inference"]["p50"] > 0
