@@ -35,7 +35,8 @@ import msgpack
 import psutil
 import zmq
 
-from aieng import addresses, messages as m, model_repo, procutil, shm
+from aieng import addresses, model_repo, procutil, shm
+from aieng import messages as m
 from aieng.config import Config
 from aieng.worker_runtime import run_process
 

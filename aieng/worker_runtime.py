@@ -54,6 +54,11 @@ def role_class(role: str) -> type:
 def run_process(role: str, cfg_dict: dict, spec_dicts: dict, worker: str, ready_conn) -> None:
     """The entry point of every child process (see the module docstring)."""
     cfg = Config.from_dict(cfg_dict)
+    if role == "preprocess":
+        # The tokenizers library hands even one text to its own thread pool: a cross-thread wake-up
+        # per batch, and threads competing with the executor's for the same few cores (profile).
+        # The pool is the parallelism here.
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
     log = procutil.child_setup(role, worker, cfg_dict, ready_conn)
     m.configure(cfg.max_message_bytes)
     stop = procutil.StopFlag()

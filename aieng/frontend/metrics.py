@@ -10,7 +10,6 @@ time.  Names follow Prometheus conventions (``aieng_`` prefix, ``_total``,
 """
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -99,19 +98,31 @@ class Metrics:
         for reason in ("timeout", "reset", "overflow"):  # present at 0 from the start
             self.http_dropped.labels(reason)
         self.snapshot: dict[str, Any] = {}
-        self.lock = threading.Lock()
+        self._kids: dict[tuple[str, str], tuple] = {}
         r.register(_SnapshotCollector(self))
+
+    def _children(self, model: str, version: str) -> tuple:
+        """The labelled series one model version's answers touch, looked up once (the profile showed
+        ``labels()`` at 7% of the frontend's busy time when done per request)."""
+        key = (model, version)
+        kids = self._kids.get(key)
+        if kids is None:
+            kids = self._kids[key] = (self.requests.labels(model, version, "OK"), self.latency.labels(model, version),
+                                      [(s, self.stage.labels(model, s)) for s in STAGES], self.batch.labels(model),
+                                      self.confidence.labels(model, version))
+        return kids
 
     def answered(self, model: str, version: str, timing_us: dict[str, int], batch: int,
                  confidence: float | None) -> None:
-        self.requests.labels(model, version, "OK").inc()
-        self.latency.labels(model, version).observe(timing_us.get("total", 0) / 1e6)
-        for stage in STAGES:
+        ok, latency, stages, batches, conf = self._children(model, version)
+        ok.inc()
+        latency.observe(timing_us.get("total", 0) / 1e6)
+        for stage, hist in stages:
             if stage in timing_us:
-                self.stage.labels(model, stage).observe(timing_us[stage] / 1e6)
-        self.batch.labels(model).observe(batch)
+                hist.observe(timing_us[stage] / 1e6)
+        batches.observe(batch)
         if confidence is not None:
-            self.confidence.labels(model, version).observe(confidence)
+            conf.observe(confidence)
 
     def failed(self, model: str, version: str, code: str) -> None:
         self.requests.labels(model, version, code).inc()

@@ -23,7 +23,8 @@ from typing import Any
 import zmq
 
 from aieng import messages as m
-from aieng import procutil, protocol as p, shm
+from aieng import procutil, shm
+from aieng import protocol as p
 from aieng.addresses import hub_addr
 from aieng.config import Config
 from aieng.frontend.admission import Admission, Immediate

@@ -25,6 +25,7 @@ import numpy as np
 
 from aieng import messages as m
 from aieng import model_repo, shm
+from aieng.addresses import exec_addr, post_addr
 from aieng.config import Config
 from aieng.envs import cpu_count
 from aieng.gpu_executor.batcher import Batcher, Pending
@@ -32,7 +33,6 @@ from aieng.gpu_executor.lanes import Job, Lanes
 from aieng.gpu_executor.sessions import ModelSession, describe_runtime
 from aieng.model_repo import ModelSpec
 from aieng.protocol import INTERNAL, INVALID_INPUT, UNAVAILABLE, RequestError
-from aieng.addresses import exec_addr, post_addr
 from aieng.worker_runtime import HubWorker, own_ring, push_socket
 
 

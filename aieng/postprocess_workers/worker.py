@@ -13,11 +13,11 @@ import numpy as np
 
 from aieng import messages as m
 from aieng import model_repo, shm
+from aieng.addresses import post_addr
 from aieng.config import Config
 from aieng.model_repo import ModelSpec
 from aieng.postprocess_workers.ops import OPS
 from aieng.protocol import INTERNAL, UNAVAILABLE, RequestError, encode_tensor, pack
-from aieng.addresses import post_addr
 from aieng.worker_runtime import HubWorker
 
 

@@ -19,7 +19,8 @@ from typing import Any
 import msgpack
 import pytest
 import zmq
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from aieng.config import Config
 from aieng.protocol import ERROR_CODES, unpack_limited, valid_id

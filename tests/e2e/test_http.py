@@ -121,9 +121,9 @@ def test_input_drift_psi_rises_when_inputs_shift(make_server):
     from tests.conftest import ROOT
 
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
-    import train_tabular
-
     import random
+
+    import train_tabular
 
     rows = train_tabular.load_rows()
     random.Random(0).shuffle(rows)  # the CSV is ordered by species; any prefix should look like the population

@@ -16,7 +16,6 @@ import pytest
 from aieng import cpuacct
 from aieng.bench import fmt_closed, fmt_cpu, fmt_table, ratio
 from aieng.client import Client
-
 from tests.unit.demo import MODELS, ROOT, needs_demo_models, spec
 
 

@@ -19,7 +19,6 @@ from aieng.model_repo import ModelLoadError, build_each, failure_message, load_s
 from aieng.postprocess_workers.worker import PostprocessWorker
 from aieng.preprocess_workers.worker import PreprocessWorker
 from aieng.protocol import UNAVAILABLE, RequestError
-
 from tests.unit.demo import MODELS, needs_demo_models
 
 pytestmark = needs_demo_models

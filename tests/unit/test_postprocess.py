@@ -6,7 +6,6 @@ import pytest
 
 from aieng.postprocess_workers.ops import OPS, Classify, MeanPool, Passthrough
 from aieng.protocol import INVALID_INPUT, RequestError
-
 from tests.unit.demo import MODELS, ROOT, needs_demo_models, spec  # noqa: F401
 from tests.unit.demo import spec_with as _spec_with
 

@@ -11,8 +11,6 @@ from aieng import protocol as p
 from aieng.protocol import INVALID_INPUT, RequestError, decode_tensor, encode_tensor
 
 
-
-
 def wire(obj):
     """What a tensor map looks like after a trip through msgpack."""
     return msgpack.unpackb(p.pack(obj), raw=False)

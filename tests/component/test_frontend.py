@@ -1,0 +1,252 @@
+"""The frontend role alone, against fake peers: its real sockets, loop and tables, in a thread.
+
+The test plays every other process: a client (DEALER on the client address), and the preprocess
+worker, executor, postprocess worker and supervisor (DEALERs on the hub with their names as
+identities), with real shared-memory rings standing for the workers' slots.  Each test walks one
+path a request can take and checks what the frontend answers and which slots it frees: on
+success and failure the holders free their own slots; when a holder dies the frontend frees the
+slot it held; a late or out-of-order notice changes nothing it must not.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from types import SimpleNamespace
+
+import msgpack
+import pytest
+import zmq
+
+from aieng import messages as m
+from aieng import shm
+from aieng.addresses import hub_addr
+from aieng.client import decode_reply
+from aieng.config import Config
+from aieng.frontend.server import Frontend
+from tests.unit.demo import needs_demo_models, spec
+
+pytestmark = needs_demo_models
+TAB = {"island": "Biscoe", "bill_length_mm": 45.1, "bill_depth_mm": 14.5, "flipper_length_mm": 215.0,
+       "body_mass_g": 5000.0, "sex": "female"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Rig:
+    """A frontend in a thread and the fake peers around it."""
+
+    def __init__(self, tmp_path, **cfg):
+        self.cfg = Config(frontend_addr=f"tcp://127.0.0.1:{free_port()}", http_addr="", runtime_dir=str(tmp_path),
+                          instance=f"9{os.getpid()}", preprocess_workers=1, postprocess_workers=1, **cfg)
+        self.fe = Frontend(self.cfg, {"tabular:1": spec("tabular")}, "frontend", logging.getLogger("test.fe"))
+        self.stop = SimpleNamespace(stop=False)
+        self.thread = threading.Thread(target=self.fe.run, args=(self.stop,), daemon=True)
+        self.thread.start()
+        ctx = zmq.Context.instance()
+        self.peers = {}
+        for name in ("supervisor", "pre-0", "executor", "post-0"):
+            s = ctx.socket(zmq.DEALER)
+            s.setsockopt(zmq.IDENTITY, name.encode())
+            s.setsockopt(zmq.LINGER, 0)
+            s.connect(hub_addr(self.cfg.runtime_dir))
+            self.peers[name] = s
+        self.client = ctx.socket(zmq.DEALER)
+        self.client.setsockopt(zmq.LINGER, 0)
+        self.client.connect(self.cfg.frontend_addr)
+        self.rings = {w: shm.Ring.create(shm.segment_name(self.cfg.instance, w, os.getpid()), 8, 4096)
+                      for w in ("pre-0", "executor")}
+
+    def hello(self, *names: str) -> None:
+        roles = {"pre-0": "preprocess", "executor": "executor", "post-0": "postprocess"}
+        for n in names:
+            self.peers[n].send(m.encode(m.Hello(n, roles[n], 1000 + len(n))))
+        self.peers["supervisor"].send(m.encode(m.ServiceState(True, {}, {})))
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and (not self.fe.admission.started
+                                               or not all(n in self.fe.workers.by_name for n in names)):
+            time.sleep(0.01)
+
+    def send(self, req: dict) -> None:
+        self.client.send(msgpack.packb(req))
+
+    def answer(self, timeout_s: float = 5.0) -> dict:
+        assert self.client.poll(int(timeout_s * 1000)), "no answer"
+        return decode_reply(self.client.recv())
+
+    def expect(self, name: str, timeout_s: float = 5.0):
+        sock = self.peers[name]
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert sock.poll(int(max(0.0, deadline - time.monotonic()) * 1000)), f"{name} got nothing"
+            frames = sock.recv_multipart()
+            msg = m.decode(frames[0])
+            if not isinstance(msg, m.Pulse):
+                return msg, frames
+        raise AssertionError(f"{name} got nothing but pulses")
+
+    def slot(self, worker: str) -> m.Ref:
+        ring = self.rings[worker]
+        slot, gen = ring.alloc()
+        return m.Ref(ring.seg.name, slot, gen, [])
+
+    def busy(self, ref: m.Ref) -> bool:
+        ring = self.rings["pre-0" if ".pre-0." in ref.seg else "executor"]
+        return bool(ring.state[ref.slot] == shm.BUSY and int(ring.gen[ref.slot]) == ref.gen)
+
+    def settle(self) -> None:
+        """Let the loop handle what was sent (it answers nothing for notices)."""
+        deadline = time.monotonic() + 2
+        self.client.send(msgpack.packb({"op": "health", "id": "settle"}))
+        while time.monotonic() < deadline:
+            if self.answer()["id"] == "settle":
+                return
+
+    def close(self) -> None:
+        self.stop.stop = True
+        self.thread.join(5)
+        self.fe.close()
+        for s in list(self.peers.values()) + [self.client]:
+            s.close(0)
+        for ring in self.rings.values():
+            ring.close()
+            ring.seg.unlink()
+
+
+@pytest.fixture
+def rig(tmp_path):
+    made = []
+
+    def make(**cfg) -> Rig:
+        r = Rig(tmp_path, **cfg)
+        made.append(r)
+        return r
+
+    yield make
+    for r in made:
+        r.close()
+
+
+def dispatched(r: Rig, rid_of: str = "a"):
+    task, frames = r.expect("pre-0")
+    assert isinstance(task, m.PreTask) and task.model == "tabular" and task.post == "post-0"
+    assert msgpack.unpackb(frames[1])["id"] == rid_of  # the client's own frame travels with it
+    return task
+
+
+def result(rid: int) -> m.Result:
+    now = time.monotonic()
+    trail = m.Trail(pre_started=now - 0.004, pre_sent=now - 0.003, exec_arrived=now - 0.0025,
+                    batch_started=now - 0.002, infer_us=500, post_started=now - 0.001, post_us=100)
+    return m.Result(rid, msgpack.packb({"label": "Gentoo"}), trail)
+
+
+def test_success_path_and_who_frees(rig):
+    r = rig()
+    r.hello("pre-0", "executor", "post-0")
+    r.send({"id": "a", "model": "tabular", "inputs": TAB})
+    task = dispatched(r)
+    inp, out = r.slot("pre-0"), r.slot("executor")
+    r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp], [{}])))
+    r.peers["executor"].send(m.encode(m.Inferred([task.rid], [out])))
+    r.settle()
+    assert r.fe.table.get(task.rid).stage == "postprocess" and r.fe.table.get(task.rid).holder == "post-0"
+    r.peers["post-0"].send(m.encode(result(task.rid)))
+    reply = r.answer()
+    assert reply["id"] == "a" and reply["ok"] and reply["outputs"] == {"label": "Gentoo"}
+    assert reply["timing_us"]["inference"] == 500 and reply["timing_us"]["postprocess"] == 100
+    assert len(r.fe.table) == 0
+    assert r.busy(inp) and r.busy(out)  # the executor and the postprocess worker free those, not the frontend
+
+
+def test_notices_out_of_order(rig):
+    """The executor's notice can overtake the preprocess worker's: the request only moves forward."""
+    r = rig()
+    r.hello("pre-0", "executor", "post-0")
+    r.send({"id": "a", "model": "tabular", "inputs": TAB})
+    task = dispatched(r)
+    inp, out = r.slot("pre-0"), r.slot("executor")
+    r.peers["executor"].send(m.encode(m.Inferred([task.rid], [out])))
+    r.settle()
+    r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp], [{}])))
+    r.settle()
+    req = r.fe.table.get(task.rid)
+    assert (req.stage, req.holder, req.ref) == ("postprocess", "post-0", out)
+    r.peers["post-0"].send(m.encode(result(task.rid)))
+    assert r.answer()["ok"]
+
+
+def test_failure_answers_once_and_frees_a_returned_slot(rig):
+    r = rig()
+    r.hello("pre-0", "executor", "post-0")
+    r.send({"id": "a", "model": "tabular", "inputs": TAB})
+    task = dispatched(r)
+    back = r.slot("executor")
+    r.peers["executor"].send(m.encode(m.Failed(task.rid, "INTERNAL", "model run failed: X", back)))
+    reply = r.answer()
+    assert (reply["id"], reply["error"]["code"]) == ("a", "INTERNAL")
+    assert not r.busy(back)  # a slot that came back with the failure is the frontend's to free
+    r.peers["post-0"].send(m.encode(result(task.rid)))  # a late result for an answered request
+    r.settle()
+    assert not r.client.poll(200)  # no second answer
+
+
+def test_timeout_leaves_the_holders_slot_alone(rig):
+    r = rig()
+    r.hello("pre-0", "executor", "post-0")
+    r.send({"id": "a", "model": "tabular", "inputs": TAB, "timeout_ms": 300})
+    task = dispatched(r)
+    inp = r.slot("pre-0")
+    r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp], [{}])))
+    reply = r.answer()
+    assert reply["error"]["code"] == "TIMEOUT" and "stage: executor" in reply["error"]["message"]
+    assert r.busy(inp)  # the executor is alive and holds it: it frees it (it drops expired requests)
+
+
+@pytest.mark.parametrize("victim,stage", [("executor", "executor"), ("post-0", "postprocess")])
+def test_worker_death_answers_what_it_held_and_frees_its_slot(rig, victim, stage):
+    r = rig()
+    r.hello("pre-0", "executor", "post-0")
+    r.send({"id": "a", "model": "tabular", "inputs": TAB})
+    task = dispatched(r)
+    inp, out = r.slot("pre-0"), r.slot("executor")
+    r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp], [{}])))
+    if victim == "post-0":
+        r.peers["executor"].send(m.encode(m.Inferred([task.rid], [out])))
+    r.settle()
+    assert r.fe.table.get(task.rid).stage == stage
+    r.peers["supervisor"].send(m.encode(m.WorkerDown(victim, -9, 1000 + len(victim))))
+    reply = r.answer()
+    assert reply["error"]["code"] == "UNAVAILABLE" and reply["error"]["message"].startswith(f"{victim} exited")
+    held = inp if victim == "executor" else out
+    assert not r.busy(held)
+    assert r.busy(out if victim == "executor" else inp)  # untouched: its holder is alive
+
+
+def test_no_preprocess_worker_holds_until_one_says_hello(rig):
+    r = rig()
+    r.hello("executor", "post-0")
+    r.send({"id": "a", "model": "tabular", "inputs": TAB})
+    r.settle()
+    assert r.fe.table.waiting["preprocess"] and not r.peers["pre-0"].poll(200)
+    r.hello("pre-0")
+    dispatched(r)
+
+
+def test_admission_refusals(rig):
+    r = rig(max_inflight_per_client=1)
+    r.hello("pre-0", "executor", "post-0")
+    r.send({"id": "u", "model": "nope", "inputs": {}})
+    assert r.answer()["error"]["code"] == "MODEL_NOT_FOUND"
+    r.send({"id": "a", "model": "tabular", "inputs": TAB})
+    r.send({"id": "b", "model": "tabular", "inputs": TAB})
+    reply = r.answer()
+    assert reply["id"] == "b" and reply["error"]["code"] == "OVERLOADED" and "per-client" in reply["error"]["message"]
+    r.send({"id": "c", "model": "tabular", "inputs": TAB, "params": {1: 2}})
+    assert r.answer()["error"]["code"] == "INVALID_REQUEST"
