@@ -165,16 +165,20 @@ def fmt_inprocess(before: dict, after: dict, limit: float) -> list[str]:
              f"session settings and padding): **{limit:.1f} req/s** (best row; best with intra-op spinning "
              f"off {_f(best[False], 1)}, on {_f(best[True], 1)}; before {before['best']:.1f}, "
              f"after {after['best']:.1f}: best row re-run with spinning off {_f(spin.get(False), 1)}, "
-             f"on {_f(spin.get(True), 1)}, lanes {_f(spin.get('lanes'), 1)}); batch-1 latency p50 {before['batch1_p50_ms']:.2f} ms; "
+             f"on {_f(spin.get(True), 1)}, lanes {_f(spin.get('lanes'), 1)}); "
+             f"batch-1 latency p50 {before['batch1_p50_ms']:.2f} ms; "
              f"batch 1 on one intra-op thread {_f(before.get('one_thread_batch1'), 1)} req/s; "
              f"best with lanes (threads side by side, one intra-op thread each) "
              f"{_f(before.get('best_lanes'), 1)} req/s.", "",
              "| batch | arrival, spinning off | sorted, spinning off | arrival, spinning on "
-             "| sorted, spinning on | CPU ms/req (spinning off) | arrival, lanes | sorted, lanes | CPU ms/req (lanes) |",
+             "| sorted, spinning on | CPU ms/req (spinning off) | arrival, lanes | sorted, lanes "
+             "| CPU ms/req (lanes) |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     by = {(r["batch"], r["spinning"], bool(r.get("lanes"))): r for r in before["rows"]}
     for b in sorted({r["batch"] for r in before["rows"]}):
-        off, on, ln = by.get((b, False, False), {}), by.get((b, True, False), {}), by.get((b, False, True), {})
+        off = by.get((b, False, False), {})
+        on = by.get((b, True, False), {})
+        ln = by.get((b, False, True), {})
         lines.append(f"| {b} | {_f(off.get('arrival'), 1)} | {_f(off.get('sorted'), 1)} | "
                      f"{_f(on.get('arrival'), 1)} | {_f(on.get('sorted'), 1)} | {_f(off.get('cpu_ms'))} | "
                      f"{_f(ln.get('arrival'), 1)} | {_f(ln.get('sorted'), 1)} | {_f(ln.get('cpu_ms'))} |")

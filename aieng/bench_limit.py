@@ -17,8 +17,9 @@ slow on a busy machine (spinning, most of all) cannot stretch the whole bench.
 spinning off and on, at threads = usable CPUs, plus batch 1 on one thread,
 plus the same batches run by ``lanes`` = usable-CPUs threads side by side on
 one session of one intra-op thread each (what a user with a thread pool gets,
-and what the server's executor does); the best row is the limit.  ``recheck`` re-runs only the best row of each spinning
-setting, so drift of a shared machine shows without doubling the run time.
+and what the server's executor does); the best row is the limit.  ``recheck``
+re-runs only the best row of each spinning setting, so drift of a shared
+machine shows without doubling the run time.
 """
 from __future__ import annotations
 

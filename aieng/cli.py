@@ -154,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--concurrency", default="1,4,16,64", help="comma-separated closed-loop levels")
     b.add_argument("--requests", type=int, default=400,
                    help="requests per closed-loop level (half that per in-process row)")
-    b.add_argument("--rates", default="0.5,0.8,1.0", help="open-loop rates as fractions of the in-process limit")
+    b.add_argument("--rates", default="0.5,0.8,1.0",
+                   help="open-loop rates as fractions of the in-process limit")
     b.add_argument("--duration", type=float, default=8.0, help="seconds per open-loop rate")
     b.add_argument("--out", default="bench-out", help="directory for the markdown table and PNG plot")
     b.add_argument("--skip-baseline", action="store_true",

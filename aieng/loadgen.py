@@ -49,7 +49,8 @@ def sample_inputs(model: str, n: int, seed: int = 0) -> list[dict[str, Any]]:
         rng = random.Random(seed)
         return [{"bill_length_mm": rng.uniform(32, 60), "bill_depth_mm": rng.uniform(13, 21),
                  "flipper_length_mm": rng.uniform(170, 230), "body_mass_g": rng.uniform(2700, 6300),
-                 "island": rng.choice(["Biscoe", "Dream", "Torgersen"]), "sex": rng.choice(["male", "female"])}
+                 "island": rng.choice(["Biscoe", "Dream", "Torgersen"]),
+                 "sex": rng.choice(["male", "female"])}
                 for _ in range(n)]
     raise SystemExit(f"no input generator for model {model!r}")
 
@@ -82,7 +83,8 @@ async def run_level(addr: str | None, model: str, inputs: list[dict], concurrenc
     lat = np.asarray(latencies) * 1000
     return {"concurrency": concurrency, "requests": len(latencies), "seconds": round(elapsed, 3),
             "rps": round(len(latencies) / elapsed, 1), "p50_ms": round(float(np.percentile(lat, 50)), 2),
-            "p95_ms": round(float(np.percentile(lat, 95)), 2), "p99_ms": round(float(np.percentile(lat, 99)), 2),
+            "p95_ms": round(float(np.percentile(lat, 95)), 2),
+            "p99_ms": round(float(np.percentile(lat, 99)), 2),
             "mean_batch": round(float(np.mean(batches)), 2) if batches else 0.0, "errors": errors}
 
 

@@ -169,10 +169,12 @@ def load_spec(name: str, version: str, path: str) -> ModelSpec:
     inputs, outputs = need("inputs", list), need("outputs", list)
     pre, post = need("preprocess", dict), need("postprocess", dict)
     for item in inputs:
-        if not isinstance(item, dict) or not isinstance(item.get("name"), str) or item.get("kind") not in INPUT_KINDS:
+        if (not isinstance(item, dict) or not isinstance(item.get("name"), str)
+                or item.get("kind") not in INPUT_KINDS):
             raise ModelError(f"{cfg_path}: each input needs a name and a kind in {INPUT_KINDS}")
     for item in outputs:
-        if not isinstance(item, dict) or not isinstance(item.get("name"), str) or item.get("kind") not in OUTPUT_KINDS:
+        if (not isinstance(item, dict) or not isinstance(item.get("name"), str)
+                or item.get("kind") not in OUTPUT_KINDS):
             raise ModelError(f"{cfg_path}: each output needs a name and a kind in {OUTPUT_KINDS}")
     if not isinstance(pre.get("type"), str) or not isinstance(post.get("type"), str):
         raise ModelError(f"{cfg_path}: preprocess and postprocess need a 'type'")

@@ -26,8 +26,8 @@ PR_SET_PDEATHSIG = 1
 
 class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        data = {"ts": round(record.created, 6), "level": record.levelname, "role": getattr(record, "role", ""),
-                "pid": record.process, "msg": record.getMessage()}
+        data = {"ts": round(record.created, 6), "level": record.levelname,
+                "role": getattr(record, "role", ""), "pid": record.process, "msg": record.getMessage()}
         trace = getattr(record, "trace", None)
         if trace is not None:
             data["trace"] = trace
@@ -52,7 +52,8 @@ def setup_logging(worker: str, level: str = "INFO", fmt: str = "text") -> loggin
     if fmt == "json":
         handler.setFormatter(_JsonFormatter())
     else:
-        handler.setFormatter(_TextFormatter(f"%(asctime)s %(levelname)s <{worker}|{os.getpid()}> %(message)s"))
+        text_format = f"%(asctime)s %(levelname)s <{worker}|{os.getpid()}> %(message)s"
+        handler.setFormatter(_TextFormatter(text_format))
     old_factory = logging.getLogRecordFactory()
 
     def factory(*args, **kwargs):
@@ -149,7 +150,8 @@ def report_ready(ready_conn: Any, info: dict | None = None) -> None:
 def report_failure(ready_conn: Any, log: logging.Logger, exc: BaseException) -> None:
     log.error("startup failed: %s\n%s", exc, traceback.format_exc())
     try:
-        ready_conn.send_bytes(msgpack.packb({"ok": False, "pid": os.getpid(), "error": f"{type(exc).__name__}: {exc}"}))
+        ready_conn.send_bytes(msgpack.packb({"ok": False, "pid": os.getpid(),
+                                             "error": f"{type(exc).__name__}: {exc}"}))
     except OSError:
         pass
 

@@ -80,7 +80,8 @@ def decode_tensor(value: Any, what: str = "tensor") -> np.ndarray:
         raise RequestError(INVALID_INPUT, f"{what}: unsupported dtype {dtype!r}")
     if (not isinstance(shape, list) or len(shape) > MAX_TENSOR_DIMS
             or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d for d in shape)):
-        raise RequestError(INVALID_INPUT, f"{what}: shape must be a list of up to {MAX_TENSOR_DIMS} non-negative ints")
+        raise RequestError(INVALID_INPUT,
+                           f"{what}: shape must be a list of up to {MAX_TENSOR_DIMS} non-negative ints")
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise RequestError(INVALID_INPUT, f"{what}: data must be bin")
     dt = np.dtype(dtype).newbyteorder("<")
@@ -89,7 +90,8 @@ def decode_tensor(value: Any, what: str = "tensor") -> np.ndarray:
         count *= d
     if count * dt.itemsize != len(data):
         raise RequestError(INVALID_INPUT,
-                           f"{what}: shape {shape} x {dtype} needs {count * dt.itemsize} bytes, got {len(data)}")
+                           f"{what}: shape {shape} x {dtype} needs {count * dt.itemsize} bytes, "
+                           f"got {len(data)}")
     return np.frombuffer(data, dtype=dt).reshape(shape)
 
 

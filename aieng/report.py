@@ -15,7 +15,8 @@ from typing import Any
 from aieng.client import Client
 
 
-def fetch(addr: str | None, since_s: float | None = None, reset: bool = False, timeout_s: float = 10.0) -> dict:
+def fetch(addr: str | None, since_s: float | None = None, reset: bool = False,
+          timeout_s: float = 10.0) -> dict:
     req: dict[str, Any] = {"op": "stats", "id": "report", "reset": reset}
     if since_s:
         req["since_s"] = since_s
@@ -33,9 +34,10 @@ def render(stats: dict) -> str:
         lines.append("|---|---:|---:|---:|---:|---:|")
         for stage in list(stats["stages"]) + ["total"]:
             s = data["stages_us"][stage]
-            lines.append(f"| {stage} | {s['p50'] / 1000:.3f} | {s['p95'] / 1000:.3f} | {s['p99'] / 1000:.3f} | "
-                         f"{s['mean'] / 1000:.3f} | {100 * s['share']:.1f}% |")
-        sizes = ", ".join(f"{k}: {v}" for k, v in sorted(data["batch_sizes"].items(), key=lambda kv: int(kv[0])))
+            lines.append(f"| {stage} | {s['p50'] / 1000:.3f} | {s['p95'] / 1000:.3f} | "
+                         f"{s['p99'] / 1000:.3f} | {s['mean'] / 1000:.3f} | {100 * s['share']:.1f}% |")
+        by_size = sorted(data["batch_sizes"].items(), key=lambda kv: int(kv[0]))
+        sizes = ", ".join(f"{k}: {v}" for k, v in by_size)
         lines.append("")
         lines.append(f"batch sizes (requests per size): {sizes}")
         lines.append("")

@@ -91,7 +91,8 @@ def soak(model: str, seconds: float, interval: float, concurrency: int, max_rss_
         until = time.monotonic() + seconds
 
         async def main() -> None:
-            await asyncio.gather(_drive(addr, model, sample_inputs(model, 200), concurrency, until, lat, errors),
+            inputs = sample_inputs(model, 200)
+            await asyncio.gather(_drive(addr, model, inputs, concurrency, until, lat, errors),
                                  _sample(proc.pid, until, interval, rows))
 
         asyncio.run(main())
@@ -100,8 +101,10 @@ def soak(model: str, seconds: float, interval: float, concurrency: int, max_rss_
         proc.wait(60)
     half = [r for r in rows if r["t"] >= seconds / 2]
     t0 = min(t for t, _ in lat) if lat else 0.0
-    print(f"soak {model}: {seconds:.0f}s, concurrency {concurrency}, {len(lat)} answered, errors {errors or '-'}")
-    print("| t s | answered | p50 ms | p99 ms | shm KiB | " + " | ".join(f"{k} RSS MiB" for k in sorted(rows[0]["rss"])) + " |")
+    print(f"soak {model}: {seconds:.0f}s, concurrency {concurrency}, {len(lat)} answered, "
+          f"errors {errors or '-'}")
+    rss_columns = " | ".join(f"{k} RSS MiB" for k in sorted(rows[0]["rss"]))
+    print("| t s | answered | p50 ms | p99 ms | shm KiB | " + rss_columns + " |")
     for r in rows:
         window = [d for t, d in lat if r["t"] - interval <= t - t0 < r["t"]]
         p50 = np.percentile(window, 50) * 1000 if window else 0

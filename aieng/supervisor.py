@@ -114,7 +114,8 @@ class Supervisor:
         cfg.instance = str(os.getpid())
         gone = shm.clean_stale(_instance_alive) + addresses.clean_stale_runtime_dirs(_instance_alive)
         if gone:
-            log.warning("removed %d stale segments/dirs left by crashed instances: %s", len(gone), ", ".join(gone[:5]))
+            log.warning("removed %d stale segments/dirs left by crashed instances: %s", len(gone),
+                        ", ".join(gone[:5]))
         self.own_runtime_dir = not cfg.runtime_dir
         cfg.runtime_dir = addresses.runtime_dir(cfg.instance, cfg.runtime_dir)
         lock = addresses.RuntimeDirLock(cfg.runtime_dir)
@@ -156,7 +157,8 @@ class Supervisor:
             msg = msgpack.unpackb(child.conn.recv_bytes(), raw=False)
         except (EOFError, OSError):
             child.proc.join(5)
-            raise StartupError(f"{child.role} {child.name} exited during startup with code {child.proc.exitcode}")
+            raise StartupError(f"{child.role} {child.name} exited during startup "
+                               f"with code {child.proc.exitcode}")
         if not msg.get("ok"):
             child.proc.join(10)
             raise StartupError(f"{child.role} {child.name} failed to start: {msg.get('error')} "
@@ -174,7 +176,8 @@ class Supervisor:
             while pending:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise StartupError("startup timed out waiting for " + ", ".join(c.name for c in pending.values()))
+                    waiting_for = ", ".join(c.name for c in pending.values())
+                    raise StartupError("startup timed out waiting for " + waiting_for)
                 sentinels = {c.proc.sentinel: c for c in pending.values()}
                 for obj in wait(list(pending) + list(sentinels), timeout=min(left, 0.5)):
                     child = pending.get(obj) or sentinels.get(obj)
@@ -238,7 +241,8 @@ class Supervisor:
 
     def publish_state(self) -> None:
         procs = {c.name: {"role": c.role, "pid": c.proc.pid if c.proc else None,
-                          "alive": bool(c.proc and c.proc.is_alive()), "restarts": c.restarts} for c in self.children}
+                          "alive": bool(c.proc and c.proc.is_alive()), "restarts": c.restarts}
+                 for c in self.children}
         restarts = {}
         for c in self.children:
             restarts[c.role] = restarts.get(c.role, 0) + c.restarts
@@ -252,7 +256,8 @@ class Supervisor:
         next_state = 0.0
         while not self.stopping:
             objs = [c.proc.sentinel for c in self.children if c.proc is not None and c.restart_at is None]
-            objs += [c.conn for c in self.children if c.proc is not None and not c.ready and c.restart_at is None]
+            objs += [c.conn for c in self.children
+                     if c.proc is not None and not c.ready and c.restart_at is None]
             for obj in wait(objs + [self.hub_fd], timeout=0.25):
                 if obj is self.hub_fd:
                     self.read_hub()
@@ -294,7 +299,8 @@ class Supervisor:
         lived = time.monotonic() - c.started
         c.failures = c.failures + 1 if lived < 10 else 1
         delay = min(BACKOFF_MAX_S, 0.1 * (2 ** (c.failures - 1)))
-        log.error("%s (pid %s) died with code %s after %.1fs; restart in %.1fs", c.name, pid, code, lived, delay)
+        log.error("%s (pid %s) died with code %s after %.1fs; restart in %.1fs",
+                  c.name, pid, code, lived, delay)
         shm.unlink_prefix(f"{shm.PREFIX}{self.cfg.instance}.{c.name}.")
         if c.conn is not None:
             c.conn.close()

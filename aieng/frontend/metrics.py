@@ -18,7 +18,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from aieng.frontend.stats import STAGES
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-STAGE_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
+STAGE_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                 1.0, 5.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
@@ -32,8 +33,8 @@ class _SnapshotCollector:
         for role, n in sorted(snap.get("restarts", {}).items()):
             restarts.add_metric([role], n)
         yield restarts
-        rss = GaugeMetricFamily("aieng_process_resident_memory_bytes", "Resident memory of each aieng process",
-                                labels=["role", "worker"])
+        rss = GaugeMetricFamily("aieng_process_resident_memory_bytes",
+                                "Resident memory of each aieng process", labels=["role", "worker"])
         for (role, worker), value in sorted(snap.get("rss", {}).items()):
             rss.add_metric([role, worker], value)
         yield rss
@@ -60,8 +61,8 @@ class _SnapshotCollector:
         yield drift
         clients = snap.get("clients", {})
         dropped = CounterMetricFamily("aieng_client_replies_dropped",
-                                      "Replies dropped: the client's send queue was full (it does not read) or it "
-                                      "was gone", labels=["reason"])
+                                      "Replies dropped: the client's send queue was full (it does not read) "
+                                      "or it was gone", labels=["reason"])
         for reason, n in sorted(clients.get("replies_dropped", {}).items()):
             dropped.add_metric([reason], n)
         yield dropped
@@ -85,13 +86,17 @@ class Metrics:
         self.batch = Histogram("aieng_batch_size", "Rows in the batch each request ran in", ["model"],
                                buckets=BATCH_BUCKETS, registry=r)
         self.confidence = Histogram("aieng_output_confidence", "Top class probability of classifier answers",
-                                    ["model", "version"], buckets=tuple(i / 10 for i in range(1, 11)), registry=r)
-        self.worker = Counter("aieng_worker_requests", "Requests each worker finished its stage of (result or error)",
+                                    ["model", "version"], buckets=tuple(i / 10 for i in range(1, 11)),
+                                    registry=r)
+        self.worker = Counter("aieng_worker_requests",
+                              "Requests each worker finished its stage of (result or error)",
                               ["role", "worker"], registry=r)
         self.cache_hits = Counter("aieng_cache_hits", "Requests answered from the response cache", ["model"],
                                   registry=r)
-        self.in_flight = Gauge("aieng_in_flight_requests", "Requests admitted and not yet answered", registry=r)
-        self.queue = Gauge("aieng_queue_depth", "Requests in flight per pipeline stage", ["stage"], registry=r)
+        self.in_flight = Gauge("aieng_in_flight_requests", "Requests admitted and not yet answered",
+                               registry=r)
+        self.queue = Gauge("aieng_queue_depth", "Requests in flight per pipeline stage", ["stage"],
+                           registry=r)
         self.http_dropped = Counter("aieng_http_dropped_connections",
                                     "HTTP connections closed without an answer (timeout, reset, overflow)",
                                     ["reason"], registry=r)
@@ -107,9 +112,13 @@ class Metrics:
         key = (model, version)
         kids = self._kids.get(key)
         if kids is None:
-            kids = self._kids[key] = (self.requests.labels(model, version, "OK"), self.latency.labels(model, version),
-                                      [(s, self.stage.labels(model, s)) for s in STAGES], self.batch.labels(model),
-                                      self.confidence.labels(model, version))
+            kids = self._kids[key] = (
+                self.requests.labels(model, version, "OK"),
+                self.latency.labels(model, version),
+                [(s, self.stage.labels(model, s)) for s in STAGES],
+                self.batch.labels(model),
+                self.confidence.labels(model, version),
+            )
         return kids
 
     def answered(self, model: str, version: str, timing_us: dict[str, int], batch: int,

@@ -70,7 +70,8 @@ class ClientOps:
             out = {}
             for name, versions in fe.specs.items():
                 out[name] = {"default_version": fe.default_version[name],
-                             "versions": {v: dict(s.public(), onnx=ex.get(s.key), load_error=failed.get(s.key))
+                             "versions": {v: dict(s.public(), onnx=ex.get(s.key),
+                                                  load_error=failed.get(s.key))
                                           for v, s in versions.items()}}
             self._models_key, self._models_reply = key, out
         return {"id": req_id, "ok": True, "models": self._models_reply}
@@ -79,7 +80,8 @@ class ClientOps:
         """Stage timings (for ``aieng report``), queue depths, counts; ``reset`` starts a new window."""
         fe = self.fe
         since = req.get("since_s")
-        since = float(since) if isinstance(since, (int, float)) and not isinstance(since, bool) and since > 0 else None
+        is_number = isinstance(since, (int, float)) and not isinstance(since, bool)
+        since = float(since) if is_number and since > 0 else None
         summary = fe.stats.summary(since)
         summary.update({"id": req_id, "ok": True, "in_flight": len(fe.table), "queue_depth": fe.table.depth(),
                         "counts": fe.pipeline.counts.view(), "restarts": fe.state["restarts"]})
@@ -92,9 +94,11 @@ class ClientOps:
         level = req.get("level")
         if level not in LEVELS:
             return {"id": req_id, "ok": False,
-                    "error": {"code": p.INVALID_REQUEST, "message": "level must be DEBUG, INFO, WARNING or ERROR"}}
+                    "error": {"code": p.INVALID_REQUEST,
+                              "message": "level must be DEBUG, INFO, WARNING or ERROR"}}
         logging.getLogger().setLevel(level)
         msg = m.encode(m.LogLevel(level))
-        told = [name for name in list(self.fe.workers.by_name) + ["supervisor"] if self.fe.send_hub(name, [msg])]
+        names = list(self.fe.workers.by_name) + ["supervisor"]
+        told = [name for name in names if self.fe.send_hub(name, [msg])]
         self.fe.log.warning("log level set to %s (%s)", level, ", ".join(told))
         return {"id": req_id, "ok": True, "level": level, "processes": told}

@@ -53,7 +53,8 @@ def stage_times(req: Request, t: m.Trail, now: float) -> dict[str, int]:
             "preprocess_queue": _us(t.pre_started - req.dispatched),
             "preprocess": _us(t.pre_sent - t.pre_started), "handoff": _us(t.exec_arrived - t.pre_sent),
             "batch_wait": _us(t.batch_started - t.exec_arrived), "inference": t.infer_us,
-            "postprocess_queue": _us(t.post_started - batch_end) + _us(now - t.post_started - t.post_us / 1e6),
+            "postprocess_queue": (_us(t.post_started - batch_end)
+                                  + _us(now - t.post_started - t.post_us / 1e6)),
             "postprocess": t.post_us, "total": _us(now - req.received)}
 
 
@@ -71,8 +72,9 @@ class Counts:
 
 class Pipeline:
     def __init__(self, table: RequestTable, workers: Workers, post_names: list[str],
-                 send: Callable[[str, list], bool], reply: Callable[[list, bytes], None], metrics: Metrics, stats: StageStats, breakers: Breakers,
-                 cache: ResponseCache, drift: DriftMonitor, degrader: Degrader):
+                 send: Callable[[str, list], bool], reply: Callable[[list, bytes], None], metrics: Metrics,
+                 stats: StageStats, breakers: Breakers, cache: ResponseCache, drift: DriftMonitor,
+                 degrader: Degrader):
         self.table, self.workers, self.send, self.reply = table, workers, send, reply
         self.post_names = post_names  # every postprocess worker, live or restarting
         self.metrics, self.stats, self.breakers = metrics, stats, breakers
@@ -100,7 +102,8 @@ class Pipeline:
                              or min(self.post_names, key=self.table.post_load))
         self.table.move(req, PRE, worker)
         upstream = 0 if req.degraded >= 2 else self.table.count_stage(req.key, PRE) - 1  # level 2: no waiting
-        task = m.PreTask(req.rid, req.model, req.version, req.deadline, req.trace, req.post, upstream, req.degraded)
+        task = m.PreTask(req.rid, req.model, req.version, req.deadline, req.trace, req.post, upstream,
+                         req.degraded)
         if not self.send(worker, [m.encode(task), req.body]):  # it never got it: safe to hold
             self.workers.gone(worker)
             self.table.hold(req, PRE)
@@ -146,7 +149,8 @@ class Pipeline:
         self.breakers.success(req.key)
         if req.cache_key is not None:
             self.cache.put(req.cache_key, msg.outputs)
-        self.metrics.answered(req.model, req.version, req.timing, req.batch, msg.confidence)  # before the reply
+        # before the reply
+        self.metrics.answered(req.model, req.version, req.timing, req.batch, msg.confidence)
         self.drift.observe(req.model, req.version, req.features)
         extra: dict[str, Any] = {"batch": req.batch, "trace_id": req.trace}
         if req.degraded:
@@ -178,7 +182,8 @@ class Pipeline:
         return len(held)
 
     # -- ending a request with an error ---------------------------------------------
-    def fail(self, rid: int, code: str, message: str, holder_dead: bool = False, model_fault: bool = False) -> None:
+    def fail(self, rid: int, code: str, message: str, holder_dead: bool = False,
+             model_fault: bool = False) -> None:
         req = self.table.finish(rid, holder_dead)
         if req is None:
             return

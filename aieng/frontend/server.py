@@ -67,8 +67,8 @@ class Frontend:
         self.cache, self.degrader = ResponseCache(cfg.cache_bytes), Degrader(self.specs)
         self.drift = DriftMonitor(self.specs)
         self.gate = ClientGate(cfg.client_rate_limit, cfg.max_ops_per_s)
-        self.admission = Admission(cfg, self.specs, self.default_version, self.table, self.breakers, self.cache,
-                                   self.degrader)
+        self.admission = Admission(cfg, self.specs, self.default_version, self.table, self.breakers,
+                                   self.cache, self.degrader)
         posts = [f"post-{j}" for j in range(cfg.postprocess_workers)]
         self.pipeline = Pipeline(self.table, self.workers, posts, self.send_hub, self.reply, self.metrics,
                                  self.stats, self.breakers, self.cache, self.drift, self.degrader)
@@ -125,7 +125,8 @@ class Frontend:
         self.clients.curve_secretkey = secret
         self.clients.curve_publickey = public
         self.clients.curve_server = True
-        self.log.info("client socket encrypted with CURVE (%s)", "allowed keys from " + keys if keys else "any key")
+        allowed = "allowed keys from " + keys if keys else "any key"
+        self.log.info("client socket encrypted with CURVE (%s)", allowed)
 
     def ready_info(self) -> dict:
         return {"addr": self.cfg.frontend_addr}
@@ -231,8 +232,9 @@ class Frontend:
         if isinstance(decision, Immediate):
             return self.answer_now(envelope, req_id, decision, received)
         a = decision
-        r = Request(self.table.new_rid(), envelope, req_id, a.model, a.version, a.deadline, received, a.params,
-                    trace=a.trace, probe=a.probe, cache_key=a.cache_key, degraded=a.degraded, body=body)
+        r = Request(self.table.new_rid(), envelope, req_id, a.model, a.version, a.deadline, received,
+                    a.params, trace=a.trace, probe=a.probe, cache_key=a.cache_key, degraded=a.degraded,
+                    body=body)
         self.log.debug("admitted %s:%s", a.model, a.version, extra={"trace": a.trace})
         self.pipeline.start(r)
 
@@ -242,8 +244,8 @@ class Frontend:
         if d.extra.get("cached"):
             self.metrics.cache_hits.labels(d.model).inc()
         self.pipeline.counts.ok += 1
-        self.reply(envelope, p.result_body(req_id, d.model, d.version, d.outputs, {"frontend_in": us, "total": us},
-                                           d.extra))
+        timing = {"frontend_in": us, "total": us}
+        self.reply(envelope, p.result_body(req_id, d.model, d.version, d.outputs, timing, d.extra))
 
     def refuse(self, envelope: list, message: str, req_id: Any = None) -> None:
         """INVALID_REQUEST for a message that never became a request (counted, model unknown)."""

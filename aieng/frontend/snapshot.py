@@ -33,12 +33,14 @@ def publish_snapshot(fe: "Frontend", now: float, full: bool = True) -> None:
     asked = full and fe.http is not None and fe.http.debug_asked.is_set()
     if asked:
         fe.http.debug_asked.clear()
-    snap = {"health": health, "queue_depth": depth, "counts": fe.pipeline.counts.view(), "in_flight": len(fe.table),
+    snap = {"health": health, "queue_depth": depth, "counts": fe.pipeline.counts.view(),
+            "in_flight": len(fe.table),
             "drift_psi": {"/".join(k): round(v, 4) for k, v in fe.drift.scores().items()},
             "stats": fe.stats.summary(None) if asked else prev.get("stats", {})}
     old = fe.metrics.snapshot
     msnap = {"restarts": dict(fe.state["restarts"]), "ready": health["ready"],
-             "models": {(k.split(":")[0], k.split(":")[1], v or "none"): 1.0 for k, v in health["providers"].items()},
+             "models": {(k.split(":")[0], k.split(":")[1], v or "none"): 1.0
+                        for k, v in health["providers"].items()},
              "rss": old.get("rss", {}), "gpus": old.get("gpus", {}), "drift": fe.drift.scores(),
              "rss_at": old.get("rss_at", 0.0), "clients": fe.gate.view()}
     if now >= msnap["rss_at"] or not msnap["rss"]:

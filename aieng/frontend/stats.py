@@ -91,7 +91,8 @@ class StageStats:
             seq, padded = meta[:, 1].astype(np.float64), meta[:, 2].astype(np.float64)
             waste = 1.0 - float(seq.sum()) / float(padded.sum()) if padded.sum() > 0 else 0.0
             out["models"][model] = {
-                "requests": int(len(ts)), "seconds": max(1e-9, float(ts.max() - ts.min())), "stages_us": stages,
+                "requests": int(len(ts)), "seconds": max(1e-9, float(ts.max() - ts.min())),
+                "stages_us": stages,
                 "batch_sizes": {str(int(s)): int(c) for s, c in zip(sizes, counts)},  # protocol: string keys
                 "mean_batch": float(batches.mean()), "padding_waste": waste,
             }

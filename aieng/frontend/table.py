@@ -128,7 +128,8 @@ class RequestTable:
     def take_waiting(self, stage: str) -> list[Request]:
         """The requests still in flight that wait for ``stage``, oldest first; the queue empties."""
         rids, self.waiting[stage] = self.waiting[stage], deque()
-        return [r for rid in rids if (r := self.items.get(rid)) is not None and r.stage == stage and not r.holder]
+        return [r for rid in rids
+                if (r := self.items.get(rid)) is not None and r.stage == stage and not r.holder]
 
     def route(self, req: Request, post: str) -> None:
         req.post = post

@@ -79,7 +79,8 @@ class Executor(HubWorker):
 
     def init_rings(self) -> None:
         self.inputs = shm.RingCache()
-        self.ring = own_ring(self.cfg, self.worker, max((s.max_output_bytes for s in self.sessions.values()), default=0))
+        largest_output = max((s.max_output_bytes for s in self.sessions.values()), default=0)
+        self.ring = own_ring(self.cfg, self.worker, largest_output)
 
     def init_lanes(self) -> None:
         on_gpu = any(s.provider == "CUDAExecutionProvider" for s in self.sessions.values())
@@ -168,14 +169,17 @@ class Executor(HubWorker):
         for row, p in enumerate(live):
             task = p.payload
             try:
-                ref = self.publish(self.ring, sess.request_outputs(outputs, row, sizes[row]), p.deadline, INTERNAL)
+                tensors = sess.request_outputs(outputs, row, sizes[row])
+                ref = self.publish(self.ring, tensors, p.deadline, INTERNAL)
             except RequestError as exc:
                 self.fail(p.rid, exc.code, exc.message)
                 continue
             trail = task.trail
-            trail.batch_started, trail.infer_us, trail.batch, trail.padded = job.started, infer_us, len(live), padded
-            self.post_socket(task.post).send(m.encode(m.PostTask(p.rid, task.model, task.version, ref, task.params,
-                                                                 task.degraded, task.trace, trail)))
+            trail.batch_started, trail.infer_us = job.started, infer_us
+            trail.batch, trail.padded = len(live), padded
+            post_task = m.PostTask(p.rid, task.model, task.version, ref, task.params, task.degraded,
+                                   task.trace, trail)
+            self.post_socket(task.post).send(m.encode(post_task))
             done.rids.append(p.rid)
             done.refs.append(ref)
             self.log.debug("inferred in a batch of %d (padded %d, %d us)", len(live), padded, infer_us,

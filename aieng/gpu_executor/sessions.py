@@ -67,9 +67,11 @@ class ModelSession:
         # Spinning threads keep a core busy after every run; on a small machine that core is
         # the one the preprocess/postprocess workers and the frontend need.
         opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-        want_cuda = device == "cuda" or (device == "auto" and "CUDAExecutionProvider" in ort.get_available_providers()
+        want_cuda = device == "cuda" or (device == "auto"
+                                         and "CUDAExecutionProvider" in ort.get_available_providers()
                                          and gpu_count() > 0)
-        providers = (["CUDAExecutionProvider", "CPUExecutionProvider"] if want_cuda else ["CPUExecutionProvider"])
+        providers = (["CUDAExecutionProvider", "CPUExecutionProvider"] if want_cuda
+                     else ["CPUExecutionProvider"])
         self.session = ort.InferenceSession(spec.onnx_path, sess_options=opts, providers=providers)
         self.providers = self.session.get_providers()
         self.provider = self.providers[0]
@@ -79,7 +81,8 @@ class ModelSession:
             raise RuntimeError(f"{spec.key}: AIENG_DEVICE=cuda but CUDA is not usable here")
         self.inputs = [self._input_spec(i) for i in self.session.get_inputs()]
         self.outputs = [OutputSpec(o.name, np.dtype(_ORT_DTYPES.get(o.type, np.float32)).name,
-                                   [d if isinstance(d, int) else (d or f"out{i}") for i, d in enumerate(o.shape[1:], 1)])
+                                   [d if isinstance(d, int) else (d or f"out{i}")
+                                    for i, d in enumerate(o.shape[1:], 1)])
                         for o in self.session.get_outputs()]
         self.output_names = [o.name for o in self.outputs]
 
@@ -90,7 +93,9 @@ class ModelSession:
         dims = [d if isinstance(d, int) else (d or f"dim{i}") for i, d in enumerate(node.shape[1:], start=1)]
         return InputSpec(node.name, np.dtype(dtype), dims, float(self.spec.padding.get(node.name, 0)))
 
-    def feeds_from(self, per_request: list[dict[str, np.ndarray]]) -> tuple[dict[str, np.ndarray], list[dict]]:
+    def feeds_from(
+        self, per_request: list[dict[str, np.ndarray]]
+    ) -> tuple[dict[str, np.ndarray], list[dict]]:
         """Padded batch arrays from per-request tensors (no batch axis), one copy per request.
 
         Variable dims are padded to the longest in the batch with the input's pad value.
@@ -101,7 +106,8 @@ class ModelSession:
             per = [t[spec.name] for t in per_request]
             shape = [len(per)] + [max(a.shape[k] for a in per) for k in range(len(spec.dims))]
             variable = any(isinstance(d, str) for d in spec.dims)
-            arr = np.full(shape, spec.pad, dtype=spec.dtype) if variable else np.empty(shape, dtype=spec.dtype)
+            arr = (np.full(shape, spec.pad, dtype=spec.dtype) if variable
+                   else np.empty(shape, dtype=spec.dtype))
             for row, a in enumerate(per):
                 arr[(row,) + tuple(slice(0, n) for n in a.shape)] = a
             feeds[spec.name] = arr
@@ -109,7 +115,8 @@ class ModelSession:
                   if isinstance(d, str)} for t in per_request]
         return feeds, sizes
 
-    def request_outputs(self, outputs: list[np.ndarray], row: int, size: dict) -> list[tuple[str, np.ndarray]]:
+    def request_outputs(self, outputs: list[np.ndarray], row: int,
+                        size: dict) -> list[tuple[str, np.ndarray]]:
         """One request's rows of the batch outputs, with padding cut along named dims."""
         tensors = []
         for spec, out in zip(self.outputs, outputs):
@@ -125,15 +132,18 @@ class ModelSession:
     def describe(self) -> dict:
         return {
             "provider": self.provider, "providers": self.providers,
-            "inputs": [{"name": i.name, "dtype": i.dtype.name, "shape": ["batch"] + i.dims} for i in self.inputs],
-            "outputs": [{"name": o.name, "dtype": o.dtype, "shape": ["batch"] + o.dims} for o in self.outputs],
+            "inputs": [{"name": i.name, "dtype": i.dtype.name, "shape": ["batch"] + i.dims}
+                       for i in self.inputs],
+            "outputs": [{"name": o.name, "dtype": o.dtype, "shape": ["batch"] + o.dims}
+                        for o in self.outputs],
         }
 
     def warm_lengths(self) -> list[int]:
         """Sequence lengths to warm: powers of two up to the model's max_length."""
         if not any(isinstance(d, str) for i in self.inputs for d in i.dims):
             return [0]
-        top = int(self.spec.preprocess.get("max_length", 512 if self.spec.preprocess["type"] == "text" else 64))
+        default_length = 512 if self.spec.preprocess["type"] == "text" else 64
+        top = int(self.spec.preprocess.get("max_length", default_length))
         lengths, n = [], 8
         while n < top:
             lengths.append(n)
@@ -144,7 +154,8 @@ class ModelSession:
         feeds = {}
         for i in self.inputs:
             shape = [rows] + [d if isinstance(d, int) else max(1, length) for d in i.dims]
-            feeds[i.name] = np.ones(shape, dtype=i.dtype) if i.dtype.kind in "iub" else np.zeros(shape, dtype=i.dtype)
+            feeds[i.name] = (np.ones(shape, dtype=i.dtype) if i.dtype.kind in "iub"
+                             else np.zeros(shape, dtype=i.dtype))
         return feeds
 
     def warmup(self) -> int:

@@ -96,7 +96,8 @@ class ImagePreprocessor:
             raise RequestError(INVALID_INPUT, f"input '{self.input}' is not a PNG or JPEG image")
         w, h = size
         if w <= 0 or h <= 0 or w * h > self.max_pixels:
-            raise RequestError(INVALID_INPUT, f"image of {w}x{h} pixels is outside 1..{self.max_pixels} pixels")
+            raise RequestError(INVALID_INPUT,
+                               f"image of {w}x{h} pixels is outside 1..{self.max_pixels} pixels")
         buf = np.frombuffer(data, dtype=np.uint8)
         try:
             img = cv2.imdecode(buf, cv2.IMREAD_UNCHANGED)

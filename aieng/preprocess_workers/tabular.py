@@ -59,5 +59,6 @@ class TabularPreprocessor:
             vec[pos + c["index"].get(v, n)] = 1.0
             pos += n + 1
         # The raw values go to the frontend's drift monitor (binned there, never logged).
-        feats = {k: v for k, v in inputs.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
+        feats = {k: v for k, v in inputs.items()
+                 if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
         return [(self.tensor, vec)], 0, {"features": feats}

@@ -41,7 +41,8 @@ class TextPreprocessor:
         if not text.strip():
             raise RequestError(INVALID_INPUT, f"input '{self.input}' is empty")
         if len(text) > self.max_chars:
-            raise RequestError(INVALID_INPUT, f"input '{self.input}' is longer than {self.max_chars} characters")
+            raise RequestError(INVALID_INPUT,
+                               f"input '{self.input}' is longer than {self.max_chars} characters")
         return text
 
     def process_many(self, texts: list[str]) -> list[tuple[list[tuple[str, np.ndarray]], int, dict]]:

@@ -1,4 +1,5 @@
-"""The preprocess worker process: ``PreTask`` in; ``InferTask`` to the executor, ``Preprocessed``/``Failed`` out.
+"""The preprocess worker process: ``PreTask`` in; ``InferTask`` to the executor,
+``Preprocessed``/``Failed`` out.
 
 Receives the client's raw request frame from the frontend, validates the
 inputs against the model's declared inputs, turns them into tensors with the
@@ -100,7 +101,8 @@ class PreprocessWorker(HubWorker):
                 if key not in self.procs:
                     raise RequestError(INTERNAL, f"this worker does not serve {key}")
                 req = unpack_limited(body.buffer, self.cfg.max_message_bytes)
-                jobs.append((task, key, validate_inputs(self.specs[key], req.get("inputs")), req.get("params") or {}))
+                inputs = validate_inputs(self.specs[key], req.get("inputs"))
+                jobs.append((task, key, inputs, req.get("params") or {}))
             except RequestError as exc:
                 self.fail(task.rid, exc.code, exc.message)
             except Exception as exc:  # the frontend parsed this body already; never die of one request
@@ -143,7 +145,8 @@ class PreprocessWorker(HubWorker):
         for (task, params), (tensors, seq_len, info) in results:
             self.forward(task, params, tensors, seq_len, info, started)
 
-    def forward(self, task: m.PreTask, params: dict, tensors, seq_len: int, info: dict, started: float) -> None:
+    def forward(self, task: m.PreTask, params: dict, tensors, seq_len: int, info: dict,
+                started: float) -> None:
         """Write the tensors into our ring and send the descriptor straight to the executor."""
         try:
             ref = self.publish(self.ring, tensors, task.deadline, INVALID_INPUT)
@@ -151,9 +154,9 @@ class PreprocessWorker(HubWorker):
             self.fail(task.rid, exc.code, exc.message)
             return
         trail = m.Trail(pre_started=started, pre_sent=time.monotonic(), seq_len=seq_len)
-        self.to_exec.send(m.encode(m.InferTask(task.rid, task.model, task.version, task.deadline, ref, seq_len,
-                                               task.upstream, task.post, params, task.degraded, task.trace,
-                                               trail)))
+        self.to_exec.send(m.encode(m.InferTask(task.rid, task.model, task.version, task.deadline, ref,
+                                               seq_len, task.upstream, task.post, params, task.degraded,
+                                               task.trace, trail)))
         self.notice.rids.append(task.rid)
         self.notice.refs.append(ref)
         self.notice.features.append(info.get("features") or {})

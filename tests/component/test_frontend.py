@@ -43,8 +43,9 @@ class Rig:
     """A frontend in a thread and the fake peers around it."""
 
     def __init__(self, tmp_path, **cfg):
-        self.cfg = Config(frontend_addr=f"tcp://127.0.0.1:{free_port()}", http_addr="", runtime_dir=str(tmp_path),
-                          instance=f"9{os.getpid()}", preprocess_workers=1, postprocess_workers=1, **cfg)
+        self.cfg = Config(frontend_addr=f"tcp://127.0.0.1:{free_port()}", http_addr="",
+                          runtime_dir=str(tmp_path), instance=f"9{os.getpid()}", preprocess_workers=1,
+                          postprocess_workers=1, **cfg)
         self.fe = Frontend(self.cfg, {"tabular:1": spec("tabular")}, "frontend", logging.getLogger("test.fe"))
         self.stop = SimpleNamespace(stop=False)
         self.thread = threading.Thread(target=self.fe.run, args=(self.stop,), daemon=True)
@@ -223,7 +224,8 @@ def test_worker_death_answers_what_it_held_and_frees_its_slot(rig, victim, stage
     assert r.fe.table.get(task.rid).stage == stage
     r.peers["supervisor"].send(m.encode(m.WorkerDown(victim, -9, 1000 + len(victim))))
     reply = r.answer()
-    assert reply["error"]["code"] == "UNAVAILABLE" and reply["error"]["message"].startswith(f"{victim} exited")
+    assert (reply["error"]["code"] == "UNAVAILABLE"
+            and reply["error"]["message"].startswith(f"{victim} exited"))
     held = inp if victim == "executor" else out
     assert not r.busy(held)
     assert r.busy(out if victim == "executor" else inp)  # untouched: its holder is alive
@@ -247,6 +249,7 @@ def test_admission_refusals(rig):
     r.send({"id": "a", "model": "tabular", "inputs": TAB})
     r.send({"id": "b", "model": "tabular", "inputs": TAB})
     reply = r.answer()
-    assert reply["id"] == "b" and reply["error"]["code"] == "OVERLOADED" and "per-client" in reply["error"]["message"]
+    assert (reply["id"] == "b" and reply["error"]["code"] == "OVERLOADED"
+            and "per-client" in reply["error"]["message"])
     r.send({"id": "c", "model": "tabular", "inputs": TAB, "params": {1: 2}})
     assert r.answer()["error"]["code"] == "INVALID_REQUEST"

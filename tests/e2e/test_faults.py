@@ -19,7 +19,8 @@ pytestmark = pytest.mark.e2e
 
 
 def flaky_model(repo) -> None:
-    """x[batch, n] -> Reshape to [-1, 2]: runs when batch*n is even (so warm-up passes), fails in ONNX Runtime otherwise."""
+    """x[batch, n] -> Reshape to [-1, 2]: runs when batch*n is even (so warm-up passes), fails in
+    ONNX Runtime otherwise."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -156,7 +157,8 @@ def test_degradation_levels_follow_pressure(make_server, tmp_path):
     repo = tmp_path / "repo"
     shutil.copytree(os.path.join(MODELS, "minilm"), repo / "minilm")
     yaml_path = repo / "minilm" / "1" / "model.yaml"
-    yaml_path.write_text(yaml_path.read_text() + "degrade: {queue_depth: [4, 8, 12], fallback: {note: busy}}\n")
+    yaml_path.write_text(yaml_path.read_text()
+                         + "degrade: {queue_depth: [4, 8, 12], fallback: {note: busy}}\n")
     srv = make_server(AIENG_MODEL_REPOSITORY=str(repo)).start()
     text = " ".join(["pressure"] * 60)
 
@@ -205,7 +207,8 @@ def test_bad_tensor_maps_are_refused(make_server, tmp_path):
     }
     with srv.client() as c:
         for what, value in cases.items():
-            r = c.call({"op": "infer", "id": what, "model": "flaky", "inputs": {"x": value}}, raise_on_error=False)
+            r = c.call({"op": "infer", "id": what, "model": "flaky", "inputs": {"x": value}},
+                       raise_on_error=False)
             assert r["ok"] is False and r["error"]["code"] == "INVALID_INPUT", (what, r)
         assert c.infer("flaky", tensor(GOOD))["ok"]
         assert c.health()["breakers"] == {}, "bad input is the client's fault, not the model's"

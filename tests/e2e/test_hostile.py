@@ -33,8 +33,9 @@ QUIET_MS = 1000  # after the last answer: how long no stray (duplicate) answer m
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-2 ** 63, 2 ** 64 - 1), st.floats(allow_nan=True),
                     st.text(max_size=50), st.binary(max_size=200))
-values = st.recursive(scalars, lambda kids: st.one_of(st.lists(kids, max_size=4),
-                                                       st.dictionaries(st.text(max_size=8), kids, max_size=4)),
+values = st.recursive(scalars,
+                      lambda kids: st.one_of(st.lists(kids, max_size=4),
+                                             st.dictionaries(st.text(max_size=8), kids, max_size=4)),
                       max_leaves=12)
 tensor_maps = st.fixed_dictionaries({
     "dtype": st.sampled_from(["float32", "int64", "uint8", "complex64", "", "float16"]),
@@ -44,11 +45,13 @@ inputs = st.dictionaries(st.sampled_from(["text", "image", "island", "bill_lengt
                          st.one_of(values, tensor_maps, st.binary(min_size=8, max_size=300)), max_size=4)
 requests = st.fixed_dictionaries(
     {"model": st.sampled_from(["minilm", "orientation", "tabular", "nope", 7])},
-    optional={"id": st.one_of(st.integers(-2 ** 63, 2 ** 64 - 1), st.text(max_size=300), st.floats(), st.none()),
+    optional={"id": st.one_of(st.integers(-2 ** 63, 2 ** 64 - 1), st.text(max_size=300), st.floats(),
+                              st.none()),
               "op": st.sampled_from(["infer", "health", "bogus", 3]),
               "version": st.one_of(st.just("1"), st.text(max_size=3), st.integers(-9, 9)),
               "inputs": st.one_of(inputs, values),
-              "params": st.one_of(st.dictionaries(st.sampled_from(["top_k", "z"]), values, max_size=2), values),
+              "params": st.one_of(st.dictionaries(st.sampled_from(["top_k", "z"]), values, max_size=2),
+                                  values),
               "timeout_ms": st.one_of(st.integers(-5, 10 ** 7), st.floats(), st.text(max_size=3))})
 
 
@@ -153,8 +156,8 @@ def with_id(name: str, obj: dict) -> bytes:
     with_id(2 ** 64 - 1, {"op": "health"}),
     with_id(-(2 ** 63), {"op": "health"}),
     with_id(1.5, {"op": "health"}),  # a float id: answered with id nil
-], ids=["1MB-text", "odd-unicode", "array-4G", "str-4G", "deep-nesting", "text-as-bin", "png-bomb", "empty-jpeg",
-        "nan-inf", "id-256-chars", "id-257-chars", "id-max-uint64", "id-min-int64", "id-float"])
+], ids=["1MB-text", "odd-unicode", "array-4G", "str-4G", "deep-nesting", "text-as-bin", "png-bomb",
+        "empty-jpeg", "nan-inf", "id-256-chars", "id-257-chars", "id-max-uint64", "id-min-int64", "id-float"])
 def test_known_nasties(ledger, frame):
     reply = ledger.roundtrip(frame)
     assert reply.get("id") == expected_id(frame)

@@ -126,7 +126,8 @@ def test_input_drift_psi_rises_when_inputs_shift(make_server):
     import train_tabular
 
     rows = train_tabular.load_rows()
-    random.Random(0).shuffle(rows)  # the CSV is ordered by species; any prefix should look like the population
+    # the CSV is ordered by species; any prefix should look like the population
+    random.Random(0).shuffle(rows)
     feats = train_tabular.NUMERIC + train_tabular.CATEGORICAL
     srv = make_server(AIENG_MODELS="tabular").start()
     with srv.client() as c:

@@ -102,7 +102,8 @@ def test_model_broken_on_disk_then_executor_killed(make_server, tmp_path):
         assert restarts == 1
         t1 = time.monotonic()
         answered = 0
-        while time.monotonic() - t1 < 5 and answered < 500:  # keeps serving, for longer than a crash loop's back-off
+        # keeps serving, for longer than a crash loop's back-off
+        while time.monotonic() - t1 < 5 and answered < 500:
             assert c.infer("tabular", TABULAR)["ok"]
             answered += 1
         assert c.infer("orientation", {"image": png()})["ok"]
@@ -129,7 +130,8 @@ def test_corrupt_model_at_start_not_strict_serves_the_others(make_server, tmp_pa
     repo = copy_repo(tmp_path)
     with open(onnx_path(repo, "minilm"), "wb") as fh:
         fh.write(GARBAGE)
-    srv = make_server(AIENG_MODEL_REPOSITORY=repo, AIENG_STRICT_MODEL_LOAD="false").start(timeout=START_TIMEOUT_S)
+    srv = make_server(AIENG_MODEL_REPOSITORY=repo,
+                      AIENG_STRICT_MODEL_LOAD="false").start(timeout=START_TIMEOUT_S)
     with srv.client(timeout_s=10) as c:
         assert c.infer("tabular", TABULAR)["ok"]
         assert c.infer("orientation", {"image": png()})["ok"]
@@ -143,7 +145,8 @@ def test_corrupt_model_at_start_not_strict_serves_the_others(make_server, tmp_pa
 def test_second_instance_on_the_same_runtime_dir_is_refused(make_server, tmp_path):
     rdir = tmp_path / "rt"
     repo = tabular_repo(tmp_path)
-    first = make_server(AIENG_RUNTIME_DIR=str(rdir), AIENG_MODEL_REPOSITORY=repo).start(timeout=START_TIMEOUT_S)
+    first = make_server(AIENG_RUNTIME_DIR=str(rdir),
+                        AIENG_MODEL_REPOSITORY=repo).start(timeout=START_TIMEOUT_S)
     second = make_server(AIENG_RUNTIME_DIR=str(rdir), AIENG_MODEL_REPOSITORY=repo).start(wait=False)
     code = wait_exit(second, 30)
     out = second.output()

@@ -93,7 +93,8 @@ def wait_for_log(srv: ServerProcess, prefix: str, timeout_s: float) -> str:
 
 
 def test_process_titles_and_sigterm_cleans_up(make_server):
-    srv = make_server(AIENG_MODELS="tabular", AIENG_PREPROCESS_WORKERS="2", AIENG_POSTPROCESS_WORKERS="2").start()
+    srv = make_server(AIENG_MODELS="tabular", AIENG_PREPROCESS_WORKERS="2",
+                      AIENG_POSTPROCESS_WORKERS="2").start()
     titles = sorted(cmd.split()[0] for cmd in srv.children() if cmd.startswith("aieng::"))
     assert titles == ["aieng::executor", "aieng::frontend", "aieng::postprocess[0]", "aieng::postprocess[1]",
                       "aieng::preprocess[0]", "aieng::preprocess[1]"]

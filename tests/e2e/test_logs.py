@@ -27,18 +27,20 @@ def test_trace_lines_across_processes_and_runtime_log_level(make_server):
         r = c.call({"op": "infer", "id": 1, "model": "minilm", "inputs": {"text": SECRET},
                     "trace_id": "trace-before"})
         assert r["trace_id"] == "trace-before"
-        assert not any(l.get("trace") == "trace-before" for l in lines(srv))  # INFO: no per-request lines
+        # INFO: no per-request lines
+        assert not any(record.get("trace") == "trace-before" for record in lines(srv))
         ok = c.call({"op": "log_level", "id": 2, "level": "DEBUG"})
         assert ok["ok"] and {"pre-0", "executor", "post-0", "supervisor"} <= set(ok["processes"])
-        c.call({"op": "infer", "id": 3, "model": "minilm", "inputs": {"text": SECRET}, "trace_id": "trace-42"})
+        c.call({"op": "infer", "id": 3, "model": "minilm", "inputs": {"text": SECRET},
+                "trace_id": "trace-42"})
         bad = c.call({"op": "log_level", "id": 4, "level": "LOUD"}, raise_on_error=False)
         assert bad["ok"] is False and bad["error"]["code"] == "INVALID_REQUEST"
     srv.stop()
     logs = lines(srv)
     assert logs, "no JSON log lines"
-    assert all({"ts", "level", "role", "pid", "msg"} <= set(l) for l in logs)
-    traced = [l for l in logs if l.get("trace") == "trace-42"]
-    roles = {l["role"] for l in traced}
+    assert all({"ts", "level", "role", "pid", "msg"} <= set(record) for record in logs)
+    traced = [record for record in logs if record.get("trace") == "trace-42"]
+    roles = {record["role"] for record in traced}
     assert roles >= {"frontend", "pre-0", "executor", "post-0"}, traced
-    assert any("answered OK" in l["msg"] for l in traced)
+    assert any("answered OK" in record["msg"] for record in traced)
     assert SECRET not in srv.output(), "raw input text leaked into the logs"

@@ -136,7 +136,8 @@ BAD = [
     (pack({"id": 1, "model": "minilm", "inputs": {"txt": "hi"}}), "INVALID_INPUT"),  # unknown input
     (pack({"id": 1, "model": "minilm", "inputs": {}}), "INVALID_INPUT"),  # missing input
     (pack({"id": 1, "model": "orientation", "inputs": {"image": b"not an image at all"}}), "INVALID_INPUT"),
-    (pack({"id": 1, "model": "orientation", "inputs": {"image": b"\x89PNG\r\n\x1a\n" + b"\0" * 40}}), "INVALID_INPUT"),
+    (pack({"id": 1, "model": "orientation", "inputs": {"image": b"\x89PNG\r\n\x1a\n" + b"\0" * 40}}),
+     "INVALID_INPUT"),
     (pack({"id": 1, "model": "orientation", "inputs": {"image": "a string"}}), "INVALID_INPUT"),
     (pack({"id": 1, "model": "tabular", "inputs": {"island": 3}}), "INVALID_INPUT"),
     (pack({"id": 1, "model": "tabular", "inputs": {"bill_length_mm": "long"}}), "INVALID_INPUT"),
@@ -144,7 +145,8 @@ BAD = [
     (pack({"id": 1, "model": "minilm", "inputs": {"text": "x"}, "params": [1]}), "INVALID_REQUEST"),
     (pack({"id": 1.5, "model": "minilm", "inputs": {"text": "x"}}), "INVALID_REQUEST"),
     (pack({"op": "explode"}), "INVALID_REQUEST"),
-    (pack({"id": 1, "model": "tabular", "inputs": {"island": "Dream"}, "params": {"top_k": "x"}}), "INVALID_INPUT"),
+    (pack({"id": 1, "model": "tabular", "inputs": {"island": "Dream"}, "params": {"top_k": "x"}}),
+     "INVALID_INPUT"),
 ]
 
 
@@ -205,7 +207,8 @@ def test_tensor_map_2d_output_is_c_order_on_the_wire(small_server):
 
 def test_timeout_is_answered(server):
     texts = " ".join(["word"] * 120)
-    reply = raw_call(server.addr, pack({"id": "t", "model": "minilm", "inputs": {"text": texts}, "timeout_ms": 1}))
+    reply = raw_call(server.addr,
+                     pack({"id": "t", "model": "minilm", "inputs": {"text": texts}, "timeout_ms": 1}))
     assert reply["id"] == "t"
     assert reply["ok"] is False and reply["error"]["code"] == "TIMEOUT"  # a 128-token run alone takes > 1 ms
     again = raw_call(server.addr, pack({"id": "u", "model": "minilm", "inputs": {"text": texts}}))

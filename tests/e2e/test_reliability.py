@@ -86,7 +86,8 @@ def test_unread_replies_do_not_grow_the_frontend(make_server):
         deadline = time.monotonic() + 30.0
         while time.monotonic() < deadline:  # served while the flood is read
             ok += c.infer("tabular", TAB)["ok"]
-            if c.health()["clients"]["refused"]["ops_rate"] >= 140_000:  # the flood is read (at 200/s, the rest)
+            # the flood is read (at 200/s, the rest)
+            if c.health()["clients"]["refused"]["ops_rate"] >= 140_000:
                 break
         rss1 = fe.memory_info().rss
         health = c.health()
@@ -97,13 +98,15 @@ def test_unread_replies_do_not_grow_the_frontend(make_server):
 
 
 def test_one_client_cannot_take_every_slot(make_server):
-    srv = make_server(AIENG_MODELS="minilm", AIENG_MAX_INFLIGHT_PER_CLIENT="4", AIENG_MAX_INFLIGHT="64").start()
+    srv = make_server(AIENG_MODELS="minilm", AIENG_MAX_INFLIGHT_PER_CLIENT="4",
+                      AIENG_MAX_INFLIGHT="64").start()
 
     async def go():
         greedy = AsyncClient(srv.addr, timeout_s=30.0)
         polite = AsyncClient(srv.addr, timeout_s=30.0)
         texts = [" ".join(["word"] * 100)] * 12
-        greedy_replies = asyncio.gather(*[greedy.infer("minilm", {"text": t}, raise_on_error=False) for t in texts])
+        greedy_replies = asyncio.gather(*[greedy.infer("minilm", {"text": t}, raise_on_error=False)
+                                          for t in texts])
         await asyncio.sleep(0)
         mine = await polite.infer("minilm", {"text": "still served"}, raise_on_error=False)
         out = await greedy_replies
@@ -203,7 +206,8 @@ def test_stats_reply_has_string_keys(server):
     s.connect(server.addr)
     s.send(msgpack.packb({"op": "stats", "id": 1}))
     assert s.poll(10_000)
-    reply = msgpack.unpackb(s.recv(), raw=False, strict_map_key=True)  # the default decoder: raises on int keys
+    # the default decoder: raises on int keys
+    reply = msgpack.unpackb(s.recv(), raw=False, strict_map_key=True)
     s.close(0)
     assert reply["ok"] and reply["models"]["tabular"]["batch_sizes"]
     assert all(isinstance(k, str) for k in reply["models"]["tabular"]["batch_sizes"])

@@ -164,8 +164,9 @@ def test_baseline_answers_like_the_in_process_pipeline(tmp_path):
         sock.bind(("127.0.0.1", 0))
         addr = f"tcp://127.0.0.1:{sock.getsockname()[1]}"
     log = open(tmp_path / "baseline.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "aieng.baseline", "--model", "tabular", "--repo", str(MODELS),
-                             "--addr", addr], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen([sys.executable, "-m", "aieng.baseline", "--model", "tabular",
+                             "--repo", str(MODELS), "--addr", addr],
+                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     try:
         with Client(addr, timeout_s=1.0, dealer=True) as c:
             deadline = time.monotonic() + 15

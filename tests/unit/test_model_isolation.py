@@ -63,7 +63,8 @@ def test_verify_content_refuses_a_changed_file(tmp_path):
     with pytest.raises(ValueError) as err:
         verify_content(spec)
     msg = failure_message(spec, err.value, spec.onnx_path)
-    assert msg.startswith(f"model tabular:1 ({spec.path}): ContentChanged: content changed on disk since start "
+    assert msg.startswith(f"model tabular:1 ({spec.path}): ContentChanged: "
+                          "content changed on disk since start "
                           f"(expected sha256 {spec.content_hash[:12]}..., found ")
 
 

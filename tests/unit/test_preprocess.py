@@ -13,6 +13,7 @@ import math
 import struct
 import zlib
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 import pytest
