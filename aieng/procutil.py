@@ -1,9 +1,9 @@
 """Process plumbing shared by every role: title, logging, parent-death hooks,
 the startup handshake with the supervisor, and the worker's hub socket.
 
-Each role module ends with ``run_<role>_process(cfg_dict, ..., ready_conn)``
-which calls :func:`child_setup` first and :func:`report_ready` (or
-:func:`report_failure`) once its work object is initialised.
+``worker_runtime.run_process`` (every child's entry point) calls
+:func:`child_setup` first and :func:`report_ready` (or :func:`report_failure`)
+once the role's work object is initialised.
 """
 from __future__ import annotations
 
@@ -177,18 +177,3 @@ def hub_socket(ctx: zmq.Context, addr: str, worker: str) -> zmq.Socket:
     sock.setsockopt(zmq.RCVHWM, 0)
     sock.connect(addr)
     return sock
-
-
-class Waiter:
-    """Wait for input on one socket with a poller built once (``Socket.poll`` builds one per call)."""
-
-    def __init__(self, sock: zmq.Socket):
-        self.poller = zmq.Poller()
-        self.poller.register(sock, zmq.POLLIN)
-
-    def wait(self, timeout_ms: int) -> bool:
-        return bool(self.poller.poll(timeout_ms))
-
-
-def now_us() -> int:
-    return time.monotonic_ns() // 1000

@@ -8,6 +8,8 @@ Token buckets per client (its ZMQ routing identity; one second of burst):
 A message over a limit is answered OVERLOADED at once (a small reply).  The
 least recently seen clients' buckets are forgotten beyond ``MAX_TRACKED``.
 
+``client_socket`` builds that ROUTER (and the CURVE authenticator, when configured).
+
 Replies: the client ROUTER has a per-connection send queue of
 ``client_send_queue`` messages (ZMQ_SNDHWM) and ROUTER_MANDATORY, so a reply
 to a client whose queue is full (it does not read) or who is gone raises
@@ -15,7 +17,12 @@ instead of queueing without bound; the reply is dropped and counted here.
 """
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
+
+import zmq
+
+from aieng.config import Config
 
 MAX_TRACKED = 10_000  # clients with a bucket; the least recently seen go first
 
@@ -63,3 +70,44 @@ class ClientGate:
 
     def view(self) -> dict:
         return {"replies_dropped": dict(self.dropped), "refused": dict(self.limited)}
+
+
+def client_socket(ctx: zmq.Context, cfg: Config, log: logging.Logger):
+    """The client ROUTER, bound, and the CURVE authenticator thread (None without CURVE)."""
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 1000)
+    # A reply to a client that is gone, or whose send queue (SNDHWM messages) is full because it
+    # does not read, raises instead of queueing without bound: we drop it and count it.
+    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    sock.setsockopt(zmq.SNDHWM, cfg.client_send_queue)
+    sock.setsockopt(zmq.RCVHWM, cfg.client_send_queue)
+    # A second connection using an identity already connected takes it over (and gets the
+    # answers) instead of being silently ignored.
+    sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+    # ZMQ drops a connection on a message over MAXMSGSIZE; keep that far above our own
+    # limit so an oversized request still gets its INVALID_REQUEST answer.
+    sock.setsockopt(zmq.MAXMSGSIZE, 4 * cfg.max_message_bytes)
+    if sock.getsockopt(zmq.IPV6) == 0 and cfg.frontend_addr.startswith("tcp://["):
+        sock.setsockopt(zmq.IPV6, 1)
+    auth = curve(ctx, sock, cfg, log) if cfg.curve_secret_key_file else None
+    sock.bind(cfg.frontend_addr)
+    return sock, auth
+
+
+def curve(ctx: zmq.Context, sock: zmq.Socket, cfg: Config, log: logging.Logger):
+    """Encrypt the client socket with CURVE; with a keys dir, only those client keys get in."""
+    import zmq.auth
+    from zmq.auth.thread import ThreadAuthenticator
+
+    public, secret = zmq.auth.load_certificate(cfg.curve_secret_key_file)
+    if secret is None:
+        raise ValueError(f"{cfg.curve_secret_key_file} holds no secret key")
+    auth = ThreadAuthenticator(ctx)
+    auth.start()
+    keys = cfg.curve_client_keys_dir
+    auth.configure_curve(domain="*", location=keys or zmq.auth.CURVE_ALLOW_ANY)
+    sock.curve_secretkey = secret
+    sock.curve_publickey = public
+    sock.curve_server = True
+    log.info("client socket encrypted with CURVE (%s)", "allowed keys from " + keys if keys else "any key")
+    return auth

@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 from aieng import messages as m
 from aieng import protocol as p
+from aieng.frontend.admission import Immediate
 from aieng.frontend.breaker import Breakers
 from aieng.frontend.cache import ResponseCache
 from aieng.frontend.degrade import Degrader
@@ -204,6 +205,16 @@ class Pipeline:
             req = self.table.get(rid)
             where = req.stage if req.holder else f"waiting for a {req.stage} worker"
             self.fail(rid, p.TIMEOUT, f"no answer within the deadline (stage: {where})")
+
+    def answer_now(self, envelope: list, req_id: Any, d: Immediate, received: float) -> None:
+        """An answer admission found without the pipeline (a cache hit, a degradation fallback)."""
+        us = int((time.monotonic() - received) * 1e6)
+        self.metrics.requests.labels(d.model, d.version, "OK").inc()
+        if d.extra.get("cached"):
+            self.metrics.cache_hits.labels(d.model).inc()
+        self.counts.ok += 1
+        timing = {"frontend_in": us, "total": us}
+        self.reply(envelope, p.result_body(req_id, d.model, d.version, d.outputs, timing, d.extra))
 
     def fail_all(self, code: str, message: str) -> int:
         rids = list(self.table.items)

@@ -30,7 +30,7 @@ from aieng.config import Config
 from aieng.frontend.admission import Admission, Immediate
 from aieng.frontend.breaker import Breakers
 from aieng.frontend.cache import ResponseCache
-from aieng.frontend.clients import ClientGate
+from aieng.frontend.clients import ClientGate, client_socket
 from aieng.frontend.degrade import Degrader
 from aieng.frontend.drift import DriftMonitor
 from aieng.frontend.http import HttpServer
@@ -79,25 +79,7 @@ class Frontend:
 
     def init_sockets(self) -> None:
         self.ctx = zmq.Context.instance()
-        self.clients = self.ctx.socket(zmq.ROUTER)
-        self.clients.setsockopt(zmq.LINGER, 1000)
-        # A reply to a client that is gone, or whose send queue (SNDHWM messages) is full because it
-        # does not read, raises instead of queueing without bound: we drop it and count it.
-        self.clients.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.clients.setsockopt(zmq.SNDHWM, self.cfg.client_send_queue)
-        self.clients.setsockopt(zmq.RCVHWM, self.cfg.client_send_queue)
-        # A second connection using an identity already connected takes it over (and gets the
-        # answers) instead of being silently ignored.
-        self.clients.setsockopt(zmq.ROUTER_HANDOVER, 1)
-        # ZMQ drops a connection on a message over MAXMSGSIZE; keep that far above our own
-        # limit so an oversized request still gets its INVALID_REQUEST answer.
-        self.clients.setsockopt(zmq.MAXMSGSIZE, 4 * self.cfg.max_message_bytes)
-        if self.clients.getsockopt(zmq.IPV6) == 0 and self.cfg.frontend_addr.startswith("tcp://["):
-            self.clients.setsockopt(zmq.IPV6, 1)
-        self.auth = None
-        if self.cfg.curve_secret_key_file:
-            self.init_curve()
-        self.clients.bind(self.cfg.frontend_addr)
+        self.clients, self.auth = client_socket(self.ctx, self.cfg, self.log)
         self.hub = self.ctx.socket(zmq.ROUTER)
         self.hub.setsockopt(zmq.LINGER, 0)
         self.hub.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a gone worker raises: we hold the request
@@ -109,24 +91,6 @@ class Frontend:
                                self.cfg.http_token_file, self.cfg.http_threads, self.cfg.http_timeout_s,
                                self.cfg.snapshot_ms, self.metrics.dropped_connection
                                ) if self.cfg.http_addr else None
-
-    def init_curve(self) -> None:
-        """Encrypt the client socket with CURVE; with a keys dir, only those client keys get in."""
-        import zmq.auth
-        from zmq.auth.thread import ThreadAuthenticator
-
-        public, secret = zmq.auth.load_certificate(self.cfg.curve_secret_key_file)
-        if secret is None:
-            raise ValueError(f"{self.cfg.curve_secret_key_file} holds no secret key")
-        self.auth = ThreadAuthenticator(self.ctx)
-        self.auth.start()
-        keys = self.cfg.curve_client_keys_dir
-        self.auth.configure_curve(domain="*", location=keys or zmq.auth.CURVE_ALLOW_ANY)
-        self.clients.curve_secretkey = secret
-        self.clients.curve_publickey = public
-        self.clients.curve_server = True
-        allowed = "allowed keys from " + keys if keys else "any key"
-        self.log.info("client socket encrypted with CURVE (%s)", allowed)
 
     def ready_info(self) -> dict:
         return {"addr": self.cfg.frontend_addr}
@@ -230,22 +194,13 @@ class Frontend:
             self.pipeline.count_error(exc.code, *Admission.labels_of(req, self.specs))
             return self.reply(envelope, p.error_body(req_id, exc.code, exc.message))
         if isinstance(decision, Immediate):
-            return self.answer_now(envelope, req_id, decision, received)
+            return self.pipeline.answer_now(envelope, req_id, decision, received)
         a = decision
         r = Request(self.table.new_rid(), envelope, req_id, a.model, a.version, a.deadline, received,
                     a.params, trace=a.trace, probe=a.probe, cache_key=a.cache_key, degraded=a.degraded,
                     body=body)
         self.log.debug("admitted %s:%s", a.model, a.version, extra={"trace": a.trace})
         self.pipeline.start(r)
-
-    def answer_now(self, envelope: list, req_id: Any, d: Immediate, received: float) -> None:
-        us = int((time.monotonic() - received) * 1e6)
-        self.metrics.requests.labels(d.model, d.version, "OK").inc()
-        if d.extra.get("cached"):
-            self.metrics.cache_hits.labels(d.model).inc()
-        self.pipeline.counts.ok += 1
-        timing = {"frontend_in": us, "total": us}
-        self.reply(envelope, p.result_body(req_id, d.model, d.version, d.outputs, timing, d.extra))
 
     def refuse(self, envelope: list, message: str, req_id: Any = None) -> None:
         """INVALID_REQUEST for a message that never became a request (counted, model unknown)."""
@@ -305,6 +260,10 @@ class Frontend:
         self.drain_deadline = time.monotonic() + msg.grace_s
 
     def close(self) -> None:
+        # On the way down every message already received is answered too: infer requests still
+        # queued in the client socket get UNAVAILABLE (draining), then everything in flight.
+        self.admission.draining = True
+        self.drain_clients()
         answered = self.pipeline.fail_all(p.UNAVAILABLE, "server is shutting down")
         if answered:
             self.log.warning("stopping: answered %d requests in flight UNAVAILABLE", answered)

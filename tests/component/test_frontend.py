@@ -109,10 +109,15 @@ class Rig:
             if self.answer()["id"] == "settle":
                 return
 
-    def close(self) -> None:
+    def stop_loop(self) -> None:
         self.stop.stop = True
         self.thread.join(5)
-        self.fe.close()
+        assert not self.thread.is_alive()
+
+    def close(self) -> None:
+        if not self.stop.stop:
+            self.stop_loop()
+            self.fe.close()
         for s in list(self.peers.values()) + [self.client]:
             s.close(0)
         for ring in self.rings.values():
@@ -253,3 +258,25 @@ def test_admission_refusals(rig):
             and "per-client" in reply["error"]["message"])
     r.send({"id": "c", "model": "tabular", "inputs": TAB, "params": {1: 2}})
     assert r.answer()["error"]["code"] == "INVALID_REQUEST"
+
+
+def test_on_the_way_down_everything_received_is_answered(rig):
+    """What the supervisor's death (SIGTERM to the frontend) must not lose: requests in flight, and
+    requests already received but not yet read from the client socket."""
+    r = rig()
+    r.hello("executor", "post-0")  # no preprocess worker: these wait in the table
+    for i in range(3):
+        r.send({"id": f"held-{i}", "model": "tabular", "inputs": TAB})
+    r.settle()
+    assert len(r.fe.table) == 3
+    r.stop_loop()
+    for i in range(2):  # arrive after the loop's last read
+        r.send({"id": f"queued-{i}", "model": "tabular", "inputs": TAB})
+    time.sleep(0.2)
+    r.fe.close()
+    answers = {}
+    while r.client.poll(2000) and len(answers) < 5:
+        reply = decode_reply(r.client.recv())
+        answers[reply["id"]] = reply["error"]["code"]
+    assert answers == {**{f"held-{i}": "UNAVAILABLE" for i in range(3)},
+                       **{f"queued-{i}": "UNAVAILABLE" for i in range(2)}}
