@@ -274,7 +274,9 @@ def test_waits_only_when_running_together_finishes_sooner():
     b.put("cpu:1", P(0, 16, arrived=1.0), upstream=3)
     b.put("cpu:1", P(1, 16, arrived=1.001), upstream=3)
     key, batch, _ = b.next_batch(now=1.002)
-    assert key == "cpu:1" and len(batch) == 2
+    assert key == "cpu:1" and [p.rid for p in batch] == [0]  # runs now, one row: batching does not pay
+    key, batch, _ = b.next_batch(now=1.002)
+    assert key == "cpu:1" and [p.rid for p in batch] == [1]  # and the next at once, not after a wait
     # GPU-like: a bigger batch is nearly free and the rest is 1 ms away -> wait
     g = Batcher()
     g.add_model("gpu:1", 8, 50.0, 1.0)
@@ -283,3 +285,29 @@ def test_waits_only_when_running_together_finishes_sooner():
     g.put("gpu:1", P(0, 16, arrived=1.0), upstream=3)
     g.put("gpu:1", P(1, 16, arrived=1.001), upstream=3)
     assert g.next_batch(now=1.002)[0] is None
+
+
+def _queue_with_costs(cost_of_rows) -> "Batcher":
+    b = Batcher()
+    b.add_model("m:1", 32, 5.0, 1.0)
+    for rows in (1, 2, 4, 8, 16, 32):
+        b.observe("m:1", rows, 32, cost_of_rows(rows))
+    return b
+
+
+def test_flat_cost_per_row_runs_small_batches():
+    """CPU-like: one row costs more, then the cost per row is flat: 2 rows, not 32."""
+    b = _queue_with_costs(lambda rows: 0.0099 if rows == 1 else 0.0079 * rows)
+    assert Batcher.best_rows(b.queues["m:1"], [32] * 32) == 2
+
+
+def test_cheaper_big_batches_grow():
+    """GPU-like: a run costs about the same whatever the rows: the biggest batch."""
+    b = _queue_with_costs(lambda rows: 0.005 + 0.0001 * rows)
+    assert Batcher.best_rows(b.queues["m:1"], [32] * 32) >= 30  # within 5% per row of 32 rows
+
+
+def test_rising_cost_per_row_runs_one():
+    """Long sequences, where attention makes a row dearer in a bigger batch: one at a time."""
+    b = _queue_with_costs(lambda rows: 0.0175 * rows * (1 + rows / 100))
+    assert Batcher.best_rows(b.queues["m:1"], [32] * 32) == 1
