@@ -27,6 +27,7 @@ class Config:
     max_wait_ms: float = -1.0
     device: str = "auto"
     executor_lanes: int = 1
+    idle_wide_runs: bool = True
     intra_op_threads: int = 0
     ort_spinning: bool = False
     worker_nice: int = 0

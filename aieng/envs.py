@@ -46,7 +46,7 @@ def boolean(text: str) -> bool:
 
 
 def _default_preprocess_workers() -> int:
-    return max(1, min(4, cpu_count() // 2))
+    return max(1, min(4, cpu_count()))
 
 
 def _default_lanes() -> int:
@@ -67,7 +67,7 @@ REGISTRY: tuple[EnvVar, ...] = (
     EnvVar("AIENG_MODELS", str, "",
            "Comma-separated model names to serve (empty: every model in the repository)", "models"),
     EnvVar("AIENG_PREPROCESS_WORKERS", int, _default_preprocess_workers,
-           "Preprocessing processes (default: half the usable CPUs, 1..4)", "preprocess_workers"),
+           "Preprocessing processes (default: the usable CPUs, 1..4)", "preprocess_workers"),
     EnvVar("AIENG_POSTPROCESS_WORKERS", int, _default_postprocess_workers,
            "Postprocessing processes (default: a quarter of the usable CPUs, 1..2)", "postprocess_workers"),
     EnvVar("AIENG_MAX_BATCH_SIZE", int, 0,
@@ -82,6 +82,9 @@ REGISTRY: tuple[EnvVar, ...] = (
            "Batches the executor runs at once, each on its own thread "
            "(default: usable CPUs, 1..4; 1 on CUDA)",
            "executor_lanes"),
+    EnvVar("AIENG_IDLE_WIDE_RUNS", boolean, True,
+           "While the executor is idle, run a lone small batch on a second session using every usable CPU "
+           "(lower latency at low load; twice the session memory)", "idle_wide_runs"),
     EnvVar("AIENG_INTRA_OP_THREADS", int, 0,
            "ONNX Runtime intra-op threads per run (0: usable CPUs / AIENG_EXECUTOR_LANES)",
            "intra_op_threads"),

@@ -35,6 +35,8 @@ from aieng.model_repo import ModelSpec
 from aieng.protocol import INTERNAL, INVALID_INPUT, UNAVAILABLE, RequestError
 from aieng.worker_runtime import HubWorker, own_ring, push_socket
 
+WIDE_MAX_ROWS = 4  # the most rows a lone batch may have to run on the wide session
+
 
 class Executor(HubWorker):
     role = "executor"
@@ -59,12 +61,17 @@ class Executor(HubWorker):
             threads = self.cfg.intra_op_threads or max(1, cpu_count() // self.cfg.executor_lanes)
             sess = ModelSession(spec, self.cfg.device, threads, self.cfg.ort_spinning)
             runs = sess.warmup()
+            if self.cfg.idle_wide_runs and threads < cpu_count() and sess.provider == "CPUExecutionProvider":
+                wide = ModelSession(spec, self.cfg.device, cpu_count(), self.cfg.ort_spinning)
+                runs += wide.warm_small(WIDE_MAX_ROWS)
+                self.wide[spec.key] = wide
             self.log.info("loaded %s (%s) on %s, %d warm-up runs in %.2fs", spec.key, spec.content_hash[:12],
                           sess.provider, runs, time.perf_counter() - t0)
             return sess
 
         self.sessions: dict[str, ModelSession]
         self.failed: dict[str, str]
+        self.wide: dict[str, ModelSession] = {}  # every core on one run: for a lone batch while idle
         self.sessions, self.failed = model_repo.build_each(specs, load, self.log, self.cfg.strict_model_load,
                                                            path=lambda s: s.onnx_path)
 
@@ -152,11 +159,18 @@ class Executor(HubWorker):
     def start_batch(self, key: str, batch: list[Pending]) -> None:
         sess = self.sessions[key]
         feeds, sizes, live = self.assemble(sess, batch)
-        if live:
-            self.lanes.submit(Job(lambda: sess.run(feeds), (key, sess, sizes, live)))
+        if not live:
+            return
+        # A lone small batch while the executor is otherwise idle gets every core (the wide session):
+        # at low load the lanes' one-thread runs would leave a core unused and double the latency
+        # of a long input; under load every lane runs its own batch on one thread.
+        wide = self.wide.get(key)
+        lone = self.lanes.busy == 0 and self.batcher.pending() == 0 and len(live) <= WIDE_MAX_ROWS
+        runner = wide if wide is not None and lone else sess
+        self.lanes.submit(Job(lambda: runner.run(feeds), (key, sess, sizes, live, runner is sess)))
 
     def finish_batch(self, job: Job) -> None:
-        key, sess, sizes, live = job.context
+        key, sess, sizes, live, on_lane_session = job.context
         if job.error is not None:  # a failing run fails its batch, not the executor
             self.log.error("%s: run failed: %s: %s", key, type(job.error).__name__, job.error)
             for p in live:
@@ -164,7 +178,8 @@ class Executor(HubWorker):
             return
         outputs, infer_us = job.result, job.run_ns // 1000
         padded = max((max(s.values(), default=0) for s in sizes), default=0)
-        self.batcher.observe(key, len(live), padded, infer_us / 1e6)
+        if on_lane_session:  # the cost model describes the lanes' runs, which carry the load
+            self.batcher.observe(key, len(live), padded, infer_us / 1e6)
         done = m.Inferred([], [])
         for row, p in enumerate(live):
             task = p.payload

@@ -189,6 +189,17 @@ class ModelSession:
         return runs
 
 
+    def warm_small(self, rows: int) -> int:
+        """A lighter warm-up for a session that only runs small batches (the executor's idle-time
+        session): every warm length at 1 and ``rows`` rows.  Returns the number of runs."""
+        runs = 0
+        for length in self.warm_lengths():
+            for n in sorted({1, rows}):
+                self.run(self._feeds(n, length))
+                runs += 1
+        return runs
+
+
 def describe_runtime() -> dict:
     return {"onnxruntime": ort.__version__, "available_providers": ort.get_available_providers(),
             "gpus": gpu_count(), "pid": os.getpid()}

@@ -160,14 +160,15 @@ def test_config_dict_round_trip(cpus):
 
 
 # ------------------------------------------------------------ worker counts
-@pytest.mark.parametrize("ncpu, pre, post", [
-    (1, 1, 1), (2, 1, 1), (3, 1, 1), (4, 2, 1), (6, 3, 1), (8, 4, 2), (16, 4, 2), (128, 4, 2),
+@pytest.mark.parametrize("ncpu, pre, post, lanes", [
+    (1, 1, 1, 1), (2, 2, 1, 2), (3, 3, 1, 3), (4, 4, 1, 4), (6, 4, 1, 4), (8, 4, 2, 4), (16, 4, 2, 4),
+    (128, 4, 2, 4),
 ])
-def test_default_worker_counts_follow_affinity(ncpu, pre, post, cpus):
+def test_default_worker_counts_follow_affinity(ncpu, pre, post, lanes, cpus):
     cpus(ncpu)
     assert envs.cpu_count() == ncpu
     cfg = load_config(environ={})
-    assert (cfg.preprocess_workers, cfg.postprocess_workers) == (pre, post)
+    assert (cfg.preprocess_workers, cfg.postprocess_workers, cfg.executor_lanes) == (pre, post, lanes)
     assert cfg.sources["preprocess_workers"] == "default"
 
 
