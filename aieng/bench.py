@@ -311,7 +311,7 @@ def main_bench(args) -> int:
         if not r["spinning"]:
             cache[r["batch"]] = min(cache.get(r["batch"], r["cpu_ms"]), r["cpu_ms"])
     for r in srv["closed"]:
-        r["inprocess_cpu_ms"] = inproc.cpu_at(int(round(r["mean_batch"])), n_inproc, cache)
+        r["inprocess_cpu_ms"] = inproc.cpu_at(r["mean_batch"], n_inproc, cache)
     limit = max(before["best"], after["best"])
     text = fmt_table(args.model, before, after, srv, base, limit)
     os.makedirs(args.out, exist_ok=True)

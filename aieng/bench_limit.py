@@ -178,9 +178,12 @@ class InProcess:
             out["lanes"] = self.run_lanes(b, by_len if order == "sorted" else arrival, self.threads)[0]
         return {"best": max(out.values()), "by_spinning": out}
 
-    def cpu_at(self, batch: int, n: int, cache: dict[int, float]) -> float:
-        """CPU ms/request at ``batch`` sorted by length with the server's settings (spinning off)."""
-        b = max(1, min(self.max_batch, batch))
+    def cpu_at(self, batch: float, n: int, cache: dict[int, float]) -> float:
+        """CPU ms/request in process at the measured batch size nearest to ``batch`` (the cheapest
+        configuration measured there); measured now, sorted by length, only when nothing was."""
+        b = max(1, min(self.max_batch, int(round(batch))))
+        if cache:
+            b = min(cache, key=lambda k: (abs(k - batch), k))
         if b not in cache:
             arrival, by_len = self.orders(n)
             cache[b] = self.run(b, by_len if b > 1 else arrival, self.threads, False)[1]

@@ -191,3 +191,16 @@ def test_baseline_answers_like_the_in_process_pipeline(tmp_path):
         code = proc.wait(15)
         log.close()
     assert code == 0
+
+
+def test_inprocess_cpu_is_read_at_the_nearest_measured_batch():
+    """The gap printed against the server's mean batch uses the batch sizes the limit measured
+    (cheapest configuration there), not a fresh run in a worse configuration."""
+    from aieng.bench_limit import InProcess
+
+    inproc = InProcess.__new__(InProcess)
+    inproc.max_batch = 32
+    cache = {1: 8.4, 4: 7.4, 8: 7.6}
+    assert inproc.cpu_at(4.55, 64, cache) == 7.4
+    assert inproc.cpu_at(6.5, 64, cache) == 7.6
+    assert inproc.cpu_at(1.0, 64, cache) == 8.4
