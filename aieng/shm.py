@@ -192,6 +192,11 @@ class Ring:
             out[name] = self.seg.buf[start:start + count * dt.itemsize].view(dt).reshape(shape)
         return out
 
+    def holds(self, slot: int, gen: int) -> bool:
+        """Is the slot still BUSY with this generation?  False once its request ended elsewhere
+        (the frontend freed it when a holder died) and the producer may have reused it."""
+        return 0 <= slot < self.nslots and int(self.gen[slot]) == gen and bool(self.state[slot] == BUSY)
+
     def free(self, slot: int, gen: int) -> bool:
         if 0 <= slot < self.nslots and int(self.gen[slot]) == gen and self.state[slot] == BUSY:
             self.state[slot] = FREE

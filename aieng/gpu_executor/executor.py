@@ -218,6 +218,8 @@ class Executor(HubWorker):
             except (FileNotFoundError, ValueError):
                 self.fail(p.rid, UNAVAILABLE, "preprocess worker went away before inference")
                 continue
+            if not ring.holds(ref.slot, ref.gen):
+                continue  # answered already (freed when a holder died): never read a reused slot
             views.append((ring, ref, ring.views(ref.slot, ref.tensors)))
             live.append(p)
         feeds, sizes = sess.feeds_from([v[2] for v in views]) if views else ({}, [])

@@ -51,6 +51,8 @@ class PostprocessWorker(HubWorker):
         except (FileNotFoundError, ValueError):
             self.fail(task.rid, UNAVAILABLE, "executor went away before postprocessing")
             return
+        if not ring.holds(ref.slot, ref.gen):  # answered already (a postprocess worker died): skip
+            return
         try:
             op = self.op(f"{task.model}:{task.version}")
             result = op(ring.views(ref.slot, ref.tensors), task.params, task.degraded)

@@ -355,3 +355,20 @@ def test_unlink_prefix(instance):
     assert shm.list_segments(instance) == sorted(names[1:])
     assert sorted(shm.unlink_prefix(f"{shm.PREFIX}{instance}.")) == sorted(names[1:])
     assert shm.unlink_prefix(f"{shm.PREFIX}{instance}.") == []
+
+
+def test_holds_tells_a_live_slot_from_a_freed_or_reused_one(tmp_path):
+    ring = shm.Ring.create(f"aieng.{os.getpid()}9.holds.1", 2, 4096)
+    try:
+        slot, gen = ring.alloc()
+        assert ring.holds(slot, gen)
+        assert ring.free(slot, gen)
+        assert not ring.holds(slot, gen)  # freed
+        again = ring.alloc()
+        assert again == (slot, gen + 1)
+        assert not ring.holds(slot, gen)  # reused under a new generation
+        assert ring.holds(*again)
+        assert not ring.holds(99, gen)
+    finally:
+        ring.close()
+        ring.seg.unlink()
