@@ -41,6 +41,7 @@ class ServerProcess:
                          "AIENG_LOG_LEVEL": "INFO", "AIENG_HTTP_ADDR": f"127.0.0.1:{self.http_port}"})
         self.env.update(env)
         self.proc: subprocess.Popen | None = None
+        self.curve: tuple | None = None  # (client public, client secret, server public) when CURVE is on
 
     def start(self, wait: bool = True, timeout: float = 90.0) -> "ServerProcess":
         self.log = open(self.log_path, "wb")
@@ -58,7 +59,7 @@ class ServerProcess:
         return Client(self.addr, **kw)
 
     def health(self, timeout_s: float = 2.0) -> dict | None:
-        with Client(self.addr, timeout_s=timeout_s, dealer=True) as c:
+        with Client(self.addr, timeout_s=timeout_s, dealer=True, curve=self.curve) as c:
             try:
                 return c.health()
             except (TimeoutError, Exception):
@@ -144,3 +145,19 @@ def make_server(tmp_path):
     for srv in made:
         srv.stop()
         assert srv.segments() == [], f"shared memory left behind: {srv.segments()}"
+
+
+def save_tensor_model(repo, name: str, graph) -> None:
+    """Write an ONNX graph as a tensor-in, tensor-out model directory ``<repo>/<name>/1`` (the tests'
+    own small models: no batching, tensor pre- and postprocessing)."""
+    import onnx
+    from onnx import helper
+
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    d = repo / name / "1"
+    d.mkdir(parents=True)
+    onnx.save(model, str(d / "model.onnx"))
+    (d / "model.yaml").write_text(
+        "inputs: [{name: x, kind: tensor}]\noutputs: [{name: y, kind: tensor}]\n"
+        "preprocess: {type: tensor}\npostprocess: {type: tensor}\n"
+        "batching: {max_batch_size: 1, max_wait_ms: 0}\n")

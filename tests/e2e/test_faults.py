@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from aieng.client import AsyncClient
-from tests.conftest import MODELS
+from tests.conftest import MODELS, save_tensor_model
 
 pytestmark = pytest.mark.e2e
 
@@ -21,7 +21,6 @@ pytestmark = pytest.mark.e2e
 def flaky_model(repo) -> None:
     """x[batch, n] -> Reshape to [-1, 2]: runs when batch*n is even (so warm-up passes), fails in
     ONNX Runtime otherwise."""
-    import onnx
     from onnx import TensorProto, helper
 
     graph = helper.make_graph(
@@ -29,14 +28,7 @@ def flaky_model(repo) -> None:
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "n"])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])],
         [helper.make_tensor("shape", TensorProto.INT64, [2], [-1, 2])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    d = repo / "flaky" / "1"
-    d.mkdir(parents=True)
-    onnx.save(model, str(d / "model.onnx"))
-    (d / "model.yaml").write_text(
-        "inputs: [{name: x, kind: tensor}]\noutputs: [{name: y, kind: tensor}]\n"
-        "preprocess: {type: tensor}\npostprocess: {type: tensor}\n"
-        "batching: {max_batch_size: 1, max_wait_ms: 0}\n")
+    save_tensor_model(repo, "flaky", graph)
 
 
 GOOD, BAD = 4, 3

@@ -13,7 +13,7 @@ import zmq
 
 from aieng.client import decode_reply
 from aieng.protocol import encode_tensor
-from tests.conftest import MODELS, ServerProcess
+from tests.conftest import MODELS, ServerProcess, save_tensor_model
 
 pytestmark = pytest.mark.e2e
 
@@ -51,21 +51,13 @@ def pack(obj) -> bytes:
 def transpose_model(repo) -> None:
     """x[batch, 2, 3] -> y[batch, 3, 2], each request's matrix transposed: a 2-D output whose
     C-order bytes differ from its Fortran-order bytes, passed through as a tensor map."""
-    import onnx
     from onnx import TensorProto, helper
 
     graph = helper.make_graph(
         [helper.make_node("Transpose", ["x"], ["y"], perm=[0, 2, 1])], "transpose",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 2, 3])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3, 2])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    d = repo / "transpose" / "1"
-    d.mkdir(parents=True)
-    onnx.save(model, str(d / "model.onnx"))
-    (d / "model.yaml").write_text(
-        "inputs: [{name: x, kind: tensor}]\noutputs: [{name: y, kind: tensor}]\n"
-        "preprocess: {type: tensor}\npostprocess: {type: tensor}\n"
-        "batching: {max_batch_size: 1, max_wait_ms: 0}\n")
+    save_tensor_model(repo, "transpose", graph)
 
 
 @pytest.fixture(scope="module")
