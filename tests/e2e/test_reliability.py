@@ -116,9 +116,9 @@ def test_one_client_cannot_take_every_slot(make_server):
 
     replies, mine = asyncio.run(go())
     codes = [r["error"]["code"] if not r["ok"] else "OK" for r in replies]
-    assert codes.count("OK") >= 4
-    assert codes.count("OVERLOADED") >= 1
-    assert set(codes) == {"OK", "OVERLOADED"}
+    # the 12 arrive together, long before the first is answered: 4 admitted, 8 refused
+    assert codes.count("OK") == 4
+    assert codes.count("OVERLOADED") == 8
     assert all("per-client" in r["error"]["message"] for r in replies if not r["ok"])
     assert mine["ok"]
 
