@@ -116,7 +116,7 @@ class Preprocessed:
     T: ClassVar[str] = "preprocessed"
     rids: list
     refs: list  # list[Ref]
-    features: list  # per row: tabular feature values for input-drift monitoring (often {})
+    features: list  # per row: its small facts for input-drift monitoring (token count, image size, features)
 
 
 @dataclass(slots=True)

@@ -148,7 +148,10 @@ class HubWorker:
             if handler is None:
                 self.log.warning("unexpected message %s", type(msg).__name__)
                 continue
-            handler(msg, frames)
+            try:
+                handler(msg, frames)
+            except Exception:  # a malformed internal message costs its request, never the worker
+                self.log.exception("%s handler failed", type(msg).__name__)
 
     def heartbeat(self) -> None:
         now = time.monotonic()

@@ -18,8 +18,9 @@ Hold, don't refuse: when no preprocess worker is live (one restarting) the
 request waits in the table for a hello, bounded by its deadline and the
 in-flight limit; a send that fails (the worker vanished before we knew)
 holds it the same way.  The executor and postprocess inboxes queue while
-their process restarts, so those stages hold by themselves.  Only what a
-dead worker actually held is answered UNAVAILABLE.
+their process restarts, so those stages hold by themselves.  What a dead
+worker held, as far as the notices tell, is answered UNAVAILABLE (a notice
+arriving after its new holder died answers the request then).
 """
 from __future__ import annotations
 
@@ -126,8 +127,11 @@ class Pipeline:
             req.features = features
             self.table.move(req, EXEC, "executor")
             self.table.pass_on(req, ref)
+            self.fail_if_holder_died(req)
 
     def on_inferred(self, msg: m.Inferred, ident: bytes) -> None:
+        if ident != b"executor":
+            return
         for rid, ref in zip(msg.rids, msg.refs):
             req = self.table.get(rid)
             if req is None or req.stage == POST:
@@ -135,6 +139,15 @@ class Pipeline:
             self.metrics.worker.labels(EXEC, "executor").inc()
             self.table.move(req, POST, req.post)
             self.table.pass_on(req, ref)
+            self.fail_if_holder_died(req)
+
+    def fail_if_holder_died(self, req: Request) -> None:
+        """A notice can arrive after the death of the worker it hands the request to: that worker's
+        ``WorkerDown`` found nothing of it to answer, and its restarted self never got the task.
+        Answer it now and free the slot (a stale copy in an inbox is skipped by ``Ring.holds``)."""
+        if self.workers.died_since(req.holder, req.dispatched):
+            self.fail(req.rid, p.UNAVAILABLE, f"{req.holder} exited while the request was on its way to it",
+                      holder_dead=True)
 
     def on_result(self, msg: m.Result, ident: bytes) -> None:
         req = self.table.get(msg.rid)
@@ -142,6 +155,22 @@ class Pipeline:
             return
         now = time.monotonic()
         self.table.finish(msg.rid)
+        try:  # bookkeeping; an error here must not lose the answer (the request has left the table)
+            self.account(req, msg, now)
+        except Exception:
+            log.exception("bookkeeping of an answer failed")
+        extra: dict[str, Any] = {"batch": msg.trail.batch, "trace_id": req.trace}
+        if req.degraded:
+            extra["degraded"] = req.degraded
+        timing = req.timing or {"total": int((now - req.received) * 1e6)}
+        body = p.result_body(req.client_id, req.model, req.version, msg.outputs, timing, extra)
+        self.reply(req.envelope, body)
+        log.debug("answered OK in %d us", timing["total"], extra={"trace": req.trace})
+        req.timing["frontend_out"] = int((time.monotonic() - now) * 1e6)
+        self.stats.add(req.model, req.timing, req.batch, req.seq_len, req.padded or req.seq_len)
+
+    def account(self, req: Request, msg: m.Result, now: float) -> None:
+        """Timings, counts, breaker, cache, metrics and drift for an answer about to be sent."""
         self.metrics.worker.labels(POST, req.post).inc()
         req.timing.update(stage_times(req, msg.trail, now))
         t = msg.trail
@@ -150,18 +179,10 @@ class Pipeline:
         self.breakers.success(req.key)
         if req.cache_key is not None:
             self.cache.put(req.cache_key, msg.outputs)
-        # before the reply
+        # metrics before the reply, so a client that reads /metrics after its answer sees it
         self.metrics.answered(req.model, req.version, req.timing, req.batch, msg.confidence)
         self.drift.observe(req.model, req.version, req.features)
-        extra: dict[str, Any] = {"batch": req.batch, "trace_id": req.trace}
-        if req.degraded:
-            extra["degraded"] = req.degraded
         self.degrader.observe_latency(req.key, now - req.received)
-        self.reply(req.envelope, p.result_body(req.client_id, req.model, req.version, msg.outputs, req.timing,
-                                               extra))
-        log.debug("answered OK in %d us", req.timing["total"], extra={"trace": req.trace})
-        req.timing["frontend_out"] = int((time.monotonic() - now) * 1e6)
-        self.stats.add(req.model, req.timing, req.batch, req.seq_len, req.padded or req.seq_len)
 
     def on_failed(self, msg: m.Failed, ident: bytes) -> None:
         req = self.table.get(msg.rid)
@@ -175,7 +196,7 @@ class Pipeline:
 
     def on_worker_down(self, worker: str, pid: int, exitcode: int) -> int:
         """The supervisor saw ``worker`` die: answer what it held (its slots are ours to free)."""
-        self.workers.down(worker, pid)
+        self.workers.down(worker, pid, time.monotonic())
         held = self.table.held_by(worker)
         for rid in held:
             self.fail(rid, p.UNAVAILABLE, f"{worker} exited (code {exitcode}) while holding the request",

@@ -142,7 +142,10 @@ class Frontend:
             if handler is None:
                 self.log.warning("no handler for %s from %r", type(msg).__name__, ident)
                 continue
-            handler(msg, ident)
+            try:
+                handler(msg, ident)
+            except Exception:  # one bad message must not take the frontend (and every client) down
+                self.log.exception("%s handler failed (from %r)", type(msg).__name__, ident)
 
     def drain_clients(self) -> None:
         for _ in range(1000):

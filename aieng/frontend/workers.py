@@ -30,6 +30,7 @@ class Workers:
     def __init__(self) -> None:
         self.by_name: dict[str, WorkerState] = {}
         self.dead_pids: set[int] = set()
+        self.died_at: dict[str, float] = {}  # worker name -> monotonic seconds of its last death
         self.turn = 0
 
     def hello(self, msg: m.Hello, now: float) -> bool:
@@ -43,11 +44,18 @@ class Workers:
         w.seen = now
         return False
 
-    def down(self, name: str, pid: int) -> None:
-        self.by_name.pop(name, None)
+    def down(self, name: str, pid: int, now: float) -> None:
+        w = self.by_name.get(name)
+        if w is None or w.pid == pid:  # never unroute a newer incarnation on a late report
+            self.by_name.pop(name, None)
+        self.died_at[name] = now
         if len(self.dead_pids) > 10_000:
             self.dead_pids.clear()
         self.dead_pids.add(pid)
+
+    def died_since(self, name: str, since: float) -> bool:
+        """Did ``name`` die at or after ``since`` (so what it was handed then may be lost)?"""
+        return self.died_at.get(name, float("-inf")) >= since
 
     def gone(self, name: str) -> None:
         """A send to it failed: it is not connected (dead or restarting)."""

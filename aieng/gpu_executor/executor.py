@@ -62,9 +62,13 @@ class Executor(HubWorker):
             sess = ModelSession(spec, self.cfg.device, threads, self.cfg.ort_spinning)
             runs = sess.warmup()
             if self.cfg.idle_wide_runs and threads < cpu_count() and sess.provider == "CPUExecutionProvider":
-                wide = ModelSession(spec, self.cfg.device, cpu_count(), self.cfg.ort_spinning)
-                runs += wide.warm_small(WIDE_MAX_ROWS)
-                self.wide[spec.key] = wide
+                try:  # an optional speed-up: the model serves on its lanes without it
+                    wide = ModelSession(spec, self.cfg.device, cpu_count(), self.cfg.ort_spinning)
+                    runs += wide.warm_small(WIDE_MAX_ROWS)
+                    self.wide[spec.key] = wide
+                except Exception as exc:
+                    self.log.warning("%s: no idle-time wide session (%s: %s)", spec.key,
+                                     type(exc).__name__, exc)
             self.log.info("loaded %s (%s) on %s, %d warm-up runs in %.2fs", spec.key, spec.content_hash[:12],
                           sess.provider, runs, time.perf_counter() - t0)
             return sess

@@ -99,5 +99,7 @@ class Lanes:
         deadline = time.monotonic() + timeout
         for t in self.threads:
             t.join(max(0.0, deadline - time.monotonic()))
+        if any(t.is_alive() for t in self.threads):
+            return  # a run still going writes to the pipe when it ends: leave it to the process exit
         os.close(self.wake_fd)
         os.close(self._wake_w)

@@ -159,7 +159,7 @@ class PreprocessWorker(HubWorker):
                                                task.trace, trail)))
         self.notice.rids.append(task.rid)
         self.notice.refs.append(ref)
-        self.notice.features.append(info.get("features") or {})
+        self.notice.features.append(info)
         self.log.debug("preprocessed %s:%s into slot %d", task.model, task.version, ref.slot,
                        extra={"trace": task.trace})
 

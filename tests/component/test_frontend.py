@@ -280,3 +280,31 @@ def test_on_the_way_down_everything_received_is_answered(rig):
         answers[reply["id"]] = reply["error"]["code"]
     assert answers == {**{f"held-{i}": "UNAVAILABLE" for i in range(3)},
                        **{f"queued-{i}": "UNAVAILABLE" for i in range(2)}}
+
+
+def test_a_notice_arriving_after_the_new_holders_death_answers_and_frees(rig):
+    """The preprocess worker's notice can come after the executor it pushed to died: nobody would
+    answer the request (the executor's WorkerDown found nothing of it) nor free the slot."""
+    r = rig()
+    r.hello("pre-0", "executor", "post-0")
+    r.send({"id": "a", "model": "tabular", "inputs": TAB})
+    task = dispatched(r)
+    inp = r.slot("pre-0")
+    r.peers["supervisor"].send(m.encode(m.WorkerDown("executor", -9, 1008)))
+    r.settle()
+    assert r.fe.table.get(task.rid).stage == "preprocess"  # not the executor's, as far as the frontend knew
+    r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp], [{}])))
+    reply = r.answer()
+    assert reply["id"] == "a" and reply["error"]["code"] == "UNAVAILABLE"
+    assert "executor exited" in reply["error"]["message"]
+    assert not r.busy(inp)
+
+
+def test_only_the_executor_may_hand_requests_to_postprocessing(rig):
+    r = rig()
+    r.hello("pre-0", "executor", "post-0")
+    r.send({"id": "a", "model": "tabular", "inputs": TAB})
+    task = dispatched(r)
+    r.peers["pre-0"].send(m.encode(m.Inferred([task.rid], [r.slot("executor")])))
+    r.settle()
+    assert r.fe.table.get(task.rid).stage == "preprocess"
