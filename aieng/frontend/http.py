@@ -29,7 +29,19 @@ from typing import Any, Callable
 
 from aieng.frontend.httpserver import BoundedHttpServer, HeadError, parse_head
 
-PATHS = ["/healthz", "/readyz", "/metrics", "/debug"]
+PATHS = ["/healthz", "/readyz", "/startupz", "/metrics", "/debug"]
+STALE_MIN_S = 5.0  # liveness: the loop's snapshot and the supervisor's word may be this old (or 10 periods)
+
+
+def liveness(snap: dict[str, Any], now: float, stale_s: float) -> dict[str, Any]:
+    """Alive: the frontend loop is making progress (it published a snapshot lately) and the supervisor
+    is alive (it told the frontend lately).  Worker restarts are recovery, not death: an orchestrator
+    must not kill the pod for them, so they show in /readyz only."""
+    loop_age = now - snap.get("published_at", float("-inf"))
+    supervisor_age = now - snap.get("supervisor_seen_at", float("-inf"))
+    alive = loop_age <= stale_s and supervisor_age <= stale_s
+    return {"alive": alive, "loop_age_s": round(min(loop_age, 1e9), 3),
+            "supervisor_age_s": round(min(supervisor_age, 1e9), 3)}
 PROTECTED = ("/metrics", "/debug")
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 CHALLENGE = 'Bearer realm="aieng"'
@@ -94,6 +106,7 @@ class HttpServer:
         self.snapshot, self.render = snapshot, metrics
         self.token = read_token(token_file) if token_file else None
         self.cache_s = cache_ms / 1000.0
+        self.stale_s = max(STALE_MIN_S, 10 * self.cache_s)  # cache_ms is the loop's snapshot period
         self.metrics_lock = threading.Lock()
         self.metrics_body: bytes | None = None
         self.metrics_at = 0.0
@@ -124,9 +137,13 @@ class HttpServer:
             return 200, self.debug_json(snap), "application/json", {}
         health = snap.get("health", {})
         if path == "/healthz":
-            return (200 if health.get("live") else 503), _json(health), "application/json", {}
+            alive = liveness(snap, time.monotonic(), self.stale_s)
+            body = _json(dict(health, liveness=alive))
+            return (200 if alive["alive"] else 503), body, "application/json", {}
         if path == "/readyz":
             return (200 if health.get("ready") else 503), _json(health), "application/json", {}
+        if path == "/startupz":
+            return (200 if health.get("started") else 503), _json(health), "application/json", {}
         return 404, _json({"error": "not found", "paths": PATHS}), "application/json", {}
 
     def metrics_text(self) -> bytes:

@@ -50,6 +50,7 @@ class ClientOps:
         # serves), not draining.  ``degraded`` says some process is down or restarting.
         return {"id": req_id, "ok": True, "live": live,
                 "ready": bool(fe.admission.started and live and not fe.admission.draining),
+                "started": fe.admission.started,
                 "degraded": not fe.supervisor_ready,
                 "protocol": p.PROTOCOL_VERSION, "version": _version(), "pid": os.getpid(),
                 "uptime_s": round(time.time() - fe.started, 3), "in_flight": len(fe.table),

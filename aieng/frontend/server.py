@@ -53,6 +53,7 @@ class Frontend:
         self.default_version = {name: latest(vs) for name, vs in self.specs.items()}
         self.started = time.time()
         self.supervisor_ready = False  # every process up and ready, as the supervisor last said
+        self.supervisor_seen_at = float("-inf")  # monotonic seconds of its last ServiceState (liveness)
         self.state: dict = {"processes": {}, "restarts": {}}
         self.drain_deadline: float | None = None
         self.snapshot: dict = {}
@@ -250,6 +251,7 @@ class Frontend:
             self.log.warning("%s died: answered %d requests UNAVAILABLE", msg.worker, held)
 
     def on_state(self, msg: m.ServiceState, ident: bytes) -> None:
+        self.supervisor_seen_at = time.monotonic()
         changed = msg.ready != self.supervisor_ready
         self.supervisor_ready = msg.ready
         self.admission.started = self.admission.started or msg.ready

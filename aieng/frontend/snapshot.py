@@ -33,7 +33,8 @@ def publish_snapshot(fe: "Frontend", now: float, full: bool = True) -> None:
     asked = full and fe.http is not None and fe.http.debug_asked.is_set()
     if asked:
         fe.http.debug_asked.clear()
-    snap = {"health": health, "queue_depth": depth, "counts": fe.pipeline.counts.view(),
+    snap = {"published_at": now, "supervisor_seen_at": fe.supervisor_seen_at,
+            "health": health, "queue_depth": depth, "counts": fe.pipeline.counts.view(),
             "in_flight": len(fe.table),
             "drift_psi": {"/".join(k): round(v, 4) for k, v in fe.drift.scores().items()},
             "stats": fe.stats.summary(None) if asked else prev.get("stats", {})}

@@ -90,7 +90,9 @@ def make_http():
 
     def make(**kw) -> tuple[HttpServer, int]:
         port = free_port()
-        kw.setdefault("snapshot", lambda: {"health": {"live": True, "ready": False}})
+        kw.setdefault("snapshot", lambda: {
+            "published_at": time.monotonic(), "supervisor_seen_at": time.monotonic(),
+            "health": {"live": True, "ready": False, "started": True}})
         kw.setdefault("metrics", lambda: b"m 1\n")
         srv = HttpServer(f"127.0.0.1:{port}", **kw)
         made.append(srv)
@@ -107,6 +109,7 @@ def test_routes_and_token(make_http, tmp_path):
     srv, port = make_http(token_file=str(token))
     assert http_get(port, "/healthz")[0] == 200
     assert http_get(port, "/readyz")[0] == 503  # ready False in the snapshot
+    assert http_get(port, "/startupz")[0] == 200  # started once
     for path in ("/metrics", "/debug"):
         code, headers, _ = http_get(port, path)
         assert code == 401 and headers["www-authenticate"].startswith("Bearer")
@@ -192,3 +195,14 @@ def test_full_backlog_closes_new_connections_at_once(make_http, monkeypatch):
     finally:
         for s in idle:
             s.close()
+
+
+def test_liveness_is_the_loop_and_the_supervisor_making_progress():
+    from aieng.frontend.http import liveness
+
+    now = 1000.0
+    fresh = {"published_at": now - 0.4, "supervisor_seen_at": now - 0.9}
+    assert liveness(fresh, now, 5.0)["alive"] is True
+    assert liveness(dict(fresh, published_at=now - 6), now, 5.0)["alive"] is False  # a wedged loop
+    assert liveness(dict(fresh, supervisor_seen_at=now - 6), now, 5.0)["alive"] is False  # supervisor gone
+    assert liveness({}, now, 5.0)["alive"] is False  # nothing published yet
