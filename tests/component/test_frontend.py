@@ -146,6 +146,14 @@ def dispatched(r: Rig, rid_of: str = "a"):
     return task
 
 
+def running(rig) -> tuple[Rig, m.PreTask]:
+    """A frontend with every peer up and request "a" dispatched to pre-0."""
+    r = rig()
+    r.hello("pre-0", "executor", "post-0")
+    r.send({"id": "a", "model": "tabular", "inputs": TAB})
+    return r, dispatched(r)
+
+
 def result(rid: int) -> m.Result:
     now = time.monotonic()
     trail = m.Trail(pre_started=now - 0.004, pre_sent=now - 0.003, exec_arrived=now - 0.0025,
@@ -154,10 +162,7 @@ def result(rid: int) -> m.Result:
 
 
 def test_success_path_and_who_frees(rig):
-    r = rig()
-    r.hello("pre-0", "executor", "post-0")
-    r.send({"id": "a", "model": "tabular", "inputs": TAB})
-    task = dispatched(r)
+    r, task = running(rig)
     inp, out = r.slot("pre-0"), r.slot("executor")
     r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp], [{}])))
     r.peers["executor"].send(m.encode(m.Inferred([task.rid], [out])))
@@ -173,10 +178,7 @@ def test_success_path_and_who_frees(rig):
 
 def test_notices_out_of_order(rig):
     """The executor's notice can overtake the preprocess worker's: the request only moves forward."""
-    r = rig()
-    r.hello("pre-0", "executor", "post-0")
-    r.send({"id": "a", "model": "tabular", "inputs": TAB})
-    task = dispatched(r)
+    r, task = running(rig)
     inp, out = r.slot("pre-0"), r.slot("executor")
     r.peers["executor"].send(m.encode(m.Inferred([task.rid], [out])))
     r.settle()
@@ -189,10 +191,7 @@ def test_notices_out_of_order(rig):
 
 
 def test_failure_answers_once_and_frees_a_returned_slot(rig):
-    r = rig()
-    r.hello("pre-0", "executor", "post-0")
-    r.send({"id": "a", "model": "tabular", "inputs": TAB})
-    task = dispatched(r)
+    r, task = running(rig)
     back = r.slot("executor")
     r.peers["executor"].send(m.encode(m.Failed(task.rid, "INTERNAL", "model run failed: X", back)))
     reply = r.answer()
@@ -217,10 +216,7 @@ def test_timeout_leaves_the_holders_slot_alone(rig):
 
 @pytest.mark.parametrize("victim,stage", [("executor", "executor"), ("post-0", "postprocess")])
 def test_worker_death_answers_what_it_held_and_frees_its_slot(rig, victim, stage):
-    r = rig()
-    r.hello("pre-0", "executor", "post-0")
-    r.send({"id": "a", "model": "tabular", "inputs": TAB})
-    task = dispatched(r)
+    r, task = running(rig)
     inp, out = r.slot("pre-0"), r.slot("executor")
     r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp], [{}])))
     if victim == "post-0":
@@ -285,10 +281,7 @@ def test_on_the_way_down_everything_received_is_answered(rig):
 def test_a_notice_arriving_after_the_new_holders_death_answers_and_frees(rig):
     """The preprocess worker's notice can come after the executor it pushed to died: nobody would
     answer the request (the executor's WorkerDown found nothing of it) nor free the slot."""
-    r = rig()
-    r.hello("pre-0", "executor", "post-0")
-    r.send({"id": "a", "model": "tabular", "inputs": TAB})
-    task = dispatched(r)
+    r, task = running(rig)
     inp = r.slot("pre-0")
     r.peers["supervisor"].send(m.encode(m.WorkerDown("executor", -9, 1008)))
     r.settle()
@@ -301,10 +294,7 @@ def test_a_notice_arriving_after_the_new_holders_death_answers_and_frees(rig):
 
 
 def test_only_the_executor_may_hand_requests_to_postprocessing(rig):
-    r = rig()
-    r.hello("pre-0", "executor", "post-0")
-    r.send({"id": "a", "model": "tabular", "inputs": TAB})
-    task = dispatched(r)
+    r, task = running(rig)
     r.peers["pre-0"].send(m.encode(m.Inferred([task.rid], [r.slot("executor")])))
     r.settle()
     assert r.fe.table.get(task.rid).stage == "preprocess"
