@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -136,6 +137,8 @@ def quantize(args: argparse.Namespace) -> tuple[dict, str | None]:
     except ValueError as exc:
         raise QuantizeError(str(exc)) from None
     out_version = args.out_version or next_version(os.path.join(repo, args.model))
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", out_version):
+        raise QuantizeError(f"--out-version {out_version!r}: letters, digits, '.', '_', '-' only")
     final = os.path.join(repo, args.model, out_version)
     if os.path.exists(final):
         raise QuantizeError(f"{final} already exists")

@@ -98,7 +98,11 @@ def test_outside_tolerance_is_refused_unless_forced(repo):
     assert report["failures"][0].startswith("fetch_name_0: max abs diff")
 
 
-def test_existing_out_version_is_an_error(repo):
+def test_existing_or_escaping_out_version_is_an_error(repo):
     done = quantize(repo, "--to", "fp16", "--out-version", "1")
     assert done.returncode == 2
     assert "already exists" in done.stderr
+    done = quantize(repo, "--to", "fp16", "--out-version", "../x")
+    assert done.returncode == 2
+    assert "letters, digits" in done.stderr
+    assert os.listdir(repo / "orientation") == ["1"]
