@@ -1,4 +1,4 @@
-"""``aieng`` command line: serve, infer, health, models, config, load.
+"""``aieng`` command line: serve, infer, health, models, config, load, quantize.
 
 ``aieng serve`` with no arguments, run from the repository root, serves every
 model under ./models (fetched by scripts/fetch_models.py).
@@ -173,6 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
     so.add_argument("--max-rss-mib-per-min", type=float, default=1.0,
                     help="fail when a process's resident memory grows faster (second half of the run)")
     so.set_defaults(func=cmd_soak)
+
+    from aieng.quantize import add_parser as add_quantize
+    add_quantize(sub)
 
     for name in ("infer", "health", "models", "load"):
         p = sub.add_parser(name)
