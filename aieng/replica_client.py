@@ -47,7 +47,8 @@ class _Replicas:
                margin_s: float = 1.0, probe_timeout_s: float = 1.0, probe_every_s: float = 2.0,
                resolve_every_s: float = 30.0, backoff: Backoff | None = None, ipv6: bool = False,
                resolver: Any = socket.getaddrinfo) -> None:
-        self.configured = split_addrs(addr or os.environ.get("AIENG_FRONTEND_ADDR", DEFAULT_ADDR)) or [addr]
+        addr = addr or os.environ.get("AIENG_FRONTEND_ADDR", DEFAULT_ADDR)
+        self.configured = split_addrs(addr) or [addr]
         self.addr = ",".join(self.configured)
         self.timeout_s, self.curve, self.ctx = timeout_s, curve, ctx
         self.retries, self.margin_s = retries, margin_s
@@ -90,7 +91,8 @@ class _Replicas:
 
     def endpoints(self) -> dict[str, str]:
         """Each concrete endpoint's state as this client sees it: ``"up"`` or ``"down: <why>"``."""
-        return {a: "up" if ep.up else f"down: {ep.reason}" for a, ep in self.set.eps.items() if not ep.retired}
+        eps = self.set.eps.items()
+        return {a: "up" if ep.up else f"down: {ep.reason}" for a, ep in eps if not ep.retired}
 
     def deadline_s(self, request: dict) -> float:
         t = request.get("timeout_ms")
@@ -284,6 +286,18 @@ class AsyncReplicaClient(_Replicas, AsyncClient):
             tried.append(addr)
             request, addr = again, other.addr
         return self.finish(reply, tried, raise_on_error)
+
+    async def wait_ready(self, timeout_s: float = 10.0, every: bool = False) -> dict[str, str]:
+        """Wait (at most ``timeout_s``) until one endpoint, or ``every`` one, is up; returns
+        ``endpoints()``."""
+        self._start()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            states = self.endpoints().values()
+            if (all if every else any)(s == "up" for s in states):
+                break
+            await asyncio.sleep(0.02)
+        return self.endpoints()
 
     async def health(self) -> dict:
         """Every endpoint's own ``health`` reply (None when it did not answer within ``probe_timeout_s``);

@@ -81,7 +81,7 @@ class ReplicaClient(_Replicas, Client):
 
     def _maintain(self) -> None:
         """Re-resolve DNS names when due; probe the down endpoints that are due."""
-        self._pump(0.0, lambda: False)  # take in socket events first: a lost connection marks its endpoint down
+        self._pump(0.0, lambda: False)  # socket events first: a lost connection marks its endpoint down
         now = time.monotonic()
         if now >= self.next_resolve:
             self.apply_resolution(expand(self.configured, self.resolver, self.ipv6, self.resolved), now)
@@ -145,6 +145,17 @@ class ReplicaClient(_Replicas, Client):
             tried.append(addr)
             request, addr = again, other.addr
         return self.finish(reply, tried, raise_on_error)
+
+    def wait_ready(self, timeout_s: float = 10.0, every: bool = False) -> dict[str, str]:
+        """Wait (at most ``timeout_s``) until one endpoint, or ``every`` one, is up; returns
+        ``endpoints()``."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self._maintain()
+            if (all if every else any)(s == "up" for s in self.endpoints().values()):
+                break
+            self._pump(min(deadline, time.monotonic() + 0.02), lambda: False)
+        return self.endpoints()
 
     def health(self) -> dict:
         """Every endpoint's own ``health`` reply (None when it did not answer within ``probe_timeout_s``);

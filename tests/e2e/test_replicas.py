@@ -53,7 +53,8 @@ async def infer_many(client, n: int, concurrency: int, prefix: str) -> dict:
 
     async def one(i: int) -> None:
         async with sem:
-            req = {"op": "infer", "id": f"{prefix}-{i}", "model": "tabular", "inputs": TAB, "timeout_ms": 5000}
+            req = {"op": "infer", "id": f"{prefix}-{i}", "model": "tabular", "inputs": TAB,
+                   "timeout_ms": 5000}
             reply = await client.call(req, raise_on_error=False)
             assert reply["id"] not in out
             out[reply["id"]] = reply
@@ -68,14 +69,6 @@ def per_endpoint(replies: dict) -> dict:
     for r in replies.values():
         counts[r["endpoint"]] = counts.get(r["endpoint"], 0) + 1
     return counts
-
-
-async def wait_up(client, addrs: list[str], limit_s: float = 10.0) -> None:
-    deadline = time.monotonic() + limit_s
-    client._start()
-    while any(client.endpoints().get(a) != "up" for a in addrs) and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    assert all(client.endpoints()[a] == "up" for a in addrs), client.endpoints()
 
 
 def test_two_replicas_kill_one_and_bring_it_back(make_server):
@@ -97,8 +90,8 @@ def test_two_replicas_kill_one_and_bring_it_back(make_server):
         c0 = AsyncClient([a.addr, b.addr], timeout_s=10, retries=0, **OPTS)
         c1 = AsyncClient([a.addr, b.addr], timeout_s=10, **OPTS)  # default: one retry
         assert isinstance(c0, AsyncReplicaClient)
-        await wait_up(c0, [a.addr, b.addr])
-        await wait_up(c1, [a.addr, b.addr])
+        for c in (c0, c1):
+            assert await c.wait_ready(10, every=True) == {a.addr: "up", b.addr: "up"}
 
         # 1. bounded load: both replicas serve a fair share, and each server counted exactly what it got
         counts = per_endpoint(await infer_many(c0, 200, 8, "share"))
