@@ -37,7 +37,7 @@ from zmq.utils.monitor import parse_monitor_message
 from aieng.client import DEFAULT_ADDR, AsyncClient, ServerError, apply_curve, decode_reply
 from aieng.replicas import Backoff, EndpointSet, client_error, expand, should_retry, split_addrs
 
-EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
+EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
 
 
 class _Replicas:
@@ -65,7 +65,8 @@ class _Replicas:
 
     def apply_resolution(self, resolved: dict[str, list[str]], now: float) -> None:
         self.resolved = resolved
-        self.next_resolve = now + self.resolve_every_s
+        empty = any(not eps for eps in resolved.values())  # a name with no address yet: ask again soon
+        self.next_resolve = now + (min(1.0, self.resolve_every_s) if empty else self.resolve_every_s)
         added, _ = self.set.update([e for eps in resolved.values() for e in eps], now)
         for a in added:
             s = self.ctx.socket(zmq.DEALER)
@@ -159,7 +160,7 @@ class AsyncReplicaClient(_Replicas, AsyncClient):
                 event = parse_monitor_message(await mon.recv_multipart())["event"]
                 if event == zmq.EVENT_DISCONNECTED:
                     self._lost(addr)
-                elif event == zmq.EVENT_CONNECTED:
+                elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:  # messages can flow now: probe
                     self.set.probe_soon(addr, time.monotonic())
             if sock in ready:
                 frames = await sock.recv_multipart()

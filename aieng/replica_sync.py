@@ -43,7 +43,7 @@ class ReplicaClient(_Replicas, Client):
                     event = parse_monitor_message(mon.recv_multipart())["event"]
                     if event == zmq.EVENT_DISCONNECTED:
                         self._lost(a)
-                    elif event == zmq.EVENT_CONNECTED:
+                    elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:  # messages can flow now: probe
                         self.set.probe_soon(a, time.monotonic())
             for a, sock in list(self.socks.items()):
                 if sock in events:

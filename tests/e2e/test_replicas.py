@@ -80,9 +80,10 @@ def test_two_replicas_kill_one_and_bring_it_back(make_server):
     assert a.port != b.port
 
     # the blocking client: round robin, every request answered, both replicas serve
-    with Client([a.addr, b.addr], timeout_s=10, **OPTS) as bc:
-        assert isinstance(bc, ReplicaClient)
-        seen = [bc.infer("tabular", TAB, timeout_ms=5000)["endpoint"] for _ in range(20)]
+    bc = Client([a.addr, b.addr], timeout_s=10, **OPTS)
+    assert isinstance(bc, ReplicaClient)
+    assert bc.wait_ready(10, every=True) == {a.addr: "up", b.addr: "up"}
+    seen = [bc.infer("tabular", TAB, timeout_ms=5000)["endpoint"] for _ in range(20)]
     assert seen.count(a.addr) >= 5 and seen.count(b.addr) >= 5, seen
     base = {s.addr: s.health()["counts"]["requests"] for s in (a, b)}
 
@@ -131,6 +132,8 @@ def test_two_replicas_kill_one_and_bring_it_back(make_server):
         after = await infer_many(c0, 60, 8, "after")
         assert all(r["ok"] and r["endpoint"] == a.addr for r in after.values())
         assert c0.endpoints()[b.addr].startswith("down")
+        assert [bc.infer("tabular", TAB, timeout_ms=5000)["endpoint"] for _ in range(10)] == [a.addr] * 10
+        bc.close()  # the blocking client, connected to both before the kill, also uses only the survivor
 
         # 4. a server started again on b's port is used again within a bounded time
         b2 = make_server(**ENV)

@@ -276,3 +276,23 @@ def test_dns_changes_are_followed(fakes):
     assert first["ok"] and first["endpoint"] == f"tcp://127.0.0.1:{port1}"
     assert set(joined) == {f"tcp://127.0.0.1:{port1}", f"tcp://127.0.0.2:{port1}"}
     assert list(left) == [f"tcp://127.0.0.2:{port1}"]
+
+
+@pytest.mark.parametrize("retries", [0, 1])
+def test_blocking_client_answers_a_request_whose_replica_vanishes(fakes, retries):
+    gone, good = fakes("silent"), fakes("ok")
+    with Client([gone.addr, good.addr], timeout_s=30, retries=retries) as c:
+        assert set(c.wait_ready(5, every=True).values()) == {"up"}
+        threading.Timer(0.3, gone.close).start()  # vanishes while holding the request
+        t0 = time.monotonic()
+        reply = c.infer("m", {}, timeout_ms=20000, raise_on_error=False)  # round robin: first to `gone`
+        took = time.monotonic() - t0
+        after = [c.infer("m", {}, timeout_ms=2000)["endpoint"] for _ in range(4)]
+    assert gone.infers == 1
+    got = (reply["ok"], (reply.get("error") or {}).get("code"), reply.get("client_error"), reply["endpoint"],
+           reply.get("retried_from"))
+    assert got == {0: (False, "UNAVAILABLE", "lost", gone.addr, None),
+                   1: (True, None, None, good.addr, [gone.addr])}[retries]
+    assert gone.addr in (reply.get("error") or {}).get("message", gone.addr)  # the error names the replica
+    assert took < 15, took  # answered when the connection dropped, not at the 21 s deadline
+    assert after == [good.addr] * 4
