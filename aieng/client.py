@@ -5,6 +5,13 @@
 ``AsyncClient``: asyncio over a DEALER socket, many requests in flight,
 replies matched by ``id``.
 
+Given several endpoints (a list, or one string with commas: ``Client(["tcp://a:5555", "tcp://b:5555"])``),
+both become replica clients (``aieng/replica_sync.py``, ``aieng/replica_client.py``; docs/replicas.md):
+DNS names expand to every address, requests go to the ready replica with the fewest in flight, a replica
+that stops answering is skipped until a health probe finds it ready again, every request gets exactly one
+reply (a lost replica's in-flight requests get ``UNAVAILABLE`` naming it) and is retried once on another
+replica when its reply was lost.  One plain address keeps the single-socket clients below, unchanged.
+
 Inputs may be str (text), bytes (an encoded image), numbers, lists, or numpy
 arrays (sent as tensor maps).  Tensor maps in replies come back as numpy
 arrays.
@@ -62,7 +69,20 @@ def apply_curve(sock: zmq.Socket, curve: tuple[bytes, bytes, bytes] | None) -> N
         sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = curve
 
 
+def _replicas(addr: Any) -> bool:
+    from aieng.replicas import split_addrs
+
+    return split_addrs(addr or os.environ.get("AIENG_FRONTEND_ADDR", DEFAULT_ADDR)) is not None
+
+
 class Client:
+    def __new__(cls, addr: Any = None, *args: Any, **kw: Any) -> "Client":
+        if cls is Client and _replicas(addr):
+            from aieng.replica_sync import ReplicaClient
+
+            return super().__new__(ReplicaClient)
+        return super().__new__(cls)
+
     def __init__(self, addr: str | None = None, timeout_s: float = 30.0, dealer: bool = False,
                  curve: tuple[bytes, bytes, bytes] | None = None):
         self.addr = addr or os.environ.get("AIENG_FRONTEND_ADDR", DEFAULT_ADDR)
@@ -122,6 +142,13 @@ class Client:
 
 class AsyncClient:
     """Many requests in flight over one DEALER socket; replies in any order."""
+
+    def __new__(cls, addr: Any = None, *args: Any, **kw: Any) -> "AsyncClient":
+        if cls is AsyncClient and _replicas(addr):
+            from aieng.replica_client import AsyncReplicaClient
+
+            return super().__new__(AsyncReplicaClient)
+        return super().__new__(cls)
 
     def __init__(self, addr: str | None = None, timeout_s: float = 30.0,
                  curve: tuple[bytes, bytes, bytes] | None = None):
