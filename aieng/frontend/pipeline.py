@@ -136,10 +136,19 @@ class Pipeline:
             req = self.table.get(rid)
             if req is None or req.stage == POST:
                 continue
-            self.metrics.worker.labels(EXEC, "executor").inc()
+            self.credit_through(req)
             self.table.move(req, POST, req.post)
             self.table.pass_on(req, ref)
             self.fail_if_holder_died(req)
+
+    def credit_through(self, req: Request) -> None:
+        """Count the stages from ``req.stage`` up to postprocessing as finished by their workers.
+        Notices travel on different sockets and may overtake each other or the result; a late one is
+        skipped, so whoever moves the request past a stage credits it."""
+        if req.stage == PRE:
+            self.metrics.worker.labels(PRE, req.pre).inc()
+        if req.stage in (PRE, EXEC):
+            self.metrics.worker.labels(EXEC, "executor").inc()
 
     def fail_if_holder_died(self, req: Request) -> None:
         """A notice can arrive after the death of the worker it hands the request to: that worker's
@@ -171,6 +180,7 @@ class Pipeline:
 
     def account(self, req: Request, msg: m.Result, now: float) -> None:
         """Timings, counts, breaker, cache, metrics and drift for an answer about to be sent."""
+        self.credit_through(req)
         self.metrics.worker.labels(POST, req.post).inc()
         req.timing.update(stage_times(req, msg.trail, now))
         t = msg.trail

@@ -188,6 +188,25 @@ def test_notices_out_of_order(rig):
     assert (req.stage, req.holder, req.ref) == ("postprocess", "post-0", out)
     r.peers["post-0"].send(m.encode(result(task.rid)))
     assert r.answer()["ok"]
+    assert worker_counts(r) == {("preprocess", "pre-0"): 1, ("executor", "executor"): 1,
+                                ("postprocess", "post-0"): 1}
+
+
+def test_result_overtaking_both_notices_still_counts_every_stage(rig):
+    r, task = running(rig)
+    r.peers["post-0"].send(m.encode(result(task.rid)))
+    assert r.answer()["ok"]
+    r.peers["executor"].send(m.encode(m.Inferred([task.rid], [r.slot("executor")])))
+    r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [r.slot("pre-0")], [{}])))
+    r.settle()
+    assert worker_counts(r) == {("preprocess", "pre-0"): 1, ("executor", "executor"): 1,
+                                ("postprocess", "post-0"): 1}
+
+
+def worker_counts(r) -> dict:
+    return {(s.labels["role"], s.labels["worker"]): s.value
+            for fam in r.fe.metrics.registry.collect() if fam.name == "aieng_worker_requests"
+            for s in fam.samples if s.name.endswith("_total") and s.value}
 
 
 def test_failure_answers_once_and_frees_a_returned_slot(rig):
