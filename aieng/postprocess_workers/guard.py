@@ -17,8 +17,9 @@ and back (tens of microseconds).
 
 Neither way can stop a C call that holds the GIL: that stalls the whole worker, whose heartbeat then
 stops, and the supervisor kills and restarts it after ``AIENG_HANG_TIMEOUT_S`` (the last resort).
-Steps without a timeout run inline with nothing armed.  ``StepTimeout`` is a ``BaseException`` so an
-op's own ``except Exception`` cannot swallow it.
+Steps without a timeout run inline with nothing armed.  Limits are wall-clock time (what the
+request's deadline is made of), so time the process spends preempted by the OS counts too.
+``StepTimeout`` is a ``BaseException`` so an op's own ``except Exception`` cannot swallow it.
 """
 from __future__ import annotations
 
@@ -67,14 +68,24 @@ class _Helper(threading.Thread):
             return
 
 
+class _Alarm:
+    """The process's one SIGALRM handler and whether a step is armed (shared by every Guard)."""
+    armed = False
+    installed = False
+
+    @staticmethod
+    def handler(signum, frame) -> None:
+        if _Alarm.armed:  # a signal already pending when the step ended is ignored
+            _Alarm.armed = False
+            raise StepTimeout()
+
+
 class Guard:
     """Runs callables under a limit (see the module docstring); one per worker process."""
 
     def __init__(self) -> None:
         self.helper: _Helper | None = None
         self.abandoned: list[_Helper] = []
-        self.armed = False
-        self.installed = False
 
     def call(self, fn: Callable[[], Any], timeout_s: float, isolate: str) -> tuple[bool, Any]:
         """``(True, result)``, or ``(False, None)`` when the step ran past ``timeout_s``.
@@ -88,26 +99,21 @@ class Guard:
         return self._inline(fn, timeout_s)
 
     # -- inline: SIGALRM ------------------------------------------------------------
-    def _on_alarm(self, signum, frame) -> None:
-        if self.armed:  # a signal already pending when the step ended is ignored
-            self.armed = False
-            raise StepTimeout()
-
     def _inline(self, fn: Callable[[], Any], timeout_s: float) -> tuple[bool, Any]:
-        if not self.installed:
-            signal.signal(signal.SIGALRM, self._on_alarm)
-            self.installed = True
+        if not _Alarm.installed:
+            signal.signal(signal.SIGALRM, _Alarm.handler)
+            _Alarm.installed = True
         try:
-            self.armed = True
+            _Alarm.armed = True
             signal.setitimer(signal.ITIMER_REAL, timeout_s)
             try:
                 return True, fn()
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
-                self.armed = False
+                _Alarm.armed = False
         except StepTimeout:  # raised in the step, or in the finally above before it disarmed
             signal.setitimer(signal.ITIMER_REAL, 0)
-            self.armed = False
+            _Alarm.armed = False
             return False, None
 
     # -- thread: wait, abandon --------------------------------------------------------
