@@ -6,7 +6,8 @@ has its own time limit; ``db_boxes`` does what rapidocr's ``DBPostProcess`` (``c
 does: binarise the probability map, find contours, keep the boxes whose mean probability passes,
 unclip each (pyclipper), take the minimum-area rectangle and scale it to the page.  The unit tests
 compare them with those packages' own code on synthetic maps.  Values are per request (no batch
-axis).  OpenCV and pyclipper are imported on first use, so loading a spec does not load them.
+axis).  OpenCV and pyclipper are imported when a worker builds a chain that uses them (not when a
+spec is checked, so the supervisor does not load them, nor in the first request's time limit).
 """
 from __future__ import annotations
 
@@ -192,6 +193,9 @@ class DBBoxes(Op):
 
     def __init__(self, cfg: dict, spec):
         super().__init__(cfg, spec)
+        import cv2  # noqa: F401  loaded when the worker builds the chain, not in a request's time limit
+        import pyclipper  # noqa: F401
+
         self.inputs, self.outputs = [cfg["source"]], [cfg["boxes_output"], cfg["scores_output"]]
 
     def __call__(self, state, params, degraded=0):
