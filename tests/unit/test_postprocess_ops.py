@@ -243,7 +243,8 @@ def test_ctc_decode_matches_rapidocr():
 # ------------------------------------------------------------ the chain: time limits, skip, fail
 @register
 class SpinForever(Op):
-    """Test op: a pure-Python loop until stopped, counting in ``SpinForever.count``."""
+    """Test op: a pure-Python loop, counting in ``SpinForever.count``, for 10 s unless stopped (then it
+    returns, and the chain would report it ``ok``)."""
     NAME = "test_spin"
     PARAMS = (Param("output", "str", "spun"),)
     count = 0
@@ -253,8 +254,10 @@ class SpinForever(Op):
         self.inputs, self.outputs = [], [cfg["output"]]
 
     def __call__(self, state, params, degraded=0):
-        while True:
+        end = time.monotonic() + 10.0
+        while time.monotonic() < end:
             SpinForever.count += 1
+        return {self.outputs[0]: 1}
 
 
 def test_a_step_past_its_limit_is_skipped_and_so_is_what_needs_it():
@@ -262,9 +265,7 @@ def test_a_step_past_its_limit_is_skipped_and_so_is_what_needs_it():
                   {"op": "test_spin", "timeout_ms": 30, "on_timeout": "skip"},
                   {"op": "sigmoid", "name": "after", "source": "spun"},
                   {"op": "sigmoid", "name": "other", "source": "x", "output": "s"}])
-    t0 = time.monotonic()
     out = c.run({"x": np.zeros(3, np.float32)}, {})
-    assert time.monotonic() - t0 < 1.0
     assert set(out.values) == {"p", "s"} and out.skipped == ["test_spin", "after"]
     assert [(n, o) for n, _, o in out.steps] == [("softmax", "ok"), ("test_spin", "skipped"),
                                                   ("after", "skipped"), ("other", "ok")]
@@ -288,10 +289,9 @@ def test_guard_abandons_a_long_c_call_on_a_helper_thread():
 
     guard = Guard()
     img = np.ones((1500, 1500), np.float32)
-    t0 = time.monotonic()
-    ok, _ = guard.call(lambda: cv2.GaussianBlur(img, (0, 0), 40), 0.05, "thread")
-    assert not ok and time.monotonic() - t0 < 0.5
-    assert guard.running_abandoned() == 1
+    ok, _ = guard.call(lambda: cv2.GaussianBlur(img, (0, 0), 40), 0.05, "thread")  # seconds of C
+    assert not ok
+    assert guard.running_abandoned() == 1  # returned while the call still runs
     ok, value = guard.call(lambda: 42, 1.0, "thread")  # the next step gets a fresh helper
     assert (ok, value) == (True, 42)
     deadline = time.monotonic() + 60
