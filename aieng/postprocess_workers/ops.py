@@ -167,7 +167,8 @@ class Classify(Op):
 @register
 class TopK(Op):
     """The ``k`` best of a score vector as ``[[label, score], ...]``, best first (ties: lower index) ->
-    output.  ``k`` unset: the request's ``params.top_k``, and nothing when it has none."""
+    output.  ``k`` unset: the request's ``params.top_k``, and nothing when it has none or when the
+    model is degraded (level 1+ skips optional postprocessing, as ``classify`` does)."""
     NAME = "top_k"
     PARAMS = (SOURCE, Param("k", "int", None, "how many (default: params.top_k)", lo=1), LABELS,
               out_param("top_k"))
@@ -180,7 +181,7 @@ class TopK(Op):
 
     def __call__(self, state, params, degraded=0):
         k = self.cfg["k"] or _request_k(params)
-        if k is None:
+        if k is None or (not self.cfg["k"] and degraded >= 1):
             return {}
         return {self.output: _top_k(np.asarray(state[self.source]).reshape(-1), k, self.labels)}
 

@@ -43,6 +43,8 @@ def ref_module(wheel: str, member: str) -> types.ModuleType:
         pytest.skip(f"reference wheel {wheel} missing: pip download {wheel} --no-deps -d .cache/wheels")
     with zipfile.ZipFile(found[-1]) as zf:
         src = zf.read(member).decode()
+    for dep in re.findall(r"^(?:from|import) (\w+)", src, re.M):
+        pytest.importorskip(dep, reason=f"{dep} (imported by {member}) is not installed")
     mod = types.ModuleType("_reference_" + re.sub(r"\W", "_", member))
     sys.modules[mod.__name__] = mod  # dataclasses look their module up there
     for m in re.finditer(r"^from \.+[\w.]* import (.+)$", src, re.M):
@@ -143,6 +145,8 @@ def test_top_k_fixed_from_params_or_absent():
     asked = chain_of([{"op": "top_k", "source": "x", "output": "best"}])
     assert asked({"x": scores}, {"top_k": 1}) == {"best": [["1", pytest.approx(0.7)]]}
     assert asked({"x": scores}, {}) == {}
+    assert asked({"x": scores}, {"top_k": 1}, 1) == {}  # optional: skipped at degradation level 1
+    assert fixed({"x": scores}, {}, 1)["top_k"][0][0] == "b"  # a fixed k is not optional
     with pytest.raises(RequestError) as err:
         asked({"x": scores}, {"top_k": 0})
     assert err.value.code == INVALID_INPUT
