@@ -149,7 +149,7 @@ def build_each(specs: dict[str, ModelSpec], build: Callable[[ModelSpec], Any], l
 def check_postprocess(cfg_path: str, post: dict) -> None:
     """The postprocess chain's ops and parameters (``postprocess_workers.chain.parse``): an unknown op
     or a bad parameter fails the model's load with a message naming the step."""
-    from aieng.postprocess_workers.chain import parse  # imported late: it imports this module's users
+    from aieng.postprocess_workers.chain import parse  # here: importing model_repo alone loads no ops
 
     try:
         parse(post)
