@@ -14,7 +14,8 @@ has the sockets)::
     pre[i] -> FE            Preprocessed: who now holds which rows (a notice)
     executor -> post[j]     PostTask (slot in the executor's ring) | executor -> FE: Failed
     executor -> FE          Inferred: a notice per batch
-    post[j] -> FE           Result (outputs already msgpack-packed, the request's Trail) | Failed
+    post[j] -> FE           Result (outputs already msgpack-packed, the request's Trail, per-step
+                            timings) | Failed (a step that ran past its limit is named, with timings)
     FE -> client            response
 
 A :class:`Trail` travels with the request and collects each stage's clock
@@ -149,6 +150,9 @@ class Result:
     outputs: bytes  # a packed msgpack map: output name -> value
     trail: Trail = field(default_factory=Trail)
     confidence: float | None = None  # top class probability, for classifiers (a metric)
+    # postprocess steps: [name, microseconds, "ok" | "skipped"]; skipped ones (a timeout with
+    # ``on_timeout: skip``, or an input a skipped step should have made) are missing from the answer
+    steps: list = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -159,6 +163,7 @@ class Failed:
     code: str
     message: str
     ref: Optional[Ref] = None
+    steps: list = field(default_factory=list)  # from postprocessing: the steps run, the last "timeout"
 
 
 # -- supervisor <-> frontend control ------------------------------------------

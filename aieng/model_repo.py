@@ -146,6 +146,17 @@ def build_each(specs: dict[str, ModelSpec], build: Callable[[ModelSpec], Any], l
     return built, failed
 
 
+def check_postprocess(cfg_path: str, post: dict) -> None:
+    """The postprocess chain's ops and parameters (``postprocess_workers.chain.parse``): an unknown op
+    or a bad parameter fails the model's load with a message naming the step."""
+    from aieng.postprocess_workers.chain import parse  # here: importing model_repo alone loads no ops
+
+    try:
+        parse(post)
+    except ValueError as exc:
+        raise ModelError(f"{cfg_path}: {exc}") from None
+
+
 def _version_key(v: str):
     return (0, int(v), v) if v.isdigit() else (1, 0, v)
 
@@ -167,7 +178,12 @@ def load_spec(name: str, version: str, path: str) -> ModelSpec:
         return val
 
     inputs, outputs = need("inputs", list), need("outputs", list)
-    pre, post = need("preprocess", dict), need("postprocess", dict)
+    pre = need("preprocess", dict)
+    post = cfg.get("postprocess")
+    if isinstance(post, list):  # the chain written as the list of its steps
+        post = {"steps": post}
+    if not isinstance(post, dict):
+        raise ModelError(f"{cfg_path}: 'postprocess' must be a mapping or a list of steps")
     for item in inputs:
         if (not isinstance(item, dict) or not isinstance(item.get("name"), str)
                 or item.get("kind") not in INPUT_KINDS):
@@ -176,8 +192,9 @@ def load_spec(name: str, version: str, path: str) -> ModelSpec:
         if (not isinstance(item, dict) or not isinstance(item.get("name"), str)
                 or item.get("kind") not in OUTPUT_KINDS):
             raise ModelError(f"{cfg_path}: each output needs a name and a kind in {OUTPUT_KINDS}")
-    if not isinstance(pre.get("type"), str) or not isinstance(post.get("type"), str):
-        raise ModelError(f"{cfg_path}: preprocess and postprocess need a 'type'")
+    if not isinstance(pre.get("type"), str):
+        raise ModelError(f"{cfg_path}: preprocess needs a 'type'")
+    check_postprocess(cfg_path, post)
     batching = {"max_batch_size": 8, "max_wait_ms": 2.0, "max_padding_waste": 0.3}
     if not isinstance(cfg.get("batching") or {}, dict):
         raise ModelError(f"{cfg_path}: 'batching' must be a mapping")

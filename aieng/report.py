@@ -2,7 +2,9 @@
 
 Asks the frontend's ``stats`` op for per-request stage durations and prints,
 per model, p50/p95/p99/mean and each stage's share of the total, plus the
-batch-size distribution and padding waste.  ``--since S`` covers the last S
+batch-size distribution and padding waste, and each postprocess step's time
+(a breakdown of ``postprocess``) with how often it ran past its limit:
+``skipped`` (answered without it) and ``timeout`` (the request failed).  ``--since S`` covers the last S
 seconds, ``--reset`` starts a new window after reading, ``--png FILE`` draws a
 stacked bar per model (mean microseconds per stage).
 """
@@ -27,6 +29,11 @@ def fetch(addr: str | None, since_s: float | None = None, reset: bool = False,
 def render(stats: dict) -> str:
     lines = []
     for model, data in sorted(stats.get("models", {}).items()):
+        if not data["requests"]:  # every request of the window failed at a postprocess step
+            lines.append(f"## {model}: no answered requests")
+            lines.append("")
+            lines.extend(render_steps(data.get("steps_us", {})))
+            continue
         lines.append(f"## {model}: {data['requests']} requests over {data['seconds']:.1f}s, "
                      f"mean batch {data['mean_batch']:.2f}, padding waste {100 * data['padding_waste']:.1f}%")
         lines.append("")
@@ -41,9 +48,22 @@ def render(stats: dict) -> str:
         lines.append("")
         lines.append(f"batch sizes (requests per size): {sizes}")
         lines.append("")
+        lines.extend(render_steps(data.get("steps_us", {})))
     if not lines:
         lines.append("no answered requests in this window")
     return "\n".join(lines)
+
+
+def render_steps(steps: dict) -> list[str]:
+    """The postprocess steps' table: time per run, and the runs past the step's limit."""
+    if not steps:
+        return []
+    lines = ["| postprocess step | runs | p50 ms | p95 ms | mean ms | skipped | timeout |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, s in steps.items():
+        lines.append(f"| {name} | {s['runs']} | {s['p50'] / 1000:.3f} | {s['p95'] / 1000:.3f} | "
+                     f"{s['mean'] / 1000:.3f} | {s['skipped']} | {s['timeout']} |")
+    return lines + [""]
 
 
 def plot(stats: dict, path: str) -> None:
@@ -52,7 +72,7 @@ def plot(stats: dict, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    models = sorted(stats.get("models", {}))
+    models = sorted(m for m, data in stats.get("models", {}).items() if data["requests"])
     fig, ax = plt.subplots(figsize=(10, 1.6 + 0.8 * max(1, len(models))))
     for row, model in enumerate(models):
         left = 0.0

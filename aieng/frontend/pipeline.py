@@ -169,8 +169,11 @@ class Pipeline:
         except Exception:
             log.exception("bookkeeping of an answer failed")
         extra: dict[str, Any] = {"batch": msg.trail.batch, "trace_id": req.trace}
-        if req.degraded:
-            extra["degraded"] = req.degraded
+        skipped = [step[0] for step in msg.steps if step[2] == "skipped"]
+        if req.degraded or skipped:  # a step skipped at its time limit: level 1, optional work left out
+            extra["degraded"] = max(req.degraded, 1 if skipped else 0)
+        if skipped:
+            extra["skipped_steps"] = skipped
         timing = req.timing or {"total": int((now - req.received) * 1e6)}
         body = p.result_body(req.client_id, req.model, req.version, msg.outputs, timing, extra)
         self.reply(req.envelope, body)
@@ -183,11 +186,14 @@ class Pipeline:
         self.credit_through(req)
         self.metrics.worker.labels(POST, req.post).inc()
         req.timing.update(stage_times(req, msg.trail, now))
+        for name, us, _ in msg.steps:  # a breakdown of "postprocess", not more stages of the total
+            req.timing[f"postprocess.{name}"] = int(us)
+        self.stats.add_steps(req.model, msg.steps)
         t = msg.trail
         req.batch, req.padded, req.seq_len = t.batch, t.padded, t.seq_len
         self.counts.ok += 1
         self.breakers.success(req.key)
-        if req.cache_key is not None:
+        if req.cache_key is not None and all(step[2] == "ok" for step in msg.steps):  # never a partial one
             self.cache.put(req.cache_key, msg.outputs)
         # metrics before the reply, so a client that reads /metrics after its answer sees it
         self.metrics.answered(req.model, req.version, req.timing, req.batch, msg.confidence)
@@ -201,6 +207,8 @@ class Pipeline:
             return
         if msg.ref is not None:
             self.table.take(req, msg.ref)
+        if msg.steps:  # a postprocess step ran past its limit: the report counts it
+            self.stats.add_steps(req.model, msg.steps)
         self.metrics.worker.labels(req.stage, ident.decode()).inc()
         self.fail(msg.rid, msg.code, msg.message, model_fault=ident == b"executor" and msg.code == p.INTERNAL)
 

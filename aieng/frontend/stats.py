@@ -19,6 +19,12 @@ of stage durations (microseconds) that add up to its total:
 Rows live in a bounded window per model (oldest dropped first); ``summary``
 gives p50/p95/p99/mean and each stage's share of the total, the batch-size
 distribution and the padding waste over a chosen time window.
+
+Postprocess steps (a model's chain, ``postprocess_workers/chain.py``) are kept
+apart, per model and step: the time of each run and whether it ran past its
+limit (``skipped``: answered without it; ``timeout``: the request failed), also
+for requests that failed that way.  They break ``postprocess`` down; they do
+not add to the total.
 """
 from __future__ import annotations
 
@@ -54,11 +60,54 @@ class _Ring:
         return self.t[:k][sel], self.stages[:k][sel], self.meta[:k][sel]
 
 
+OUTCOMES = ("ok", "skipped", "timeout")
+STEP_WINDOW = 4096
+
+
+class _StepRing:
+    """A window of one step's runs: time, microseconds, outcome (an index into ``OUTCOMES``)."""
+
+    def __init__(self, window: int):
+        self.t = np.zeros(window, dtype=np.float64)
+        self.row = np.zeros((window, 2), dtype=np.int64)
+        self.n = 0
+
+    def add(self, t: float, us: int, outcome: str) -> None:
+        i = self.n % len(self.t)
+        self.t[i] = t
+        self.row[i] = (us, OUTCOMES.index(outcome) if outcome in OUTCOMES else 0)
+        self.n += 1
+
+    def summary(self, cut: float) -> dict[str, Any] | None:
+        k = min(self.n, len(self.t))
+        rows = self.row[:k][self.t[:k] >= cut]
+        if len(rows) == 0:
+            return None
+        us = rows[:, 0].astype(np.float64)
+        p50, p95 = np.percentile(us, (50, 95))
+        counts = {name: int((rows[:, 1] == i).sum()) for i, name in enumerate(OUTCOMES)}
+        return {"runs": int(len(rows)), "p50": float(p50), "p95": float(p95), "mean": float(us.mean()),
+                "skipped": counts["skipped"], "timeout": counts["timeout"]}
+
+
 class StageStats:
     def __init__(self, window: int = WINDOW):
         self.window = window
         self.rings: dict[str, _Ring] = {}
+        self.steps: dict[str, dict[str, _StepRing]] = {}  # model -> step name -> its runs
         self.since = time.time()
+
+    def add_steps(self, model: str, steps: list) -> None:
+        """``[name, us, outcome]`` per postprocess step of one request (answered or failed)."""
+        now = time.time()
+        per_model = self.steps.setdefault(model, {})
+        for name, us, outcome in steps:
+            ring = per_model.get(name)
+            if ring is None:
+                if len(per_model) >= 64:  # a chain has at most 32 steps; never grow without bound
+                    continue
+                ring = per_model[name] = _StepRing(STEP_WINDOW)
+            ring.add(now, int(us), outcome)
 
     def add(self, model: str, stages: dict[str, int], batch: int, seq_len: int, padded: int) -> None:
         ring = self.rings.get(model)
@@ -68,6 +117,7 @@ class StageStats:
 
     def reset(self) -> None:
         self.rings.clear()
+        self.steps.clear()
         self.since = time.time()
 
     def summary(self, since_s: float | None = None) -> dict[str, Any]:
@@ -96,4 +146,11 @@ class StageStats:
                 "batch_sizes": {str(int(s)): int(c) for s, c in zip(sizes, counts)},  # protocol: string keys
                 "mean_batch": float(batches.mean()), "padding_waste": waste,
             }
+        for model, per_step in self.steps.items():
+            steps = {name: ring.summary(cut) for name, ring in per_step.items()}
+            steps = {name: v for name, v in steps.items() if v is not None}
+            if steps and model in out["models"]:
+                out["models"][model]["steps_us"] = steps
+            elif steps:  # every request of the window failed at a step: still show where
+                out["models"][model] = {"requests": 0, "steps_us": steps}
         return out

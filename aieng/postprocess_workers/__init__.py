@@ -1,4 +1,1 @@
-"""Postprocessing role: raw outputs in shared memory -> packed answers."""
-from aieng.postprocess_workers.ops import OPS
-
-__all__ = ["OPS"]
+"""Postprocessing role: raw outputs in shared memory -> packed answers, through each model's chain of ops."""

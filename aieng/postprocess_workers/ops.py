@@ -1,10 +1,11 @@
-"""Raw model outputs -> answers.  One class per model.yaml ``postprocess.type``.
+"""The postprocess op registry: every op a chain step can name, each small, with declared parameters.
 
-Each takes the request's output views (read in place from shared memory) and
-the request ``params`` and the model's degradation level at admission (a
-typed field set by the frontend, never by a client: level 1+ skips optional
-steps such as ``top_k``) and returns ``{output name: value}`` where a value is a
-str, a number, a list, or a numpy array (sent as a tensor map).
+This module holds the general ops and imports the others (``detection``: box decoding, non-maximum
+suppression, DB text boxes; ``ctc``: CTC decoding) so importing it fills ``schema.REGISTRY``.  Each
+op's docstring says what it reads and writes; the table in docs/models.md lists them all.  Ops take
+the request's values as read-only views (the model's outputs lie in shared memory) and never modify
+them.  ``OPS`` maps the old single-op ``type`` names to the chain builder, for the callers that
+build a model's postprocessing by that name (the baseline server, the in-process bench).
 """
 from __future__ import annotations
 
@@ -13,87 +14,235 @@ from typing import Any
 
 import numpy as np
 
-from aieng.model_repo import ModelSpec
 from aieng.onnx_meta import read_metadata
+from aieng.postprocess_workers.schema import Op, Param, register
 from aieng.protocol import INVALID_INPUT, RequestError
 
+SOURCE = Param("source", "str", doc="the value the op reads")
 
-class MeanPool:
-    """Mean over the token axis (the executor already cut padding), optional L2 norm."""
 
-    def __init__(self, spec: ModelSpec):
-        cfg = spec.postprocess
-        self.source, self.output = cfg["source"], cfg.get("output", "embedding")
-        self.normalize = bool(cfg.get("normalize", True))
+def out_param(default: Any = None) -> Param:
+    return Param("output", "str", default, "the name it writes (default: " + (default or "its source") + ")")
 
-    def __call__(self, outs: dict[str, np.ndarray], params: dict, degraded: int = 0) -> dict[str, Any]:
-        x = outs[self.source]
+
+LABELS = Param("labels", "any", None,
+               "{file: labels.json} (a JSON list), {metadata: KEY} (lines of an ONNX metadata property) "
+               "or a list; none: the class index as a string")
+
+
+def load_labels(labels: Any, spec) -> list[str] | None:
+    """Class labels from a file, the ONNX metadata, or given inline (see ``LABELS``)."""
+    if not labels:
+        return None
+    if isinstance(labels, list):
+        return [str(x) for x in labels]
+    if isinstance(labels, dict) and isinstance(labels.get("file"), str):
+        with open(spec.file(labels["file"]), encoding="utf-8") as fh:
+            return [str(x) for x in json.load(fh)]
+    if isinstance(labels, dict) and isinstance(labels.get("metadata"), str):
+        return read_metadata(spec.onnx_path)[labels["metadata"]].splitlines()
+    raise ValueError("'labels' must be {file: ...}, {metadata: ...} or a list")
+
+
+def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Numerically stable softmax in float64."""
+    x = np.asarray(x, np.float64)
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    """Logistic function in float64, stable for large |x|."""
+    x = np.asarray(x, np.float64)
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+class _OneToOne(Op):
+    """An op that reads ``source`` and writes ``output`` (default: overwrite ``source``)."""
+
+    def __init__(self, cfg: dict, spec):
+        super().__init__(cfg, spec)
+        self.source = cfg["source"]
+        self.output = cfg.get("output") or self.source
+        self.inputs, self.outputs = [self.source], [self.output]
+
+
+@register
+class Softmax(_OneToOne):
+    """softmax(source) along ``axis`` -> output (float32)."""
+    NAME = "softmax"
+    PARAMS = (SOURCE, out_param(), Param("axis", "int", -1, "the axis normalised"))
+
+    def __call__(self, state, params, degraded=0):
+        return {self.output: softmax(state[self.source], self.cfg["axis"]).astype(np.float32)}
+
+
+@register
+class Sigmoid(_OneToOne):
+    """sigmoid(source) elementwise -> output (float32)."""
+    NAME = "sigmoid"
+    PARAMS = (SOURCE, out_param())
+
+    def __call__(self, state, params, degraded=0):
+        return {self.output: sigmoid(state[self.source]).astype(np.float32)}
+
+
+@register
+class L2Normalize(_OneToOne):
+    """source / ||source|| along the last axis (a zero vector stays zero) -> output (float32)."""
+    NAME = "l2_normalize"
+    PARAMS = (SOURCE, out_param())
+
+    def __call__(self, state, params, degraded=0):
+        x = np.asarray(state[self.source], np.float64)
+        norm = np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+        return {self.output: (x / norm).astype(np.float32)}
+
+
+@register
+class MeanPool(_OneToOne):
+    """Mean over the token axis of ``[tokens, dim]`` (the executor already cut padding, so no mask),
+    optionally L2-normalised -> output (float32)."""
+    NAME = "mean_pool"
+    PARAMS = (SOURCE, out_param("embedding"), Param("normalize", "bool", True, "L2-normalise the mean"))
+
+    def __init__(self, cfg: dict, spec):
+        super().__init__({**cfg, "output": cfg.get("output") or "embedding"}, spec)
+
+    def __call__(self, state, params, degraded=0):
+        x = state[self.source]
         v = x.mean(axis=0, dtype=np.float64) if x.ndim > 1 else x.astype(np.float64)
-        if self.normalize:
+        if self.cfg["normalize"]:
             v = v / max(float(np.linalg.norm(v)), 1e-12)
         return {self.output: v.astype(np.float32)}
 
 
-def _softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max())
-    return e / e.sum()
+def _top_k(scores: np.ndarray, k: int, labels: list[str] | None) -> list:
+    order = np.argsort(-scores, kind="stable")[:k]  # ties: the lower index first
+    return [[labels[i] if labels else str(i), float(scores[i])] for i in order]
 
 
-class Classify:
-    """Scores -> label (and optional top-k), labels from a file or ONNX metadata."""
+def _request_k(params: dict) -> int | None:
+    k = params.get("top_k")
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+        raise RequestError(INVALID_INPUT, "params.top_k must be a positive integer")
+    return k
 
-    def __init__(self, spec: ModelSpec):
-        cfg = spec.postprocess
-        self.source = cfg["source"]
-        self.activation = cfg.get("activation", "none")
-        if self.activation not in ("none", "softmax", "sigmoid"):
-            raise ValueError(f"{spec.key}: unknown activation {self.activation!r}")
-        self.label_output = cfg.get("label_output", "label")
-        self.scores_output = cfg.get("scores_output", "scores")
-        labels = cfg.get("labels") or {}
-        if "file" in labels:
-            with open(spec.file(labels["file"]), encoding="utf-8") as fh:
-                self.labels = [str(x) for x in json.load(fh)]
-        elif "metadata" in labels:
-            self.labels = read_metadata(spec.onnx_path)[labels["metadata"]].splitlines()
-        else:
-            self.labels = None
+
+@register
+class Classify(Op):
+    """Scores -> best label and scores, and ``top_k`` when the request asks (``params.top_k``; skipped at
+    degradation level 1+).  The single-op form of the demo classifiers; also reports ``confidence``."""
+    NAME = "classify"
+    PARAMS = (SOURCE, Param("activation", "str", "none", "applied to the scores first",
+                            choices=("none", "softmax", "sigmoid")), LABELS,
+              Param("label_output", "str", "label"), Param("scores_output", "str", "scores"))
+
+    def __init__(self, cfg: dict, spec):
+        super().__init__(cfg, spec)
+        self.source, self.activation = cfg["source"], cfg["activation"]
+        self.label_output, self.scores_output = cfg["label_output"], cfg["scores_output"]
+        self.labels = load_labels(cfg["labels"], spec)
+        self.inputs, self.outputs = [self.source], [self.label_output, self.scores_output, "top_k"]
 
     def confidence(self, result: dict[str, Any]) -> float:
         return float(np.max(result[self.scores_output]))
 
-    def __call__(self, outs: dict[str, np.ndarray], params: dict, degraded: int = 0) -> dict[str, Any]:
-        scores = outs[self.source].reshape(-1).astype(np.float32)
+    def __call__(self, state, params, degraded=0):
+        scores = state[self.source].reshape(-1).astype(np.float32)
         if self.activation == "softmax":
-            scores = _softmax(scores.astype(np.float64)).astype(np.float32)
+            scores = softmax(scores).astype(np.float32)
         elif self.activation == "sigmoid":
-            x = scores.astype(np.float64)
-            e = np.exp(-np.abs(x))  # stable for large |x|
-            scores = np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e)).astype(np.float32)
+            scores = sigmoid(scores).astype(np.float32)
         best = int(np.argmax(scores))
-        result: dict[str, Any] = {
-            self.label_output: self.labels[best] if self.labels else str(best),
-            self.scores_output: scores,
-        }
-        top_k = params.get("top_k")
-        if top_k is not None and degraded >= 1:
-            top_k = None  # degradation level 1: optional postprocessing is skipped
-        if top_k is not None:
-            if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-                raise RequestError(INVALID_INPUT, "params.top_k must be a positive integer")
-            order = np.argsort(-scores, kind="stable")[:top_k]
-            result["top_k"] = [[self.labels[i] if self.labels else str(i), float(scores[i])] for i in order]
+        result: dict[str, Any] = {self.label_output: self.labels[best] if self.labels else str(best),
+                                  self.scores_output: scores}
+        k = _request_k(params)
+        if k is not None and degraded < 1:  # degradation level 1: optional postprocessing is skipped
+            result["top_k"] = _top_k(scores, k, self.labels)
         return result
 
 
-class Passthrough:
-    """Every model output as a tensor map."""
+@register
+class TopK(Op):
+    """The ``k`` best of a score vector as ``[[label, score], ...]``, best first (ties: lower index) ->
+    output.  ``k`` unset: the request's ``params.top_k``, and nothing when it has none or when the
+    model is degraded (level 1+ skips optional postprocessing, as ``classify`` does)."""
+    NAME = "top_k"
+    PARAMS = (SOURCE, Param("k", "int", None, "how many (default: params.top_k)", lo=1), LABELS,
+              out_param("top_k"))
 
-    def __init__(self, spec: ModelSpec):
-        pass
+    def __init__(self, cfg: dict, spec):
+        super().__init__(cfg, spec)
+        self.source, self.output = cfg["source"], cfg["output"] or "top_k"
+        self.labels = load_labels(cfg["labels"], spec)
+        self.inputs, self.outputs = [self.source], [self.output]
 
-    def __call__(self, outs: dict[str, np.ndarray], params: dict, degraded: int = 0) -> dict[str, Any]:
-        return {k: np.array(v) for k, v in outs.items()}
+    def __call__(self, state, params, degraded=0):
+        k = self.cfg["k"] or _request_k(params)
+        if k is None or (not self.cfg["k"] and degraded >= 1):
+            return {}
+        return {self.output: _top_k(np.asarray(state[self.source]).reshape(-1), k, self.labels)}
 
 
-OPS = {"mean_pool": MeanPool, "classify": Classify, "tensor": Passthrough}
+@register
+class Threshold(Op):
+    """Keeps the rows whose ``source`` score is >= ``min`` (the row's best score when ``source`` is
+    ``[N, C]``), in ``source`` and every value named in ``apply_to`` (same first axis)."""
+    NAME = "threshold"
+    PARAMS = (SOURCE, Param("min", "float", doc="the lowest score kept"),
+              Param("apply_to", "names", None, "values filtered alongside"))
+
+    def __init__(self, cfg: dict, spec):
+        super().__init__(cfg, spec)
+        self.inputs = [cfg["source"]] + list(cfg["apply_to"] or [])
+        self.outputs = list(self.inputs)
+
+    def __call__(self, state, params, degraded=0):
+        scores = np.asarray(state[self.cfg["source"]])
+        best = scores.max(axis=-1) if scores.ndim > 1 else scores
+        keep = best >= self.cfg["min"]
+        return {name: np.asarray(state[name])[keep] for name in self.inputs}
+
+
+@register
+class LabelMap(Op):
+    """Class indices (an int or an int array) -> their labels (a str or a list of str) -> output."""
+    NAME = "label_map"
+    PARAMS = (SOURCE, Param("labels", "any", doc=LABELS.doc), out_param("labels"))
+
+    def __init__(self, cfg: dict, spec):
+        super().__init__(cfg, spec)
+        self.labels = load_labels(cfg["labels"], spec)
+        if not self.labels:
+            raise ValueError("'labels' is empty")
+        self.output = cfg["output"] or "labels"
+        self.inputs, self.outputs = [cfg["source"]], [self.output]
+
+    def __call__(self, state, params, degraded=0):
+        idx = np.asarray(state[self.cfg["source"]]).astype(np.int64)
+        if idx.ndim == 0:
+            return {self.output: self.labels[int(idx)]}
+        return {self.output: [self.labels[int(i)] for i in idx.reshape(-1)]}
+
+
+@register
+class Passthrough(Op):
+    """Every value so far (at the start: every model output) as a tensor map, copied out of shared
+    memory."""
+    NAME = "tensor"
+    PARAMS = ()
+
+    def __init__(self, cfg: dict, spec):
+        super().__init__(cfg, spec)
+        self.inputs, self.outputs = [], []
+
+    def __call__(self, state, params, degraded=0):
+        return {k: np.array(v) for k, v in state.items()}
+
+
+from aieng.postprocess_workers import ctc, detection  # noqa: E402,F401  (they register their ops)
+from aieng.postprocess_workers.chain import Chain  # noqa: E402
+
+OPS = {"mean_pool": Chain, "classify": Chain, "tensor": Chain}  # the single-op form, built as a chain

@@ -1,8 +1,12 @@
 """The postprocess worker process: ``PostTask`` in (pushed by the executor), ``Result``/``Failed`` out.
 
-Reads the request's outputs in place from the executor's ring, computes the
-answer with the model's op, frees the slot, and sends the outputs back to the
-frontend already msgpack-packed so the frontend only splices them in.
+Reads the request's outputs in place from the executor's ring, runs the
+model's chain of steps (``chain``; each step under its own time limit,
+``guard``), frees the slot, and sends the outputs back to the frontend already
+msgpack-packed so the frontend only splices them in, with each step's time.
+A step that runs past its limit is stopped or abandoned and the worker goes
+on serving: the request is answered without that step (``on_timeout: skip``,
+listed in the Result's ``steps``) or fails TIMEOUT naming it (``fail``).
 """
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ from aieng import model_repo, shm
 from aieng.addresses import post_addr
 from aieng.config import Config
 from aieng.model_repo import ModelSpec
-from aieng.postprocess_workers.ops import OPS
+from aieng.postprocess_workers.chain import Chain, StepTimedOut
 from aieng.protocol import INTERNAL, UNAVAILABLE, RequestError, encode_tensor, pack
 from aieng.worker_runtime import HubWorker
 
@@ -36,8 +40,7 @@ class PostprocessWorker(HubWorker):
         super().__init__(cfg, worker, log)
         # Each model's op on its own: one that fails (e.g. labels read from a corrupt model file)
         # is recorded in ``failed`` and its requests get UNAVAILABLE; the other models serve.
-        self.ops, self.failed = model_repo.build_each(specs, lambda s: OPS[s.postprocess["type"]](s),
-                                                      log, cfg.strict_model_load)
+        self.ops, self.failed = model_repo.build_each(specs, Chain, log, cfg.strict_model_load)
         self.rings = shm.RingCache()
         self.bind_inbox(post_addr(cfg.runtime_dir, worker))  # the executor pushes PostTasks here
         self.handlers[m.PostTask] = self.handle
@@ -54,10 +57,13 @@ class PostprocessWorker(HubWorker):
         if not ring.holds(ref.slot, ref.gen):  # answered already (a postprocess worker died): skip
             return
         try:
-            op = self.op(f"{task.model}:{task.version}")
-            result = op(ring.views(ref.slot, ref.tensors), task.params, task.degraded)
-            confidence = op.confidence(result) if hasattr(op, "confidence") else None
-            packed = pack({k: to_wire(v) for k, v in result.items()})
+            chain = self.op(f"{task.model}:{task.version}")
+            outcome = chain.run(ring.views(ref.slot, ref.tensors), task.params, task.degraded)
+            packed = pack({k: to_wire(v) for k, v in outcome.values.items()})
+        except StepTimedOut as exc:
+            self.log.warning("%s:%s: %s", task.model, task.version, exc.message, extra={"trace": task.trace})
+            self.send(m.Failed(task.rid, exc.code, exc.message, None, exc.steps))
+            return
         except RequestError as exc:
             self.fail(task.rid, exc.code, exc.message)
             return
@@ -70,7 +76,7 @@ class PostprocessWorker(HubWorker):
         task.trail.post_started, task.trail.post_us = started, (time.perf_counter_ns() - t0) // 1000
         self.log.debug("postprocessed %s:%s (%d us)", task.model, task.version, task.trail.post_us,
                        extra={"trace": task.trace})
-        self.send(m.Result(task.rid, packed, task.trail, confidence))
+        self.send(m.Result(task.rid, packed, task.trail, outcome.confidence, outcome.steps))
 
     def info(self) -> dict:
         return {"failed": dict(self.failed)}

@@ -1,10 +1,13 @@
-"""Unit tests for aieng/postprocess_workers/ops.py: raw outputs -> answers."""
+"""Unit tests for the demo models' postprocessing (the single-op form, built as a one-step chain)."""
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
 
-from aieng.postprocess_workers.ops import OPS, Classify, MeanPool, Passthrough
+from aieng.postprocess_workers.chain import Chain
+from aieng.postprocess_workers.ops import OPS
 from aieng.protocol import INVALID_INPUT, RequestError
 from tests.unit.demo import MODELS, ROOT, needs_demo_models, spec  # noqa: F401
 from tests.unit.demo import spec_with as _spec_with
@@ -21,10 +24,19 @@ def np_softmax(x):
     return e / e.sum()
 
 
-def test_ops_registry():
-    assert OPS == {"mean_pool": MeanPool, "classify": Classify, "tensor": Passthrough}
+def MeanPool(s):  # noqa: N802 - the old class names, now one-step chains
+    return Chain(s)
+
+
+Classify = Passthrough = MeanPool
+
+
+def test_single_op_form_is_a_one_step_chain():
+    assert OPS == {"mean_pool": Chain, "classify": Chain, "tensor": Chain}
     for name in ("minilm", "orientation", "tabular"):
-        assert spec(name).postprocess["type"] in OPS
+        chain = OPS[spec(name).postprocess["type"]](spec(name))
+        assert [(s["name"], s["op"], s["timeout_ms"]) for s, _ in chain.steps] == \
+            [(spec(name).postprocess["type"],) * 2 + (0.0,)]
 
 
 # ------------------------------------------------------------ mean pool
@@ -72,7 +84,7 @@ def test_mean_pool_reads_views_without_modifying_them():
 # ------------------------------------------------------------ classify
 def test_classify_labels_from_onnx_metadata():
     op = Classify(spec("orientation"))
-    assert op.labels == ["0", "90", "180", "270"]
+    assert op.steps[0][1].labels == ["0", "90", "180", "270"]
     scores = np.array([[0.1, 0.7, 0.15, 0.05]], np.float32)  # the executor hands one row as [1, 4]
     out = op({"fetch_name_0": scores}, {})
     assert set(out) == {"label", "scores"}
@@ -83,7 +95,7 @@ def test_classify_labels_from_onnx_metadata():
 
 def test_classify_labels_from_file():
     op = Classify(spec("tabular"))
-    assert op.labels == ["Adelie", "Chinstrap", "Gentoo"]
+    assert op.steps[0][1].labels == ["Adelie", "Chinstrap", "Gentoo"]
     out = op({"probabilities": np.array([0.1, 0.2, 0.7], np.float32)}, {})
     assert out["label"] == "Gentoo" and set(out) == {"label", "probabilities"}
 
@@ -149,7 +161,7 @@ def out_label(op, x):
 
 
 def test_classify_unknown_activation():
-    with pytest.raises(ValueError, match="activation"):
+    with pytest.raises(ValueError, match="step 1 'classify'.*activation"):
         Classify(spec_with("orientation", activation="relu"))
 
 
@@ -162,7 +174,7 @@ def test_classify_without_labels_uses_indices():
 
 # ------------------------------------------------------------ passthrough
 def test_passthrough_copies_every_output():
-    op = Passthrough(spec("tabular"))
+    op = Passthrough(dataclasses.replace(spec("tabular"), postprocess={"type": "tensor"}))
     a = np.arange(4, dtype=np.float32)
     out = op({"a": a, "b": np.ones((2, 2), np.int64)}, {})
     assert set(out) == {"a", "b"}

@@ -1,0 +1,179 @@
+"""A model's postprocessing as an ordered chain of steps, each with its own time limit.
+
+``model.yaml`` gives either the chain or, as before, one op (``postprocess: {type: classify, ...}``
+becomes a one-step chain named after its op)::
+
+    postprocess:
+      steps:
+        - {op: softmax, source: logits, output: probs, timeout_ms: 5, on_timeout: fail}
+        - {op: top_k, source: probs, k: 3, timeout_ms: 5, on_timeout: skip}
+      answer: [probs, top_k]         # optional: default, every value a step wrote, in order
+
+(``postprocess:`` may also be the list of steps itself.)  Step keys: ``op`` (required), ``name``
+(default: the op; unique), ``timeout_ms`` (0: no limit), ``on_timeout`` (``fail``, default: the
+request gets TIMEOUT naming the step; ``skip``: the answer goes out without the step's values and
+says so), ``isolate`` (``inline`` or ``thread``, default per op; see ``guard``); every other key is
+the op's own parameter.  ``parse`` checks all of it when a spec is loaded (``model_repo``) and its
+ValueError names the step, so a bad chain fails the model's load.
+
+A run starts from the model's outputs.  A step whose inputs are missing because an earlier step was
+skipped is skipped as well.  Each step reports ``[name, microseconds, outcome]`` with outcome ``ok``,
+``skipped`` (ran past its limit with ``skip``, or its input was skipped) or ``timeout`` (ran past its
+limit with ``fail``); those go into ``timing_us`` and the timing report.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from aieng.postprocess_workers.guard import Guard
+from aieng.postprocess_workers.schema import REGISTRY, check_params
+from aieng.protocol import TIMEOUT, RequestError
+
+STEP_KEYS = ("op", "name", "timeout_ms", "on_timeout", "isolate")
+MAX_STEPS = 32
+
+
+def parse(post: Any) -> dict[str, Any]:
+    """The chain of a ``postprocess`` section, checked: ``{"steps": [...], "answer": [...] | None}``.
+
+    Each step is ``{name, op, timeout_ms, on_timeout, isolate, params}`` with ``params`` checked
+    against the op's declaration.  Raises ValueError naming the step.
+    """
+    from aieng.postprocess_workers import ops  # noqa: F401  (fills the registry)
+
+    answer = None
+    if isinstance(post, dict) and "type" in post:  # the single-op form
+        if not isinstance(post["type"], str):
+            raise ValueError("postprocess.type must be a string")
+        raw = [{"op": post["type"], **{k: v for k, v in post.items() if k != "type"}}]
+    elif isinstance(post, dict):
+        if "steps" not in post:
+            raise ValueError("postprocess needs a 'type' (one op) or 'steps' (a chain)")
+        unknown = set(post) - {"steps", "answer"}
+        if unknown:
+            raise ValueError(f"postprocess: unknown key(s) {sorted(unknown)} (expected steps, answer)")
+        raw, answer = post.get("steps"), post.get("answer")
+        if answer is not None and not (isinstance(answer, list) and all(isinstance(a, str) for a in answer)):
+            raise ValueError("postprocess.answer must be a list of value names")
+    else:
+        raw = post
+    if not isinstance(raw, list) or not raw or len(raw) > MAX_STEPS:
+        raise ValueError(f"postprocess needs a 'type' or a list of 1..{MAX_STEPS} steps")
+    steps, names = [], set()
+    for i, step in enumerate(raw):
+        where = f"postprocess step {i + 1}"
+        if not isinstance(step, dict) or not isinstance(step.get("op"), str):
+            raise ValueError(f"{where}: each step is a mapping with an 'op'")
+        name = step.get("name", step["op"])
+        where = f"postprocess step {i + 1} '{name}'"
+        op = REGISTRY.get(step["op"])
+        if op is None:
+            raise ValueError(f"{where}: unknown op {step['op']!r} (known: {', '.join(sorted(REGISTRY))})")
+        if not isinstance(name, str) or not name or name in names:
+            raise ValueError(f"{where}: step names must be unique non-empty strings")
+        names.add(name)
+        timeout_ms = step.get("timeout_ms", 0)
+        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)) or timeout_ms < 0:
+            raise ValueError(f"{where}: timeout_ms must be a number >= 0 (0: no limit)")
+        on_timeout = step.get("on_timeout", "fail")
+        if on_timeout not in ("fail", "skip"):
+            raise ValueError(f"{where}: on_timeout must be 'fail' or 'skip', got {on_timeout!r}")
+        isolate = step.get("isolate", "thread" if op.RUNS_C else "inline")
+        if isolate not in ("inline", "thread"):
+            raise ValueError(f"{where}: isolate must be 'inline' or 'thread', got {isolate!r}")
+        try:
+            params = check_params(op, {k: v for k, v in step.items() if k not in STEP_KEYS})
+        except ValueError as exc:
+            raise ValueError(f"{where} (op {op.NAME}): {exc}") from None
+        steps.append({"name": name, "op": op.NAME, "timeout_ms": float(timeout_ms), "on_timeout": on_timeout,
+                      "isolate": isolate, "params": params})
+    return {"steps": steps, "answer": answer}
+
+
+@dataclass
+class Outcome:
+    """One run: the answer's values, ``[name, us, outcome]`` per step, and the steps skipped."""
+    values: dict[str, Any]
+    steps: list = field(default_factory=list)
+    skipped: list = field(default_factory=list)
+    confidence: float | None = None
+
+
+class StepTimedOut(RequestError):
+    """A step with ``on_timeout: fail`` ran past its limit; carries the step timings so far."""
+
+    def __init__(self, message: str, steps: list):
+        super().__init__(TIMEOUT, message)
+        self.steps = steps
+
+
+_GUARD = Guard()  # one per process: it owns SIGALRM and the helper threads
+
+
+class Chain:
+    """The built chain of one model version.  ``chain(outs, params, degraded)`` returns the answer's
+    values (the old single-op interface); ``run`` returns the whole ``Outcome``."""
+
+    def __init__(self, spec, guard: Guard | None = None):
+        parsed = parse(spec.postprocess)
+        self.guard = guard or _GUARD
+        self.answer = parsed["answer"]
+        self.steps = []
+        for i, s in enumerate(parsed["steps"]):
+            try:
+                op = REGISTRY[s["op"]](s["params"], spec)
+            except Exception as exc:
+                raise ValueError(f"postprocess step {i + 1} '{s['name']}' (op {s['op']}): "
+                                 f"{type(exc).__name__}: {exc}") from None
+            self.steps.append((s, op))
+
+    def __call__(self, outs: dict[str, Any], params: dict, degraded: int = 0) -> dict[str, Any]:
+        return self.run(outs, params, degraded).values
+
+    def run(self, outs: dict[str, Any], params: dict, degraded: int = 0) -> Outcome:
+        state: dict[str, Any] = dict(outs)
+        written: list[str] = []
+        missing: set[str] = set()
+        out = Outcome({})
+        confidence_op = None
+        for s, op in self.steps:
+            name = s["name"]
+            if missing.intersection(op.inputs):
+                out.steps.append([name, 0, "skipped"])
+                out.skipped.append(name)
+                missing.update(op.outputs)
+                continue
+            t0 = time.perf_counter_ns()
+            view = state
+            if s["isolate"] == "thread" and s["timeout_ms"] > 0:
+                # an abandoned step may still read its inputs after the shared-memory slot is reused
+                view = {**state, **{k: np.array(state[k]) for k in op.inputs if k in outs and k in state}}
+            ok, values = self.guard.call(lambda: op(view, params, degraded), s["timeout_ms"] / 1000.0,
+                                         s["isolate"])
+            us = (time.perf_counter_ns() - t0) // 1000
+            if not ok:
+                if s["on_timeout"] == "fail":
+                    out.steps.append([name, us, "timeout"])
+                    raise StepTimedOut(f"postprocess step '{name}' (op {s['op']}) ran past its "
+                                       f"{s['timeout_ms']:g} ms limit", out.steps)
+                out.steps.append([name, us, "skipped"])
+                out.skipped.append(name)
+                missing.update(op.outputs)
+                continue
+            out.steps.append([name, us, "ok"])
+            for key, value in values.items():
+                state[key] = value
+                missing.discard(key)
+                if key not in written:
+                    written.append(key)
+            if hasattr(op, "confidence"):
+                confidence_op = (op, values)
+        keys = self.answer if self.answer is not None else written
+        out.values = {k: state[k] for k in keys if k in state and k not in missing}
+        if confidence_op is not None:
+            out.confidence = confidence_op[0].confidence(confidence_op[1])
+        return out

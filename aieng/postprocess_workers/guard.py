@@ -1,0 +1,159 @@
+"""Running one postprocess step under a time limit, in a single-threaded worker that must keep serving.
+
+Two ways, chosen per step (``isolate``), each paying only when the step has a timeout:
+
+``inline`` (pure Python and numpy; the default): the step runs on the calling (main) thread with
+``signal.setitimer(ITIMER_REAL)`` armed; at the limit the SIGALRM handler raises ``StepTimeout`` between
+two bytecodes, which stops a Python loop where it is.  Cost: two setitimer calls per step.  A single C
+call is not interrupted (the handler runs when it returns), which is what ``thread`` is for.
+
+``thread`` (ops whose time is in long C calls that release the GIL, such as OpenCV): the step runs on
+a helper thread and the caller waits on an event with the timeout.  At the limit the caller stops
+waiting and *abandons* the thread: ``PyThreadState_SetAsyncExc`` makes it raise ``StepTimeout`` as soon
+as it is back in Python (a C call runs to its end first), and the next such step gets a fresh
+helper.  While more than ``MAX_ABANDONED`` abandoned threads are still running, a ``thread`` step
+times out at once instead of starting (bounded threads and CPU).  Cost: a hand-off to the helper
+and back (tens of microseconds).
+
+Neither way can stop a C call that holds the GIL: that stalls the whole worker, whose heartbeat then
+stops, and the supervisor kills and restarts it after ``AIENG_HANG_TIMEOUT_S`` (the last resort).
+Steps without a timeout run inline with nothing armed.  Limits are wall-clock time (what the
+request's deadline is made of), so time the process spends preempted by the OS counts too.
+``StepTimeout`` is a ``BaseException`` so an op's own ``except Exception`` cannot swallow it.
+"""
+from __future__ import annotations
+
+import ctypes
+import queue
+import signal
+import threading
+from typing import Any, Callable
+
+MAX_ABANDONED = 4
+
+
+class StepTimeout(BaseException):
+    """Raised inside a step that ran past its limit."""
+
+
+class _Job:
+    __slots__ = ("fn", "done", "result", "exc")
+
+    def __init__(self, fn: Callable[[], Any]):
+        self.fn, self.done, self.result, self.exc = fn, threading.Event(), None, None
+
+
+class _Helper(threading.Thread):
+    """A daemon thread running jobs one at a time until it is abandoned."""
+
+    def __init__(self) -> None:
+        super().__init__(name="aieng-step", daemon=True)
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.start()
+
+    def run(self) -> None:
+        try:
+            while True:
+                job = self.jobs.get()
+                if job is None:  # abandoned after its job had finished
+                    return
+                try:
+                    job.result = job.fn()
+                except BaseException as exc:  # StepTimeout ends an abandoned helper here
+                    job.exc = exc
+                job.done.set()
+                if isinstance(job.exc, StepTimeout):
+                    return
+        except StepTimeout:  # delivered after the job finished: this helper was abandoned
+            return
+
+
+class _Alarm:
+    """The process's one SIGALRM handler and whether a step is armed (shared by every Guard)."""
+    armed = False
+    installed = False
+
+    @staticmethod
+    def handler(signum, frame) -> None:
+        if _Alarm.armed:  # a signal already pending when the step ended is ignored
+            _Alarm.armed = False
+            raise StepTimeout()
+
+
+class Guard:
+    """Runs callables under a limit (see the module docstring); one per worker process."""
+
+    def __init__(self) -> None:
+        self.helper: _Helper | None = None
+        self.abandoned: list[_Helper] = []
+
+    def call(self, fn: Callable[[], Any], timeout_s: float, isolate: str) -> tuple[bool, Any]:
+        """``(True, result)``, or ``(False, None)`` when the step ran past ``timeout_s``.
+
+        An exception of the step itself propagates.  ``timeout_s <= 0`` runs it inline, unguarded.
+        """
+        if timeout_s <= 0:
+            return True, fn()
+        if isolate == "thread" or threading.current_thread() is not threading.main_thread():
+            return self._on_thread(fn, timeout_s)
+        return self._inline(fn, timeout_s)
+
+    # -- inline: SIGALRM ------------------------------------------------------------
+    def _inline(self, fn: Callable[[], Any], timeout_s: float) -> tuple[bool, Any]:
+        if not _Alarm.installed:
+            signal.signal(signal.SIGALRM, _Alarm.handler)
+            _Alarm.installed = True
+        try:
+            _Alarm.armed = True
+            signal.setitimer(signal.ITIMER_REAL, timeout_s)
+            try:
+                return True, fn()
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                _Alarm.armed = False
+        except StepTimeout:  # raised in the step, or in the finally above before it disarmed
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            _Alarm.armed = False
+            return False, None
+
+    # -- thread: wait, abandon --------------------------------------------------------
+    def _on_thread(self, fn: Callable[[], Any], timeout_s: float) -> tuple[bool, Any]:
+        self.abandoned = [t for t in self.abandoned if t.is_alive()]
+        if len(self.abandoned) >= MAX_ABANDONED:
+            return False, None  # too many still running: do not start another
+        if self.helper is None or not self.helper.is_alive():
+            self.helper = _Helper()
+        job = _Job(fn)
+        self.helper.jobs.put(job)
+        if job.done.wait(timeout_s):
+            if job.exc is not None:
+                raise job.exc
+            return True, job.result
+        stuck, self.helper = self.helper, None
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(stuck.ident), ctypes.py_object(StepTimeout))
+        stuck.jobs.put(None)  # in case its job ended just now and it waits for the next one
+        self.abandoned.append(stuck)
+        return False, None
+
+    def running_abandoned(self) -> int:
+        return sum(1 for t in self.abandoned if t.is_alive())
+
+
+def bench(n: int = 20000) -> dict[str, float]:
+    """Microseconds per empty step: unguarded, and ``inline``/``thread`` with a limit (best of 3)."""
+    import time
+
+    guard, out = Guard(), {}
+    for mode, limit in (("unguarded", 0.0), ("inline", 1.0), ("thread", 1.0)):
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                guard.call(lambda: None, limit, mode)
+            best = min(best, (time.perf_counter() - t0) / n * 1e6)
+        out[mode] = round(best, 2)
+    return out
+
+
+if __name__ == "__main__":  # pragma: no cover - python -m aieng.postprocess_workers.guard
+    print("microseconds per guarded empty step:", bench())
