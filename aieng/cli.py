@@ -47,6 +47,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
+    from aieng import shmsize
     from aieng.config import load_config
 
     try:
@@ -57,6 +58,7 @@ def cmd_config(args: argparse.Namespace) -> int:
     for k, v in cfg.to_dict().items():
         if k not in ("sources", "instance"):
             print(f"{k} = {v!r}  ({cfg.sources.get(k, 'default')})")
+    print(shmsize.describe(cfg))
     return 0
 
 

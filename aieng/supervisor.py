@@ -35,7 +35,7 @@ import msgpack
 import psutil
 import zmq
 
-from aieng import addresses, model_repo, procutil, shm
+from aieng import addresses, model_repo, procutil, shm, shmsize
 from aieng import messages as m
 from aieng.config import Config
 from aieng.worker_runtime import run_process
@@ -102,6 +102,7 @@ class Supervisor:
         self.lock: addresses.RuntimeDirLock | None = None
         self.init_instance()
         try:
+            shmsize.check(cfg)  # before any ring exists: a too-small /dev/shm would SIGBUS a writer later
             self.init_models()
         except BaseException:
             self.release_runtime_dir()
@@ -377,7 +378,7 @@ def serve(cfg: Config) -> int:
     procutil.set_title("aieng::supervisor")
     try:
         sup = Supervisor(cfg)
-    except ConfigError as exc:
+    except (ConfigError, shmsize.ShmTooSmall) as exc:
         log.error("%s", exc)
         return 2
     except (addresses.RuntimeDirInUse, model_repo.ModelError) as exc:

@@ -1,0 +1,75 @@
+"""How much ``/dev/shm`` the configured rings need, and the start-time check against it.
+
+Contract:
+  * ``needed_bytes(cfg)`` is the shared memory one instance may hold at once: one ring per producer
+    (each preprocess worker and the executor; the frontend and postprocess workers only attach), each
+    ``header_bytes(ring_slots) + ring_slots * shm_slot_bytes`` (slot size page-rounded exactly as
+    ``shm.Ring.create`` does), plus ``RESTART_RINGS`` more: a restarted producer creates its new ring
+    while consumers (the executor's and postprocess workers' ring caches) may still map the dead one's
+    unlinked segment, whose pages tmpfs frees only at the last unmap.
+  * It is a floor computed from the configuration alone: a model whose largest request or output is
+    bigger than ``AIENG_SHM_SLOT_BYTES`` grows its producer's slots (the demo models all fit 1 MiB).
+  * tmpfs allocates only touched pages, so the real use is far smaller, but a write into a page that no
+    longer fits raises SIGBUS in the writer: the space must be there before the first request.
+  * ``check(cfg, path)`` compares with the free space ``os.statvfs(path)`` reports (``path`` defaults to
+    ``shm.SHM_DIR``; tests pass another directory) and raises ``ShmTooSmall`` with a one-line message
+    naming the size and how to grant it (``--shm-size``, Kubernetes ``emptyDir.sizeLimit``).
+"""
+from __future__ import annotations
+
+import os
+
+from aieng import shm
+from aieng.config import Config
+
+RESTART_RINGS = 1  # one producer restarting at a time: its old segment may still be mapped
+MIB = 1 << 20
+
+
+class ShmTooSmall(ValueError):
+    """``/dev/shm`` has less free space than the rings need."""
+
+
+def ring_bytes(nslots: int, slot_bytes: int) -> int:
+    """Bytes of one ring segment, as ``shm.Ring.create`` sizes it."""
+    return shm.header_bytes(nslots) + nslots * ((slot_bytes + 4095) & ~4095)
+
+
+def producers(cfg: Config) -> int:
+    """Processes that own a ring: every preprocess worker and the executor."""
+    return cfg.preprocess_workers + 1
+
+
+def needed_bytes(cfg: Config) -> int:
+    return (producers(cfg) + RESTART_RINGS) * ring_bytes(cfg.ring_slots, cfg.shm_slot_bytes)
+
+
+def needed_mib(cfg: Config) -> int:
+    """``needed_bytes`` rounded up to whole MiB: the unit of ``--shm-size=Nm`` and ``sizeLimit: NMi``."""
+    return -(-needed_bytes(cfg) // MIB)
+
+
+def free_bytes(path: str = shm.SHM_DIR) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def describe(cfg: Config) -> str:
+    """The line ``aieng config`` prints."""
+    return (f"shared memory needed: {needed_mib(cfg)} MiB ({producers(cfg)} rings + {RESTART_RINGS} for a "
+            f"restart, {cfg.ring_slots} slots x {cfg.shm_slot_bytes} bytes each)")
+
+
+def check(cfg: Config, path: str = shm.SHM_DIR) -> None:
+    """Raise ``ShmTooSmall`` when ``path`` has less free space than ``needed_bytes(cfg)``."""
+    need, free = needed_bytes(cfg), free_bytes(path)
+    if free >= need:
+        return
+    n = needed_mib(cfg)
+    sizes = (f"{producers(cfg)} rings + {RESTART_RINGS} for a restart, "
+             f"{cfg.ring_slots} slots x {cfg.shm_slot_bytes} bytes")
+    raise ShmTooSmall(
+        f"{path} has {free // MIB} MiB free but the shared-memory rings need {n} MiB ({sizes}): give it more "
+        f"(docker/podman run --shm-size={n}m; Kubernetes: an emptyDir with medium: Memory and "
+        f"sizeLimit: {n}Mi mounted on /dev/shm) or lower AIENG_SHM_SLOTS, AIENG_SHM_SLOT_BYTES or "
+        "AIENG_MAX_INFLIGHT")

@@ -1,0 +1,50 @@
+"""The /dev/shm budget: computed exactly as the rings are created, checked against real free space."""
+import os
+
+import pytest
+
+from aieng import shm, shmsize
+from aieng.config import Config
+
+
+def test_ring_bytes_is_the_size_ring_create_gives_the_segment():
+    name = shm.segment_name("0", "shmsize-test", os.getpid())
+    ring = shm.Ring.create(name, 7, 5000)  # 5000 is rounded up to a page, as the rings do
+    try:
+        assert os.stat(ring.seg.path).st_size == shmsize.ring_bytes(7, 5000)
+    finally:
+        ring.close()
+        ring.seg.unlink()
+
+
+def test_needed_bytes_counts_every_producer_plus_one_restarting_ring():
+    cfg = Config(preprocess_workers=3, max_inflight=100, shm_slots=0, shm_slot_bytes=1 << 20)
+    one = shm.header_bytes(100) + 100 * (1 << 20)
+    assert shmsize.producers(cfg) == 4  # 3 preprocess workers + the executor
+    assert shmsize.needed_bytes(cfg) == 5 * one
+    assert shmsize.needed_mib(cfg) == -(-5 * one // (1 << 20))
+
+
+def test_shm_slots_overrides_max_inflight():
+    cfg = Config(preprocess_workers=1, max_inflight=256, shm_slots=8, shm_slot_bytes=4096)
+    assert shmsize.needed_bytes(cfg) == 3 * (shm.header_bytes(8) + 8 * 4096)
+
+
+def test_describe_names_the_size_in_mib():
+    cfg = Config(preprocess_workers=2, max_inflight=256, shm_slot_bytes=1 << 20)
+    assert shmsize.describe(cfg).startswith("shared memory needed: 1025 MiB (3 rings + 1 for a restart")
+
+
+def test_check_passes_when_the_directory_has_room(tmp_path):
+    cfg = Config(preprocess_workers=1, shm_slots=1, shm_slot_bytes=4096)  # 3 x 8 KiB
+    shmsize.check(cfg, str(tmp_path))
+
+
+def test_check_refuses_with_the_size_and_the_remedies(tmp_path):
+    cfg = Config(preprocess_workers=1, shm_slots=65536, shm_slot_bytes=1 << 30)  # 192 TiB: never free
+    n = shmsize.needed_mib(cfg)
+    with pytest.raises(shmsize.ShmTooSmall) as err:
+        shmsize.check(cfg, str(tmp_path))
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert f"--shm-size={n}m" in msg and f"sizeLimit: {n}Mi" in msg and str(tmp_path) in msg
