@@ -70,8 +70,13 @@ def sd_notify(state: str) -> None:
 
 
 def _instance_alive(pid: int) -> bool:
+    """Whether the instance whose supervisor had ``pid`` still runs.  Asked before this instance has
+    made anything, so our own pid means a previous incarnation with the same pid: in a container the
+    supervisor is PID 1 every time, and a restarted container keeps the pod's /dev/shm."""
+    if pid == os.getpid():
+        return False
     try:
-        return "aieng" in " ".join(psutil.Process(pid).cmdline()) or pid == os.getpid()
+        return "aieng" in " ".join(psutil.Process(pid).cmdline())
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return False
 
