@@ -270,8 +270,9 @@ def check_routing(raw: Any, versions: set[str], where: str) -> None:
 
     if raw is None:
         return
-    if not isinstance(raw, dict) or set(raw) - {"weights", "rules", "groups", "allow_pinned", "auto_rollback"}:
-        raise ModelError(f"{where}: routing takes weights, rules, groups, allow_pinned, auto_rollback")
+    keys = ("weights", "rules", "groups", "allow_pinned", "auto_rollback")
+    if not isinstance(raw, dict) or set(raw) - set(keys):
+        raise ModelError(f"{where}: routing takes {', '.join(keys)}")
     try:
         build(None, versions, raw.get("weights") or {latest(dict.fromkeys(versions)): 100},
               {"rules": raw.get("rules") or [], "groups": raw.get("groups") or {}}, raw.get("allow_pinned"))

@@ -208,8 +208,6 @@ class Rollout:
         return err
 
     def rollback(self, m: Model) -> str | None:
-        if not m.history:
-            return "no previous routing to roll back to"
         old_state, old_history = m.state, m.history
         m.state, m.history = m.history[-1], m.history[:-1]  # the pointer flip
         err = self.save()
@@ -220,10 +218,11 @@ class Rollout:
     def reload(self, settings: dict[str, dict]) -> list[str]:
         """Re-read routing from model.yaml (``{model: settings}``) and the saved state; what changed."""
         saved = self.store.load() if self.store else {}
+        for name, m in self.models.items():  # all or nothing: check every model first
+            model_repo.check_routing(settings.get(name, {}).get("routing"), m.versions, f"model {name}")
         changed = []
         for name, m in self.models.items():
             config = settings.get(name, {}).get("routing")
-            model_repo.check_routing(config, m.versions, f"model {name}")
             if digest(config) == m.config_digest and not self._saved_differs(m, saved.get(name)):
                 continue
             prev = m.state

@@ -50,7 +50,8 @@ class RouteStore:
         except (OSError, ValueError) as exc:
             log.error("routing state %s is unreadable (%s); using model.yaml routing", self.path, exc)
             return {}
-        if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("models"), dict):
+        if (not isinstance(data, dict) or data.get("format") != FORMAT
+                or not isinstance(data.get("models"), dict)):
             log.error("routing state %s has an unknown format; using model.yaml routing", self.path)
             return {}
         return data["models"]

@@ -35,6 +35,7 @@ swaps its pointer, so a rollback is a pointer flip to the previous state.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import operator
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +47,7 @@ PROPERTIES = ("length", "bytes", "value")
 MAX_KEY_CHARS = 256  # a routing_key longer than this is INVALID_REQUEST (protocol.py checks it)
 MAX_RULES = 64
 MAX_GROUP = 100_000
+_SERIALS = itertools.count(1)
 
 
 class RoutingError(ValueError):
@@ -200,7 +202,8 @@ def _parse_rule(item: Any, i: int, versions: set[str], groups: dict) -> Rule:
     where = f"rule {name!r}"
     version = str(version) if isinstance(version, int) and not isinstance(version, bool) else version
     if version not in versions:
-        raise RoutingError(f"{where}: unknown version {version!r} (have {sorted(versions, key=_version_order)})")
+        have = sorted(versions, key=_version_order)
+        raise RoutingError(f"{where}: unknown version {version!r} (have {have})")
     unknown = set(item) - {"name", "version", "group", "when"}
     if unknown or ("group" in item) == ("when" in item):
         raise RoutingError(f"{where}: needs exactly one of 'group' or 'when' (and only name, version)")
@@ -239,6 +242,7 @@ class RoutingState:
     groups: dict[str, frozenset] = field(default_factory=dict)
     allow_pinned: bool = True
     reason: str = ""  # what made this state (config, set_weights, rollback, auto-rollback, ...)
+    serial: int = field(default_factory=lambda: next(_SERIALS), compare=False)  # unique per state built
 
     def public(self) -> dict:
         return {"weights": dict(self.weights), "ranges": self.ranges,

@@ -72,7 +72,8 @@ def test_removing_a_version_and_back_moves_only_its_buckets():
 
 @pytest.mark.parametrize("weights, why", [
     ({"1": 90, "2": 5}, "sum to 100"), ({"1": 90, "9": 10}, "unknown version"), ({}, "non-empty"),
-    ({"1": -5, "2": 105}, "0..100"), ({"1": "50", "2": 50}, "number"), ({"1": 99.995, "2": 0.005}, "granularity"),
+    ({"1": -5, "2": 105}, "0..100"), ({"1": "50", "2": 50}, "number"),
+    ({"1": 99.995, "2": 0.005}, "granularity"),
 ])
 def test_bad_weights_are_refused(weights, why):
     with pytest.raises(r.RoutingError, match=why):
@@ -82,6 +83,10 @@ def test_bad_weights_are_refused(weights, why):
 GROUPS = {"beta": ["alice", "bob"]}
 
 
+def when(name, version, op, value, **where):
+    return {"name": name, "when": dict(where, op=op, value=value), "version": version}
+
+
 def rules(*items):
     return {"groups": GROUPS, "rules": list(items)}
 
@@ -89,7 +94,7 @@ def rules(*items):
 def test_rules_in_order_then_pinned_then_weight():
     s = state({"1": 100}, rules=rules(
         {"name": "beta", "group": "beta", "version": "2"},
-        {"name": "long", "when": {"input": "text", "property": "length", "op": ">", "value": 10}, "version": "3"},
+        when("long", "3", ">", 10, input="text", property="length"),
         {"name": "k", "when": {"param": "top_k", "op": "==", "value": 3}, "version": "3"},
     ))
     assert s.decide("alice", "", "1", {}, {"text": "a very long text indeed"}) == ("2", "rule:beta")
@@ -102,7 +107,7 @@ def test_rules_in_order_then_pinned_then_weight():
 
 def test_feature_rules_on_image_bytes_and_tabular_values():
     s = state({"1": 100}, rules=rules(
-        {"name": "big", "when": {"input": "image", "property": "bytes", "op": ">=", "value": 100}, "version": "2"},
+        when("big", "2", ">=", 100, input="image", property="bytes"),
         {"name": "dream", "when": {"input": "island", "op": "in", "value": ["Dream"]}, "version": "3"},
         {"name": "heavy", "when": {"input": "body_mass_g", "op": ">", "value": 5000}, "version": "2"},
     ))
@@ -117,12 +122,12 @@ def test_feature_rules_on_image_bytes_and_tabular_values():
 @pytest.mark.parametrize("bad, why", [
     ({"rules": [{"name": "x", "group": "nope", "version": "2"}], "groups": {}}, "unknown group"),
     ({"rules": [{"name": "x", "when": {"param": "a", "op": "~", "value": 1}, "version": "2"}]}, "op must"),
-    ({"rules": [{"name": "x", "when": {"param": "a", "op": "==", "value": 1}, "version": "7"}]}, "unknown version"),
+    ({"rules": [when("x", "7", "==", 1, param="a")]}, "unknown version"),
     ({"rules": [{"name": "x", "when": {"param": "a", "input": "b", "op": "==", "value": 1}, "version": "2"}]},
      "exactly one"),
-    ({"rules": [{"name": "x", "group": "g", "when": {}, "version": "2"}], "groups": {"g": []}}, "exactly one"),
-    ({"rules": [{"name": "x", "when": {"input": "t", "property": "size", "op": ">", "value": 1}, "version": "2"}]},
-     "property"),
+    ({"rules": [{"name": "x", "group": "g", "when": {}, "version": "2"}], "groups": {"g": []}},
+     "exactly one"),
+    ({"rules": [when("x", "2", ">", 1, input="t", property="size")]}, "property"),
     ({"rules": [{"name": "x", "when": {"param": "a", "op": ">", "value": "z"}, "version": "2"}]}, "number"),
     ({"rules": [{"group": "g", "version": "2"}], "groups": {"g": []}}, "name"),
     ({"rules": "all"}, "list"),
