@@ -214,7 +214,7 @@ class Frontend:
         a = decision
         r = Request(self.table.new_rid(), envelope, req_id, a.model, a.version, a.deadline, received,
                     a.params, trace=a.trace, probe=a.probe, cache_key=a.cache_key, degraded=a.degraded,
-                    body=body)
+                    body=body, route=a.route)
         self.log.debug("admitted %s:%s", a.model, a.version, extra={"trace": a.trace})
         self.pipeline.start(r)
 
