@@ -11,12 +11,15 @@ import asyncio
 import json
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
 import msgpack
+import numpy as np
 import pytest
 import zmq
 
@@ -252,3 +255,135 @@ def test_rollback_is_a_pointer_flip(make_server, tmp_path):
     code, out, err = cli(srv, "rollout", "rollback", "tabular")  # nothing older: refused, nothing changes
     assert code == 1 and "no previous routing" in err
     assert status(srv, "tabular")["weights"] == {"1": 100.0}
+
+
+AUTO = """routing:
+  weights: {'1': 50, '2': 50}
+  auto_rollback: {max_error_rate_delta: 0.2, max_p99_ratio: 50, window_s: 30, min_requests: 10}
+"""
+
+
+def metric(srv: ServerProcess, name: str, **labels) -> float:
+    text = urllib.request.urlopen(srv.http + "/metrics", timeout=10).read().decode()
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{") and line.split("{")[1].split("}")[0] == want:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_auto_rollback_of_a_failing_canary(make_server, tmp_path):
+    repo = tmp_path / "repo"
+    flaky_repo(repo, AUTO)
+    srv = start(make_server, tmp_path, repo, AIENG_BREAKER_FAILURES="0")
+    odd = {"x": np.ones(3, dtype=np.float32)}  # version 2 fails on it, version 1 answers
+    keys = [f"k{i}" for i in range(200)]
+    state = routing.build(None, {"1", "2"}, {"1": 50, "2": 50})
+    canary_keys = [k for k in keys if state.decide(k, "", None, {}, {})[0] == "2"]
+    first = infer_many(srv, keys[:60], odd, model="flaky", in_flight=4)
+    assert {r["error"]["code"] for k, r in first.items() if k in canary_keys} == {"INTERNAL"}
+    assert all(r["ok"] and r["version"] == "1" for k, r in first.items() if k not in canary_keys)
+    deadline = time.monotonic() + 10  # the frontend checks twice a second
+    while time.monotonic() < deadline and status(srv, "flaky")["weights"]["2"] != 0:
+        time.sleep(0.2)
+    st = status(srv, "flaky")
+    assert st["weights"] == {"1": 100.0, "2": 0.0}
+    event = st["events"][-1]
+    assert event["kind"] == "auto_rollback" and event["version"] == "2" and "error rate" in event["reason"]
+    assert st["reason"].startswith("auto-rollback of 2")
+    # the canary's keys now go to version 1 and succeed
+    again = infer_many(srv, canary_keys, odd, model="flaky", in_flight=4)
+    assert {(r["ok"], r["version"], r["route"]) for r in again.values()} == {(True, "1", "weight")}
+    assert metric(srv, "aieng_rollout_auto_rollbacks_total", model="flaky", version="2") == 1.0
+    assert "auto-rollback of flaky:2" in srv.output()
+    code, out, err = cli(srv, "rollout", "status", "flaky")
+    assert code == 0 and "auto_rollback" in out and "error rate" in out, out + err
+
+
+def test_routing_survives_a_restart_and_sighup_reloads_model_yaml(make_server, tmp_path):
+    repo = tmp_path / "repo"
+    tabular_repo(repo, "routing:\n  weights: {'1': 95, '2': 5}\n")
+    srv = start(make_server, tmp_path, repo)
+    assert cli(srv, "rollout", "set-weights", "tabular", "1=80", "2=20")[0] == 0
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(RULES)
+    assert cli(srv, "rollout", "set-rules", "tabular", str(rules))[0] == 0
+    before = status(srv, "tabular")
+    keys = KEYS[:1000]
+    routed = versions_of(infer_many(srv, keys, PENGUIN))
+    assert srv.stop() == 0
+
+    srv2 = start(make_server, tmp_path, repo)
+    after = status(srv2, "tabular")
+    for field in ("weights", "ranges", "rules", "groups", "allow_pinned"):
+        assert after[field] == before[field], field
+    assert versions_of(infer_many(srv2, keys, PENGUIN)) == routed
+    assert after["history"] == before["history"]  # rollback still reaches the routing before the restart
+
+    # systemd reload: editing model.yaml then SIGHUP makes model.yaml win; RELOADING=1 then READY=1
+    (repo / "tabular" / "model.yaml").write_text("routing:\n  weights: {'1': 30, '2': 70}\n")
+    notify = tmp_path / "notify.sock"
+    assert srv2.stop() == 0
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(notify))
+    sock.settimeout(0.5)
+    try:
+        srv3 = start(make_server, tmp_path, repo, NOTIFY_SOCKET=str(notify))
+        assert status(srv3, "tabular")["weights"] == {"1": 30.0, "2": 70.0}  # model.yaml changed: it wins
+        (repo / "tabular" / "model.yaml").write_text("routing:\n  weights: {'1': 60, '2': 40}\n")
+        got: list[str] = []
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:  # what startup sent
+            try:
+                got.append(sock.recv(4096).decode())
+            except socket.timeout:
+                break
+        assert any("READY=1" in g for g in got)
+        got.clear()
+        os.kill(srv3.pid, signal.SIGHUP)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and not any("READY=1" in g for g in got):
+            try:
+                got.append(sock.recv(4096).decode())
+            except socket.timeout:
+                pass
+    finally:
+        sock.close()
+    reloading = next(i for i, g in enumerate(got) if "RELOADING=1" in g)
+    ready = next(i for i, g in enumerate(got) if "READY=1" in g)
+    assert reloading < ready and "changed: tabular" in got[ready], got
+    st = status(srv3, "tabular")
+    assert st["weights"] == {"1": 60.0, "2": 40.0} and st["reason"] == "model.yaml"
+    assert st["events"][-1]["kind"] == "reload"
+
+
+def test_bad_admin_input_is_refused_and_changes_nothing(make_server, tmp_path):
+    repo = tmp_path / "repo"
+    tabular_repo(repo, "routing:\n  weights: {'1': 90, '2': 10}\n")
+    srv = start(make_server, tmp_path, repo)
+    assert cli(srv, "rollout", "set-weights", "tabular", "1=80", "2=20")[0] == 0
+    saved = tmp_path / "state"
+    files = {p.name: p.read_bytes() for p in saved.iterdir()}
+    before = status(srv, "tabular")
+    bad_rule = tmp_path / "bad.yaml"
+    bad_rule.write_text("rules:\n  - {name: x, when: {param: a, op: '~', value: 1}, version: '2'}\n")
+    cases = {
+        ("rollout", "set-weights", "nosuch", "1=100"): "unknown model 'nosuch'",
+        ("rollout", "set-weights", "tabular", "1=50", "7=50"): "unknown version '7'",
+        ("rollout", "set-weights", "tabular", "1=50", "2=40"): "must sum to 100, they sum to 90",
+        ("rollout", "set-rules", "tabular", str(bad_rule)): "op must be one of",
+        ("rollout", "promote", "tabular", "9"): "has no version '9'",
+    }
+    for args, why in cases.items():
+        code, out, err = cli(srv, *args)
+        assert (code, why in err) == (1, True), (args, err)
+    after = status(srv, "tabular")
+    assert {k: after[k] for k in ("weights", "ranges", "rules", "history")} == \
+        {k: before[k] for k in ("weights", "ranges", "rules", "history")}
+    assert {p.name: p.read_bytes() for p in saved.iterdir()} == files
+    # admin ops are not served on the client socket
+    with srv.client() as c:
+        for op in ("set_weights", "rollback", "status"):
+            r = c.call({"op": op, "id": op, "model": "tabular", "weights": {"2": 100}}, raise_on_error=False)
+            assert r["error"]["code"] == "INVALID_REQUEST" and "unknown op" in r["error"]["message"]
+    assert status(srv, "tabular")["weights"] == {"1": 80.0, "2": 20.0}
