@@ -108,6 +108,7 @@ class Metrics:
             self.http_dropped.labels(reason)
         self.snapshot: dict[str, Any] = {}
         self._kids: dict[tuple[str, str], tuple] = {}
+        self._routes: dict[tuple[str, str, str], Any] = {}
         r.register(_SnapshotCollector(self))
 
     def _children(self, model: str, version: str) -> tuple:
@@ -138,7 +139,11 @@ class Metrics:
             conf.observe(confidence)
 
     def routed(self, model: str, version: str, route: str) -> None:
-        self.routes.labels(model, version, route).inc()
+        key = (model, version, route)  # bounded: versions served x (pinned, weight, configured rules)
+        child = self._routes.get(key)
+        if child is None:
+            child = self._routes[key] = self.routes.labels(model, version, route)
+        child.inc()
 
     def auto_rollback(self, model: str, version: str) -> None:
         self.rollbacks.labels(model, version).inc()

@@ -23,6 +23,7 @@ import hashlib
 import json
 import logging
 import os
+import secrets
 import time
 from typing import Any
 
@@ -153,7 +154,11 @@ class Rollout:
             if not m.state.allow_pinned:
                 raise p.RequestError(p.INVALID_REQUEST, f"model {model!r} does not accept a pinned version "
                                                         f"(routing.allow_pinned is false); omit 'version'")
-        fallback = str(req.get("id")) if req.get("id") is not None else str(req.get("trace_id"))
+        if key is None:  # no routing_key: the request id, else its trace id, else a random spread
+            fallback = req.get("id") if req.get("id") is not None else req.get("trace_id")
+            fallback = str(fallback) if fallback is not None else secrets.token_hex(8)
+        else:
+            fallback = ""
         version, why = m.state.decide(key, fallback, pinned, params, req["inputs"])
         if self.metrics is not None:
             self.metrics.routed(model, version, why)
