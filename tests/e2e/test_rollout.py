@@ -25,7 +25,7 @@ import zmq
 
 from aieng.client import AsyncClient, build_request
 from aieng.frontend import routing
-from tests.conftest import MODELS, ROOT, ServerProcess
+from tests.conftest import MODELS, ROOT, ServerProcess, free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -387,3 +387,40 @@ def test_bad_admin_input_is_refused_and_changes_nothing(make_server, tmp_path):
             r = c.call({"op": op, "id": op, "model": "tabular", "weights": {"2": 100}}, raise_on_error=False)
             assert r["error"]["code"] == "INVALID_REQUEST" and "unknown op" in r["error"]["message"]
     assert status(srv, "tabular")["weights"] == {"1": 80.0, "2": 20.0}
+
+
+def test_admin_curve_has_its_own_allowed_keys(make_server, tmp_path):
+    import zmq.auth
+
+    dirs = {n: tmp_path / n for n in ("server", "clients", "admins", "other")}
+    for d in dirs.values():
+        d.mkdir()
+    server_pub, server_secret = zmq.auth.create_certificates(str(dirs["server"]), "server")
+    _, client_secret = zmq.auth.create_certificates(str(dirs["clients"]), "client")
+    _, admin_secret = zmq.auth.create_certificates(str(dirs["admins"]), "admin")
+    s_pub, _ = zmq.auth.load_certificate(server_pub)
+    c_pub, c_sec = zmq.auth.load_certificate(client_secret)
+    admin_addr = f"tcp://127.0.0.1:{free_port()}"
+    srv = make_server(AIENG_MODELS="tabular", AIENG_STATE_DIR=str(tmp_path / "state"),
+                      AIENG_CURVE_SECRET_KEY_FILE=server_secret,
+                      AIENG_CURVE_CLIENT_KEYS_DIR=str(dirs["clients"]),
+                      AIENG_ADMIN_ADDR=admin_addr, AIENG_ADMIN_CURVE_SECRET_KEY_FILE=server_secret,
+                      AIENG_ADMIN_CURVE_CLIENT_KEYS_DIR=str(dirs["admins"]))
+    srv.curve = (c_pub, c_sec, s_pub)
+    srv.admin = admin_addr
+    srv.start()
+
+    def as_(secret: str) -> tuple[int, str, str]:
+        return cli(srv, "rollout", "status", "tabular", "--timeout", "3", "--json",
+                   "--curve-client-cert", secret, "--curve-server-cert", server_pub)
+
+    code, out, err = as_(admin_secret)
+    assert code == 0 and json.loads(out)["models"]["tabular"]["weights"] == {"1": 100.0}, err
+    code, out, err = as_(client_secret)  # a client key does not open the admin socket
+    assert code == 2 and "no answer" in err
+    code, out, err = cli(srv, "rollout", "status", "--timeout", "3")  # nor does plaintext
+    assert code == 2
+    a_pub, a_sec = zmq.auth.load_certificate(admin_secret)
+    with srv.client(timeout_s=3, dealer=True, curve=(a_pub, a_sec, s_pub)) as c:
+        with pytest.raises(TimeoutError):
+            c.health()  # and an admin key does not open the client socket
