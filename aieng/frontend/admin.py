@@ -144,6 +144,12 @@ class AdminOps:
         return m
 
     def commit(self, m, new: routing.RoutingState, what: str) -> dict:
+        failed = self.fe.failed_models()
+        targets = {v for v, w in new.weights.items() if w > 0} | {r.version for r in new.rules}
+        for v in sorted(targets):
+            if f"{m.name}:{v}" in failed:  # routing to it would answer UNAVAILABLE
+                raise AdminError(p.INVALID_REQUEST, f"version {v} of {m.name!r} is not loaded "
+                                                    f"({failed[f'{m.name}:{v}']}); nothing changed")
         before = m.state
         err = self.fe.rollout.change(m, new)
         if err is not None:

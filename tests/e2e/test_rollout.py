@@ -424,3 +424,19 @@ def test_admin_curve_has_its_own_allowed_keys(make_server, tmp_path):
     with srv.client(timeout_s=3, dealer=True, curve=(a_pub, a_sec, s_pub)) as c:
         with pytest.raises(TimeoutError):
             c.health()  # and an admin key does not open the client socket
+
+
+def test_routing_to_a_version_that_failed_to_load_is_refused(make_server, tmp_path):
+    repo = tmp_path / "repo"
+    tabular_repo(repo, "routing:\n  weights: {'1': 100}\n")
+    (repo / "tabular" / "2" / "model.onnx").write_bytes(b"not an onnx file")
+    srv = start(make_server, tmp_path, repo, AIENG_STRICT_MODEL_LOAD="0")
+    deadline = time.monotonic() + 10  # the executor's hello names the failed version
+    while time.monotonic() < deadline and not srv.health().get("failed_models"):
+        time.sleep(0.2)
+    assert "tabular:2" in srv.health()["failed_models"]
+    code, out, err = cli(srv, "rollout", "set-weights", "tabular", "1=90", "2=10")
+    assert code == 1 and "version 2 of 'tabular' is not loaded" in err
+    assert status(srv, "tabular")["weights"] == {"1": 100.0}
+    with srv.client() as c:
+        assert c.call({"id": 1, "model": "tabular", "inputs": PENGUIN})["version"] == "1"
