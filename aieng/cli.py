@@ -1,4 +1,4 @@
-"""``aieng`` command line: serve, infer, health, models, config, load, quantize.
+"""``aieng`` command line: serve, infer, health, models, config, load, quantize, rollout (``rollout_cli``).
 
 ``aieng serve`` with no arguments, run from the repository root, serves every
 model under ./models (fetched by scripts/fetch_models.py).
@@ -100,6 +100,14 @@ def cmd_health(args: argparse.Namespace) -> int:
     return 0 if reply.get("ok") else 1
 
 
+def cmd_models(args: argparse.Namespace) -> int:
+    if args.action == "list":
+        from aieng.rollout_cli import main_rollout
+
+        return main_rollout(args)
+    return cmd_health(args)
+
+
 def cmd_load(args: argparse.Namespace) -> int:
     from aieng.loadgen import main_load
 
@@ -125,6 +133,8 @@ def cmd_soak(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from aieng import rollout_cli
+
     ap = argparse.ArgumentParser(prog="aieng", description="ONNX inference server over ZeroMQ")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
@@ -190,6 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--image", help="path to a JPEG/PNG file")
             p.add_argument("--input", action="append", help="NAME=VALUE (JSON or plain string)")
             p.set_defaults(func=cmd_infer)
+        elif name == "models":
+            rollout_cli.models_args(p)
+            p.set_defaults(func=cmd_models)
         elif name == "load":
             p.add_argument("--model", default="minilm")
             p.add_argument("--concurrency", default="1,4,16", help="comma-separated levels")
@@ -197,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.set_defaults(func=cmd_load)
         else:
             p.set_defaults(func=cmd_health)
+    rollout_cli.register(sub)
     return ap
 
 

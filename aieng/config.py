@@ -42,6 +42,10 @@ class Config:
     cache_bytes: int = 0
     curve_secret_key_file: str = ""
     curve_client_keys_dir: str = ""
+    admin_addr: str = ""
+    admin_curve_secret_key_file: str = ""
+    admin_curve_client_keys_dir: str = ""
+    state_dir: str = ""
     shm_slot_bytes: int = 1 << 20
     shm_slots: int = 0
     drain_grace_s: float = 10.0
@@ -97,6 +101,11 @@ class Config:
         need(self.http_threads >= 1, "http_threads must be >= 1")
         need(self.http_timeout_s > 0, "http_timeout_s must be > 0")
         need(self.snapshot_ms >= 10, "snapshot_ms must be >= 10")
+        need(not self.admin_addr.startswith("tcp://") or self.admin_curve_client_keys_dir
+             or self.admin_addr.split("://", 1)[1].rsplit(":", 1)[0] in ("127.0.0.1", "localhost", "[::1]"),
+             "admin_addr must be ipc:// or loopback tcp unless admin_curve_client_keys_dir is set")
+        need(not self.admin_curve_client_keys_dir or bool(self.admin_curve_secret_key_file),
+             "admin_curve_client_keys_dir needs admin_curve_secret_key_file")
 
     @property
     def ring_slots(self) -> int:

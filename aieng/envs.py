@@ -53,6 +53,14 @@ def _default_lanes() -> int:
     return max(1, min(4, cpu_count()))
 
 
+def _default_state_dir() -> str:
+    """systemd's StateDirectory= ($STATE_DIRECTORY), else $XDG_STATE_HOME/aieng, else ~/.local/state/aieng."""
+    if os.environ.get("STATE_DIRECTORY"):
+        return os.environ["STATE_DIRECTORY"].split(":")[0]
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "aieng")
+
+
 def _default_postprocess_workers() -> int:
     return max(1, min(2, cpu_count() // 4))
 
@@ -120,6 +128,17 @@ REGISTRY: tuple[EnvVar, ...] = (
     EnvVar("AIENG_CURVE_CLIENT_KEYS_DIR", str, "",
            "ZMQ CURVE: directory of allowed client public key files (empty: any client key)",
            "curve_client_keys_dir"),
+    EnvVar("AIENG_ADMIN_ADDR", str, "",
+           "ZMQ address of the admin socket (aieng rollout/models); empty: ipc://<runtime dir>/admin.sock. "
+           "A tcp address must be loopback unless admin CURVE keys are set", "admin_addr"),
+    EnvVar("AIENG_ADMIN_CURVE_SECRET_KEY_FILE", str, "",
+           "ZMQ CURVE for the admin socket: the server's key file (zmq.auth format)",
+           "admin_curve_secret_key_file"),
+    EnvVar("AIENG_ADMIN_CURVE_CLIENT_KEYS_DIR", str, "",
+           "ZMQ CURVE for the admin socket: directory of allowed admin public keys (empty: any key)",
+           "admin_curve_client_keys_dir"),
+    EnvVar("AIENG_STATE_DIR", str, _default_state_dir,
+           "Directory for routing state that survives restarts (routing-<repo hash>.json)", "state_dir"),
     EnvVar("AIENG_SHM_SLOT_BYTES", int, 1 << 20,
            "Minimum bytes per shared-memory slot (each ring raises it to fit its models' largest request)",
            "shm_slot_bytes"),

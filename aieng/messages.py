@@ -212,9 +212,24 @@ class Drained:
     answered: int
 
 
+@dataclass(slots=True)
+class Reload:
+    """Supervisor -> FE on SIGHUP (systemd reload): re-read routing from model.yaml and saved state."""
+    T: ClassVar[str] = "reload"
+
+
+@dataclass(slots=True)
+class Reloaded:
+    """FE -> supervisor: the reload is done (``ok``), with what changed or why it failed."""
+    T: ClassVar[str] = "reloaded"
+    ok: bool
+    message: str
+
+
 TYPES: dict[str, type] = {
     cls.T: cls for cls in (Hello, PreTask, Preprocessed, InferTask, Inferred, PostTask, Result,
-                           Failed, WorkerDown, ServiceState, Pulse, LogLevel, Drain, Drained)
+                           Failed, WorkerDown, ServiceState, Pulse, LogLevel, Drain, Drained,
+                           Reload, Reloaded)
 }
 _FIELDS = {name: tuple(f.name for f in dataclasses.fields(cls)) for name, cls in TYPES.items()}
 

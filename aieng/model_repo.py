@@ -79,7 +79,8 @@ class ModelSpec:
         """What the ``models`` op shows clients."""
         return {"version": self.version, "hash": self.content_hash, "description": self.description,
                 "inputs": self.inputs, "outputs": self.outputs,
-                "max_batch_size": self.batching["max_batch_size"], "timeout_ms": self.timeout_ms}
+                "max_batch_size": self.batching["max_batch_size"], "timeout_ms": self.timeout_ms,
+                "metadata": self.extra.get("metadata", {})}
 
 
 def resolve_inside(root: str, rel: str) -> str:
@@ -216,8 +217,85 @@ def load_spec(name: str, version: str, path: str) -> ModelSpec:
         description=str(cfg.get("description", "")), inputs=inputs, outputs=outputs,
         preprocess=pre, postprocess=post, padding=dict(cfg.get("padding") or {}),
         batching=batching, timeout_ms=timeout_ms, onnx_path=onnx_path,
-        extra={"drift": dict(cfg.get("drift") or {}), "degrade": dict(cfg.get("degrade") or {})},
+        extra={"drift": dict(cfg.get("drift") or {}), "degrade": dict(cfg.get("degrade") or {}),
+               "metadata": version_metadata(cfg.get("metadata"), cfg_path)},
     )
+
+
+METADATA_KEYS = ("created", "training_data", "metrics", "notes")
+
+
+def version_metadata(raw: Any, where: str) -> dict[str, Any]:
+    """A version's ``metadata`` (created, training_data, metrics, notes): shown, never interpreted."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or set(raw) - set(METADATA_KEYS):
+        raise ModelError(f"{where}: 'metadata' takes only {', '.join(METADATA_KEYS)}")
+    out = {k: raw[k] for k in METADATA_KEYS if k in raw}
+    for k in ("created", "training_data", "notes"):
+        if k in out:
+            out[k] = str(out[k])  # YAML reads an unquoted date as a date: keep it as written
+    metrics = out.get("metrics")
+    if metrics is not None and (not isinstance(metrics, dict) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in metrics.values())):
+        raise ModelError(f"{where}: metadata.metrics must map a name to a number")
+    if metrics is not None:
+        out["metrics"] = {str(k): v for k, v in metrics.items()}
+    return out
+
+
+MODEL_KEYS = ("versions", "routing")
+
+
+def model_settings(mdir: str) -> dict[str, Any]:
+    """The optional model-wide ``<model>/model.yaml``: ``versions`` (policy) and ``routing``."""
+    path = os.path.join(mdir, "model.yaml")
+    if not os.path.isfile(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as fh:
+            cfg = yaml.safe_load(fh) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ModelError(f"{path}: {exc}") from None
+    if not isinstance(cfg, dict) or set(cfg) - set(MODEL_KEYS):
+        raise ModelError(f"{path}: a model-wide model.yaml takes only {', '.join(MODEL_KEYS)}")
+    return cfg
+
+
+def apply_policy(policy: Any, versions: list[str], where: str) -> list[str]:
+    """The versions a policy serves: ``all`` (default), ``{latest: N}`` or a list of names."""
+    if policy is None or policy == "all":
+        return versions
+    if isinstance(policy, dict) and set(policy) == {"latest"}:
+        n = policy["latest"]
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ModelError(f"{where}: versions.latest must be an int >= 1")
+        return versions[-n:]
+    if isinstance(policy, list) and policy:
+        names = [str(v) for v in policy]
+        missing = [v for v in names if v not in versions]
+        if missing:
+            raise ModelError(f"{where}: versions lists {missing}, which have no directory")
+        return [v for v in versions if v in names]
+    raise ModelError(f"{where}: versions must be 'all', {{latest: N}} or a non-empty list of versions")
+
+
+def check_routing(raw: Any, versions: set[str], where: str) -> None:
+    """Refuse a malformed ``routing`` section at load time, naming the file."""
+    from aieng.frontend.canary import AutoRollback
+    from aieng.frontend.routing import RoutingError, build
+
+    if raw is None:
+        return
+    keys = ("weights", "rules", "groups", "allow_pinned", "auto_rollback")
+    if not isinstance(raw, dict) or set(raw) - set(keys):
+        raise ModelError(f"{where}: routing takes {', '.join(keys)}")
+    try:
+        build(None, versions, raw.get("weights") or {latest(dict.fromkeys(versions)): 100},
+              {"rules": raw.get("rules") or [], "groups": raw.get("groups") or {}}, raw.get("allow_pinned"))
+        AutoRollback.parse(raw.get("auto_rollback"))
+    except (RoutingError, ValueError, TypeError) as exc:
+        raise ModelError(f"{where}: routing: {exc}") from None
 
 
 def scan(repo: str, only: list[str] | None = None) -> dict[str, dict[str, ModelSpec]]:
@@ -229,13 +307,19 @@ def scan(repo: str, only: list[str] | None = None) -> dict[str, dict[str, ModelS
         mdir = os.path.join(repo, name)
         if name.startswith(".") or not os.path.isdir(mdir) or (only and name not in only):
             continue
+        found_versions = [v for v in sorted(os.listdir(mdir), key=_version_key)
+                          if os.path.isfile(os.path.join(mdir, v, "model.yaml"))]
+        if not found_versions:
+            continue
+        settings = model_settings(mdir)
+        where = os.path.join(mdir, "model.yaml")
+        served = apply_policy(settings.get("versions"), found_versions, where)
+        check_routing(settings.get("routing"), set(served), where)
         versions = {}
-        for ver in sorted(os.listdir(mdir), key=_version_key):
-            vdir = os.path.join(mdir, ver)
-            if os.path.isfile(os.path.join(vdir, "model.yaml")):
-                versions[ver] = load_spec(name, ver, vdir)
-        if versions:
-            found[name] = versions
+        for ver in served:
+            versions[ver] = load_spec(name, ver, os.path.join(mdir, ver))
+            versions[ver].extra["routing"] = settings.get("routing")
+        found[name] = versions
     missing = set(only or ()) - set(found)
     if missing:
         raise ModelError(f"models not found in {repo!r}: {', '.join(sorted(missing))}")

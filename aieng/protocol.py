@@ -95,10 +95,14 @@ def decode_tensor(value: Any, what: str = "tensor") -> np.ndarray:
     return np.frombuffer(data, dtype=dt).reshape(shape)
 
 
-def error_body(req_id: Any, code: str, message: str, trace: str | None = None) -> bytes:
+def error_body(req_id: Any, code: str, message: str, trace: str | None = None,
+               extra: dict[str, Any] | None = None) -> bytes:
+    """An error answer; ``extra`` adds fields (an admitted request's ``model``, ``version``, ``route``)."""
     body: dict[str, Any] = {"id": req_id, "ok": False, "error": {"code": code, "message": message}}
     if trace:
         body["trace_id"] = trace
+    if extra:
+        body.update(extra)
     return pack(body)
 
 
@@ -123,6 +127,22 @@ def result_body(req_id: Any, model: str, version: str, packed_outputs: bytes,
     parts.append(pack("outputs"))
     parts.append(packed_outputs)
     return b"".join(parts)
+
+
+MAX_ROUTING_KEY_CHARS = 256
+
+
+def routing_key(req: dict) -> str | None:
+    """The request's ``routing_key`` (a str, or an int taken as its decimal str), or None."""
+    key = req.get("routing_key")
+    if key is None:
+        return None
+    if isinstance(key, int) and not isinstance(key, bool) and -(2 ** 63) <= key < 2 ** 64:
+        return str(key)
+    if isinstance(key, str) and 0 < len(key) <= MAX_ROUTING_KEY_CHARS:
+        return key
+    raise RequestError(INVALID_REQUEST, f"'routing_key' must be a str of 1..{MAX_ROUTING_KEY_CHARS} "
+                                        f"characters or an int")
 
 
 def valid_id(value: Any) -> bool:

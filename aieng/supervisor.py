@@ -14,6 +14,10 @@ restarted with exponential back-off if it keeps dying.  A restarted child
 never loads models strictly: a model that no longer loads (e.g. its file
 changed on disk) is unavailable, and the child comes back serving the others.
 
+Reload (SIGHUP; systemd's ExecReload): ``RELOADING=1``, the frontend re-reads
+routing from model.yaml and the saved state (``Reload``), and ``READY=1``
+once it answers ``Reloaded`` (or after ``RELOAD_TIMEOUT_S``).
+
 Stop (SIGTERM/SIGINT, idempotent): the frontend drains within the grace
 period, then children get SIGTERM, a deadline, SIGKILL; every shared-memory
 segment of this instance is unlinked, the runtime dir removed (a configured
@@ -44,6 +48,7 @@ log = logging.getLogger("aieng.supervisor")
 
 BACKOFF_MAX_S = 30.0
 PULSE_FRESH_S = 2.0
+RELOAD_TIMEOUT_S = 10.0
 
 
 class StartupError(RuntimeError):
@@ -104,6 +109,8 @@ class Supervisor:
         usec = os.environ.get("WATCHDOG_USEC", "")
         self.watchdog_s = int(usec) / 2e6 if usec.isdigit() and int(usec) > 0 else None
         self.next_watchdog = 0.0
+        self.reload_asked = False  # SIGHUP seen, not yet passed on
+        self.reload_deadline: float | None = None  # a reload is under way until the frontend answers
         self.lock: addresses.RuntimeDirLock | None = None
         self.init_instance()
         try:
@@ -220,6 +227,10 @@ class Supervisor:
                 return
             if isinstance(msg, m.Pulse):
                 self.pulse, self.pulse_at = msg, time.monotonic()
+            elif isinstance(msg, m.Reloaded):
+                (log.info if msg.ok else log.error)("reload: %s", msg.message)
+                self.reload_deadline = None
+                sd_notify("READY=1\nSTATUS=" + msg.message)
             elif isinstance(msg, m.LogLevel):
                 procutil.set_level(msg.level)
                 self.cfg.log_level = msg.level  # restarted children start at the new level
@@ -259,6 +270,7 @@ class Supervisor:
     def serve_forever(self) -> None:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        signal.signal(signal.SIGHUP, self._on_hup)
         next_state = 0.0
         while not self.stopping:
             objs = [c.proc.sentinel for c in self.children if c.proc is not None and c.restart_at is None]
@@ -273,6 +285,7 @@ class Supervisor:
             now = time.monotonic()
             self.watchdog(now)
             self.check_hung(now)
+            self.check_reload(now)
             for c in self.children:
                 if c.restart_at is not None and now >= c.restart_at and not self.stopping:
                     c.restart_at = None
@@ -322,6 +335,22 @@ class Supervisor:
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.stopping = True
+
+    def _on_hup(self, signum: int, frame: Any) -> None:
+        self.reload_asked = True
+
+    def check_reload(self, now: float) -> None:
+        if self.reload_asked and self.reload_deadline is None:
+            self.reload_asked = False
+            log.info("SIGHUP: reloading routing")
+            sd_notify(f"RELOADING=1\nMONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}"
+                      f"\nSTATUS=reloading")
+            self.hub.send(m.encode(m.Reload()))
+            self.reload_deadline = now + RELOAD_TIMEOUT_S
+        elif self.reload_deadline is not None and now > self.reload_deadline:
+            log.error("reload: the frontend did not answer within %.0fs", RELOAD_TIMEOUT_S)
+            self.reload_deadline = None
+            sd_notify("READY=1\nSTATUS=reload not confirmed by the frontend")
 
     # -- stopping ---------------------------------------------------------------
     def drain(self) -> None:
@@ -391,6 +420,7 @@ def serve(cfg: Config) -> int:
         return 1
     signal.signal(signal.SIGTERM, sup._on_signal)
     signal.signal(signal.SIGINT, sup._on_signal)
+    signal.signal(signal.SIGHUP, sup._on_hup)  # during startup: kept for after it
     try:
         sup.start()
     except StartupError as exc:

@@ -1,9 +1,11 @@
 """Admission: a client's ``infer`` map becomes a typed request, an immediate answer, or a refusal.
 
 Checks, in order (the first that fails answers the request with its code):
-  1. shape of the request: model, version, inputs, params, timeout_ms
-     (INVALID_REQUEST / MODEL_NOT_FOUND); a model that failed to load is
-     UNAVAILABLE with its load error;
+  1. shape of the request: model, inputs, params, routing_key
+     (INVALID_REQUEST / MODEL_NOT_FOUND); then routing (``rollout``) picks
+     the version and says why (``route``): a pinned version the model
+     refuses is INVALID_REQUEST, an unknown one MODEL_NOT_FOUND; then
+     timeout_ms; a version that failed to load is UNAVAILABLE with its error;
   2. serving state: not ready yet or draining (UNAVAILABLE);
   3. fairness: this client's requests in flight (``per_client_inflight``),
      then everyone's (``max_inflight``): OVERLOADED;
@@ -23,6 +25,7 @@ from aieng.config import Config
 from aieng.frontend.breaker import Breakers
 from aieng.frontend.cache import ResponseCache, cache_key
 from aieng.frontend.degrade import Degrader
+from aieng.frontend.rollout import Rollout
 from aieng.frontend.table import RequestTable
 from aieng.model_repo import ModelSpec
 
@@ -37,6 +40,7 @@ class Admitted:
     probe: bool
     cache_key: bytes | None
     degraded: int
+    route: str = "weight"
 
 
 @dataclass(slots=True)
@@ -45,39 +49,36 @@ class Immediate:
     model: str
     version: str
     outputs: bytes  # packed outputs map
-    extra: dict
+    extra: dict  # carries "route" too
 
 
 class Admission:
-    def __init__(self, cfg: Config, specs: dict[str, dict[str, ModelSpec]], default_version: dict[str, str],
+    def __init__(self, cfg: Config, specs: dict[str, dict[str, ModelSpec]], rollout: Rollout,
                  table: RequestTable, breakers: Breakers, cache: ResponseCache, degrader: Degrader):
-        self.cfg, self.specs, self.default_version = cfg, specs, default_version
+        self.cfg, self.specs, self.rollout = cfg, specs, rollout
         self.table, self.breakers, self.cache, self.degrader = table, breakers, cache, degrader
         self.failed_models: dict[str, str] = {}  # "model:version" -> load error (from the workers' hellos)
         self.started = False  # the service was fully ready once: admit from then on
         self.draining = False
 
-    def resolve(self, req: dict) -> tuple[str, str]:
-        """Model and version named by a request (MODEL_NOT_FOUND when either is unknown)."""
-        model, version = req.get("model"), req.get("version")
+    def resolve(self, req: dict) -> str:
+        """The model a request names (MODEL_NOT_FOUND when unknown)."""
+        model = req.get("model")
         if not isinstance(model, str):
             raise p.RequestError(p.INVALID_REQUEST, "'model' must be a string")
         if model not in self.specs:
             raise p.RequestError(p.MODEL_NOT_FOUND, f"unknown model {model!r}")
-        if version is None:
-            version = self.default_version[model]
-        if not isinstance(version, str) or version not in self.specs[model]:
-            raise p.RequestError(p.MODEL_NOT_FOUND, f"model {model!r} has no version {version!r}")
-        return model, version
+        return model
 
     def admit(self, req: dict, client: bytes, received: float) -> Admitted | Immediate:
-        model, version = self.resolve(req)
+        model = self.resolve(req)
         if not isinstance(req.get("inputs"), dict):
             raise p.RequestError(p.INVALID_REQUEST, "'inputs' must be a map")
         params = req.get("params")
         params = {} if params is None else params
         if not isinstance(params, dict) or not all(isinstance(k, str) for k in params):
             raise p.RequestError(p.INVALID_REQUEST, "'params' must be a map with string keys")
+        version, route = self.rollout.route(model, req, params, p.routing_key(req))
         spec = self.specs[model][version]
         cap = self.cfg.max_timeout_ms
         timeout_ms = req.get("timeout_ms", min(spec.timeout_ms or self.cfg.default_timeout_ms, cap))
@@ -101,20 +102,23 @@ class Admission:
             key = cache_key(model, version, req["inputs"], params)
             hit = self.cache.get(key)
             if hit is not None:
-                return Immediate(model, version, hit, {"batch": 0, "cached": True})
+                return Immediate(model, version, hit, {"batch": 0, "cached": True, "route": route})
         level = self.degrader.level(spec.key)
         if level >= 3:  # the cache had nothing: the configured fallback, or shed
             fallback = self.degrader.fallback(spec.key)
             if fallback is None:
                 raise p.RequestError(p.OVERLOADED, f"{spec.key} is degraded (level 3): shedding load")
-            return Immediate(model, version, p.pack(fallback), {"batch": 0, "degraded": 3, "fallback": True})
+            return Immediate(model, version, p.pack(fallback),
+                             {"batch": 0, "degraded": 3, "fallback": True, "route": route})
         allowed, probe, why = self.breakers.allow(spec.key, received)
         if not allowed:
+            self.rollout.observe(model, version, p.UNAVAILABLE, 0.0)  # the routed version's fault
             raise p.RequestError(p.UNAVAILABLE, why)
         trace = req.get("trace_id")
         if not (isinstance(trace, str) and 0 < len(trace) <= 64 and trace.isprintable()):
             trace = secrets.token_hex(8)
-        return Admitted(model, version, received + timeout_ms / 1000.0, params, trace, probe, key, level)
+        return Admitted(model, version, received + timeout_ms / 1000.0, params, trace, probe, key, level,
+                        route)
 
     @staticmethod
     def labels_of(req: Any, specs: dict) -> tuple[str, str]:

@@ -82,9 +82,13 @@ class Metrics:
         self.latency = Histogram("aieng_request_duration_seconds", "End-to-end latency of answered requests",
                                  ["model", "version"], buckets=LATENCY_BUCKETS, registry=r)
         self.stage = Histogram("aieng_stage_duration_seconds", "Time per pipeline stage (see aieng report)",
-                               ["model", "stage"], buckets=STAGE_BUCKETS, registry=r)
-        self.batch = Histogram("aieng_batch_size", "Rows in the batch each request ran in", ["model"],
-                               buckets=BATCH_BUCKETS, registry=r)
+                               ["model", "version", "stage"], buckets=STAGE_BUCKETS, registry=r)
+        self.batch = Histogram("aieng_batch_size", "Rows in the batch each request ran in",
+                               ["model", "version"], buckets=BATCH_BUCKETS, registry=r)
+        self.routes = Counter("aieng_route_decisions", "Inference requests routed, by version and why "
+                              "(pinned, rule:<name>, weight)", ["model", "version", "route"], registry=r)
+        self.rollbacks = Counter("aieng_rollout_auto_rollbacks", "Canary versions set to weight 0 by "
+                                 "automatic rollback", ["model", "version"], registry=r)
         self.confidence = Histogram("aieng_output_confidence", "Top class probability of classifier answers",
                                     ["model", "version"], buckets=tuple(i / 10 for i in range(1, 11)),
                                     registry=r)
@@ -104,6 +108,7 @@ class Metrics:
             self.http_dropped.labels(reason)
         self.snapshot: dict[str, Any] = {}
         self._kids: dict[tuple[str, str], tuple] = {}
+        self._routes: dict[tuple[str, str, str], Any] = {}
         r.register(_SnapshotCollector(self))
 
     def _children(self, model: str, version: str) -> tuple:
@@ -115,8 +120,8 @@ class Metrics:
             kids = self._kids[key] = (
                 self.requests.labels(model, version, "OK"),
                 self.latency.labels(model, version),
-                [(s, self.stage.labels(model, s)) for s in STAGES],
-                self.batch.labels(model),
+                [(s, self.stage.labels(model, version, s)) for s in STAGES],
+                self.batch.labels(model, version),
                 self.confidence.labels(model, version),
             )
         return kids
@@ -132,6 +137,16 @@ class Metrics:
         batches.observe(batch)
         if confidence is not None:
             conf.observe(confidence)
+
+    def routed(self, model: str, version: str, route: str) -> None:
+        key = (model, version, route)  # bounded: versions served x (pinned, weight, configured rules)
+        child = self._routes.get(key)
+        if child is None:
+            child = self._routes[key] = self.routes.labels(model, version, route)
+        child.inc()
+
+    def auto_rollback(self, model: str, version: str) -> None:
+        self.rollbacks.labels(model, version).inc()
 
     def failed(self, model: str, version: str, code: str) -> None:
         self.requests.labels(model, version, code).inc()

@@ -66,11 +66,13 @@ class ClientOps:
         ex = fe.workers.info("executor").get("models", {})
         failed = fe.failed_models()
         w = fe.workers.by_name.get("executor")
-        key = (w.pid if w else None, tuple(sorted(failed.items())))
+        routes = tuple(r.state.serial for r in fe.rollout.models.values())  # a routing change repacks
+        key = (w.pid if w else None, tuple(sorted(failed.items())), routes)
         if key != self._models_key:
             out = {}
             for name, versions in fe.specs.items():
-                out[name] = {"default_version": fe.default_version[name],
+                state = fe.rollout.models[name].state
+                out[name] = {"default_version": state.stable, "weights": state.weights,
                              "versions": {v: dict(s.public(), onnx=ex.get(s.key),
                                                   load_error=failed.get(s.key))
                                           for v, s in versions.items()}}

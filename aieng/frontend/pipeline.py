@@ -82,6 +82,7 @@ class Pipeline:
         self.metrics, self.stats, self.breakers = metrics, stats, breakers
         self.cache, self.drift, self.degrader = cache, drift, degrader
         self.counts = Counts()
+        self.outcome: Callable[[str, str, str, float], None] | None = None  # (model, version, code, s)
         self.handlers: dict[type, Callable[[Any, bytes], None]] = {
             m.Preprocessed: self.on_preprocessed, m.Inferred: self.on_inferred,
             m.Result: self.on_result, m.Failed: self.on_failed,
@@ -168,7 +169,7 @@ class Pipeline:
             self.account(req, msg, now)
         except Exception:
             log.exception("bookkeeping of an answer failed")
-        extra: dict[str, Any] = {"batch": msg.trail.batch, "trace_id": req.trace}
+        extra: dict[str, Any] = {"batch": msg.trail.batch, "trace_id": req.trace, "route": req.route}
         skipped = [step[0] for step in msg.steps if step[2] == "skipped"]
         if req.degraded or skipped:  # a step skipped at its time limit: level 1, optional work left out
             extra["degraded"] = max(req.degraded, 1 if skipped else 0)
@@ -199,6 +200,8 @@ class Pipeline:
         self.metrics.answered(req.model, req.version, req.timing, req.batch, msg.confidence)
         self.drift.observe(req.model, req.version, req.features)
         self.degrader.observe_latency(req.key, now - req.received)
+        if self.outcome is not None:
+            self.outcome(req.model, req.version, "OK", now - req.received)
 
     def on_failed(self, msg: m.Failed, ident: bytes) -> None:
         req = self.table.get(msg.rid)
@@ -232,8 +235,11 @@ class Pipeline:
         else:
             self.breakers.neutral(req.key, req.probe)
         self.count_error(code, req.model, req.version)
+        if self.outcome is not None:
+            self.outcome(req.model, req.version, code, time.monotonic() - req.received)
         log.debug("answered %s at stage %s", code, req.stage, extra={"trace": req.trace})
-        self.reply(req.envelope, p.error_body(req.client_id, code, message, req.trace))
+        where = {"model": req.model, "version": req.version, "route": req.route}
+        self.reply(req.envelope, p.error_body(req.client_id, code, message, req.trace, where))
 
     def count_error(self, code: str, model: str = "", version: str = "") -> None:
         self.counts.errors[code] = self.counts.errors.get(code, 0) + 1

@@ -1,13 +1,14 @@
 """The frontend process: the only one that talks to clients, and the hub.
 
-Two ROUTER sockets, one thread:
+Three ROUTER sockets, one thread:
   * clients (``Config.frontend_addr``): one msgpack map in, one map out;
-  * the hub (``ipc://<runtime>/hub.sock``): every worker and the supervisor.
+  * the hub (``ipc://<runtime>/hub.sock``): every worker and the supervisor;
+  * admin (``admin``: routing changes; never the client socket).
 
 This module keeps the loop and the sockets.  What happens to a message is
 decided elsewhere: ``clients`` (rate limits), ``ops`` (health, models, stats,
 log_level), ``admission`` (an ``infer`` map -> typed request, immediate
-answer or refusal), ``pipeline`` (stage hand-offs, hold across restarts, the
+answer or refusal; ``rollout`` picks the version), ``pipeline`` (stage hand-offs, hold across restarts, the
 one answer per request) over ``table`` (requests in flight, slot ownership)
 and ``workers`` (who is up).  No CPU-heavy work happens here.
 
@@ -23,10 +24,11 @@ from typing import Any
 import zmq
 
 from aieng import messages as m
-from aieng import procutil, shm
+from aieng import model_repo, procutil, shm
 from aieng import protocol as p
 from aieng.addresses import hub_addr
 from aieng.config import Config
+from aieng.frontend.admin import AdminOps, AdminServer
 from aieng.frontend.admission import Admission, Immediate
 from aieng.frontend.breaker import Breakers
 from aieng.frontend.cache import ResponseCache
@@ -37,11 +39,13 @@ from aieng.frontend.http import HttpServer
 from aieng.frontend.metrics import Metrics
 from aieng.frontend.ops import ClientOps
 from aieng.frontend.pipeline import Pipeline
+from aieng.frontend.rollout import Rollout
+from aieng.frontend.routestore import RouteStore, store_path
 from aieng.frontend.snapshot import publish_snapshot
 from aieng.frontend.stats import StageStats
 from aieng.frontend.table import Request, RequestTable
 from aieng.frontend.workers import Workers
-from aieng.model_repo import ModelSpec, latest
+from aieng.model_repo import ModelSpec
 
 
 class Frontend:
@@ -50,7 +54,6 @@ class Frontend:
         self.specs: dict[str, dict[str, ModelSpec]] = {}
         for s in specs.values():
             self.specs.setdefault(s.name, {})[s.version] = s
-        self.default_version = {name: latest(vs) for name, vs in self.specs.items()}
         self.started = time.time()
         self.supervisor_ready = False  # every process up and ready, as the supervisor last said
         self.supervisor_seen_at = float("-inf")  # monotonic seconds of its last ServiceState (liveness)
@@ -67,16 +70,20 @@ class Frontend:
         self.breakers = Breakers(cfg.breaker_failures, cfg.breaker_cooldown_s)
         self.cache, self.degrader = ResponseCache(cfg.cache_bytes), Degrader(self.specs)
         self.drift = DriftMonitor(self.specs)
+        store = RouteStore(store_path(cfg.state_dir, cfg.model_repository)) if cfg.state_dir else None
+        self.rollout = Rollout(self.specs, store, self.metrics)
         self.gate = ClientGate(cfg.client_rate_limit, cfg.max_ops_per_s)
-        self.admission = Admission(cfg, self.specs, self.default_version, self.table, self.breakers,
+        self.admission = Admission(cfg, self.specs, self.rollout, self.table, self.breakers,
                                    self.cache, self.degrader)
         posts = [f"post-{j}" for j in range(cfg.postprocess_workers)]
         self.pipeline = Pipeline(self.table, self.workers, posts, self.send_hub, self.reply, self.metrics,
                                  self.stats, self.breakers, self.cache, self.drift, self.degrader)
+        self.pipeline.outcome = self.rollout.observe  # auto-rollback watches every answer
         self.ops = ClientOps(self)
         self.handlers = dict(self.pipeline.handlers)
         self.handlers.update({m.Hello: self.on_hello, m.WorkerDown: self.on_worker_down,
-                              m.ServiceState: self.on_state, m.Drain: self.on_drain})
+                              m.ServiceState: self.on_state, m.Drain: self.on_drain,
+                              m.Reload: self.on_reload})
 
     def init_sockets(self) -> None:
         self.ctx = zmq.Context.instance()
@@ -88,6 +95,7 @@ class Frontend:
         self.hub.setsockopt(zmq.SNDHWM, 0)
         self.hub.setsockopt(zmq.RCVHWM, 0)
         self.hub.bind(hub_addr(self.cfg.runtime_dir))
+        self.admin = AdminServer(self.cfg, AdminOps(self), self.log)
         self.http = HttpServer(self.cfg.http_addr, lambda: self.snapshot, self.metrics.render,
                                self.cfg.http_token_file, self.cfg.http_threads, self.cfg.http_timeout_s,
                                self.cfg.snapshot_ms, self.metrics.dropped_connection
@@ -101,12 +109,14 @@ class Frontend:
         poller = zmq.Poller()
         poller.register(self.clients, zmq.POLLIN)
         poller.register(self.hub, zmq.POLLIN)
+        poller.register(self.admin.sock, zmq.POLLIN)
         next_pulse = next_snapshot = 0.0
         while not stop.stop:
             now = time.monotonic()
             if now >= next_pulse:
                 self.pulse(now)
                 self.degrader.update(self.table.per_model())
+                self.rollout.tick(now)
                 next_pulse = now + 0.5
             if now >= next_snapshot:
                 publish_snapshot(self, now)
@@ -118,6 +128,8 @@ class Frontend:
                 self.drain_hub()
             if self.clients in events:
                 self.drain_clients()
+            if self.admin.sock in events:
+                self.admin.drain()
             now = time.monotonic()
             self.pipeline.sweep(now)
             self.check_drain(now)
@@ -202,7 +214,7 @@ class Frontend:
         a = decision
         r = Request(self.table.new_rid(), envelope, req_id, a.model, a.version, a.deadline, received,
                     a.params, trace=a.trace, probe=a.probe, cache_key=a.cache_key, degraded=a.degraded,
-                    body=body)
+                    body=body, route=a.route)
         self.log.debug("admitted %s:%s", a.model, a.version, extra={"trace": a.trace})
         self.pipeline.start(r)
 
@@ -264,6 +276,20 @@ class Frontend:
         self.admission.draining = True
         self.drain_deadline = time.monotonic() + msg.grace_s
 
+    def reload_routing(self) -> list[str]:
+        """Routing from every model's model.yaml and the saved state again (all or nothing)."""
+        dirs = self.rollout.model_dirs()
+        return self.rollout.reload({name: model_repo.model_settings(d) for name, d in dirs.items()})
+
+    def on_reload(self, msg: m.Reload, ident: bytes) -> None:
+        try:
+            changed = self.reload_routing()
+            ok, text = True, f"routing reloaded; changed: {', '.join(changed) or 'nothing'}"
+        except model_repo.ModelError as exc:
+            ok, text = False, f"reload refused, nothing changed: {exc}"
+        (self.log.info if ok else self.log.error)("%s", text)
+        self.send_hub("supervisor", [m.encode(m.Reloaded(ok, text))])
+
     def close(self) -> None:
         # On the way down every message already received is answered too: infer requests still
         # queued in the client socket get UNAVAILABLE (draining), then everything in flight.
@@ -278,4 +304,5 @@ class Frontend:
         if self.auth is not None:
             self.auth.stop()
         self.hub.close(0)
+        self.admin.close()
         self.table.close()

@@ -37,7 +37,10 @@ def publish_snapshot(fe: "Frontend", now: float, full: bool = True) -> None:
             "health": health, "queue_depth": depth, "counts": fe.pipeline.counts.view(),
             "in_flight": len(fe.table),
             "drift_psi": {"/".join(k): round(v, 4) for k, v in fe.drift.scores().items()},
-            "stats": fe.stats.summary(None) if asked else prev.get("stats", {})}
+            "stats": fe.stats.summary(None) if asked else prev.get("stats", {}),
+            "routing": fe.rollout.view(),
+            "models": {name: {v: {"hash": sp.content_hash, "metadata": sp.extra.get("metadata", {})}
+                              for v, sp in vs.items()} for name, vs in fe.specs.items()}}
     old = fe.metrics.snapshot
     msnap = {"restarts": dict(fe.state["restarts"]), "ready": health["ready"],
              "models": {(k.split(":")[0], k.split(":")[1], v or "none"): 1.0

@@ -48,6 +48,7 @@ class Request:
     probe: bool = False  # the half-open circuit breaker's probe
     cache_key: bytes | None = None  # store the answer under this key (response cache on)
     degraded: int = 0  # the model's degradation level when it was admitted
+    route: str = "weight"  # why this version serves it: pinned / rule:<name> / weight (routing.py)
     body: Any = None  # the client's request frame, until a preprocess worker has it
     pre: str = ""  # the preprocess worker it was sent to
     post: str = ""  # the postprocess worker on its route (chosen when it is first sent)

@@ -64,9 +64,9 @@ def test_health_endpoints_and_metrics_add_up(server):
     assert delta("aieng_requests_total", model="tabular", version="1", code="INVALID_INPUT") == 3
     assert delta("aieng_requests_total", model="", version="", code="MODEL_NOT_FOUND") == 1
     assert delta("aieng_request_duration_seconds_count", model="tabular", version="1") == 7
-    assert delta("aieng_stage_duration_seconds_count", model="tabular", stage="inference") == 7
-    assert delta("aieng_stage_duration_seconds_count", model="tabular", stage="preprocess") == 7
-    assert delta("aieng_batch_size_count", model="tabular") == 7
+    assert delta("aieng_stage_duration_seconds_count", model="tabular", version="1", stage="inference") == 7
+    assert delta("aieng_stage_duration_seconds_count", model="tabular", version="1", stage="preprocess") == 7
+    assert delta("aieng_batch_size_count", model="tabular", version="1") == 7
     assert delta("aieng_output_confidence_count", model="tabular", version="1") == 7
     # per-worker counts: every preprocess worker took part, and they add up to what was sent
     pre = {dict(k[1])["worker"]: delta(k[0], **dict(k[1])) for k in after

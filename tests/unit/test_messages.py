@@ -32,6 +32,8 @@ SAMPLES = {
     "log_level": m.LogLevel(level="DEBUG"),
     "drain": m.Drain(grace_s=2.5),
     "drained": m.Drained(answered=17),
+    "reload": m.Reload(),
+    "reloaded": m.Reloaded(ok=False, message="model tabular: routing: weights must sum to 100"),
 }
 
 

@@ -1,0 +1,226 @@
+"""The admin socket: routing changes and model listings, never over the client socket.
+
+A ROUTER at ``Config.admin_addr`` (default ``ipc://<runtime dir>/admin.sock``,
+reachable only by the server's user: the runtime dir is 0700; a tcp address
+must be loopback unless CURVE is on, which ``Config.validate`` enforces).  It
+lives in its own ZMQ context so that its CURVE authenticator (its own
+allowed-keys dir, ``admin_curve_client_keys_dir``) never mixes with the client
+socket's.  The frontend loop polls it like the other sockets; every op is a
+few dict operations and at most one small file write, so it never stalls the
+data path for long.
+
+One msgpack map in, one out: ``{"op": <name>, "id": ..., ...}`` ->
+``{"id", "ok": true, ...}`` or ``{"id", "ok": false, "error": {"code", "message"}}``.
+Ops are a dispatch table (``AdminOps.table``): status, models, set_weights,
+set_rules, rollback, promote, reload.  Run-time ``load``/``unload`` of model
+versions plug in as two more entries.  Bad input (unknown model or version,
+weights not summing to 100, a malformed rule) is refused with a clear message
+and changes nothing.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import TYPE_CHECKING, Callable
+
+import zmq
+
+from aieng import model_repo
+from aieng import protocol as p
+from aieng.config import Config
+from aieng.frontend import routing
+
+if TYPE_CHECKING:  # pragma: no cover
+    from aieng.frontend.server import Frontend
+
+MAX_ADMIN_BYTES = 8 * 1024 * 1024  # a user group of 100,000 keys fits
+
+
+class AdminError(Exception):
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+def admin_addr(cfg: Config) -> str:
+    return cfg.admin_addr or f"ipc://{os.path.join(cfg.runtime_dir, 'admin.sock')}"
+
+
+class AdminServer:
+    def __init__(self, cfg: Config, ops: "AdminOps", log: logging.Logger):
+        self.ops, self.log = ops, log
+        # With CURVE, a context of its own: one ZAP handler per context, and the admin keys must not
+        # mix with the client socket's.  Without, the shared one (a second context's IO thread
+        # measurably reordered hub and client traffic in the component tests).
+        curve = bool(cfg.admin_curve_secret_key_file)
+        self.own_ctx = curve
+        self.ctx = zmq.Context() if curve else zmq.Context.instance()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_ADMIN_BYTES)
+        self.auth = None
+        if curve:
+            self.auth = _curve(self.ctx, self.sock, cfg, log)
+        self.addr = admin_addr(cfg)
+        try:
+            self.sock.bind(self.addr)
+        except zmq.ZMQError as exc:
+            self.close()
+            raise RuntimeError(f"cannot bind the admin socket AIENG_ADMIN_ADDR={self.addr}: {exc}") from None
+        log.info("admin socket on %s%s", self.addr, " (CURVE)" if self.auth else "")
+
+    def drain(self) -> None:
+        for _ in range(100):
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self.sock.send_multipart(frames[:-1] + [p.pack(self.ops.handle(frames[-1]))])
+
+    def close(self) -> None:
+        self.sock.close(0)
+        if self.auth is not None:
+            self.auth.stop()
+        if self.own_ctx:
+            self.ctx.term()
+
+
+def _curve(ctx: zmq.Context, sock: zmq.Socket, cfg: Config, log: logging.Logger):
+    import zmq.auth
+    from zmq.auth.thread import ThreadAuthenticator
+
+    public, secret = zmq.auth.load_certificate(cfg.admin_curve_secret_key_file)
+    if secret is None:
+        raise ValueError(f"{cfg.admin_curve_secret_key_file} holds no secret key")
+    auth = ThreadAuthenticator(ctx)
+    auth.start()
+    keys = cfg.admin_curve_client_keys_dir
+    auth.configure_curve(domain="*", location=keys or zmq.auth.CURVE_ALLOW_ANY)
+    sock.curve_secretkey, sock.curve_publickey, sock.curve_server = secret, public, True
+    return auth
+
+
+class AdminOps:
+    def __init__(self, fe: "Frontend"):
+        self.fe = fe
+        self.table: dict[str, Callable[[dict], dict]] = {
+            "status": self.status, "models": self.models, "set_weights": self.set_weights,
+            "set_rules": self.set_rules, "rollback": self.rollback, "promote": self.promote,
+            "reload": self.reload,
+        }
+
+    def handle(self, body: bytes) -> dict:
+        req_id = None
+        try:
+            try:
+                req = p.unpack_limited(body, MAX_ADMIN_BYTES)
+            except Exception as exc:
+                raise AdminError(p.INVALID_REQUEST, f"malformed msgpack: {type(exc).__name__}") from None
+            if not isinstance(req, dict):
+                raise AdminError(p.INVALID_REQUEST, "an admin request must be a msgpack map")
+            req_id = req.get("id") if p.valid_id(req.get("id")) else None
+            fn = self.table.get(req.get("op")) if isinstance(req.get("op"), str) else None
+            if fn is None:
+                raise AdminError(p.INVALID_REQUEST, f"unknown admin op {req.get('op')!r} "
+                                                    f"(have {', '.join(self.table)})")
+            out = fn(req)
+        except AdminError as exc:
+            return {"id": req_id, "ok": False, "error": {"code": exc.code, "message": exc.message}}
+        except routing.RoutingError as exc:
+            return {"id": req_id, "ok": False, "error": {"code": p.INVALID_REQUEST, "message": str(exc)}}
+        except Exception as exc:  # a bug must not take the frontend down
+            self.fe.log.exception("admin op failed")
+            return {"id": req_id, "ok": False, "error": {"code": p.INTERNAL, "message": type(exc).__name__}}
+        out.update({"id": req_id, "ok": True})
+        return out
+
+    def model(self, req: dict):
+        name = req.get("model")
+        m = self.fe.rollout.models.get(name) if isinstance(name, str) else None
+        if m is None:
+            raise AdminError(p.MODEL_NOT_FOUND, f"unknown model {name!r} "
+                                                f"(serving {', '.join(sorted(self.fe.rollout.models))})")
+        return m
+
+    def commit(self, m, new: routing.RoutingState, what: str) -> dict:
+        failed = self.fe.failed_models()
+        targets = {v for v, w in new.weights.items() if w > 0} | {r.version for r in new.rules}
+        for v in sorted(targets):
+            if f"{m.name}:{v}" in failed:  # routing to it would answer UNAVAILABLE
+                raise AdminError(p.INVALID_REQUEST, f"version {v} of {m.name!r} is not loaded "
+                                                    f"({failed[f'{m.name}:{v}']}); nothing changed")
+        before = m.state
+        err = self.fe.rollout.change(m, new)
+        if err is not None:
+            raise AdminError(p.INTERNAL, err + "; nothing changed")
+        moved = sum(1 for a, b in zip(before.owner, new.owner) if a != b)
+        self.fe.log.warning("routing of %s changed by %s: weights %s, %d rules, %d buckets moved", m.name,
+                            what, new.weights, len(new.rules), moved)
+        return {"model": m.name, "routing": routing_view(new), "moved_buckets": moved}
+
+    # -- ops -------------------------------------------------------------------------------
+    def status(self, req: dict) -> dict:
+        names = [self.model(req).name] if req.get("model") is not None else sorted(self.fe.rollout.models)
+        now = time.monotonic()
+        return {"models": {n: self.fe.rollout.status(n, now) for n in names}}
+
+    def models(self, req: dict) -> dict:
+        fe = self.fe
+        failed = fe.failed_models()
+        out = {}
+        for name, versions in fe.specs.items():
+            state = fe.rollout.models[name].state
+            out[name] = {"stable": state.stable, "versions": {
+                v: {"hash": s.content_hash, "description": s.description,
+                    "metadata": s.extra.get("metadata", {}), "weight": state.weights.get(v, 0.0),
+                    "load_error": failed.get(s.key), "path": s.path}
+                for v, s in versions.items()}}
+        return {"models": out}
+
+    def set_weights(self, req: dict) -> dict:
+        m = self.model(req)
+        new = routing.build(m.state, m.versions, req.get("weights"), reason="set_weights")
+        return self.commit(m, new, "set_weights")
+
+    def set_rules(self, req: dict) -> dict:
+        m = self.model(req)
+        rules = {"rules": req.get("rules"), "groups": req.get("groups")}
+        if rules["rules"] is None:
+            raise AdminError(p.INVALID_REQUEST, "set_rules needs 'rules' (a list; [] removes every rule)")
+        new = routing.build(m.state, m.versions, rules=rules, allow_pinned=req.get("allow_pinned"),
+                            reason="set_rules")
+        return self.commit(m, new, "set_rules")
+
+    def promote(self, req: dict) -> dict:
+        m = self.model(req)
+        version = req.get("version")
+        version = str(version) if isinstance(version, int) and not isinstance(version, bool) else version
+        if version not in m.versions:
+            raise AdminError(p.MODEL_NOT_FOUND, f"model {m.name!r} has no version {version!r}")
+        weights = {v: (100.0 if v == version else 0.0) for v in m.state.weights}
+        weights[version] = 100.0
+        new = routing.build(m.state, m.versions, weights, reason=f"promote {version}")
+        return self.commit(m, new, "promote")
+
+    def rollback(self, req: dict) -> dict:
+        m = self.model(req)
+        if not m.history:
+            raise AdminError(p.INVALID_REQUEST, f"model {m.name!r} has no previous routing to roll back to")
+        err = self.fe.rollout.rollback(m)
+        if err is not None:
+            raise AdminError(p.INTERNAL, err + "; nothing changed")
+        self.fe.log.warning("routing of %s rolled back: weights %s", m.name, m.state.weights)
+        return {"model": m.name, "routing": routing_view(m.state)}
+
+    def reload(self, req: dict) -> dict:
+        try:
+            changed = self.fe.reload_routing()
+        except model_repo.ModelError as exc:
+            raise AdminError(p.INVALID_REQUEST, f"{exc}; nothing changed") from None
+        return {"changed": changed}
+
+
+def routing_view(state: routing.RoutingState) -> dict:
+    return {"weights": state.weights, "stable": state.stable, "rules": [r.name for r in state.rules],
+            "allow_pinned": state.allow_pinned, "reason": state.reason}

@@ -1,0 +1,117 @@
+"""Automatic rollback: is a canary worse than the stable version, over a recent window?
+
+Pure logic.  The frontend records every answered request of a model that
+configures ``routing.auto_rollback`` (outcome and latency, by version) and
+calls ``verdict`` twice a second.  A version is judged only once it has
+``min_requests`` in the window (``window_s`` seconds), and only against the
+stable version (the one with the largest weight):
+
+    error rate   errors / requests, where an error is a fault of the version
+                 (``FAULT_CODES``: INTERNAL, TIMEOUT, UNAVAILABLE), not of the
+                 client (INVALID_INPUT etc. are not counted at all)
+    worse when   canary error rate - stable error rate > max_error_rate_delta
+             or  canary p99 > max_p99_ratio x stable p99 (needs min_requests
+                 successful answers of each; an error has no latency)
+
+Each version's window is a bounded deque of (time, ok, latency) samples
+(``MAX_SAMPLES``), so memory stays flat at any rate.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+FAULT_CODES = frozenset({"INTERNAL", "TIMEOUT", "UNAVAILABLE"})
+MAX_SAMPLES = 20_000
+
+
+@dataclass(frozen=True)
+class AutoRollback:
+    max_error_rate_delta: float = 0.05
+    max_p99_ratio: float = 2.0
+    window_s: float = 60.0
+    min_requests: int = 20
+
+    @classmethod
+    def parse(cls, raw: object) -> "AutoRollback | None":
+        """From model.yaml's ``routing.auto_rollback`` (None: off); ValueError if malformed."""
+        if raw is None or raw is False:
+            return None
+        if not isinstance(raw, dict) or set(raw) - set(cls.__dataclass_fields__):
+            raise ValueError(f"auto_rollback takes {sorted(cls.__dataclass_fields__)}")
+        out = cls(**{k: v for k, v in raw.items()})
+        for name in cls.__dataclass_fields__:
+            v = getattr(out, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                raise ValueError(f"auto_rollback.{name} must be a non-negative number")
+        if out.window_s <= 0 or out.min_requests < 1 or out.max_p99_ratio < 1:
+            raise ValueError("auto_rollback needs window_s > 0, min_requests >= 1 and max_p99_ratio >= 1")
+        return out
+
+    def public(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+class Window:
+    def __init__(self) -> None:
+        self.samples: deque[tuple[float, bool, float]] = deque(maxlen=MAX_SAMPLES)
+
+    def add(self, now: float, ok: bool, latency_s: float) -> None:
+        self.samples.append((now, ok, latency_s))
+
+    def trim(self, cut: float) -> None:
+        while self.samples and self.samples[0][0] < cut:
+            self.samples.popleft()
+
+    def view(self) -> dict:
+        n = len(self.samples)
+        lat = [s[2] for s in self.samples if s[1]]
+        errors = n - len(lat)
+        return {"requests": n, "errors": errors, "error_rate": errors / n if n else 0.0,
+                "p99_s": float(np.percentile(lat, 99)) if lat else None, "ok": len(lat)}
+
+
+class Watch:
+    """The windows of one model's versions."""
+
+    def __init__(self, policy: AutoRollback):
+        self.policy = policy
+        self.windows: dict[str, Window] = {}
+
+    def observe(self, version: str, now: float, code: str, latency_s: float) -> None:
+        if code != "OK" and code not in FAULT_CODES:
+            return
+        w = self.windows.get(version)
+        if w is None:
+            w = self.windows[version] = Window()
+        w.add(now, code == "OK", latency_s)
+
+    def views(self, now: float) -> dict[str, dict]:
+        cut = now - self.policy.window_s
+        for w in self.windows.values():
+            w.trim(cut)
+        return {v: w.view() for v, w in self.windows.items()}
+
+    def verdict(self, now: float, stable: str, canaries: list[str]) -> tuple[str, str] | None:
+        """(version, why) of the first canary worse than ``stable``, or None."""
+        p = self.policy
+        views = self.views(now)
+        base = views.get(stable, Window().view())
+        for v in canaries:
+            c = views.get(v)
+            if c is None or c["requests"] < p.min_requests:
+                continue
+            delta = c["error_rate"] - base["error_rate"]
+            if delta > p.max_error_rate_delta:
+                return v, (f"error rate {c['error_rate']:.1%} vs stable {stable} {base['error_rate']:.1%} "
+                           f"(over {p.window_s:g}s; allowed delta {p.max_error_rate_delta:.1%})")
+            if (c["ok"] >= p.min_requests and base["ok"] >= p.min_requests and base["p99_s"]
+                    and c["p99_s"] > p.max_p99_ratio * base["p99_s"]):
+                return v, (f"p99 {c['p99_s'] * 1000:.1f} ms vs stable {stable} {base['p99_s'] * 1000:.1f} ms "
+                           f"(over {p.window_s:g}s; allowed ratio {p.max_p99_ratio:g})")
+        return None
+
+    def forget(self, version: str) -> None:
+        self.windows.pop(version, None)

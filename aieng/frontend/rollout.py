@@ -1,0 +1,265 @@
+"""The frontend's routing of every model: current state, history, canary watch, persistence.
+
+One ``Model`` per served model holds the current ``routing.RoutingState`` (a
+pointer), the previous states (newest last, at most ``HISTORY``), recent
+events, and, when model.yaml configures ``auto_rollback``, a ``canary.Watch``.
+
+Where a model's routing comes from, at start and on reload (SIGHUP):
+  * the model-wide ``<model>/model.yaml`` ``routing`` section (none: 100 % to
+    the default version, pinning allowed), whose sha256 is its *config digest*;
+  * the saved state (``routestore``), used only when it was derived from a
+    config with the same digest and names only versions still served.  So
+    run-time changes survive a restart, and editing model.yaml then reloading
+    (or restarting) makes model.yaml win, with the old state kept as history.
+
+Changes (admin ops, auto-rollback) build a new state, swap the pointer, then
+save; a failed save swaps it back and reports the error: nothing changed.
+Rollback swaps back to the newest history entry (no model load, no I/O
+before the swap).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import secrets
+import time
+from typing import Any
+
+from aieng import model_repo
+from aieng import protocol as p
+from aieng.frontend import routing
+from aieng.frontend.canary import AutoRollback, Watch
+from aieng.frontend.routestore import RouteStore
+from aieng.model_repo import ModelSpec
+
+HISTORY = 16
+EVENTS = 20
+MIN_PREFIX = 12  # hex digits of a sha256 prefix that may name a version
+log = logging.getLogger("aieng.frontend.rollout")
+
+
+def digest(raw: Any) -> str:
+    return hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def dump(state: routing.RoutingState) -> dict:
+    return state.public()
+
+
+def load(raw: dict, versions: set[str]) -> routing.RoutingState:
+    """A saved state back (``RoutingError``/``ValueError`` when it no longer fits the versions)."""
+    owner = routing.from_ranges({str(v): r for v, r in raw["ranges"].items()})
+    if not set(owner) <= versions:
+        raise routing.RoutingError("names a version no longer served")
+    weights = routing.check_weights(raw["weights"], versions)
+    if routing.targets(weights) != {v: owner.count(v) for v in weights}:
+        raise routing.RoutingError("bucket ranges do not match the weights")
+    rules, groups = routing.parse_rules({"rules": raw["rules"], "groups": raw["groups"]}, versions)
+    return routing.RoutingState(weights, tuple(owner), routing.to_ranges(owner), rules, groups,
+                                bool(raw["allow_pinned"]), str(raw.get("reason", "")))
+
+
+class Model:
+    def __init__(self, name: str, specs: dict[str, ModelSpec], config: dict | None):
+        self.name, self.specs = name, specs
+        self.versions = set(specs)
+        self.history: list[routing.RoutingState] = []
+        self.events: list[dict] = []
+        self.apply_config(config)
+        self.state = self.baseline
+
+    def apply_config(self, config: dict | None) -> None:
+        cfg = config or {}
+        self.config, self.config_digest = config, digest(config)
+        self.baseline = routing.build(
+            None, self.versions, cfg.get("weights") or {model_repo.latest(self.specs): 100},
+            {"rules": cfg.get("rules") or [], "groups": cfg.get("groups") or {}}, cfg.get("allow_pinned"),
+            reason="model.yaml")
+        policy = AutoRollback.parse(cfg.get("auto_rollback"))
+        if policy is None:
+            self.watch = None
+        elif getattr(self, "watch", None) is None or self.watch.policy != policy:
+            self.watch = Watch(policy)
+
+    def push(self, new: routing.RoutingState) -> None:
+        self.history = (self.history + [self.state])[-HISTORY:]
+        self.state = new
+
+    def event(self, kind: str, **fields: Any) -> None:
+        self.events = (self.events + [dict(fields, kind=kind, at=time.time())])[-EVENTS:]
+
+    def saved(self) -> dict:
+        return {"config_digest": self.config_digest, "current": dump(self.state),
+                "history": [dump(s) for s in self.history], "events": self.events}
+
+    def restore(self, saved: dict | None) -> bool:
+        if not isinstance(saved, dict) or saved.get("config_digest") != self.config_digest:
+            return False
+        try:
+            current = load(saved["current"], self.versions)
+            history = []
+            for raw in saved.get("history") or []:
+                try:
+                    history.append(load(raw, self.versions))
+                except (routing.RoutingError, ValueError, KeyError, TypeError, AttributeError):
+                    pass  # an old state naming a version no longer served is just dropped
+        except (routing.RoutingError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.warning("saved routing of %s not restored (%s); using model.yaml", self.name, exc)
+            return False
+        self.state, self.history = current, history[-HISTORY:]
+        self.events = [e for e in saved.get("events") or [] if isinstance(e, dict)][-EVENTS:]
+        return True
+
+
+class Rollout:
+    def __init__(self, specs: dict[str, dict[str, ModelSpec]], store: RouteStore | None, metrics=None):
+        self.store, self.metrics = store, metrics
+        saved = store.load() if store else {}
+        self.models: dict[str, Model] = {}
+        for name, versions in specs.items():
+            config = next(iter(versions.values())).extra.get("routing")
+            self.models[name] = m = Model(name, versions, config)
+            if m.restore(saved.get(name)):
+                log.info("routing of %s restored from %s: %s", name, store.path, m.state.weights)
+
+    # -- the data path ---------------------------------------------------------------
+    def version_of(self, model: str, name: str) -> str:
+        """A version named by the client: its directory name, or ``sha256:<hex>`` (>= 12 digits)."""
+        m = self.models[model]
+        if name in m.specs:
+            return name
+        if name.startswith("sha256:"):
+            prefix = name[7:].lower()
+            if len(prefix) < MIN_PREFIX:
+                raise p.RequestError(p.INVALID_REQUEST, f"a sha256 version needs at least {MIN_PREFIX} hex "
+                                                        f"digits, got {len(prefix)}")
+            hits = [v for v, s in m.specs.items() if s.content_hash.startswith(prefix)]
+            if len(hits) == 1:
+                return hits[0]
+            if hits:
+                raise p.RequestError(p.MODEL_NOT_FOUND, f"{name!r} matches versions {sorted(hits)} of "
+                                                        f"{model!r}: give more digits")
+        raise p.RequestError(p.MODEL_NOT_FOUND, f"model {model!r} has no version {name!r}")
+
+    def route(self, model: str, req: dict, params: dict, key: str | None) -> tuple[str, str]:
+        """(version, route) for an ``infer`` request already checked for shape."""
+        m = self.models[model]
+        pinned = req.get("version")
+        if pinned is not None:
+            if not isinstance(pinned, str):
+                raise p.RequestError(p.MODEL_NOT_FOUND, f"model {model!r} has no version {pinned!r}")
+            pinned = self.version_of(model, pinned)
+            if not m.state.allow_pinned:
+                raise p.RequestError(p.INVALID_REQUEST, f"model {model!r} does not accept a pinned version "
+                                                        f"(routing.allow_pinned is false); omit 'version'")
+        if key is None:  # no routing_key: the request id, else its trace id, else a random spread
+            fallback = req.get("id") if req.get("id") is not None else req.get("trace_id")
+            fallback = str(fallback) if fallback is not None else secrets.token_hex(8)
+        else:
+            fallback = ""
+        version, why = m.state.decide(key, fallback, pinned, params, req["inputs"])
+        if self.metrics is not None:
+            self.metrics.routed(model, version, why)
+        return version, why
+
+    def observe(self, model: str, version: str, code: str, latency_s: float) -> None:
+        m = self.models.get(model)
+        if m is not None and m.watch is not None:
+            m.watch.observe(version, time.monotonic(), code, latency_s)
+
+    def tick(self, now: float) -> None:
+        """Auto-rollback: a canary worse than stable over the window goes to weight 0."""
+        for m in self.models.values():
+            if m.watch is None:
+                continue
+            stable = m.state.stable
+            canaries = [v for v, w in m.state.weights.items() if w > 0 and v != stable]
+            bad = m.watch.verdict(now, stable, canaries) if canaries else None
+            if bad is None:
+                continue
+            version, why = bad
+            weights = dict(m.state.weights)
+            weights[stable] += weights[version]
+            weights[version] = 0.0
+            # Safety first: the change stands even if it cannot be saved (the error is logged).
+            m.push(routing.build(m.state, m.versions, weights, reason=f"auto-rollback of {version}: {why}"))
+            m.watch.forget(version)
+            m.event("auto_rollback", version=version, reason=why, weights=weights)
+            err = self.save()
+            log.error("auto-rollback of %s:%s: %s; its weight is now 0%s", m.name, version, why,
+                      f" (not saved: {err})" if err else "")
+            if self.metrics is not None:
+                self.metrics.auto_rollback(m.name, version)
+
+    # -- changes ---------------------------------------------------------------------------
+    def save(self) -> str | None:
+        if self.store is None:
+            return None
+        try:
+            self.store.save({name: m.saved() for name, m in self.models.items()})
+            return None
+        except OSError as exc:
+            return f"could not save routing state to {self.store.path}: {exc.strerror or exc}"
+
+    def change(self, m: Model, new: routing.RoutingState) -> str | None:
+        """Swap in ``new``, then save; on a failed save swap back.  Returns the error, if any."""
+        old_state, old_history = m.state, m.history
+        m.push(new)
+        err = self.save()
+        if err is not None:
+            m.state, m.history = old_state, old_history
+        return err
+
+    def rollback(self, m: Model) -> str | None:
+        old_state, old_history = m.state, m.history
+        m.state, m.history = m.history[-1], m.history[:-1]  # the pointer flip
+        err = self.save()
+        if err is not None:
+            m.state, m.history = old_state, old_history
+        return err
+
+    def reload(self, settings: dict[str, dict]) -> list[str]:
+        """Re-read routing from model.yaml (``{model: settings}``) and the saved state; what changed."""
+        saved = self.store.load() if self.store else {}
+        for name, m in self.models.items():  # all or nothing: check every model first
+            model_repo.check_routing(settings.get(name, {}).get("routing"), m.versions, f"model {name}")
+        changed = []
+        for name, m in self.models.items():
+            config = settings.get(name, {}).get("routing")
+            if digest(config) == m.config_digest and not self._saved_differs(m, saved.get(name)):
+                continue
+            prev = m.state
+            m.apply_config(config)
+            if not m.restore(saved.get(name)):
+                m.push(m.baseline)
+            elif m.state != prev:
+                m.history = (m.history + [prev])[-HISTORY:]
+            m.event("reload", weights=dict(m.state.weights))
+            changed.append(name)
+        if changed:
+            self.save()
+        return changed
+
+    @staticmethod
+    def _saved_differs(m: Model, saved: Any) -> bool:
+        return isinstance(saved, dict) and saved.get("current") not in (None, dump(m.state))
+
+    def status(self, name: str, now: float) -> dict:
+        m = self.models[name]
+        out = dump(m.state)
+        out.update({"stable": m.state.stable, "previous": dump(m.history[-1]) if m.history else None,
+                    "history": len(m.history), "events": m.events,
+                    "auto_rollback": m.watch.policy.public() if m.watch else None,
+                    "window": m.watch.views(now) if m.watch else {}})
+        return out
+
+    def view(self) -> dict:
+        """What /debug shows: each model's weights, stable version, rules and routing events."""
+        return {name: {"weights": dict(m.state.weights), "stable": m.state.stable,
+                       "rules": [r.name for r in m.state.rules], "allow_pinned": m.state.allow_pinned,
+                       "reason": m.state.reason, "events": list(m.events)} for name, m in self.models.items()}
+
+    def model_dirs(self) -> dict[str, str]:
+        return {name: os.path.dirname(next(iter(m.specs.values())).path) for name, m in self.models.items()}

@@ -1,0 +1,202 @@
+"""``aieng rollout ...`` and ``aieng models list``: the admin socket's command line.
+
+Subcommands (each one admin op, docs/rollout.md):
+    aieng rollout status [MODEL]               weights, bucket ranges, rules, canary window, events
+    aieng rollout set-weights MODEL V=W ...    e.g. 1=90 2=10 (percent, summing to 100)
+    aieng rollout set-rules MODEL FILE         YAML/JSON: rules, groups, allow_pinned (FILE '-': stdin)
+    aieng rollout rollback MODEL               back to the previous routing (a pointer flip)
+    aieng rollout promote MODEL VERSION        100 % to VERSION
+    aieng rollout reload                       re-read routing from model.yaml and the saved state
+    aieng models list                          versions, hashes, metadata, weights
+
+Where the admin socket is: ``--admin-addr``, else ``$AIENG_ADMIN_ADDR``, else
+``ipc://$AIENG_RUNTIME_DIR/admin.sock``, else the one running instance's
+``<tmp>/aieng.<pid>/admin.sock`` (an error names them when there are several).
+With CURVE: ``--curve-client-cert`` (a zmq.auth secret certificate) and
+``--curve-server-cert`` (the server's public certificate).  Exit code 0 on
+success, 1 when the server refused (the message says why), 2 when it could
+not be reached.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import itertools
+import json
+import os
+import sys
+import tempfile
+from typing import Any
+
+import msgpack
+import yaml
+import zmq
+
+_ids = itertools.count(1)
+
+
+def find_admin_addr(given: str | None) -> str:
+    if given:
+        return given
+    if os.environ.get("AIENG_ADMIN_ADDR"):
+        return os.environ["AIENG_ADMIN_ADDR"]
+    if os.environ.get("AIENG_RUNTIME_DIR"):
+        return "ipc://" + os.path.join(os.environ["AIENG_RUNTIME_DIR"], "admin.sock")
+    found = sorted(glob.glob(os.path.join(tempfile.gettempdir(), "aieng.[0-9]*", "admin.sock")))
+    if len(found) == 1:
+        return "ipc://" + found[0]
+    where = ", ".join(found) if found else "none found under " + tempfile.gettempdir()
+    raise SystemExit(f"aieng: which admin socket? give --admin-addr or AIENG_ADMIN_ADDR ({where})")
+
+
+def call(addr: str, op: str, timeout_s: float = 10.0, curve: tuple | None = None, **fields: Any) -> dict:
+    """One admin request and its reply; ``TimeoutError`` when nothing answers."""
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    if curve is not None:
+        sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = curve
+    try:
+        sock.connect(addr)
+        req_id = next(_ids)
+        sock.send(msgpack.packb(dict(fields, op=op, id=req_id), use_bin_type=True))
+        while True:
+            if not sock.poll(int(timeout_s * 1000)):
+                raise TimeoutError(f"no answer from the admin socket {addr} within {timeout_s:g}s")
+            reply = msgpack.unpackb(sock.recv_multipart()[-1], raw=False, strict_map_key=False)
+            if reply.get("id") == req_id:
+                return reply
+    finally:
+        sock.close(0)
+
+
+def _curve(args: argparse.Namespace) -> tuple | None:
+    if not args.curve_client_cert:
+        return None
+    import zmq.auth
+
+    public, secret = zmq.auth.load_certificate(args.curve_client_cert)
+    server, _ = zmq.auth.load_certificate(args.curve_server_cert)
+    return public, secret, server
+
+
+def _weights(items: list[str]) -> dict[str, float]:
+    out = {}
+    for item in items:
+        version, sep, weight = item.partition("=")
+        try:
+            out[version] = float(weight) if sep else None
+        except ValueError:
+            out[version] = None
+        if out[version] is None:
+            raise SystemExit(f"aieng: weights are VERSION=PERCENT, got {item!r}")
+    return out
+
+
+def _rules(path: str) -> dict:
+    text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
+    data = yaml.safe_load(text)
+    if isinstance(data, list):
+        data = {"rules": data}
+    if not isinstance(data, dict):
+        raise SystemExit("aieng: a rules file holds a map (rules, groups, allow_pinned) or a list of rules")
+    return {k: data[k] for k in ("rules", "groups", "allow_pinned") if k in data}
+
+
+def _print_status(reply: dict) -> None:
+    for name, st in reply["models"].items():
+        print(f"{name}: stable {st['stable']}, weights "
+              + ", ".join(f"{v}={w:g}%" for v, w in st["weights"].items())
+              + f"; pinning {'allowed' if st['allow_pinned'] else 'refused'}; last change: {st['reason']}")
+        for v, spans in st["ranges"].items():
+            print(f"  buckets of {v}: " + ", ".join(f"{a}-{b - 1}" for a, b in spans))
+        for r in st["rules"]:
+            cond = r.get("when") or {"group": r["group"]}
+            print(f"  rule {r['name']} -> {r['version']}: " + json.dumps(cond))
+        if st.get("auto_rollback"):
+            print("  auto-rollback: " + json.dumps(st["auto_rollback"]))
+            for v, w in st["window"].items():
+                p99 = f"{w['p99_s'] * 1000:.1f} ms" if w["p99_s"] is not None else "-"
+                print(f"    {v}: {w['requests']} requests, {w['error_rate']:.1%} errors, p99 {p99}")
+        for e in st["events"]:
+            what = e.get("reason") or json.dumps(e.get("weights"))
+            print(f"  event {e['kind']} at {e['at']:.0f}: {what}")
+        print(f"  previous routing: {'yes' if st['previous'] else 'none'} ({st['history']} kept)")
+
+
+def main_rollout(args: argparse.Namespace) -> int:
+    action = args.action
+    fields: dict[str, Any] = {}
+    op = action.replace("-", "_")
+    if action == "status" and args.model:
+        fields["model"] = args.model
+    elif action in ("set-weights", "set-rules", "rollback", "promote"):
+        fields["model"] = args.model
+    if action == "set-weights":
+        fields["weights"] = _weights(args.weights)
+    elif action == "set-rules":
+        fields.update(_rules(args.file))
+    elif action == "promote":
+        fields["version"] = args.version
+    elif action == "list":
+        op = "models"
+    return _run(args, op, fields)
+
+
+def _run(args: argparse.Namespace, op: str, fields: dict) -> int:
+    try:
+        reply = call(find_admin_addr(args.admin_addr), op, args.timeout, _curve(args), **fields)
+    except (TimeoutError, zmq.ZMQError) as exc:
+        print(f"aieng: {exc}", file=sys.stderr)
+        return 2
+    if not reply.get("ok"):
+        err = reply.get("error") or {}
+        print(f"aieng: {err.get('code')}: {err.get('message')}", file=sys.stderr)
+        return 1
+    if op == "status" and not args.json:
+        _print_status(reply)
+    else:
+        reply.pop("id", None)
+        print(json.dumps(reply, indent=2, sort_keys=True))
+    return 0
+
+
+def add_admin_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--admin-addr", help="the admin socket (default: see aieng/rollout_cli.py)")
+    p.add_argument("--timeout", type=float, default=10.0)
+    p.add_argument("--curve-client-cert", help="CURVE: this client's secret certificate (zmq.auth)")
+    p.add_argument("--curve-server-cert", help="CURVE: the server's public certificate")
+    p.add_argument("--json", action="store_true", help="print the raw reply as JSON")
+
+
+def models_args(p: argparse.ArgumentParser) -> None:
+    """``aieng models [list]``: without ``list`` the client op (as before), with it the admin op."""
+    p.add_argument("action", nargs="?", choices=["list"],
+                   help="list: over the admin socket (metadata, weights)")
+    p.add_argument("--admin-addr", help="the admin socket (for 'list')")
+    p.add_argument("--curve-client-cert", help="CURVE: this client's secret certificate (zmq.auth)")
+    p.add_argument("--curve-server-cert", help="CURVE: the server's public certificate")
+    p.add_argument("--json", action="store_true")
+
+
+def register(sub) -> None:
+    """Add ``rollout`` to ``aieng``'s subcommands."""
+    ro = sub.add_parser("rollout", help="routing of model versions: status, weights, rules, rollback")
+    acts = ro.add_subparsers(dest="action", required=True)
+    st = acts.add_parser("status", help="routing state of every model, or of MODEL")
+    st.add_argument("model", nargs="?")
+    sw = acts.add_parser("set-weights", help="e.g. set-weights tabular 1=90 2=10")
+    sw.add_argument("model")
+    sw.add_argument("weights", nargs="+", metavar="VERSION=PERCENT")
+    sr = acts.add_parser("set-rules", help="rules from a YAML/JSON file ('-': stdin)")
+    sr.add_argument("model")
+    sr.add_argument("file")
+    rb = acts.add_parser("rollback", help="back to the previous routing")
+    rb.add_argument("model")
+    pr = acts.add_parser("promote", help="100 percent to VERSION")
+    pr.add_argument("model")
+    pr.add_argument("version")
+    acts.add_parser("reload", help="re-read routing from model.yaml and the saved state")
+    for p in (st, sw, sr, rb, pr, acts.choices["reload"]):
+        add_admin_args(p)
+    ro.set_defaults(func=main_rollout)

@@ -1,0 +1,184 @@
+"""The frontend's routing state around the pure logic: canary windows, the state file, restore rules,
+changes that cannot be saved, rollback, auto-rollback, and the model-wide model.yaml."""
+import json
+import os
+import time
+
+import pytest
+
+from aieng import model_repo
+from aieng import protocol as p
+from aieng.frontend import routing
+from aieng.frontend.canary import AutoRollback, Watch
+from aieng.frontend.rollout import Rollout
+from aieng.frontend.routestore import RouteStore, store_path
+
+TENSOR_YAML = ("inputs: [{name: x, kind: tensor}]\noutputs: [{name: y, kind: tensor}]\n"
+               "preprocess: {type: tensor}\npostprocess: {type: tensor}\n")
+
+
+def repo_with(tmp_path, model_yaml: str | None, versions=("1", "2", "3"), meta: str = "") -> str:
+    repo = tmp_path / "repo"
+    for v in versions:
+        d = repo / "m" / v
+        d.mkdir(parents=True)
+        (d / "model.onnx").write_bytes(b"onnx " + v.encode())  # the scan only checks it exists
+        (d / "model.yaml").write_text(TENSOR_YAML + meta)
+    if model_yaml is not None:
+        (repo / "m" / "model.yaml").write_text(model_yaml)
+    return str(repo)
+
+
+# -- canary windows ---------------------------------------------------------------------
+POLICY = AutoRollback(max_error_rate_delta=0.1, max_p99_ratio=2.0, window_s=10, min_requests=10)
+
+
+def test_error_rate_over_stable_by_more_than_the_delta_is_a_verdict():
+    w = Watch(POLICY)
+    for i in range(20):
+        w.observe("1", 100.0, "OK", 0.01)
+        w.observe("2", 100.0, "INTERNAL" if i % 4 == 0 else "OK", 0.01)  # 25 % errors
+    version, why = w.verdict(101.0, "1", ["2"])
+    assert version == "2" and "error rate 25.0%" in why
+
+
+def test_client_errors_do_not_count_and_few_requests_are_not_judged():
+    w = Watch(POLICY)
+    for _ in range(20):
+        w.observe("2", 100.0, "INVALID_INPUT", 0.0)
+    for _ in range(9):
+        w.observe("2", 100.0, "TIMEOUT", 1.0)
+    assert w.verdict(101.0, "1", ["2"]) is None  # 9 < min_requests: INVALID_INPUT was not counted
+
+
+def test_p99_over_ratio_is_a_verdict_and_old_samples_leave_the_window():
+    w = Watch(POLICY)
+    for _ in range(20):
+        w.observe("1", 100.0, "OK", 0.010)
+        w.observe("2", 100.0, "OK", 0.050)
+    assert w.verdict(101.0, "1", ["2"])[0] == "2"
+    assert w.verdict(111.0, "1", ["2"]) is None  # all samples older than window_s
+
+
+@pytest.mark.parametrize("raw", [{"window_s": 0}, {"nope": 1}, {"min_requests": -1}, {"max_p99_ratio": 0.5},
+                                 "on"])
+def test_bad_auto_rollback_settings_are_refused(raw):
+    with pytest.raises(ValueError):
+        AutoRollback.parse(raw)
+
+
+# -- the state file -------------------------------------------------------------------------
+def test_store_round_trip_is_atomic_and_a_corrupt_file_is_ignored(tmp_path):
+    path = store_path(str(tmp_path / "state"), "/some/repo")
+    s = RouteStore(path)
+    assert s.load() == {}
+    s.save({"m": {"x": 1}})
+    assert s.load() == {"m": {"x": 1}}
+    assert os.listdir(tmp_path / "state") == [os.path.basename(path)]  # no temp file left
+    with open(path, "w") as fh:
+        fh.write("{not json")
+    assert s.load() == {}
+
+
+# -- the rollout controller -----------------------------------------------------------------
+def rollout(repo: str, state_dir) -> Rollout:
+    specs = model_repo.scan(repo)
+    return Rollout(specs, RouteStore(store_path(str(state_dir), repo)))
+
+
+def test_changes_are_saved_and_restored_while_model_yaml_is_unchanged(tmp_path):
+    repo = repo_with(tmp_path, "routing:\n  weights: {'1': 90, '2': 10}\n")
+    r = rollout(repo, tmp_path / "st")
+    m = r.models["m"]
+    assert r.change(m, routing.build(m.state, m.versions, {"1": 80, "2": 20})) is None
+    again = rollout(repo, tmp_path / "st").models["m"]
+    assert again.state == m.state and again.history == m.history
+    # model.yaml edited: it wins, and what it replaced is history
+    (tmp_path / "repo" / "m" / "model.yaml").write_text("routing:\n  weights: {'1': 50, '3': 50}\n")
+    r2 = rollout(repo, tmp_path / "st")
+    assert r2.models["m"].state.weights == {"1": 50.0, "3": 50.0}
+    assert r2.models["m"].state.reason == "model.yaml"
+
+
+def test_a_change_that_cannot_be_saved_is_undone(tmp_path):
+    repo = repo_with(tmp_path, None)
+    blocker = tmp_path / "st"
+    blocker.write_text("a file where the state dir should be")
+    r = rollout(repo, blocker)
+    m = r.models["m"]
+    before = m.state
+    err = r.change(m, routing.build(m.state, m.versions, {"3": 50, "1": 50}))
+    assert err is not None and "could not save" in err
+    assert m.state is before and m.history == []
+
+
+def test_route_pins_sha256_prefixes_and_refuses_short_or_unknown(tmp_path):
+    repo = repo_with(tmp_path, "routing:\n  weights: {'3': 100}\n")
+    r = rollout(repo, tmp_path / "st")
+    h2 = r.models["m"].specs["2"].content_hash
+    req = {"id": 1, "inputs": {}}
+    assert r.route("m", dict(req, version="sha256:" + h2[:12]), {}, None) == ("2", "pinned")
+    assert r.route("m", req, {}, "alice") == ("3", "weight")
+    with pytest.raises(p.RequestError, match="at least 12"):
+        r.route("m", dict(req, version="sha256:" + h2[:11]), {}, None)
+    with pytest.raises(p.RequestError, match="no version"):
+        r.route("m", dict(req, version="sha256:" + "0" * 64), {}, None)
+
+
+def test_auto_rollback_moves_the_canary_to_zero_and_records_why(tmp_path):
+    auto = "  auto_rollback: {max_error_rate_delta: 0.1, window_s: 30, min_requests: 5}\n"
+    repo = repo_with(tmp_path, "routing:\n  weights: {'1': 80, '2': 20}\n" + auto)
+    r = rollout(repo, tmp_path / "st")
+    for _ in range(10):
+        r.observe("m", "1", "OK", 0.01)
+        r.observe("m", "2", "INTERNAL", 0.01)
+    r.tick(time.monotonic())
+    m = r.models["m"]
+    assert m.state.weights == {"1": 100.0, "2": 0.0}
+    assert m.events[-1]["kind"] == "auto_rollback" and m.events[-1]["version"] == "2"
+    saved = json.load(open(r.store.path))["models"]["m"]
+    assert saved["current"]["weights"] == {"1": 100.0, "2": 0.0}
+    assert r.rollback(m) is None and m.state.weights == {"1": 80.0, "2": 20.0}
+
+
+def test_reload_is_all_or_nothing(tmp_path):
+    repo = repo_with(tmp_path, "routing:\n  weights: {'1': 100}\n")
+    r = rollout(repo, tmp_path / "st")
+    with pytest.raises(model_repo.ModelError, match="sum to 100"):
+        r.reload({"m": {"routing": {"weights": {"1": 60}}}})
+    assert r.models["m"].state.weights == {"1": 100.0}
+    assert r.reload({"m": {"routing": {"weights": {"1": 60, "2": 40}}}}) == ["m"]
+    assert r.models["m"].state.weights == {"1": 60.0, "2": 40.0}
+    assert r.reload({"m": {"routing": {"weights": {"1": 60, "2": 40}}}}) == []
+
+
+# -- the model-wide model.yaml -----------------------------------------------------------------
+@pytest.mark.parametrize("policy, served", [("all", ["1", "2", "3"]), ({"latest": 2}, ["2", "3"]),
+                                            (["1", 3], ["1", "3"])])
+def test_version_policy(tmp_path, policy, served):
+    repo = repo_with(tmp_path, json.dumps({"versions": policy}))
+    assert list(model_repo.scan(repo)["m"]) == served
+
+
+@pytest.mark.parametrize("text, why", [
+    ("versions: {latest: 0}", "latest must be"), ("versions: ['7']", "no directory"),
+    ("routing: {weights: {'1': 50}}", "sum to 100"), ("colour: blue", "takes only"),
+    ("routing: {weights: {'1': 100}, auto_rollback: {window_s: -1}}", "non-negative"),
+    ("routing: {rules: [{name: r, group: g, version: '1'}]}", "unknown group"),
+    ("versions: {latest: 1}\nrouting: {weights: {'1': 100}}", "unknown version '1'"),
+])
+def test_bad_model_wide_yaml_fails_the_scan_naming_the_file(tmp_path, text, why):
+    repo = repo_with(tmp_path, text)
+    with pytest.raises(model_repo.ModelError, match=why) as exc:
+        model_repo.scan(repo)
+    assert os.path.join("m", "model.yaml") in str(exc.value)
+
+
+def test_version_metadata(tmp_path):
+    repo = repo_with(tmp_path, None, versions=("1",),
+                     meta="metadata: {created: 2026-11-01, metrics: {auc: 0.9}, notes: first}\n")
+    spec = model_repo.scan(repo)["m"]["1"]
+    assert spec.public()["metadata"] == {"created": "2026-11-01", "metrics": {"auc": 0.9}, "notes": "first"}
+    bad = repo_with(tmp_path / "b", None, versions=("1",), meta="metadata: {owner: me}\n")
+    with pytest.raises(model_repo.ModelError, match="metadata"):
+        model_repo.scan(bad)
