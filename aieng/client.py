@@ -52,10 +52,15 @@ def decode_reply(raw: bytes, tensors: bool = True) -> dict:
 
 
 def build_request(req_id: Any, model: str, inputs: dict, version: str | None = None,
-                  params: dict | None = None, timeout_ms: int | None = None) -> dict:
+                  params: dict | None = None, timeout_ms: int | None = None,
+                  routing_key: str | None = None) -> dict:
+    """``routing_key`` (e.g. a user id) keeps a caller on the same model version while the rollout's
+    weights stand (docs/rollout.md); without it the request id is hashed."""
     req: dict[str, Any] = {"op": "infer", "id": req_id, "model": model, "inputs": _wire_inputs(inputs)}
     if version is not None:
         req["version"] = version
+    if routing_key is not None:
+        req["routing_key"] = routing_key
     if params:
         req["params"] = params
     if timeout_ms is not None:
