@@ -67,10 +67,10 @@ class Servicer(pbg.GRPCInferenceServiceServicer):
         await context.abort(getattr(grpc.StatusCode, GRPC_STATUS.get(exc.code, "INTERNAL")), exc.message)
 
     async def ServerLive(self, request, context):
-        return pb.ServerLiveResponse(live=self.svc.up.live)
+        return pb.ServerLiveResponse(live=await self.svc.up.is_live())
 
     async def ServerReady(self, request, context):
-        return pb.ServerReadyResponse(ready=self.svc.up.ready)
+        return pb.ServerReadyResponse(ready=await self.svc.up.is_ready())
 
     async def ServerMetadata(self, request, context):
         return json_format.ParseDict(self.svc.server_metadata(), pb.ServerMetadataResponse())
@@ -80,7 +80,7 @@ class Servicer(pbg.GRPCInferenceServiceServicer):
             view = await self.svc.view(request.name, request.version or None)
         except p.RequestError:
             return pb.ModelReadyResponse(ready=False)
-        return pb.ModelReadyResponse(ready=self.svc.model_ready(view))
+        return pb.ModelReadyResponse(ready=await self.svc.up.is_ready() and view.load_error is None)
 
     async def ModelMetadata(self, request, context):
         try:

@@ -131,9 +131,9 @@ class OipHttp:
         if not rest:
             return _json(svc.server_metadata())
         if rest == ["health", "live"]:
-            return _empty(up.live)
+            return _empty(await up.is_live())
         if rest == ["health", "ready"]:
-            return _empty(up.ready)
+            return _empty(await up.is_ready())
         if rest == ["models", "stats"]:
             return _json({"model_stats": await self.stats(None, None)})
         if rest[:1] == ["repository"]:
@@ -151,7 +151,7 @@ class OipHttp:
         if not tail:
             return _json(models.metadata(view))
         if tail == ["ready"]:
-            return _empty(svc.model_ready(view))
+            return _empty(await up.is_ready() and view.load_error is None)
         if tail == ["config"]:
             return _json(models.config(view))
         if tail == ["stats"]:

@@ -73,9 +73,6 @@ class Service:
             raise p.RequestError(p.MODEL_NOT_FOUND, f"unknown {what}")
         return view
 
-    def model_ready(self, view: ModelView) -> bool:
-        return self.up.ready and view.load_error is None
-
     async def infer(self, name: str, version: str | None, tensors: list[codec.Tensor], params: dict,
                     requested: list[str] | None, deadline_s: float | None = None) -> Answer:
         view = await self.view(name, version)

@@ -130,6 +130,26 @@ class Upstream:
                 return False
         return True
 
+    async def is_live(self) -> bool:
+        if not self.live:
+            await self._fresh()
+        return self.live
+
+    async def is_ready(self) -> bool:
+        """Readiness, asking the frontend afresh when the last word was "not ready" (so a probe sees a
+        change at once; a flood of such probes is bounded by the frontend's op rate limit)."""
+        if not self.ready:
+            await self._fresh()
+        return self.ready
+
+    async def _fresh(self) -> None:
+        try:
+            h = await self.call({"op": "health"}, 1.0)
+        except RequestError:
+            return
+        if h.get("ok"):
+            self.health, self.health_at = h, time.monotonic()
+
     @property
     def live(self) -> bool:
         return time.monotonic() - self.health_at <= FRESH_S
