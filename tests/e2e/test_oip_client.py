@@ -231,6 +231,7 @@ def test_repository_index_and_unsupported_load(http, grpc_client):
     index = http.get_model_repository_index()
     assert sorted((m["name"], m["version"], m["state"]) for m in index) == [
         ("minilm", "1", "READY"), ("orientation", "1", "READY"), ("tabular", "1", "READY")]
-    assert [m.name for m in grpc_client.get_model_repository_index().models] == ["minilm", "orientation", "tabular"]
+    names = [m.name for m in grpc_client.get_model_repository_index().models]
+    assert names == ["minilm", "orientation", "tabular"]
     assert _status(lambda: http.load_model("minilm")) == "501"
     assert _status(lambda: grpc_client.unload_model("minilm")) == "StatusCode.UNIMPLEMENTED"
