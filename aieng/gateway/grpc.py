@@ -5,7 +5,8 @@ The stubs in ``aieng/gateway/proto/`` are generated from Triton's ``grpc_service
 live/ready/metadata, model ready/metadata/config/statistics, ModelInfer (tensors as ``contents`` or as
 ``raw_input_contents``; outputs always as ``raw_output_contents``, which is what Triton's clients read),
 and the repository index; RepositoryModelLoad/Unload answer UNIMPLEMENTED (not supported yet), and the
-shared-memory, trace, log and streaming calls are the generated base's UNIMPLEMENTED.  Metadata, config
+shared-memory, trace, log and streaming calls are not registered (UNIMPLEMENTED).  A message that does
+not parse is INVALID_ARGUMENT.  Metadata, config
 and statistics are the same dicts the HTTP side sends, parsed into the messages (``json_format``).
 Errors map to status codes by ``service.GRPC_STATUS``; the call's deadline bounds the native timeout.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import grpc
 from google.protobuf import json_format
+from google.protobuf.message import DecodeError
 
 from aieng import protocol as p
 from aieng.gateway import codec, models
@@ -137,12 +139,44 @@ class Servicer(pbg.GRPCInferenceServiceServicer):
         return resp
 
 
+UNDECODABLE = object()
+
+
+def _handlers(servicer: Servicer) -> grpc.GenericRpcHandler:
+    """The service's unary methods that ``Servicer`` implements, registered like the generated
+    ``add_GRPCInferenceServiceServicer_to_server`` does, except that a message which does not parse is
+    INVALID_ARGUMENT from the method (grpc's own deserializer answers UNKNOWN and logs a traceback)."""
+    service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+
+    def method(name: str, req_cls, resp_cls):
+        fn = getattr(servicer, name)
+
+        def parse(data: bytes):
+            try:
+                return req_cls.FromString(data)
+            except DecodeError:
+                return UNDECODABLE
+
+        async def behave(request, context):
+            if request is UNDECODABLE:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"undecodable {req_cls.__name__}")
+            return await fn(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(behave, request_deserializer=parse,
+                                                   response_serializer=resp_cls.SerializeToString)
+
+    table = {m.name: method(m.name, getattr(pb, m.input_type.name), getattr(pb, m.output_type.name))
+             for m in service.methods if not m.client_streaming and not m.server_streaming
+             and type(servicer).__dict__.get(m.name) is not None}
+    return grpc.method_handlers_generic_handler(service.full_name, table)
+
+
 async def start_grpc(service: Service, addr: str, max_bytes: int) -> grpc.aio.Server:
     """Bind and start; every gateway process binds the same address (SO_REUSEPORT, grpc's default)."""
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", max_bytes),
                                       ("grpc.max_send_message_length", max_bytes),
                                       ("grpc.so_reuseport", 1)])
-    pbg.add_GRPCInferenceServiceServicer_to_server(Servicer(service), server)
+    server.add_generic_rpc_handlers((_handlers(Servicer(service)),))
     try:
         port = server.add_insecure_port(addr)
     except RuntimeError:
