@@ -323,6 +323,10 @@ def transport_side(model: str, repo: str, inputs: list[dict], levels: list[int],
     return rows
 
 
+def _cpu_of(r: dict, role: str) -> float:
+    return sum(v for k, v in r["cpu"].items() if k.startswith(role))
+
+
 def fmt_transports(model: str, rows: list[dict], n: int) -> str:
     lines = [f"# aieng bench --transport: {model}", "",
              f"One server (the OIP gateway on, {n} requests per row); at each concurrency the same closed "
@@ -331,14 +335,16 @@ def fmt_transports(model: str, rows: list[dict], n: int) -> str:
              "GRPCInferenceService (one channel). CPU ms/req: the server's processes only (the client "
              "shares the machine).", "",
              "| concurrency | transport | req/s | vs zmq | p50 ms | p50 - zmq p50 | p95 ms | p99 ms "
-             "| server CPU ms/req | errors |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| server CPU ms/req | gateway | frontend | errors |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         z = next((x for x in rows if x["concurrency"] == r["concurrency"] and x["transport"] == "zmq"), None)
         rel = _f(ratio(r["rps"], z and z["rps"]))
         dp50 = "-" if z is None else f"{r['p50_ms'] - z['p50_ms']:+.2f}"
         lines.append(f"| {r['concurrency']} | {r['transport']} | {r['rps']:.1f} | {rel} | "
                      f"{r['p50_ms']:.2f} | {dp50} | {r['p95_ms']:.2f} | {r['p99_ms']:.2f} | "
-                     f"{r['cpu']['total']:.2f} | {r['errors'] or '-'} |")
+                     f"{r['cpu']['total']:.2f} | {_f(_cpu_of(r, 'gateway'))} | "
+                     f"{_f(_cpu_of(r, 'frontend'))} | {r['errors'] or '-'} |")
     return "\n".join(lines) + "\n"
 
 
