@@ -9,6 +9,8 @@ never a thread, and every way of holding one is bounded:
                          ``head_s`` of its first byte (408), else the connection is closed
     body                 ``Content-Length`` only (chunked: 411), at most ``max_body`` bytes (413, before
                          reading it), arriving at ``MIN_RATE`` bytes/s or better after ``head_s`` (408)
+    bodies in memory     at most ``BODY_BUDGET`` x ``max_body`` bytes being read or answered at once per
+                         process; a body that does not fit is 503 before it is read
     connections          at most ``max_conns`` per process; more are closed at once
     answers              one at a time per connection, in order (pipelined requests wait their turn)
 
@@ -28,6 +30,7 @@ from urllib.parse import unquote
 
 HEAD_BYTES = 64 * 1024
 MIN_RATE = 1 << 20
+BODY_BUDGET = 4
 REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout",
            411: "Length Required", 413: "Payload Too Large", 431: "Request Header Fields Too Large",
            500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable",
@@ -83,6 +86,7 @@ class HttpServer:
         self.dropped: Counter = Counter()
         self.server: asyncio.AbstractServer | None = None
         self.closing = False
+        self.body_bytes = 0  # bytes of request bodies held now (read, or being read)
 
     async def start(self, host: str, port: int) -> None:
         # SO_REUSEPORT: every gateway process binds the same address and the kernel spreads connections.
@@ -113,6 +117,8 @@ class HttpServer:
                 pass
         except (ConnectionError, asyncio.IncompleteReadError):
             self.drop("closed by the client", peer)
+        except asyncio.CancelledError:  # close() cut it: end quietly (asyncio would log a cancelled handler)
+            pass
         finally:
             self.conns.pop(task, None)
             await self._close(reader, writer)
@@ -155,6 +161,18 @@ class HttpServer:
             self.drop(f"bad request head ({exc.status})", peer)
             await self._reply(writer, *error_response(exc.status, exc.message), False)
             return False
+        if self.body_bytes + n > BODY_BUDGET * self.max_body:
+            self.drop("bodies over the memory budget", peer)
+            await self._reply(writer, *error_response(503, "too many large requests at once"), False)
+            return False
+        self.body_bytes += n
+        try:
+            return await self._answer(reader, writer, n, method, path, query, version, headers, peer)
+        finally:
+            self.body_bytes -= n
+
+    async def _answer(self, reader, writer, n: int, method: str, path: str, query: str, version: str,
+                      headers: dict, peer: object) -> bool:
         try:
             body = await asyncio.wait_for(reader.readexactly(n), self.head_s + n / MIN_RATE) if n else b""
         except asyncio.TimeoutError:
