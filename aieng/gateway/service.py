@@ -66,7 +66,8 @@ class Service:
         self.up = upstream
 
     async def view(self, name: str, version: str | None) -> ModelView:
-        await self.up.wait_models()
+        if not await self.up.wait_models():
+            raise p.RequestError(p.UNAVAILABLE, "the model list is not known yet (the frontend is silent)")
         view = self.up.catalog.get(name, version)
         if view is None:
             what = f"model '{name}'" + (f" version '{version}'" if version else "")
