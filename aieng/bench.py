@@ -44,7 +44,7 @@ from typing import Any, Callable
 
 from aieng import cpuacct
 from aieng.bench_limit import InProcess
-from aieng.loadgen import Progress, open_loop, run_level, sample_inputs
+from aieng.loadgen import Progress, merge_levels, open_loop, run_level, sample_inputs
 
 # Column order of the per-process CPU table; names not listed follow, sorted.
 _ROLE_ORDER = ("frontend", "preprocess", "executor", "postprocess", "supervisor", "other")
@@ -53,6 +53,7 @@ _PASS_THROUGH = {"AIENG_PREPROCESS_WORKERS", "AIENG_POSTPROCESS_WORKERS", "AIENG
                  "AIENG_MAX_WAIT_MS", "AIENG_INTRA_OP_THREADS", "AIENG_ORT_SPINNING", "AIENG_DEVICE",
                  "AIENG_GATEWAY_WORKERS"}
 TRANSPORTS = ("zmq", "http", "grpc")
+ROUNDS = 3  # interleaved rounds per level in the transport comparison
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -299,22 +300,33 @@ def _plot(model: str, srv: dict, base: dict | None, limit: float, path: str) -> 
 
 def transport_side(model: str, repo: str, inputs: list[dict], levels: list[int], n: int,
                    transports: list[str]) -> list[dict]:
-    """One server with the gateway on; at each level the same closed loop over each transport in turn."""
+    """One server with the gateway on; at each level the same closed loop over each transport, in
+    ``ROUNDS`` interleaved rounds of n / ROUNDS requests (so load from elsewhere on a shared machine falls
+    on every transport alike), merged per transport."""
     ports = {"http": f"127.0.0.1:{_free_port()}", "grpc": f"127.0.0.1:{_free_port()}"}
     proc, addr, _ = _start_server(model, repo, {"AIENG_OIP_HTTP_ADDR": ports["http"],
                                                 "AIENG_OIP_GRPC_ADDR": ports["grpc"]})
     door = {"zmq": addr, **ports}
     rows = []
+    per_round = max(1, n // ROUNDS)
     try:
         for c in levels:
+            for t in transports:  # warm every door at this level first
+                asyncio.run(run_level(door[t], model, inputs[:min(len(inputs), 4 * c)], c, 60, t))
+            parts: dict[str, list[dict]] = {t: [] for t in transports}
+            cpu: dict[str, dict[str, float]] = {t: {} for t in transports}
+            for k in range(ROUNDS):
+                for t in transports:
+                    before = cpuacct.snapshot(proc.pid)
+                    progress = Progress(f"{t} c={c} round {k + 1}/{ROUNDS}", per_round)
+                    chunk = [inputs[(k * per_round + i) % len(inputs)] for i in range(per_round)]
+                    parts[t].append(asyncio.run(run_level(door[t], model, chunk, c, 60, t, progress)))
+                    progress.close()
+                    for name, secs in cpuacct.delta(before, cpuacct.snapshot(proc.pid)).items():
+                        cpu[t][name] = cpu[t].get(name, 0.0) + secs
             for t in transports:
-                asyncio.run(run_level(door[t], model, inputs[:min(len(inputs), 4 * c)], c, 60, t))  # warm
-                before = cpuacct.snapshot(proc.pid)
-                progress = Progress(f"{t} c={c}", n)
-                r = asyncio.run(run_level(door[t], model, inputs[:n], c, 60, t, progress))
-                progress.close()
-                r["cpu"] = cpuacct.per_request_ms(cpuacct.delta(before, cpuacct.snapshot(proc.pid)),
-                                                  answered(r))
+                r = merge_levels(parts[t])
+                r["cpu"] = cpuacct.per_request_ms(cpu[t], answered(r))
                 print(f"{t} c={c}: {r['rps']:.1f} req/s, p50 {r['p50_ms']:.2f} ms, "
                       f"errors {r['errors'] or '-'}", flush=True)
                 rows.append(r)
@@ -330,10 +342,10 @@ def _cpu_of(r: dict, role: str) -> float:
 def fmt_transports(model: str, rows: list[dict], n: int) -> str:
     lines = [f"# aieng bench --transport: {model}", "",
              f"One server (the OIP gateway on, {n} requests per row); at each concurrency the same closed "
-             "loop over each front door in turn. zmq: the native protocol (AsyncClient); http: OIP REST with "
-             "binary tensors both ways (one keep-alive connection per client worker); grpc: OIP "
-             "GRPCInferenceService (one channel). CPU ms/req: the server's processes only (the client "
-             "shares the machine).", "",
+             f"loop over each front door, in {ROUNDS} interleaved rounds merged per door. zmq: the native "
+             "protocol (AsyncClient); http: OIP REST with binary tensors both ways (one keep-alive "
+             "connection per client worker); grpc: OIP GRPCInferenceService (one channel). CPU ms/req: the "
+             "server's processes only (the client shares the machine).", "",
              "| concurrency | transport | req/s | vs zmq | p50 ms | p50 - zmq p50 | p95 ms | p99 ms "
              "| server CPU ms/req | gateway | frontend | errors |",
              "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]

@@ -235,7 +235,25 @@ async def run_level(addr: str | None, model: str, inputs: list[dict], concurrenc
             "rps": round(len(latencies) / elapsed, 1), "p50_ms": round(float(np.percentile(lat, 50)), 2),
             "p95_ms": round(float(np.percentile(lat, 95)), 2),
             "p99_ms": round(float(np.percentile(lat, 99)), 2), "transport": transport,
-            "mean_batch": round(float(np.mean(batches)), 2) if batches else 0.0, "errors": errors}
+            "mean_batch": round(float(np.mean(batches)), 2) if batches else 0.0, "errors": errors,
+            "latencies_ms": lat}
+
+
+def merge_levels(parts: list[dict]) -> dict[str, Any]:
+    """One level's figures from several rounds of it: requests over the summed time, percentiles over every
+    latency, errors added up."""
+    lat = np.concatenate([p["latencies_ms"] for p in parts])
+    n, secs = sum(p["requests"] for p in parts), sum(p["seconds"] for p in parts)
+    errors: dict[str, int] = {}
+    for p in parts:
+        for k, v in p["errors"].items():
+            errors[k] = errors.get(k, 0) + v
+    return {"concurrency": parts[0]["concurrency"], "transport": parts[0]["transport"], "requests": n,
+            "seconds": round(secs, 3), "rps": round(n / secs, 1),
+            "p50_ms": round(float(np.percentile(lat, 50)), 2),
+            "p95_ms": round(float(np.percentile(lat, 95)), 2),
+            "p99_ms": round(float(np.percentile(lat, 99)), 2), "errors": errors, "latencies_ms": lat,
+            "mean_batch": parts[0]["mean_batch"]}
 
 
 async def open_loop(addr: str, model: str, inputs: list[dict], rate: float, duration: float,

@@ -34,3 +34,13 @@ def test_oip_tensors_of_native_rows():
     assert (name, dt, shape) == ("text", "BYTES", [1]) and raw == struct.pack("<I", 6) + "héllo".encode()
     kinds = {n: (d, s) for n, d, s, _ in loadgen.oip_tensors({"bill_length_mm": 40.0, "island": "Dream"})}
     assert kinds == {"bill_length_mm": ("FP32", [1]), "island": ("BYTES", [1])}
+
+
+def test_rounds_merge_into_one_row():
+    import numpy as np
+
+    a = {"concurrency": 4, "transport": "http", "requests": 10, "seconds": 1.0, "errors": {"HTTP_503": 1},
+         "latencies_ms": np.full(10, 5.0), "mean_batch": 0.0}
+    b = dict(a, requests=30, seconds=1.0, errors={"HTTP_503": 2}, latencies_ms=np.full(30, 9.0))
+    r = loadgen.merge_levels([a, b])
+    assert (r["requests"], r["rps"], r["p50_ms"], r["errors"]) == (40, 20.0, 9.0, {"HTTP_503": 3})
