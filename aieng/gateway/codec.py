@@ -14,6 +14,8 @@ model's input kinds:
     number     any numeric         [N] or [N, 1]   float (NaN -> missing)
     tensor     its numeric type    [N, ...]        tensor map of row i
 
+A model that does not batch (``max_batch_size`` 1) takes no batch dimension, as in Triton: one
+request per OIP request, a ``tensor`` input is the whole tensor and any other input has shape [1].
 ``join_rows`` stacks the native answers back into tensors: ``tensor`` outputs keep their dtype with
 the rows first, ``str`` outputs become ``BYTES`` [N], ``number`` outputs ``FP64`` [N].  Every
 problem with a request is a ``RequestError`` with an INVALID_* code (HTTP 400).
@@ -176,10 +178,23 @@ def _row_value(kind: str, t: Tensor, flat: Any, i: int) -> Any:
     return None if math.isnan(x) else x
 
 
-def split_rows(kinds: dict[str, str], tensors: list[Tensor], max_rows: int) -> list[dict[str, Any]]:
-    """One native ``inputs`` map per row (see the module docstring for the shapes each kind takes)."""
+def _check_datatype(t: Tensor, kind: str) -> None:
+    want_bytes = kind in ("text", "category", "image")
+    if want_bytes != (t.datatype == "BYTES") or (kind == "number" and t.datatype == "BOOL"):
+        need = "BYTES" if want_bytes else "a numeric datatype"
+        raise _bad(f"input '{t.name}' ({kind}): datatype must be {need}, got {t.datatype}")
+
+
+def split_rows(kinds: dict[str, str], tensors: list[Tensor], max_rows: int,
+               batched: bool = True) -> list[dict[str, Any]]:
+    """One native ``inputs`` map per row (see the module docstring for the shapes each kind takes).
+
+    A model that does not batch takes no batch dimension: its tensor inputs are the request's whole
+    tensor and every other input one element (shape [1]); one request, one row."""
     if not tensors:
         raise _bad("the request has no inputs")
+    if not batched:
+        return [_one_row(kinds, tensors)]
     rows = None
     seen = set()
     for t in tensors:
@@ -191,10 +206,7 @@ def split_rows(kinds: dict[str, str], tensors: list[Tensor], max_rows: int) -> l
             raise _bad(f"the model has no input '{t.name}' (it has {', '.join(kinds) or 'none'})")
         if kind in ROW_KINDS and not (len(t.shape) == 1 or (len(t.shape) == 2 and t.shape[1] == 1)):
             raise _bad(f"input '{t.name}' ({kind}): shape must be [N] or [N, 1], got {t.shape}")
-        want_bytes = kind in ("text", "category", "image")
-        if want_bytes != (t.datatype == "BYTES") or (kind == "number" and t.datatype == "BOOL"):
-            need = "BYTES" if want_bytes else "a numeric datatype"
-            raise _bad(f"input '{t.name}' ({kind}): datatype must be {need}, got {t.datatype}")
+        _check_datatype(t, kind)
         if rows is None:
             rows = t.shape[0]
         elif t.shape[0] != rows:
@@ -213,6 +225,25 @@ def split_rows(kinds: dict[str, str], tensors: list[Tensor], max_rows: int) -> l
             for i in range(rows):
                 out[i][t.name] = _row_value(kind, t, flat, i)
     return out
+
+
+def _one_row(kinds: dict[str, str], tensors: list[Tensor]) -> dict[str, Any]:
+    row: dict[str, Any] = {}
+    for t in tensors:
+        kind = kinds.get(t.name)
+        if kind is None:
+            raise _bad(f"the model has no input '{t.name}' (it has {', '.join(kinds) or 'none'})")
+        if t.name in row:
+            raise _bad(f"input '{t.name}' is given twice")
+        _check_datatype(t, kind)
+        if kind == "tensor":
+            row[t.name] = encode_tensor(t.array())
+            continue
+        if t.shape not in ([1], [1, 1]):
+            raise _bad(f"input '{t.name}' ({kind}): the model does not batch: shape must be [1], "
+                       f"got {t.shape}")
+        row[t.name] = _row_value(kind, t, t.data, 0)
+    return row
 
 
 def join_rows(name: str, values: list[Any]) -> tuple[str, np.ndarray]:

@@ -4,7 +4,9 @@ The frontend's ``models`` op is the source of truth for which models and version
 gateway asks at start and every ``REFRESH_S``, so a change of models shows without a restart);
 ``stats`` gives the timings.  Each version becomes a ``ModelView``: its OIP inputs and outputs
 (datatype and shape, batch first as ``-1``, variable dimensions ``-1``), the input kinds the codec
-splits rows by, and ``max_batch_size`` (the most rows one OIP request may carry).  The answers are
+splits rows by, and ``max_batch_size`` (the most rows one OIP request may carry).  A model that does not
+batch (``max_batch_size`` 1) is shown as Triton shows one: shapes without the batch dimension, config
+``max_batch_size`` 0, one request per OIP request.  The answers are
 plain dicts in the shapes Triton's HTTP API uses; the gRPC side parses the same dicts into its
 messages, so both transports say the same thing.
 """
@@ -35,6 +37,10 @@ class ModelView:
     load_error: str | None = None
 
     @property
+    def batched(self) -> bool:
+        return self.max_batch_size > 1
+
+    @property
     def kinds(self) -> dict[str, str]:
         return {i["name"]: i["kind"] for i in self.inputs}
 
@@ -59,20 +65,23 @@ def build_view(name: str, pub: dict, batching: dict | None) -> ModelView:
     view = ModelView(name, pub["version"], max(1, int(pub.get("max_batch_size") or 1)),
                      float((batching or {}).get("max_wait_ms", 0.0)), int(pub.get("timeout_ms") or 0),
                      load_error=pub.get("load_error"))
+    lead = [-1] if view.batched else []
     for item in pub.get("inputs", []):
         kind = item["kind"]
         if kind == "tensor":
             dt, shape = _tensor_io(item, _onnx_io(onnx, "inputs", item["name"]))
+            shape = lead + shape[1:]
         else:
-            dt, shape = KIND_TYPE[kind], [-1]
+            dt, shape = KIND_TYPE[kind], (lead or [1])
         view.inputs.append({"name": item["name"], "datatype": dt, "shape": shape, "kind": kind,
                             "optional": bool(item.get("optional"))})
     for item in pub.get("outputs", []):
         kind = item["kind"]
         if kind == "tensor":
             dt, shape = _tensor_io(item, _onnx_io(onnx, "outputs", item["name"]))
+            shape = lead + shape[1:]
         else:
-            dt, shape = ("FP64" if kind == "number" else KIND_TYPE[kind]), [-1]
+            dt, shape = ("FP64" if kind == "number" else KIND_TYPE[kind]), (lead or [1])
         view.outputs.append({"name": item["name"], "datatype": dt, "shape": shape})
     return view
 
@@ -107,8 +116,8 @@ def metadata(view: ModelView) -> dict:
             "outputs": [dict(o) for o in view.outputs]}
 
 
-def _config_io(item: dict, optional: bool | None = None) -> dict:
-    dims = item["shape"][1:]
+def _config_io(item: dict, batched: bool, optional: bool | None = None) -> dict:
+    dims = item["shape"][1:] if batched else item["shape"]
     out: dict[str, Any] = {"name": item["name"], "data_type": CONFIG_TYPE[item["datatype"]],
                            "dims": dims or [1]}
     if not dims:  # one element per row: Triton's way is dims [1] reshaped to a scalar
@@ -122,9 +131,9 @@ def config(view: ModelView) -> dict:
     return {"name": view.name, "platform": "onnxruntime_onnx", "backend": "onnxruntime",
             "version_policy": {"specific": {"versions": [int(view.version)]}} if view.version.isdigit()
             else {"latest": {"num_versions": 1}},
-            "max_batch_size": view.max_batch_size,
-            "input": [_config_io(i, i["optional"]) for i in view.inputs],
-            "output": [_config_io(o) for o in view.outputs],
+            "max_batch_size": view.max_batch_size if view.batched else 0,
+            "input": [_config_io(i, view.batched, i["optional"]) for i in view.inputs],
+            "output": [_config_io(o, view.batched) for o in view.outputs],
             "dynamic_batching": {"preferred_batch_size": [],
                                  "max_queue_delay_microseconds": int(view.max_wait_ms * 1000)},
             "instance_group": [{"name": view.name, "kind": "KIND_CPU", "count": 1}],

@@ -78,7 +78,7 @@ class Service:
                     requested: list[str] | None, deadline_s: float | None = None) -> Answer:
         view = await self.view(name, version)
         timeout_ms = timeout_ms_of(params, deadline_s)
-        rows = codec.split_rows(view.kinds, tensors, view.max_batch_size)
+        rows = codec.split_rows(view.kinds, tensors, view.max_batch_size, view.batched)
         mparams = model_params(params)
         calls = [self.up.infer(name, view.version, row, mparams, timeout_ms, view.timeout_ms) for row in rows]
         replies = await asyncio.gather(*calls) if len(calls) > 1 else [await calls[0]]
@@ -102,6 +102,8 @@ class Service:
             if any(v is None for v in values):
                 raise p.RequestError(p.INTERNAL, f"output '{n}' missing from some rows")
             dt, arr = codec.join_rows(n, values)
+            if not view.batched and arr.ndim > 1:  # a model that does not batch: no batch dimension
+                arr = arr[0]
             outputs.append((n, dt, arr))
         return Answer(view, outputs)
 

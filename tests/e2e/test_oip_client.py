@@ -17,7 +17,7 @@ import tritonclient.grpc as tg
 import tritonclient.http as th
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import MODELS
+from tests.conftest import MODELS, save_tensor_model
 from tests.e2e.test_models_match_reference import TEXTS, _documents
 
 pytestmark = pytest.mark.e2e
@@ -235,3 +235,29 @@ def test_repository_index_and_unsupported_load(http, grpc_client):
     assert names == ["minilm", "orientation", "tabular"]
     assert _status(lambda: http.load_model("minilm")) == "501"
     assert _status(lambda: grpc_client.unload_model("minilm")) == "StatusCode.UNIMPLEMENTED"
+
+
+def test_tensor_model_without_batching(make_server, tmp_path):
+    """A tensor model that does not batch: shapes without the batch dimension, config max_batch_size 0,
+    the request's tensor is the native request's tensor (a transpose checks the data's order)."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Transpose", ["x"], ["y"], perm=[0, 2, 1])], "transpose",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3, 2])])
+    save_tensor_model(tmp_path / "repo", "transpose", graph)
+    srv = make_server(AIENG_MODEL_REPOSITORY=str(tmp_path / "repo"), AIENG_PREPROCESS_WORKERS="1").start()
+    with th.InferenceServerClient(srv.oip_http) as c:
+        meta = c.get_model_metadata("transpose")
+        assert meta["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [2, 3]}]
+        assert meta["outputs"] == [{"name": "y", "datatype": "FP32", "shape": [3, 2]}]
+        assert c.get_model_config("transpose")["max_batch_size"] == 0
+        x = np.arange(6, dtype=np.float32).reshape(2, 3)
+        t = th.InferInput("x", [2, 3], "FP32")
+        t.set_data_from_numpy(x)
+        np.testing.assert_array_equal(c.infer("transpose", [t]).as_numpy("y"), x.T)
+    with tg.InferenceServerClient(srv.oip_grpc) as g:
+        t = tg.InferInput("x", [2, 3], "FP32")
+        t.set_data_from_numpy(x)
+        np.testing.assert_array_equal(g.infer("transpose", [t]).as_numpy("y"), x.T)

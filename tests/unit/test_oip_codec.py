@@ -139,3 +139,20 @@ def test_timeout_parameter():
     assert timeout_ms_of({"timeout": 10 ** 9}, deadline_s=0.25) == 250
     with pytest.raises(RequestError):
         timeout_ms_of({"timeout": "soon"})
+
+
+def test_a_model_that_does_not_batch_has_no_batch_dimension():
+    pub = dict(PUB, max_batch_size=1,
+               inputs=[{"name": "x", "kind": "tensor"}, {"name": "n", "kind": "number"}],
+               outputs=[{"name": "y", "kind": "tensor"}],
+               onnx={"inputs": [{"name": "x", "dtype": "float32", "shape": ["batch", 2, 3]}],
+                     "outputs": [{"name": "y", "dtype": "float32", "shape": ["batch", 3, 2]}]})
+    view = models.build_view("t", pub, None)
+    assert [i["shape"] for i in view.inputs] == [[2, 3], [1]] and view.outputs[0]["shape"] == [3, 2]
+    cfg = models.config(view)
+    assert cfg["max_batch_size"] == 0 and cfg["input"][0]["dims"] == [2, 3]
+    x = codec.Tensor("x", "FP32", [2, 3], np.arange(6, dtype=np.float32))
+    (row,) = codec.split_rows(view.kinds, [x, codec.Tensor("n", "FP64", [1], np.array([2.0]))], 1, False)
+    assert decode_tensor(row["x"]).shape == (2, 3) and row["n"] == 2.0
+    with pytest.raises(RequestError):
+        codec.split_rows(view.kinds, [codec.Tensor("n", "FP64", [2], np.zeros(2))], 1, False)
