@@ -170,6 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="open-loop rates as fractions of the in-process limit")
     b.add_argument("--duration", type=float, default=8.0, help="seconds per open-loop rate")
     b.add_argument("--out", default="bench-out", help="directory for the markdown table and PNG plot")
+    b.add_argument("--transport", default="zmq",
+                   help="front doors, comma-separated: zmq (default: the full bench), or a list naming http "
+                        "and/or grpc (the OIP gateway) to run the same closed loop over each in one run")
     b.add_argument("--skip-baseline", action="store_true",
                    help="do not run the plain single-process baseline server (python -m aieng.baseline)")
     b.add_argument("--quick", action="store_true",

@@ -19,6 +19,9 @@ from aieng import envs
 class Config:
     frontend_addr: str = "tcp://127.0.0.1:5555"
     http_addr: str = "127.0.0.1:8000"
+    oip_http_addr: str = "127.0.0.1:8080"
+    oip_grpc_addr: str = "127.0.0.1:8081"
+    gateway_workers: int = 1
     model_repository: str = "models"
     models: str = ""
     preprocess_workers: int = 1
@@ -106,6 +109,16 @@ class Config:
              "admin_addr must be ipc:// or loopback tcp unless admin_curve_client_keys_dir is set")
         need(not self.admin_curve_client_keys_dir or bool(self.admin_curve_secret_key_file),
              "admin_curve_client_keys_dir needs admin_curve_secret_key_file")
+        need(0 <= self.gateway_workers <= 64, "gateway_workers must be in 0..64")
+        for name in ("oip_http_addr", "oip_grpc_addr"):
+            host, sep, port = getattr(self, name).rpartition(":")
+            need(not getattr(self, name) or (bool(sep and host) and port.isdigit() and int(port) < 65536),
+                 f"{name} must be host:port or empty")
+
+    @property
+    def gateways(self) -> int:
+        """OIP gateway processes to run: none when both OIP addresses are off."""
+        return self.gateway_workers if (self.oip_http_addr or self.oip_grpc_addr) else 0
 
     @property
     def ring_slots(self) -> int:

@@ -7,13 +7,23 @@ Reports requests/s, p50/p95/p99 latency and errors per level.
 
 ``open_loop`` (used by ``aieng bench``) sends with Poisson arrivals at a fixed
 rate for a fixed time instead, whatever the answers do.
+
+``run_level`` drives one front door (``transport``): ``zmq`` (the native
+protocol, ``AsyncClient``), ``http`` (the OIP REST side with the binary tensor
+extension both ways: a keep-alive connection per worker, a minimal client so
+the client's own cost stays small) or ``grpc`` (the OIP gRPC side, one channel,
+``raw_input_contents``).  ``Progress`` shows live progress: a tqdm bar on a
+terminal, a plain line every few seconds otherwise.
 """
 from __future__ import annotations
 
 import asyncio
+import json
 import random
+import struct
+import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -55,37 +65,195 @@ def sample_inputs(model: str, n: int, seed: int = 0) -> list[dict[str, Any]]:
     raise SystemExit(f"no input generator for model {model!r}")
 
 
-async def run_level(addr: str | None, model: str, inputs: list[dict], concurrency: int,
-                    timeout_s: float) -> dict[str, Any]:
-    from aieng.client import AsyncClient
+class Progress:
+    """Live progress of one phase: requests done and the current rate (tqdm on a TTY, else plain lines)."""
 
-    client = AsyncClient(addr, timeout_s=timeout_s)
+    def __init__(self, label: str, total: int, every_s: float = 5.0):
+        self.label, self.total, self.every_s = label, total, every_s
+        self.done = 0
+        self.t0 = self.last = time.perf_counter()
+        self.last_done = 0
+        self.bar = None
+        if sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=label, unit="req", leave=False, dynamic_ncols=True)
+
+    def step(self) -> None:
+        self.done += 1
+        if self.bar is not None:
+            self.bar.update(1)
+            return
+        now = time.perf_counter()
+        if now - self.last >= self.every_s:
+            rate = (self.done - self.last_done) / (now - self.last)
+            print(f"  {self.label}: {self.done}/{self.total} requests, {rate:.1f} req/s now", flush=True)
+            self.last, self.last_done = now, self.done
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def oip_tensors(inputs: dict[str, Any]) -> list[tuple[str, str, list[int], bytes]]:
+    """One row of native inputs as OIP tensors ``(name, datatype, shape, raw bytes)``."""
+    out = []
+    for name, v in inputs.items():
+        if isinstance(v, (str, bytes)):
+            b = v.encode() if isinstance(v, str) else v
+            out.append((name, "BYTES", [1], struct.pack("<I", len(b)) + b))
+        elif isinstance(v, np.ndarray):
+            dt = {"float32": "FP32", "int64": "INT64", "float64": "FP64", "int32": "INT32"}[v.dtype.name]
+            raw = np.ascontiguousarray(v).astype(v.dtype.newbyteorder("<")).tobytes()
+            out.append((name, dt, [1] + list(v.shape), raw))
+        else:
+            out.append((name, "FP32", [1], struct.pack("<f", float("nan") if v is None else v)))
+    return out
+
+
+class HttpSender:
+    """The OIP binary infer over one keep-alive HTTP/1.1 connection (one per closed-loop worker)."""
+
+    def __init__(self, addr: str, model: str):
+        self.host, port = addr.rsplit(":", 1)
+        self.port, self.model = int(port), model
+        self.conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+
+    async def __call__(self, inputs: dict) -> str | None:
+        tensors = oip_tensors(inputs)
+        head = json.dumps({"inputs": [{"name": n, "datatype": d, "shape": s,
+                                       "parameters": {"binary_data_size": len(b)}} for n, d, s, b in tensors],
+                           "parameters": {"binary_data_output": True}}).encode()
+        body = head + b"".join(b for *_, b in tensors)
+        if self.conn is None:
+            self.conn = await asyncio.open_connection(self.host, self.port)
+        reader, writer = self.conn
+        writer.write((f"POST /v2/models/{self.model}/infer HTTP/1.1\r\nHost: {self.host}\r\n"
+                      f"Content-Length: {len(body)}\r\nInference-Header-Content-Length: {len(head)}\r\n"
+                      "\r\n").encode() + body)
+        status_head = await reader.readuntil(b"\r\n\r\n")
+        length = 0
+        for line in status_head.split(b"\r\n")[1:]:
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":", 1)[1])
+        payload = await reader.readexactly(length)
+        del payload  # the answer's bytes are read, not checked: the e2e tests check answers
+        status = int(status_head.split(b" ", 2)[1])
+        if b"Connection: close" in status_head:
+            writer.close()
+            self.conn = None
+        return None if status == 200 else f"HTTP_{status}"
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn[1].close()
+
+
+class GrpcSender:
+    """The OIP gRPC ModelInfer over one channel shared by every worker (HTTP/2 streams)."""
+
+    def __init__(self, addr: str, model: str):
+        import grpc
+
+        from aieng.gateway.proto import grpc_service_pb2 as pb
+        from aieng.gateway.proto import grpc_service_pb2_grpc as pbg
+
+        self.grpc, self.pb, self.model = grpc, pb, model
+        self.channel = grpc.aio.insecure_channel(addr, options=[("grpc.max_receive_message_length", 1 << 26)])
+        self.stub = pbg.GRPCInferenceServiceStub(self.channel)
+
+    async def __call__(self, inputs: dict) -> str | None:
+        pb = self.pb
+        req = pb.ModelInferRequest(model_name=self.model)
+        for n, d, s, b in oip_tensors(inputs):
+            req.inputs.add(name=n, datatype=d, shape=s)
+            req.raw_input_contents.append(b)
+        try:
+            await self.stub.ModelInfer(req, timeout=60)
+        except self.grpc.aio.AioRpcError as exc:
+            return f"GRPC_{exc.code().name}"
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+def make_sender(transport: str, addr: str, model: str) -> Callable[[], Any]:
+    """A factory of per-worker OIP senders: ``await send(inputs)`` -> an error code or None."""
+    if transport == "http":
+        return lambda: HttpSender(addr, model)
+    if transport == "grpc":
+        shared = GrpcSender(addr, model)
+        return lambda: shared
+    raise SystemExit(f"unknown transport {transport!r} (zmq, http or grpc)")
+
+
+async def run_level(addr: str | None, model: str, inputs: list[dict], concurrency: int,
+                    timeout_s: float, transport: str = "zmq",
+                    progress: Progress | None = None) -> dict[str, Any]:
     latencies: list[float] = []
     errors: dict[str, int] = {}
     batches: list[int] = []
     it = iter(range(len(inputs)))
+    senders: list[Any] = []
+    if transport == "zmq":
+        from aieng.client import AsyncClient
 
-    async def worker() -> None:
-        for i in it:
-            t0 = time.perf_counter()
-            reply = await client.infer(model, inputs[i], raise_on_error=False)
-            latencies.append(time.perf_counter() - t0)
+        client = AsyncClient(addr, timeout_s=timeout_s)
+
+        async def zmq_send(row: dict) -> str | None:
+            reply = await client.infer(model, row, raise_on_error=False)
             if reply.get("ok"):
                 batches.append(int(reply.get("batch", 1)))
-            else:
-                code = reply["error"]["code"]
+                return None
+            return reply["error"]["code"]
+
+        zmq_send.close = client.close  # type: ignore[attr-defined]
+        factory: Callable[[], Any] = lambda: zmq_send  # noqa: E731
+    else:
+        factory = make_sender(transport, addr, model)
+
+    async def worker() -> None:
+        send = factory()
+        senders.append(send)
+        for i in it:
+            t0 = time.perf_counter()
+            code = await send(inputs[i])
+            latencies.append(time.perf_counter() - t0)
+            if code is not None:
                 errors[code] = errors.get(code, 0) + 1
+            if progress is not None:
+                progress.step()
 
     t0 = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     elapsed = time.perf_counter() - t0
-    client.close()
+    for sender in {id(x): x for x in senders}.values():
+        sender.close()
     lat = np.asarray(latencies) * 1000
     return {"concurrency": concurrency, "requests": len(latencies), "seconds": round(elapsed, 3),
             "rps": round(len(latencies) / elapsed, 1), "p50_ms": round(float(np.percentile(lat, 50)), 2),
             "p95_ms": round(float(np.percentile(lat, 95)), 2),
-            "p99_ms": round(float(np.percentile(lat, 99)), 2),
-            "mean_batch": round(float(np.mean(batches)), 2) if batches else 0.0, "errors": errors}
+            "p99_ms": round(float(np.percentile(lat, 99)), 2), "transport": transport,
+            "mean_batch": round(float(np.mean(batches)), 2) if batches else 0.0, "errors": errors,
+            "latencies_ms": lat}
+
+
+def merge_levels(parts: list[dict]) -> dict[str, Any]:
+    """One level's figures from several rounds of it: requests over the summed time, percentiles over every
+    latency, errors added up."""
+    lat = np.concatenate([p["latencies_ms"] for p in parts])
+    n, secs = sum(p["requests"] for p in parts), sum(p["seconds"] for p in parts)
+    errors: dict[str, int] = {}
+    for p in parts:
+        for k, v in p["errors"].items():
+            errors[k] = errors.get(k, 0) + v
+    return {"concurrency": parts[0]["concurrency"], "transport": parts[0]["transport"], "requests": n,
+            "seconds": round(secs, 3), "rps": round(n / secs, 1),
+            "p50_ms": round(float(np.percentile(lat, 50)), 2),
+            "p95_ms": round(float(np.percentile(lat, 95)), 2),
+            "p99_ms": round(float(np.percentile(lat, 99)), 2), "errors": errors, "latencies_ms": lat,
+            "mean_batch": parts[0]["mean_batch"]}
 
 
 async def open_loop(addr: str, model: str, inputs: list[dict], rate: float, duration: float,

@@ -121,6 +121,7 @@ class Supervisor:
             raise
         self.children = [Child(role, name) for role, name in
                          addresses.worker_names(cfg.preprocess_workers, cfg.postprocess_workers)]
+        self.children += [Child("gateway", f"gw-{i}") for i in range(cfg.gateways)]  # OIP front door
 
     def init_instance(self) -> None:
         cfg = self.cfg

@@ -42,6 +42,7 @@ ROLES = {
     "preprocess": "aieng.preprocess_workers.worker:PreprocessWorker",
     "executor": "aieng.gpu_executor.executor:Executor",
     "postprocess": "aieng.postprocess_workers.worker:PostprocessWorker",
+    "gateway": "aieng.gateway.process:Gateway",
 }
 HEARTBEAT_S = 1.0
 

@@ -37,8 +37,12 @@ class ServerProcess:
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("AIENG_")}
         self.http_port = free_port()
         self.http = f"http://127.0.0.1:{self.http_port}"
+        self.oip_http_port, self.oip_grpc_port = free_port(), free_port()  # the OIP gateway's, per server
+        self.oip_http = f"127.0.0.1:{self.oip_http_port}"
+        self.oip_grpc = f"127.0.0.1:{self.oip_grpc_port}"
         self.env.update({"AIENG_FRONTEND_ADDR": self.addr, "AIENG_MODEL_REPOSITORY": MODELS,
-                         "AIENG_LOG_LEVEL": "INFO", "AIENG_HTTP_ADDR": f"127.0.0.1:{self.http_port}"})
+                         "AIENG_LOG_LEVEL": "INFO", "AIENG_HTTP_ADDR": f"127.0.0.1:{self.http_port}",
+                         "AIENG_OIP_HTTP_ADDR": self.oip_http, "AIENG_OIP_GRPC_ADDR": self.oip_grpc})
         self.env.update(env)
         self.proc: subprocess.Popen | None = None
         self.curve: tuple | None = None  # (client public, client secret, server public) when CURVE is on

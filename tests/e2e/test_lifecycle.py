@@ -96,8 +96,8 @@ def test_process_titles_and_sigterm_cleans_up(make_server):
     srv = make_server(AIENG_MODELS="tabular", AIENG_PREPROCESS_WORKERS="2",
                       AIENG_POSTPROCESS_WORKERS="2").start()
     titles = sorted(cmd.split()[0] for cmd in srv.children() if cmd.startswith("aieng::"))
-    assert titles == ["aieng::executor", "aieng::frontend", "aieng::postprocess[0]", "aieng::postprocess[1]",
-                      "aieng::preprocess[0]", "aieng::preprocess[1]"]
+    assert titles == ["aieng::executor", "aieng::frontend", "aieng::gateway[0]", "aieng::postprocess[0]",
+                      "aieng::postprocess[1]", "aieng::preprocess[0]", "aieng::preprocess[1]"]
     assert psutil.Process(srv.pid).cmdline()[0] == "aieng::supervisor"
     with srv.client() as c:
         assert c.infer("tabular", {"island": "Dream"})["ok"]

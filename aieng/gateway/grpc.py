@@ -1,0 +1,187 @@
+"""The OIP gRPC side: ``inference.GRPCInferenceService`` from the published protos, on ``grpc.aio``.
+
+The stubs in ``aieng/gateway/proto/`` are generated from Triton's ``grpc_service.proto`` and
+``model_config.proto`` (unchanged) by ``scripts/gen_oip_stubs.sh`` with grpcio-tools.  Served: server
+live/ready/metadata, model ready/metadata/config/statistics, ModelInfer (tensors as ``contents`` or as
+``raw_input_contents``; outputs always as ``raw_output_contents``, which is what Triton's clients read),
+and the repository index; RepositoryModelLoad/Unload answer UNIMPLEMENTED (not supported yet), and the
+shared-memory, trace, log and streaming calls are not registered (UNIMPLEMENTED).  A message that does
+not parse is INVALID_ARGUMENT.  Metadata, config
+and statistics are the same dicts the HTTP side sends, parsed into the messages (``json_format``).
+Errors map to status codes by ``service.GRPC_STATUS``; the call's deadline bounds the native timeout.
+"""
+from __future__ import annotations
+
+import grpc
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+
+from aieng import protocol as p
+from aieng.gateway import codec, models
+from aieng.gateway.proto import grpc_service_pb2 as pb
+from aieng.gateway.proto import grpc_service_pb2_grpc as pbg
+from aieng.gateway.service import GRPC_STATUS, Service, unsupported
+
+CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
+            "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents",
+            "UINT32": "uint_contents", "UINT64": "uint64_contents", "FP32": "fp32_contents",
+            "FP64": "fp64_contents", "BYTES": "bytes_contents"}
+
+
+def _param(value: pb.InferParameter):
+    which = value.WhichOneof("parameter_choice")
+    return None if which is None else getattr(value, which)
+
+
+def tensors_of(request: pb.ModelInferRequest) -> list[codec.Tensor]:
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise p.RequestError(p.INVALID_INPUT,
+                             f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs")
+    out = []
+    for i, t in enumerate(request.inputs):
+        shape = list(t.shape)
+        if raw:
+            out.append(codec.from_raw(t.name, t.datatype, shape, raw[i]))
+            continue
+        codec.check_head(t.name, t.datatype, shape)
+        if t.datatype == "FP16":
+            raise p.RequestError(p.INVALID_INPUT, f"input '{t.name}': FP16 needs raw_input_contents")
+        values = list(getattr(t.contents, CONTENTS[t.datatype]))
+        if t.datatype == "BYTES":
+            count = 1
+            for d in shape:
+                count *= d
+            if len(values) != count:
+                raise p.RequestError(p.INVALID_INPUT, f"input '{t.name}': shape {shape} needs {count} "
+                                                      f"elements, contents has {len(values)}")
+            out.append(codec.Tensor(t.name, "BYTES", shape, values))
+        else:  # typed contents: checked like JSON data (counts, ranges)
+            out.append(codec.from_json(t.name, t.datatype, shape, values))
+    return out
+
+
+class Servicer(pbg.GRPCInferenceServiceServicer):
+    def __init__(self, service: Service):
+        self.svc = service
+
+    async def _fail(self, context: grpc.aio.ServicerContext, exc: p.RequestError):
+        await context.abort(getattr(grpc.StatusCode, GRPC_STATUS.get(exc.code, "INTERNAL")), exc.message)
+
+    async def ServerLive(self, request, context):
+        return pb.ServerLiveResponse(live=await self.svc.up.is_live())
+
+    async def ServerReady(self, request, context):
+        return pb.ServerReadyResponse(ready=await self.svc.up.is_ready())
+
+    async def ServerMetadata(self, request, context):
+        return json_format.ParseDict(self.svc.server_metadata(), pb.ServerMetadataResponse())
+
+    async def ModelReady(self, request, context):
+        try:
+            view = await self.svc.view(request.name, request.version or None)
+        except p.RequestError:
+            return pb.ModelReadyResponse(ready=False)
+        return pb.ModelReadyResponse(ready=await self.svc.up.is_ready() and view.load_error is None)
+
+    async def ModelMetadata(self, request, context):
+        try:
+            view = await self.svc.view(request.name, request.version or None)
+        except p.RequestError as exc:
+            return await self._fail(context, exc)
+        return json_format.ParseDict(models.metadata(view), pb.ModelMetadataResponse())
+
+    async def ModelConfig(self, request, context):
+        try:
+            view = await self.svc.view(request.name, request.version or None)
+        except p.RequestError as exc:
+            return await self._fail(context, exc)
+        resp = pb.ModelConfigResponse()
+        json_format.ParseDict(models.config(view), resp.config)
+        return resp
+
+    async def ModelStatistics(self, request, context):
+        name, version = request.name or None, request.version or None
+        try:
+            if name is not None:
+                await self.svc.view(name, version)
+            reply = await self.svc.up.op("stats")
+        except p.RequestError as exc:
+            return await self._fail(context, exc)
+        entries = models.stats(self.svc.up.catalog, reply, name, version)
+        return json_format.ParseDict({"model_stats": entries}, pb.ModelStatisticsResponse())
+
+    async def RepositoryIndex(self, request, context):
+        await self.svc.up.wait_models()
+        keys = ("name", "version", "state", "reason")
+        items = [{k: e[k] for k in keys} for e in self.svc.repository_index()]
+        return json_format.ParseDict({"models": items}, pb.RepositoryIndexResponse())
+
+    async def RepositoryModelLoad(self, request, context):
+        return await self._fail(context, unsupported("repository load"))
+
+    async def RepositoryModelUnload(self, request, context):
+        return await self._fail(context, unsupported("repository unload"))
+
+    async def ModelInfer(self, request, context):
+        try:
+            params = {k: _param(v) for k, v in request.parameters.items()}
+            tensors = tensors_of(request)
+            names = [o.name for o in request.outputs] or None
+            ans = await self.svc.infer(request.model_name, request.model_version or None, tensors, params,
+                                       names, context.time_remaining())
+        except p.RequestError as exc:
+            return await self._fail(context, exc)
+        resp = pb.ModelInferResponse(model_name=ans.view.name, model_version=ans.view.version, id=request.id)
+        for name, dt, arr in ans.outputs:
+            resp.outputs.add(name=name, datatype=dt, shape=list(arr.shape))
+            resp.raw_output_contents.append(codec.raw_of(dt, arr))
+        return resp
+
+
+UNDECODABLE = object()
+
+
+def _handlers(servicer: Servicer) -> grpc.GenericRpcHandler:
+    """The service's unary methods that ``Servicer`` implements, registered like the generated
+    ``add_GRPCInferenceServiceServicer_to_server`` does, except that a message which does not parse is
+    INVALID_ARGUMENT from the method (grpc's own deserializer answers UNKNOWN and logs a traceback)."""
+    service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+
+    def method(name: str, req_cls, resp_cls):
+        fn = getattr(servicer, name)
+
+        def parse(data: bytes):
+            try:
+                return req_cls.FromString(data)
+            except DecodeError:
+                return UNDECODABLE
+
+        async def behave(request, context):
+            if request is UNDECODABLE:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"undecodable {req_cls.__name__}")
+            return await fn(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(behave, request_deserializer=parse,
+                                                   response_serializer=resp_cls.SerializeToString)
+
+    table = {m.name: method(m.name, getattr(pb, m.input_type.name), getattr(pb, m.output_type.name))
+             for m in service.methods if not m.client_streaming and not m.server_streaming
+             and type(servicer).__dict__.get(m.name) is not None}
+    return grpc.method_handlers_generic_handler(service.full_name, table)
+
+
+async def start_grpc(service: Service, addr: str, max_bytes: int) -> grpc.aio.Server:
+    """Bind and start; every gateway process binds the same address (SO_REUSEPORT, grpc's default)."""
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", max_bytes),
+                                      ("grpc.max_send_message_length", max_bytes),
+                                      ("grpc.so_reuseport", 1)])
+    server.add_generic_rpc_handlers((_handlers(Servicer(service)),))
+    try:
+        port = server.add_insecure_port(addr)
+    except RuntimeError:
+        port = 0
+    if port == 0:
+        raise OSError(f"cannot bind the OIP gRPC address {addr!r} (AIENG_OIP_GRPC_ADDR)")
+    await server.start()
+    return server

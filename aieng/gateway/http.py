@@ -1,0 +1,189 @@
+"""The OIP REST routes (KServe v2 / Triton HTTP), on ``httpd.HttpServer``.
+
+    GET  /v2/health/live | /v2/health/ready                 200 or 503, empty body
+    GET  /v2                                                server metadata
+    GET  /v2/models/{m}[/versions/{v}]                      model metadata
+    GET  /v2/models/{m}[/versions/{v}]/ready                200 or 503
+    GET  /v2/models/{m}[/versions/{v}]/config               Triton model configuration
+    GET  /v2/models[/{m}[/versions/{v}]]/stats              Triton statistics, every field present
+    POST /v2/models/{m}[/versions/{v}]/infer                JSON tensors and the binary tensor extension
+    POST /v2/repository/index                               every model version and its state
+    POST /v2/repository/models/{m}/load | unload            501: not supported yet
+
+Binary tensor extension: with ``Inference-Header-Content-Length: n`` the first n bytes of the body are
+the JSON header and the rest holds, in input order, the data of each input whose parameters give
+``binary_data_size`` (every byte accounted for).  Outputs are binary when requested (``binary_data`` on
+the output, or ``binary_data_output`` on the request) and the answer is then the JSON header followed by
+their bytes, with the header's length in ``Inference-Header-Content-Length``.  Errors are
+``{"error": "..."}`` with the status ``service.HTTP_STATUS`` gives.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aieng import protocol as p
+from aieng.gateway import codec, models
+from aieng.gateway.httpd import HttpError, error_response
+from aieng.gateway.service import HTTP_STATUS, Answer, Service, unsupported
+
+JSON = {"Content-Type": "application/json"}
+HEADER_LEN = "inference-header-content-length"
+
+
+def _json(obj: Any, status: int = 200) -> tuple[int, dict, bytes]:
+    return status, JSON, json.dumps(obj, separators=(",", ":")).encode()
+
+
+def _empty(ok: bool) -> tuple[int, dict, bytes]:
+    return (200 if ok else 503), {}, b""
+
+
+def parse_infer(body: bytes, headers: dict) -> tuple[dict, list[codec.Tensor]]:
+    """The request's JSON header and its input tensors (JSON data or binary), fully checked."""
+    hlen = headers.get(HEADER_LEN)
+    if hlen is not None:
+        if not hlen.isdigit() or int(hlen) > len(body):
+            raise p.RequestError(p.INVALID_REQUEST, f"Inference-Header-Content-Length {hlen[:20]!r} is not a "
+                                                    f"length within the body of {len(body)} bytes")
+        head, binary = body[:int(hlen)], memoryview(body)[int(hlen):]
+    else:
+        head, binary = body, memoryview(b"")
+    try:
+        req = json.loads(head)
+    except (ValueError, RecursionError) as exc:
+        raise p.RequestError(p.INVALID_REQUEST, f"malformed JSON: {str(exc)[:200]}") from None
+    if not isinstance(req, dict) or not isinstance(req.get("inputs"), list):
+        raise p.RequestError(p.INVALID_REQUEST, "the request must be an object with an 'inputs' list")
+    tensors, pos = [], 0
+    for item in req["inputs"]:
+        if not isinstance(item, dict):
+            raise p.RequestError(p.INVALID_REQUEST, "each input must be an object")
+        params = item.get("parameters") or {}
+        if not isinstance(params, dict):
+            raise p.RequestError(p.INVALID_REQUEST, "input 'parameters' must be an object")
+        name, dt, shape = item.get("name"), item.get("datatype"), item.get("shape")
+        size = params.get("binary_data_size")
+        if size is None:
+            tensors.append(codec.from_json(name, dt, shape, item.get("data")))
+            continue
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0 or pos + size > len(binary):
+            raise p.RequestError(p.INVALID_INPUT, f"input {name!r}: binary_data_size {size!r} does not fit "
+                                                  f"the {len(binary) - pos} binary bytes left")
+        tensors.append(codec.from_raw(name, dt, shape, binary[pos:pos + size]))
+        pos += size
+    if pos != len(binary):
+        raise p.RequestError(p.INVALID_INPUT, f"{len(binary) - pos} binary bytes after the last binary input")
+    return req, tensors
+
+
+def requested_outputs(req: dict) -> tuple[list[str] | None, dict[str, bool]]:
+    """The requested output names (None: all) and which of them are binary."""
+    params = req.get("parameters") or {}
+    all_binary = params.get("binary_data_output") is True if isinstance(params, dict) else False
+    outs = req.get("outputs")
+    if outs is None:
+        return None, {"*": all_binary}
+    if not isinstance(outs, list) or not all(isinstance(o, dict) and isinstance(o.get("name"), str)
+                                             for o in outs):
+        raise p.RequestError(p.INVALID_REQUEST, "'outputs' must be a list of objects with a 'name'")
+    binary = {o["name"]: bool((o.get("parameters") or {}).get("binary_data", all_binary)) for o in outs}
+    return [o["name"] for o in outs], binary
+
+
+def render(ans: Answer, req_id: Any, binary: dict[str, bool]) -> tuple[int, dict, bytes]:
+    outs, blobs = [], []
+    for name, dt, arr in ans.outputs:
+        item: dict[str, Any] = {"name": name, "datatype": dt, "shape": list(arr.shape)}
+        if binary.get(name, binary.get("*", False)):
+            raw = codec.raw_of(dt, arr)
+            item["parameters"] = {"binary_data_size": len(raw)}
+            blobs.append(raw)
+        else:
+            item["data"] = codec.json_data(dt, arr)
+        outs.append(item)
+    head: dict[str, Any] = {"model_name": ans.view.name, "model_version": ans.view.version, "outputs": outs}
+    if req_id is not None:
+        head["id"] = req_id
+    body = json.dumps(head, separators=(",", ":")).encode()
+    if not blobs:
+        return 200, JSON, body
+    return 200, {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": len(body)}, \
+        body + b"".join(blobs)
+
+
+class OipHttp:
+    def __init__(self, service: Service):
+        self.svc = service
+
+    async def handle(self, method: str, path: str, query: str, headers: dict, body: bytes):
+        parts = [s for s in path.split("/") if s]
+        try:
+            return await self.route(method, parts, headers, body)
+        except p.RequestError as exc:
+            return error_response(HTTP_STATUS.get(exc.code, 500), exc.message)
+
+    async def route(self, method: str, parts: list[str], headers: dict, body: bytes):
+        svc, up = self.svc, self.svc.up
+        if not parts or parts[0] != "v2":
+            raise HttpError(404, "not found (the OIP endpoints are under /v2)")
+        rest = parts[1:]
+        if not rest:
+            return _json(svc.server_metadata())
+        if rest == ["health", "live"]:
+            return _empty(await up.is_live())
+        if rest == ["health", "ready"]:
+            return _empty(await up.is_ready())
+        if rest == ["models", "stats"]:
+            return _json({"model_stats": await self.stats(None, None)})
+        if rest[:1] == ["repository"]:
+            return await self.repository(method, rest[1:])
+        if rest[0] != "models" or len(rest) < 2:
+            raise HttpError(404, "not found")
+        name, version, tail = rest[1], None, rest[2:]
+        if tail[:1] == ["versions"] and len(tail) >= 2:
+            version, tail = tail[1], tail[2:]
+        if tail == ["infer"]:
+            if method != "POST":
+                raise HttpError(405, "infer takes POST")
+            return await self.infer(name, version, headers, body)
+        view = await svc.view(name, version)
+        if not tail:
+            return _json(models.metadata(view))
+        if tail == ["ready"]:
+            return _empty(await up.is_ready() and view.load_error is None)
+        if tail == ["config"]:
+            return _json(models.config(view))
+        if tail == ["stats"]:
+            return _json({"model_stats": await self.stats(name, version)})
+        raise HttpError(404, "not found")
+
+    async def infer(self, name: str, version: str | None, headers: dict, body: bytes):
+        await self.svc.view(name, version)  # an unknown model is 404 whatever the body holds
+        req, tensors = parse_infer(body, headers)
+        params = req.get("parameters") or {}
+        if not isinstance(params, dict):
+            raise p.RequestError(p.INVALID_REQUEST, "'parameters' must be an object")
+        names, binary = requested_outputs(req)
+        ans = await self.svc.infer(name, version, tensors, params, names)
+        req_id = req.get("id")
+        return render(ans, req_id if isinstance(req_id, str) else None, binary)
+
+    async def stats(self, name: str | None, version: str | None) -> list[dict]:
+        if name is not None:
+            await self.svc.view(name, version)  # MODEL_NOT_FOUND for an unknown one
+        reply = await self.svc.up.op("stats")
+        if not reply.get("ok"):
+            err = reply.get("error") or {}
+            raise p.RequestError(err.get("code", p.INTERNAL), err.get("message", "stats failed"))
+        return models.stats(self.svc.up.catalog, reply, name, version)
+
+    async def repository(self, method: str, rest: list[str]):
+        if method != "POST":
+            raise HttpError(405, "the repository extension takes POST")
+        if rest == ["index"]:
+            await self.svc.up.wait_models()
+            return _json(self.svc.repository_index())
+        if len(rest) == 3 and rest[0] == "models" and rest[2] in ("load", "unload"):
+            raise unsupported(f"repository {rest[2]}")
+        raise HttpError(404, "not found")

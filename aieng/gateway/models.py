@@ -1,0 +1,185 @@
+"""What the OIP metadata, config, stats and repository answers say, built from the frontend's replies.
+
+The frontend's ``models`` op is the source of truth for which models and versions exist (the
+gateway asks at start and every ``REFRESH_S``, so a change of models shows without a restart);
+``stats`` gives the timings.  Each version becomes a ``ModelView``: its OIP inputs and outputs
+(datatype and shape, batch first as ``-1``, variable dimensions ``-1``), the input kinds the codec
+splits rows by, and ``max_batch_size`` (the most rows one OIP request may carry).  A model that does not
+batch (``max_batch_size`` 1) is shown as Triton shows one: shapes without the batch dimension, config
+``max_batch_size`` 0, one request per OIP request.  The answers are
+plain dicts in the shapes Triton's HTTP API uses; the gRPC side parses the same dicts into its
+messages, so both transports say the same thing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from aieng.gateway.codec import BY_DTYPE
+
+KIND_TYPE = {"text": "BYTES", "category": "BYTES", "image": "BYTES", "number": "FP32", "str": "BYTES",
+             "list": "BYTES"}
+CONFIG_TYPE = {"BYTES": "TYPE_STRING", **{k: "TYPE_" + k for k in ("BOOL", "UINT8", "UINT16", "UINT32",
+               "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64")}}
+STAT_KEYS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit",
+             "cache_miss")
+
+
+@dataclass
+class ModelView:
+    name: str
+    version: str
+    max_batch_size: int
+    max_wait_ms: float
+    timeout_ms: int
+    inputs: list[dict[str, Any]] = field(default_factory=list)  # {name, datatype, shape, kind, optional}
+    outputs: list[dict[str, Any]] = field(default_factory=list)  # {name, datatype, shape}
+    load_error: str | None = None
+
+    @property
+    def batched(self) -> bool:
+        return self.max_batch_size > 1
+
+    @property
+    def kinds(self) -> dict[str, str]:
+        return {i["name"]: i["kind"] for i in self.inputs}
+
+
+def _dims(shape: list) -> list[int]:
+    return [d if isinstance(d, int) and d >= 0 else -1 for d in shape]
+
+
+def _onnx_io(onnx: dict | None, side: str, name: str) -> dict | None:
+    return next((t for t in (onnx or {}).get(side, []) if t.get("name") == name), None)
+
+
+def _tensor_io(item: dict, onnx_item: dict | None) -> tuple[str, list[int]]:
+    dtype, shape = item.get("dtype"), item.get("shape")
+    if dtype is None and onnx_item is not None:
+        dtype, shape = onnx_item.get("dtype"), (onnx_item.get("shape") or [None])[1:]
+    return BY_DTYPE.get(dtype or "float32", "FP32"), [-1] + _dims(shape if shape is not None else [-1])
+
+
+def build_view(name: str, pub: dict, batching: dict | None) -> ModelView:
+    onnx = pub.get("onnx")
+    view = ModelView(name, pub["version"], max(1, int(pub.get("max_batch_size") or 1)),
+                     float((batching or {}).get("max_wait_ms", 0.0)), int(pub.get("timeout_ms") or 0),
+                     load_error=pub.get("load_error"))
+    lead = [-1] if view.batched else []
+    for item in pub.get("inputs", []):
+        kind = item["kind"]
+        if kind == "tensor":
+            dt, shape = _tensor_io(item, _onnx_io(onnx, "inputs", item["name"]))
+            shape = lead + shape[1:]
+        else:
+            dt, shape = KIND_TYPE[kind], (lead or [1])
+        view.inputs.append({"name": item["name"], "datatype": dt, "shape": shape, "kind": kind,
+                            "optional": bool(item.get("optional"))})
+    for item in pub.get("outputs", []):
+        kind = item["kind"]
+        if kind == "tensor":
+            dt, shape = _tensor_io(item, _onnx_io(onnx, "outputs", item["name"]))
+            shape = lead + shape[1:]
+        else:
+            dt, shape = ("FP64" if kind == "number" else KIND_TYPE[kind]), (lead or [1])
+        view.outputs.append({"name": item["name"], "datatype": dt, "shape": shape})
+    return view
+
+
+class Catalog:
+    """Every served model version as a ``ModelView``, rebuilt from each ``models`` reply."""
+
+    def __init__(self, batching: dict[str, dict] | None = None):
+        self.batching = batching or {}  # "name/version" -> the spec's batching, known from spawn
+        self.views: dict[str, dict[str, ModelView]] = {}
+        self.default: dict[str, str] = {}
+        self.loaded = False
+
+    def update(self, models: dict) -> None:
+        views, default = {}, {}
+        for name, entry in models.items():
+            default[name] = entry.get("default_version")
+            views[name] = {v: build_view(name, pub, self.batching.get(f"{name}/{v}"))
+                           for v, pub in entry.get("versions", {}).items()}
+        self.views, self.default, self.loaded = views, default, True
+
+    def get(self, name: str, version: str | None) -> ModelView | None:
+        versions = self.views.get(name)
+        if not versions:
+            return None
+        return versions.get(version or self.default.get(name) or "")
+
+
+def metadata(view: ModelView) -> dict:
+    return {"name": view.name, "versions": [view.version], "platform": "onnxruntime_onnx",
+            "inputs": [{k: i[k] for k in ("name", "datatype", "shape")} for i in view.inputs],
+            "outputs": [dict(o) for o in view.outputs]}
+
+
+def _config_io(item: dict, batched: bool, optional: bool | None = None) -> dict:
+    dims = item["shape"][1:] if batched else item["shape"]
+    out: dict[str, Any] = {"name": item["name"], "data_type": CONFIG_TYPE[item["datatype"]],
+                           "dims": dims or [1]}
+    if not dims:  # one element per row: Triton's way is dims [1] reshaped to a scalar
+        out["reshape"] = {"shape": []}
+    if optional is not None:
+        out["optional"] = optional
+    return out
+
+
+def config(view: ModelView) -> dict:
+    return {"name": view.name, "platform": "onnxruntime_onnx", "backend": "onnxruntime",
+            "version_policy": {"specific": {"versions": [int(view.version)]}} if view.version.isdigit()
+            else {"latest": {"num_versions": 1}},
+            "max_batch_size": view.max_batch_size if view.batched else 0,
+            "input": [_config_io(i, view.batched, i["optional"]) for i in view.inputs],
+            "output": [_config_io(o, view.batched) for o in view.outputs],
+            "dynamic_batching": {"preferred_batch_size": [],
+                                 "max_queue_delay_microseconds": int(view.max_wait_ms * 1000)},
+            "instance_group": [{"name": view.name, "kind": "KIND_CPU", "count": 1}],
+            "parameters": {}}
+
+
+def _duration(count: int, ns: float) -> dict:
+    return {"count": int(count), "ns": int(ns)}
+
+
+def stats(catalog: Catalog, reply: dict, only: str | None, version: str | None) -> list[dict]:
+    """Triton's ``model_stats`` entries (every field present) from the frontend's ``stats`` reply.
+
+    The frontend keeps stage timings per model (a bounded window), so counts and durations cover that
+    window; failures are not kept per model and read 0.
+    """
+    out = []
+    for name, versions in sorted(catalog.views.items()):
+        if only is not None and name != only:
+            continue
+        s = reply.get("models", {}).get(name, {})
+        n = int(s.get("requests", 0))
+        st = s.get("stages_us", {})
+
+        def ns(*stages: str) -> float:
+            return sum(st.get(k, {}).get("mean", 0.0) for k in stages) * 1000.0 * n
+
+        batches = {int(b): c for b, c in (s.get("batch_sizes") or {}).items()}
+        execs = sum(c / b for b, c in batches.items() if b)  # rows in batches of b -> c/b runs
+        for v, view in sorted(versions.items()):
+            if version is not None and v != version:
+                continue
+            inf = {k: _duration(0, 0) for k in STAT_KEYS}
+            if v == catalog.default.get(name):
+                inf.update(success=_duration(n, ns("total")), compute_infer=_duration(n, ns("inference")),
+                           queue=_duration(n, ns("frontend_in", "preprocess_queue", "handoff", "batch_wait")),
+                           compute_input=_duration(n, ns("preprocess")),
+                           compute_output=_duration(n, ns("postprocess_queue", "postprocess",
+                                                          "frontend_out")),
+                           cache_miss=_duration(n, 0))
+            runs = [{"batch_size": b, **{k: _duration(c // b, 0) for k in ("compute_input", "compute_infer",
+                                                                           "compute_output")}}
+                    for b, c in sorted(batches.items()) if b]
+            out.append({"name": name, "version": v, "last_inference": 0,
+                        "inference_count": inf["success"]["count"],
+                        "execution_count": int(round(execs)) if inf["success"]["count"] else 0,
+                        "inference_stats": inf, "response_stats": {},
+                        "batch_stats": runs if inf["success"]["count"] else [], "memory_usage": []})
+    return out

@@ -1,0 +1,141 @@
+"""The gateway role (``aieng::gateway[i]``): the Open Inference Protocol's front door onto the pipeline.
+
+``AIENG_GATEWAY_WORKERS`` processes, spawned and restarted by the supervisor like every role (through
+``worker_runtime.run_process``), each serving OIP over HTTP (``AIENG_OIP_HTTP_ADDR``) and gRPC
+(``AIENG_OIP_GRPC_ADDR``) on the same addresses (SO_REUSEPORT: the kernel spreads connections).  A
+gateway is a client of the frontend like any other (``upstream.Upstream``: one DEALER, many requests
+in flight), so the frontend's loop never parses HTTP or protobuf, and its admission, per-client limits,
+deadlines, counts and stage timings apply to these requests as to native ones.
+
+Startup binds both listeners before reporting ready (a busy address fails the start naming the
+variable); the frontend need not be up yet (health and metadata follow within a second of it).
+Running: one asyncio loop holds the HTTP server, the gRPC server and the upstream socket; a tick every
+``TICK_S`` sends the heartbeat ``Hello`` to the hub (so the frontend and the supervisor's hang check
+see it), applies ``LogLevel`` and watches the stop flag.  SIGTERM (the supervisor has already drained
+the frontend): stop accepting, let answers under way finish for ``DRAIN_S``, close.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import resource
+
+import zmq
+import zmq.auth
+
+from aieng import messages as m
+from aieng import procutil
+from aieng.addresses import hub_addr
+from aieng.config import Config
+from aieng.gateway.grpc import start_grpc
+from aieng.gateway.http import OipHttp
+from aieng.gateway.httpd import HttpServer
+from aieng.gateway.models import Catalog
+from aieng.gateway.service import Service
+from aieng.gateway.upstream import Upstream
+from aieng.model_repo import ModelSpec
+
+TICK_S = 0.1
+HEARTBEAT_S = 1.0
+DRAIN_S = 2.0
+IDLE_FACTOR = 12  # an idle keep-alive connection may stay 12 x AIENG_HTTP_TIMEOUT_S (60 s by default)
+
+
+def split_addr(addr: str, what: str) -> tuple[str, int]:
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ValueError(f"{what} must be host:port, got {addr!r}")
+    return host.strip("[]"), int(port)
+
+
+def curve_keys(cfg: Config, log: logging.Logger) -> tuple[bytes, bytes, bytes] | None:
+    """With CURVE on, the gateway connects with a fresh client key (admitted unless a client-key
+    directory restricts the keys; then add the gateway or turn the OIP addresses off)."""
+    if not cfg.curve_secret_key_file:
+        return None
+    server_public, _ = zmq.auth.load_certificate(cfg.curve_secret_key_file)
+    public, secret = zmq.curve_keypair()
+    if cfg.curve_client_keys_dir:
+        log.warning("AIENG_CURVE_CLIENT_KEYS_DIR restricts client keys: "
+                    "the OIP gateway's own key is not in it")
+    return public, secret, server_public
+
+
+class Gateway:
+    role = "gateway"
+
+    def __init__(self, cfg: Config, specs: dict[str, ModelSpec], worker: str, log: logging.Logger):
+        self.cfg, self.worker, self.log = cfg, worker, log
+        self.loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self.loop)
+        self.hub = procutil.hub_socket(zmq.Context.instance(), hub_addr(cfg.runtime_dir), worker)
+        batching = {f"{s.name}/{s.version}": s.batching for s in specs.values()}
+        self.http: HttpServer | None = None
+        self.grpc = None
+        self.loop.run_until_complete(self._start(Catalog(batching)))
+
+    async def _start(self, catalog: Catalog) -> None:
+        cfg = self.cfg
+        self.upstream = Upstream(cfg.frontend_addr, catalog, cfg.default_timeout_ms, self.log,
+                                 curve_keys(cfg, self.log))
+        self.service = Service(self.upstream)
+        if cfg.oip_http_addr:
+            host, port = split_addr(cfg.oip_http_addr, "AIENG_OIP_HTTP_ADDR")
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            self.http = HttpServer(OipHttp(self.service).handle, cfg.max_message_bytes, cfg.http_timeout_s,
+                                   cfg.http_timeout_s * IDLE_FACTOR, max(16, min(4096, soft - 128)), self.log)
+            try:
+                await self.http.start(host, port)
+            except OSError as exc:
+                raise OSError(f"cannot bind the OIP HTTP address {cfg.oip_http_addr!r} "
+                              f"(AIENG_OIP_HTTP_ADDR): {exc.strerror or exc}") from None
+        if cfg.oip_grpc_addr:
+            self.grpc = await start_grpc(self.service, cfg.oip_grpc_addr, cfg.max_message_bytes)
+        self.upstream.start()
+
+    def info(self) -> dict:
+        return {"http": self.cfg.oip_http_addr, "grpc": self.cfg.oip_grpc_addr,
+                "requests": self.upstream.requests, "in_flight": len(self.upstream.waiting),
+                "http_dropped": dict(self.http.dropped) if self.http else {}}
+
+    def ready_info(self) -> dict:
+        return self.info()
+
+    def run(self, stop: procutil.StopFlag) -> None:
+        self.loop.run_until_complete(self._run(stop))
+
+    async def _run(self, stop: procutil.StopFlag) -> None:
+        next_hello = 0.0
+        while not stop.stop:
+            now = self.loop.time()
+            if now >= next_hello:
+                self.hub.send(m.encode(m.Hello(self.worker, self.role, os.getpid(), self.info())))
+                next_hello = now + HEARTBEAT_S
+            self._read_hub()
+            await asyncio.sleep(TICK_S)
+        self.log.info("stopping: no new connections, %d requests in flight", len(self.upstream.waiting))
+        waits = []
+        if self.http is not None:
+            waits.append(self.http.close(DRAIN_S))
+        if self.grpc is not None:
+            waits.append(self.grpc.stop(DRAIN_S))
+        await asyncio.gather(*waits, return_exceptions=True)
+
+    def _read_hub(self) -> None:
+        while True:
+            try:
+                msg = m.decode(self.hub.recv(zmq.NOBLOCK))
+            except zmq.Again:
+                return
+            except Exception as exc:  # never the gateway's death
+                self.log.error("undecodable hub message skipped: %s", exc)
+                continue
+            if isinstance(msg, m.LogLevel):
+                procutil.set_level(msg.level)
+
+    def close(self) -> None:
+        self.upstream.close()
+        self.hub.close(0)
+        self.loop.run_until_complete(asyncio.sleep(0))
+        self.loop.close()

@@ -1,0 +1,127 @@
+"""The transport-independent core of the OIP front door: one infer, the status mapping, the parameters.
+
+Both the HTTP and the gRPC side parse their request into ``Tensor``s and call ``Service.infer``: it
+finds the model version, splits the rows (``codec.split_rows``), sends one native request per row to
+the frontend at once (batched there like any others) and waits for all of them; the first failing
+row's error (in row order) is the request's error, otherwise the rows are stacked per output.  The
+per-request ``timeout`` parameter (microseconds, as Triton's clients send it) becomes the native
+``timeout_ms``; a gRPC deadline does the same when it is shorter.
+
+Error codes map as the field does: INVALID_* 400 / INVALID_ARGUMENT, MODEL_NOT_FOUND 404 / NOT_FOUND,
+OVERLOADED and UNAVAILABLE 503 / UNAVAILABLE, TIMEOUT 504 / DEADLINE_EXCEEDED, INTERNAL 500 / INTERNAL.
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from aieng import protocol as p
+from aieng.gateway import codec
+from aieng.gateway.models import ModelView
+from aieng.gateway.upstream import Upstream
+
+HTTP_STATUS = {p.INVALID_REQUEST: 400, p.INVALID_INPUT: 400, p.MODEL_NOT_FOUND: 404, p.OVERLOADED: 503,
+               p.UNAVAILABLE: 503, p.TIMEOUT: 504, p.INTERNAL: 500, "UNSUPPORTED": 501}
+GRPC_STATUS = {p.INVALID_REQUEST: "INVALID_ARGUMENT", p.INVALID_INPUT: "INVALID_ARGUMENT",
+               p.MODEL_NOT_FOUND: "NOT_FOUND", p.OVERLOADED: "UNAVAILABLE", p.UNAVAILABLE: "UNAVAILABLE",
+               p.TIMEOUT: "DEADLINE_EXCEEDED", p.INTERNAL: "INTERNAL", "UNSUPPORTED": "UNIMPLEMENTED"}
+UNSUPPORTED = "UNSUPPORTED"
+# Triton request parameters that mean something to the protocol, never passed on as model params.
+RESERVED = {"timeout", "binary_data_output", "priority", "sequence_id", "sequence_start", "sequence_end",
+            "headers", "triton_enable_empty_final_response", "binary_data", "binary_data_size",
+            "classification", "shared_memory_region", "shared_memory_byte_size", "shared_memory_offset"}
+
+
+@dataclass
+class Answer:
+    view: ModelView
+    outputs: list[tuple[str, str, np.ndarray]]  # (name, datatype, array with the rows first)
+
+
+def timeout_ms_of(params: dict, deadline_s: float | None = None) -> int | None:
+    """The native ``timeout_ms`` from Triton's ``timeout`` parameter (microseconds) and a transport
+    deadline (seconds left), whichever is shorter; None when neither is given."""
+    out = None
+    us = params.get("timeout")
+    if us is not None:
+        if isinstance(us, bool) or not isinstance(us, int) or us <= 0:
+            raise p.RequestError(p.INVALID_REQUEST, "parameter 'timeout' must be a positive integer (us)")
+        out = max(1, math.ceil(us / 1000))
+    if deadline_s is not None and deadline_s < 1e6:
+        left = max(1, int(deadline_s * 1000))
+        out = left if out is None else min(out, left)
+    return out
+
+
+def model_params(params: dict) -> dict:
+    return {k: v for k, v in params.items() if k not in RESERVED}
+
+
+class Service:
+    def __init__(self, upstream: Upstream):
+        self.up = upstream
+
+    async def view(self, name: str, version: str | None) -> ModelView:
+        if not await self.up.wait_models():
+            raise p.RequestError(p.UNAVAILABLE, "the model list is not known yet (the frontend is silent)")
+        view = self.up.catalog.get(name, version)
+        if view is None:
+            what = f"model '{name}'" + (f" version '{version}'" if version else "")
+            raise p.RequestError(p.MODEL_NOT_FOUND, f"unknown {what}")
+        return view
+
+    async def infer(self, name: str, version: str | None, tensors: list[codec.Tensor], params: dict,
+                    requested: list[str] | None, deadline_s: float | None = None) -> Answer:
+        view = await self.view(name, version)
+        timeout_ms = timeout_ms_of(params, deadline_s)
+        rows = codec.split_rows(view.kinds, tensors, view.max_batch_size, view.batched)
+        mparams = model_params(params)
+        calls = [self.up.infer(name, view.version, row, mparams, timeout_ms, view.timeout_ms) for row in rows]
+        replies = await asyncio.gather(*calls) if len(calls) > 1 else [await calls[0]]
+        for reply in replies:
+            if not reply.get("ok"):
+                err = reply.get("error") or {}
+                raise p.RequestError(err.get("code", p.INTERNAL), err.get("message", "request failed"))
+        declared = [o["name"] for o in view.outputs]
+        got = replies[0].get("outputs") or {}
+        if requested is None:
+            names = [n for n in declared if n in got] + [n for n in got if n not in declared]
+        else:
+            missing = [n for n in requested if n not in got]
+            if missing:
+                raise p.RequestError(p.INVALID_INPUT, f"unknown output(s) {missing} (the model gives "
+                                     f"{', '.join(got)})")
+            names = requested
+        outputs = []
+        for n in names:
+            values = [r["outputs"].get(n) for r in replies]
+            if any(v is None for v in values):
+                raise p.RequestError(p.INTERNAL, f"output '{n}' missing from some rows")
+            dt, arr = codec.join_rows(n, values)
+            if not view.batched and arr.ndim > 1:  # a model that does not batch: no batch dimension
+                arr = arr[0]
+            outputs.append((n, dt, arr))
+        return Answer(view, outputs)
+
+    def server_metadata(self) -> dict[str, Any]:
+        from aieng import __version__
+        return {"name": "aieng", "version": __version__,
+                "extensions": ["binary_tensor_data", "model_configuration", "statistics",
+                               "model_repository"]}
+
+    def repository_index(self) -> list[dict]:
+        out = []
+        for name, versions in sorted(self.up.catalog.views.items()):
+            for v, view in sorted(versions.items()):
+                state = "READY" if view.load_error is None else "UNAVAILABLE"
+                out.append({"name": name, "version": v, "state": state, "reason": view.load_error or ""})
+        return out
+
+
+def unsupported(what: str) -> p.RequestError:
+    return p.RequestError(UNSUPPORTED, f"{what} is not supported yet: models and versions cannot be loaded "
+                                       f"or unloaded at run time (restart with the new model repository)")
