@@ -48,7 +48,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_config(args: argparse.Namespace) -> int:
     from aieng import shmsize
-    from aieng.config import load_config
+    from aieng.config import INTERNAL, load_config
 
     try:
         cfg = load_config(args.config)
@@ -56,7 +56,7 @@ def cmd_config(args: argparse.Namespace) -> int:
         print(f"aieng: {exc}", file=sys.stderr)
         return 2
     for k, v in cfg.to_dict().items():
-        if k not in ("sources", "instance"):
+        if k not in INTERNAL:
             print(f"{k} = {v!r}  ({cfg.sources.get(k, 'default')})")
     print(shmsize.describe(cfg))
     return 0

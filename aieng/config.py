@@ -14,6 +14,9 @@ import yaml
 
 from aieng import envs
 
+# Fields the supervisor fills in: never read from a file, the environment or a flag, never printed.
+INTERNAL = ("instance", "sources", "gateway_curve_key")
+
 
 @dataclass
 class Config:
@@ -68,6 +71,9 @@ class Config:
     log_format: str = "json"
     # Filled in by the supervisor, not by users.
     instance: str = ""
+    # z85 CURVE secret key the OIP gateways connect with, made per instance by the supervisor when the
+    # client socket uses CURVE; the frontend admits its public key beside AIENG_CURVE_CLIENT_KEYS_DIR's.
+    gateway_curve_key: str = ""
     sources: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -161,7 +167,7 @@ def load_config(yaml_path: str | None = None, flags: dict[str, Any] | None = Non
             raise ValueError(f"{yaml_path}: top level must be a mapping")
         known = {f.name for f in dataclasses.fields(Config)}
         for key, value in data.items():
-            if key not in known or key in ("instance", "sources"):
+            if key not in known or key in INTERNAL:
                 raise ValueError(f"{yaml_path}: unknown setting {key!r}")
             values[key] = _coerce(key, value, yaml_path)
             sources[key] = f"file:{yaml_path}"

@@ -122,6 +122,8 @@ class Supervisor:
         self.children = [Child(role, name) for role, name in
                          addresses.worker_names(cfg.preprocess_workers, cfg.postprocess_workers)]
         self.children += [Child("gateway", f"gw-{i}") for i in range(cfg.gateways)]  # OIP front door
+        if cfg.gateways and cfg.curve_secret_key_file:  # the gateways' own key, admitted by the frontend
+            cfg.gateway_curve_key = zmq.curve_keypair()[1].decode()
 
     def init_instance(self) -> None:
         cfg = self.cfg

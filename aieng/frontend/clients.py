@@ -105,9 +105,25 @@ def curve(ctx: zmq.Context, sock: zmq.Socket, cfg: Config, log: logging.Logger):
     auth = ThreadAuthenticator(ctx)
     auth.start()
     keys = cfg.curve_client_keys_dir
-    auth.configure_curve(domain="*", location=keys or zmq.auth.CURVE_ALLOW_ANY)
+    if keys and cfg.gateway_curve_key:  # the allowed keys, and the OIP gateways' own
+        allowed = _AllowedKeys(keys, cfg.gateway_curve_key)
+        auth.configure_curve_callback(domain="*", credentials_provider=allowed)
+    else:
+        auth.configure_curve(domain="*", location=keys or zmq.auth.CURVE_ALLOW_ANY)
     sock.curve_secretkey = secret
     sock.curve_publickey = public
     sock.curve_server = True
     log.info("client socket encrypted with CURVE (%s)", "allowed keys from " + keys if keys else "any key")
     return auth
+
+
+class _AllowedKeys:
+    """ZAP credentials: the public keys in a keys directory (read once at start, as ``configure_curve``
+    does) plus the gateway's, derived from its secret."""
+
+    def __init__(self, keys_dir: str, gateway_secret: str):
+        self.allowed = set(zmq.auth.load_certificates(keys_dir))
+        self.allowed.add(zmq.curve_public(gateway_secret.encode()))
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        return key in self.allowed

@@ -49,17 +49,14 @@ def split_addr(addr: str, what: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def curve_keys(cfg: Config, log: logging.Logger) -> tuple[bytes, bytes, bytes] | None:
-    """With CURVE on, the gateway connects with a fresh client key (admitted unless a client-key
-    directory restricts the keys; then add the gateway or turn the OIP addresses off)."""
+def curve_keys(cfg: Config) -> tuple[bytes, bytes, bytes] | None:
+    """With CURVE on, the gateway connects with the instance's gateway key, made by the supervisor and
+    admitted by the frontend beside the keys of AIENG_CURVE_CLIENT_KEYS_DIR."""
     if not cfg.curve_secret_key_file:
         return None
     server_public, _ = zmq.auth.load_certificate(cfg.curve_secret_key_file)
-    public, secret = zmq.curve_keypair()
-    if cfg.curve_client_keys_dir:
-        log.warning("AIENG_CURVE_CLIENT_KEYS_DIR restricts client keys: "
-                    "the OIP gateway's own key is not in it")
-    return public, secret, server_public
+    secret = cfg.gateway_curve_key.encode()
+    return zmq.curve_public(secret), secret, server_public
 
 
 class Gateway:
@@ -78,7 +75,7 @@ class Gateway:
     async def _start(self, catalog: Catalog) -> None:
         cfg = self.cfg
         self.upstream = Upstream(cfg.frontend_addr, catalog, cfg.default_timeout_ms, self.log,
-                                 curve_keys(cfg, self.log))
+                                 curve_keys(cfg))
         self.service = Service(self.upstream)
         if cfg.oip_http_addr:
             host, port = split_addr(cfg.oip_http_addr, "AIENG_OIP_HTTP_ADDR")

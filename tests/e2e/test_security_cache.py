@@ -3,6 +3,7 @@ response cache (hits marked cached, errors never cached, the byte budget kept by
 least recently used answer)."""
 from __future__ import annotations
 
+import json
 import re
 import urllib.request
 
@@ -40,6 +41,13 @@ def test_curve_refuses_unknown_client_keys(make_server, tmp_path):
         with pytest.raises(TimeoutError):
             c.health()  # plaintext is not spoken
     assert "CURVE" in srv.output()
+    # the OIP gateway is a client of the same socket: its own per-instance key is admitted beside the dir's
+    body = json.dumps({"inputs": [{"name": "island", "datatype": "BYTES", "shape": [1], "data": ["Dream"]}]})
+    req = urllib.request.Request(f"http://{srv.oip_http}/v2/models/tabular/infer", data=body.encode(),
+                                 headers={"Content-Type": "application/json"})
+    reply = json.loads(urllib.request.urlopen(req, timeout=10).read())
+    label = next(o for o in reply["outputs"] if o["name"] == "label")
+    assert label["data"][0] in ("Adelie", "Chinstrap", "Gentoo")
 
 
 BUDGET = 1000  # bytes: room for a handful of tabular answers (about 100 bytes each), see below
