@@ -2,8 +2,8 @@
 the chain that runs them (chain.py, guard.py).
 
 The detection and text ops are compared with the reference packages' own code, read from their
-wheels (``rapidocr``, ``rapid-layout``; test-only: ``pip download rapidocr rapid-layout --no-deps -d
-.cache/wheels``) and executed without installing them: only the postprocessing modules, whose
+wheels (``rapidocr``, ``rapid-layout``, which scripts/fetch_models.py keeps in ``.cache/wheels``; a
+missing wheel fails the test, it does not skip) and executed without installing them: only the postprocessing modules, whose
 relative imports (logging, drawing) are replaced by stubs.  The server never imports them.
 """
 from __future__ import annotations
@@ -39,8 +39,8 @@ def chain_of(steps, answer=None, base="tabular", guard=None) -> Chain:
 def ref_module(wheel: str, member: str) -> types.ModuleType:
     """One module of a reference wheel, executed with its relative imports stubbed out."""
     found = sorted(glob.glob(os.path.join(ROOT, ".cache", "wheels", f"{wheel}-*.whl")))
-    if not found:
-        pytest.skip(f"reference wheel {wheel} missing: pip download {wheel} --no-deps -d .cache/wheels")
+    if not found:  # scripts/setup.sh fetches them (scripts/fetch_models.py): missing is a broken setup
+        pytest.fail(f"reference wheel {wheel} missing from .cache/wheels: run scripts/fetch_models.py")
     with zipfile.ZipFile(found[-1]) as zf:
         src = zf.read(member).decode()
     for dep in re.findall(r"^(?:from|import) (\w+)", src, re.M):
