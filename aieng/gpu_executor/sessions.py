@@ -155,9 +155,10 @@ class ModelSession:
         if mode == "limit32":  # rapidocr's detector: a square page of the limit side
             side = int(pre.get("limit_side_len", 736))
             return [side * side]
-        if mode == "height":  # rapidocr's recogniser: its standard width, twice that, the widest
+        if mode == "height":  # rapidocr's recogniser: its standard width and twice that (not the
+            # widest: ONNX Runtime keeps a run's peak memory, and a batch of the widest is rare)
             lo, hi = int(pre.get("min_width", 320)), int(pre.get("max_width", 1600))
-            return sorted({lo, min(2 * lo, hi), hi})
+            return sorted({lo, min(2 * lo, hi)})
         default_length = 512 if pre["type"] == "text" else 64
         top = int(pre.get("max_length", default_length))
         lengths, n = [], 8
@@ -168,8 +169,11 @@ class ModelSession:
 
     def max_length(self) -> int:
         """The largest ``seq_len`` a request may have: output slots are sized for it."""
-        if self.image_mode() == "limit32":
+        mode = self.image_mode()
+        if mode == "limit32":
             return int(self.spec.preprocess.get("max_input_pixels", 4_194_304))
+        if mode == "height":
+            return int(self.spec.preprocess.get("max_width", 1600))
         return max(self.warm_lengths())
 
     def _dim(self, length: int) -> int:

@@ -266,3 +266,15 @@ def test_a_very_thin_image_is_refused_by_the_variable_size_models_and_the_servic
         assert err.value.code == "INVALID_INPUT" and match in str(err.value), str(err.value)
     page = png(make_page(0))
     assert len(one(ocr_server.addr, "textdet", page)["outputs"]["boxes"]) > 10
+
+
+def test_a_line_near_the_widest_allowed_is_read_as_rapidocr_reads_it(ocr_server, rapidocr):
+    """1440 of the 1600 pixels textrec allows: its output is 2.25 x the widest warmed up, so the
+    executor's output slots must have been sized for it."""
+    from rapidocr.ch_ppocr_rec import TextRecInput
+
+    img = np.full((40, 1200, 3), 255, np.uint8)
+    cv2.putText(img, "the widest line this model reads in one piece", (10, 30), cv2.FONT_HERSHEY_SIMPLEX,
+                1.0, (0, 0, 0), 2, cv2.LINE_AA)
+    got = one(ocr_server.addr, "textrec", png(img))["outputs"]
+    assert got["text"] == rapidocr[1](TextRecInput(img=img)).txts[0]

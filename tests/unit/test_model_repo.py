@@ -92,7 +92,7 @@ def test_resolve_inside_through_symlinked_root(tmp_path):
 @needs_demo_models
 def test_scan_finds_demo_models_with_stable_hashes():
     first = scan(str(MODELS))
-    assert set(first) == {"minilm", "orientation", "tabular"}
+    assert set(first) == {"minilm", "orientation", "tabular", "layout", "textdet", "textrec"}
     for name, versions in first.items():
         assert set(versions) == {"1"}
         spec = versions["1"]
