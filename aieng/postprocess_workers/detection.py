@@ -129,6 +129,15 @@ class NMS(Op):
                 c["classes_output"]: out_c}
 
 
+def geometry(state: dict):
+    """The request's Geometry, or a clear error when its preprocessing set none (not an image model)."""
+    g = state.get(GEOMETRY)
+    if g is None:
+        raise ValueError("this step maps boxes to the page and needs the request's Geometry, which an "
+                         "image model's preprocessing sets")
+    return g
+
+
 def mini_box(contour: np.ndarray) -> tuple[np.ndarray, float]:
     """The minimum-area rectangle of a contour as 4 points (rapidocr's corner order) and its short side."""
     import cv2
@@ -211,7 +220,7 @@ class DBBoxes(Op):
         prob = prob.reshape(prob.shape[-2:])
         dest_h, dest_w = c["size"] or prob.shape
         if c["to_page"]:
-            g = state[GEOMETRY]
+            g = geometry(state)
             prob = prob[:g.input_h, :g.input_w]  # batch padding lies beyond the request's own input
             dest_h, dest_w = g.page_h, g.page_w
         height, width = prob.shape
@@ -257,7 +266,7 @@ class ScaleBoxes(Op):
         self.inputs, self.outputs = [cfg["source"]], [self.output]
 
     def __call__(self, state, params, degraded=0):
-        g = state[GEOMETRY]
+        g = geometry(state)
         b = np.asarray(state[self.cfg["source"]], np.float32).reshape(-1, 4).copy()
         b[:, [0, 2]] = b[:, [0, 2]].clip(0, g.input_w)
         b[:, [1, 3]] = b[:, [1, 3]].clip(0, g.input_h)
