@@ -58,7 +58,8 @@ def ref_module(wheel: str, member: str) -> types.ModuleType:
 # ------------------------------------------------------------ the registry and load-time checks
 def test_every_op_is_documented_and_declares_its_parameters():
     expected = {"softmax", "sigmoid", "l2_normalize", "mean_pool", "classify", "top_k", "threshold",
-                "label_map", "tensor", "box_decode", "nms", "db_boxes", "ctc_decode"}
+                "label_map", "tensor", "box_decode", "nms", "db_boxes", "ctc_decode", "scale_boxes",
+                "sort_boxes"}
     assert expected <= set(REGISTRY)
     for name in expected:
         op = REGISTRY[name]
@@ -199,6 +200,41 @@ def test_box_decode_and_nms_match_rapid_layout():
         assert out["labels"] == want_labels
         np.testing.assert_allclose(out["boxes"], np.array(want_boxes), rtol=1e-5, atol=1e-3)
         np.testing.assert_allclose(out["scores"], want_scores, rtol=1e-6)
+
+
+def test_scale_boxes_maps_to_the_page_as_rapid_layout_does():
+    from aieng.messages import Geometry
+
+    ref = ref_module("rapid_layout", "rapid_layout/model_handler/pp/post_process.py")
+    labels = [f"class{i}" for i in range(10)]
+    names = [f"s{i}" for i in range(4)], [f"b{i}" for i in range(4)]
+    c = chain_of([{"op": "box_decode", "scores": names[0], "boxes": names[1], "input_size": [800, 608]},
+                  {"op": "nms", "score_threshold": 0.5, "iou_threshold": 0.5, "clip": [800, 608]},
+                  {"op": "scale_boxes"}], answer=["boxes"])
+    scores, boxes = layout_preds(np.random.default_rng(7))
+    want, _, _ = ref.PPPostProcess(labels, 0.5, 0.5)(
+        (1100, 850), np.zeros((1, 3, 800, 608), np.float32), [x[None] for x in scores + boxes])
+    out = c.run({**dict(zip(names[0], scores)), **dict(zip(names[1], boxes))}, {}, 0,
+                Geometry(1100, 850, 800, 608)).values
+    assert len(want) > 10 and out["boxes"].dtype == np.float32
+    np.testing.assert_allclose(out["boxes"], np.array(want), rtol=1e-5, atol=2e-3)
+    with pytest.raises(ValueError, match="needs the request's Geometry"):
+        c({**dict(zip(names[0], scores)), **dict(zip(names[1], boxes))}, {})
+
+
+def test_sort_boxes_is_rapidocrs_reading_order_and_keeps_scores_with_boxes():
+    from rapidocr.ch_ppocr_det.main import TextDetector
+
+    rng = np.random.default_rng(5)
+    c = chain_of([{"op": "sort_boxes", "apply_to": ["scores"]}])
+    for n in (0, 1, 40):
+        x, y = rng.integers(0, 600, n).astype(np.float32), rng.integers(0, 60, n).astype(np.float32) * 9
+        quads = np.stack([np.stack([x, y], 1), np.stack([x + 50, y], 1), np.stack([x + 50, y + 8], 1),
+                          np.stack([x, y + 8], 1)], 1).reshape(n, 4, 2)
+        scores = np.arange(n, dtype=np.float32)
+        out = c({"boxes": quads, "scores": scores}, {})
+        np.testing.assert_array_equal(out["boxes"], TextDetector.sorted_boxes(quads))
+        np.testing.assert_array_equal(out["boxes"], quads[out["scores"].astype(int)])
 
 
 def text_map(rng, h=320, w=480):
