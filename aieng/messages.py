@@ -71,6 +71,20 @@ class Trail:
 
 
 @dataclass(slots=True)
+class Geometry:
+    """An image request's sizes, set by its preprocessing for the postprocessing that maps boxes back to
+    the page: the page as decoded (``page_h`` x ``page_w``) and the part of the model input its content
+    fills (``input_h`` x ``input_w``; batch padding lies beyond it).  A list on the wire."""
+    page_h: int
+    page_w: int
+    input_h: int
+    input_w: int
+
+    def wire(self) -> list:
+        return [self.page_h, self.page_w, self.input_h, self.input_w]
+
+
+@dataclass(slots=True)
 class Hello:
     """Worker -> FE once it is ready to take work, then once a second as its heartbeat."""
     T: ClassVar[str] = "hello"
@@ -109,6 +123,7 @@ class InferTask:
     degraded: int = 0
     trace: str = ""
     trail: Trail = field(default_factory=Trail)
+    geometry: Optional[Geometry] = None  # image models: sizes for mapping boxes to the page
 
 
 @dataclass(slots=True)
@@ -132,6 +147,7 @@ class PostTask:
     degraded: int = 0  # the model's degradation level at admission (1+: skip optional steps)
     trace: str = ""
     trail: Trail = field(default_factory=Trail)
+    geometry: Optional[Geometry] = None  # from InferTask, as the preprocessing set it
 
 
 @dataclass(slots=True)
@@ -234,7 +250,7 @@ TYPES: dict[str, type] = {
 _FIELDS = {name: tuple(f.name for f in dataclasses.fields(cls)) for name, cls in TYPES.items()}
 
 
-_NESTED = (Ref, Trail)  # dataclasses that travel inside messages as lists
+_NESTED = (Ref, Trail, Geometry)  # dataclasses that travel inside messages as lists
 
 
 def _nested_fields(cls: type) -> tuple[dict[str, type], frozenset]:

@@ -195,6 +195,13 @@ def load_spec(name: str, version: str, path: str) -> ModelSpec:
             raise ModelError(f"{cfg_path}: each output needs a name and a kind in {OUTPUT_KINDS}")
     if not isinstance(pre.get("type"), str):
         raise ModelError(f"{cfg_path}: preprocess needs a 'type'")
+    if pre["type"] == "image":  # resize mode and its keys (image_config imports no OpenCV)
+        from aieng.preprocess_workers.image_config import check as check_image
+
+        try:
+            check_image(pre)
+        except ValueError as exc:
+            raise ModelError(f"{cfg_path}: {exc}") from None
     check_postprocess(cfg_path, post)
     batching = {"max_batch_size": 8, "max_wait_ms": 2.0, "max_padding_waste": 0.3}
     if not isinstance(cfg.get("batching") or {}, dict):

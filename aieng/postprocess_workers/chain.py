@@ -19,7 +19,9 @@ ValueError names the step, so a bad chain fails the model's load.
 A run starts from the model's outputs.  A step whose inputs are missing because an earlier step was
 skipped is skipped as well.  Each step reports ``[name, microseconds, outcome]`` with outcome ``ok``,
 ``skipped`` (ran past its limit with ``skip``, or its input was skipped) or ``timeout`` (ran past its
-limit with ``fail``); those go into ``timing_us`` and the timing report.
+limit with ``fail``); those go into ``timing_us`` and the timing report.  An image request's
+``messages.Geometry`` (page size, size of the content in the model input) is in the state as
+``geometry`` for the ops that map boxes back to the page (``scale_boxes``, ``db_boxes`` ``to_page``).
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ from aieng.postprocess_workers.schema import REGISTRY, check_params
 from aieng.protocol import TIMEOUT, RequestError
 
 STEP_KEYS = ("op", "name", "timeout_ms", "on_timeout", "isolate")
+GEOMETRY = "geometry"  # the state key of an image request's Geometry (never part of the answer)
 MAX_STEPS = 32
 
 
@@ -134,8 +137,10 @@ class Chain:
     def __call__(self, outs: dict[str, Any], params: dict, degraded: int = 0) -> dict[str, Any]:
         return self.run(outs, params, degraded).values
 
-    def run(self, outs: dict[str, Any], params: dict, degraded: int = 0) -> Outcome:
+    def run(self, outs: dict[str, Any], params: dict, degraded: int = 0, geometry=None) -> Outcome:
         state: dict[str, Any] = dict(outs)
+        if geometry is not None:  # an image request's sizes (messages.Geometry), for the box-mapping ops
+            state[GEOMETRY] = geometry
         written: list[str] = []
         missing: set[str] = set()
         out = Outcome({})

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from aieng.postprocess_workers.chain import GEOMETRY
 from aieng.postprocess_workers.ops import SOURCE, softmax
 from aieng.postprocess_workers.schema import Op, Param, register
 
@@ -128,6 +129,15 @@ class NMS(Op):
                 c["classes_output"]: out_c}
 
 
+def geometry(state: dict):
+    """The request's Geometry, or a clear error when its preprocessing set none (not an image model)."""
+    g = state.get(GEOMETRY)
+    if g is None:
+        raise ValueError("this step maps boxes to the page and needs the request's Geometry, which an "
+                         "image model's preprocessing sets")
+    return g
+
+
 def mini_box(contour: np.ndarray) -> tuple[np.ndarray, float]:
     """The minimum-area rectangle of a contour as 4 points (rapidocr's corner order) and its short side."""
     import cv2
@@ -189,6 +199,8 @@ class DBBoxes(Op):
               Param("use_dilation", "bool", True, "dilate the binary map with a 2x2 kernel"),
               Param("min_size", "int", 3, "shortest side kept", lo=0),
               Param("size", "ints", None, "[height, width] boxes are scaled to", lo=1),
+              Param("to_page", "bool", False, "scale to the request's page (its Geometry); the map is "
+                                              "first cut to the input its content filled"),
               Param("boxes_output", "str", "boxes"), Param("scores_output", "str", "scores"))
 
     def __init__(self, cfg: dict, spec):
@@ -196,6 +208,8 @@ class DBBoxes(Op):
         import cv2  # noqa: F401  loaded when the worker builds the chain, not in a request's time limit
         import pyclipper  # noqa: F401
 
+        if cfg["to_page"] and cfg["size"]:
+            raise ValueError("'size' and 'to_page' exclude each other")
         self.inputs, self.outputs = [cfg["source"]], [cfg["boxes_output"], cfg["scores_output"]]
 
     def __call__(self, state, params, degraded=0):
@@ -204,8 +218,12 @@ class DBBoxes(Op):
         c = self.cfg
         prob = np.asarray(state[c["source"]], np.float32)
         prob = prob.reshape(prob.shape[-2:])
+        dest_h, dest_w = c["size"] or prob.shape
+        if c["to_page"]:
+            g = geometry(state)
+            prob = prob[:g.input_h, :g.input_w]  # batch padding lies beyond the request's own input
+            dest_h, dest_w = g.page_h, g.page_w
         height, width = prob.shape
-        dest_h, dest_w = c["size"] or (height, width)
         mask = (prob > c["thresh"]).astype(np.uint8)
         if c["use_dilation"]:
             mask = cv2.dilate(mask, np.array([[1, 1], [1, 1]], np.uint8))
@@ -232,3 +250,49 @@ class DBBoxes(Op):
             scores.append(score)
         out = np.array(boxes, np.float32).reshape(-1, 4, 2)
         return {c["boxes_output"]: out, c["scores_output"]: np.array(scores, np.float32)}
+
+
+@register
+class ScaleBoxes(Op):
+    """Boxes ``[N, 4]`` (x1, y1, x2, y2) in model-input pixels -> page pixels, with the request's
+    Geometry: clipped to the input its content filled, then scaled by page / input per axis (rapid_layout's
+    ``warp_boxes`` and ``scale_factor``).  Writes ``output`` (default: overwrites ``source``), float32."""
+    NAME = "scale_boxes"
+    PARAMS = (Param("source", "str", "boxes"), Param("output", "str", None))
+
+    def __init__(self, cfg: dict, spec):
+        super().__init__(cfg, spec)
+        self.output = cfg["output"] or cfg["source"]
+        self.inputs, self.outputs = [cfg["source"]], [self.output]
+
+    def __call__(self, state, params, degraded=0):
+        g = geometry(state)
+        b = np.asarray(state[self.cfg["source"]], np.float32).reshape(-1, 4).copy()
+        b[:, [0, 2]] = b[:, [0, 2]].clip(0, g.input_w)
+        b[:, [1, 3]] = b[:, [1, 3]].clip(0, g.input_h)
+        scale = np.array([g.input_w / g.page_w, g.input_h / g.page_h] * 2, np.float32)
+        return {self.output: b / scale}
+
+
+@register
+class SortBoxes(Op):
+    """Quadrilaterals ``[N, 4, 2]`` in reading order as rapidocr's ``TextDetector.sorted_boxes``: stable
+    by the first corner's y, a new line where y grows by ``line_gap`` or more, by x within a line.  The
+    values in ``apply_to`` (same first axis) are reordered alike (rapidocr leaves its scores unsorted)."""
+    NAME = "sort_boxes"
+    PARAMS = (Param("source", "str", "boxes"), Param("line_gap", "float", 10.0, lo=0.0),
+              Param("apply_to", "names", None, "values reordered alongside"))
+
+    def __init__(self, cfg: dict, spec):
+        super().__init__(cfg, spec)
+        self.inputs = [cfg["source"]] + list(cfg["apply_to"] or [])
+        self.outputs = list(self.inputs)
+
+    def __call__(self, state, params, degraded=0):
+        boxes = np.asarray(state[self.cfg["source"]])
+        if len(boxes) == 0:
+            return {name: np.asarray(state[name]) for name in self.inputs}
+        by_y = np.argsort(boxes[:, 0, 1], kind="stable")
+        line = np.concatenate([[0], np.cumsum(np.diff(boxes[by_y, 0, 1]) >= self.cfg["line_gap"])])
+        order = by_y[np.lexsort((boxes[by_y, 0, 0], line))]
+        return {name: np.asarray(state[name])[order] for name in self.inputs}

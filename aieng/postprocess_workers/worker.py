@@ -58,7 +58,7 @@ class PostprocessWorker(HubWorker):
             return
         try:
             chain = self.op(f"{task.model}:{task.version}")
-            outcome = chain.run(ring.views(ref.slot, ref.tensors), task.params, task.degraded)
+            outcome = chain.run(ring.views(ref.slot, ref.tensors), task.params, task.degraded, task.geometry)
             packed = pack({k: to_wire(v) for k, v in outcome.values.items()})
         except StepTimedOut as exc:
             self.log.warning("%s:%s: %s", task.model, task.version, exc.message, extra={"trace": task.trace})

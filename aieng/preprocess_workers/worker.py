@@ -142,11 +142,12 @@ class PreprocessWorker(HubWorker):
                 except Exception as exc:  # a processor bug fails its request, not the worker
                     self.log.exception("preprocess failed for rid %s", task.rid)
                     self.fail(task.rid, INTERNAL, f"preprocessing failed: {type(exc).__name__}")
-        for (task, params), (tensors, seq_len, info) in results:
-            self.forward(task, params, tensors, seq_len, info, started)
+        for (task, params), out in results:  # image processors add the request's Geometry
+            tensors, seq_len, info = out
+            self.forward(task, params, tensors, seq_len, info, started, getattr(out, "geometry", None))
 
     def forward(self, task: m.PreTask, params: dict, tensors, seq_len: int, info: dict,
-                started: float) -> None:
+                started: float, geometry: m.Geometry | None = None) -> None:
         """Write the tensors into our ring and send the descriptor straight to the executor."""
         try:
             ref = self.publish(self.ring, tensors, task.deadline, INVALID_INPUT)
@@ -156,7 +157,7 @@ class PreprocessWorker(HubWorker):
         trail = m.Trail(pre_started=started, pre_sent=time.monotonic(), seq_len=seq_len)
         self.to_exec.send(m.encode(m.InferTask(task.rid, task.model, task.version, task.deadline, ref,
                                                seq_len, task.upstream, task.post, params, task.degraded,
-                                               task.trace, trail)))
+                                               task.trace, trail, geometry)))
         self.notice.rids.append(task.rid)
         self.notice.refs.append(ref)
         self.notice.features.append(info)

@@ -2,9 +2,10 @@
 the chain that runs them (chain.py, guard.py).
 
 The detection and text ops are compared with the reference packages' own code, read from their
-wheels (``rapidocr``, ``rapid-layout``; test-only: ``pip download rapidocr rapid-layout --no-deps -d
-.cache/wheels``) and executed without installing them: only the postprocessing modules, whose
-relative imports (logging, drawing) are replaced by stubs.  The server never imports them.
+wheels (``rapidocr``, ``rapid-layout``, which scripts/fetch_models.py keeps in ``.cache/wheels``; a
+missing wheel fails the test, it does not skip) and executed without installing them: only the
+postprocessing modules, whose relative imports (logging, drawing) are replaced by stubs.  The server
+never imports them.
 """
 from __future__ import annotations
 
@@ -39,8 +40,8 @@ def chain_of(steps, answer=None, base="tabular", guard=None) -> Chain:
 def ref_module(wheel: str, member: str) -> types.ModuleType:
     """One module of a reference wheel, executed with its relative imports stubbed out."""
     found = sorted(glob.glob(os.path.join(ROOT, ".cache", "wheels", f"{wheel}-*.whl")))
-    if not found:
-        pytest.skip(f"reference wheel {wheel} missing: pip download {wheel} --no-deps -d .cache/wheels")
+    if not found:  # scripts/setup.sh fetches them (scripts/fetch_models.py): missing is a broken setup
+        pytest.fail(f"reference wheel {wheel} missing from .cache/wheels: run scripts/fetch_models.py")
     with zipfile.ZipFile(found[-1]) as zf:
         src = zf.read(member).decode()
     for dep in re.findall(r"^(?:from|import) (\w+)", src, re.M):
@@ -57,7 +58,8 @@ def ref_module(wheel: str, member: str) -> types.ModuleType:
 # ------------------------------------------------------------ the registry and load-time checks
 def test_every_op_is_documented_and_declares_its_parameters():
     expected = {"softmax", "sigmoid", "l2_normalize", "mean_pool", "classify", "top_k", "threshold",
-                "label_map", "tensor", "box_decode", "nms", "db_boxes", "ctc_decode"}
+                "label_map", "tensor", "box_decode", "nms", "db_boxes", "ctc_decode", "scale_boxes",
+                "sort_boxes"}
     assert expected <= set(REGISTRY)
     for name in expected:
         op = REGISTRY[name]
@@ -198,6 +200,41 @@ def test_box_decode_and_nms_match_rapid_layout():
         assert out["labels"] == want_labels
         np.testing.assert_allclose(out["boxes"], np.array(want_boxes), rtol=1e-5, atol=1e-3)
         np.testing.assert_allclose(out["scores"], want_scores, rtol=1e-6)
+
+
+def test_scale_boxes_maps_to_the_page_as_rapid_layout_does():
+    from aieng.messages import Geometry
+
+    ref = ref_module("rapid_layout", "rapid_layout/model_handler/pp/post_process.py")
+    labels = [f"class{i}" for i in range(10)]
+    names = [f"s{i}" for i in range(4)], [f"b{i}" for i in range(4)]
+    c = chain_of([{"op": "box_decode", "scores": names[0], "boxes": names[1], "input_size": [800, 608]},
+                  {"op": "nms", "score_threshold": 0.5, "iou_threshold": 0.5, "clip": [800, 608]},
+                  {"op": "scale_boxes"}], answer=["boxes"])
+    scores, boxes = layout_preds(np.random.default_rng(7))
+    want, _, _ = ref.PPPostProcess(labels, 0.5, 0.5)(
+        (1100, 850), np.zeros((1, 3, 800, 608), np.float32), [x[None] for x in scores + boxes])
+    out = c.run({**dict(zip(names[0], scores)), **dict(zip(names[1], boxes))}, {}, 0,
+                Geometry(1100, 850, 800, 608)).values
+    assert len(want) > 10 and out["boxes"].dtype == np.float32
+    np.testing.assert_allclose(out["boxes"], np.array(want), rtol=1e-5, atol=2e-3)
+    with pytest.raises(ValueError, match="needs the request's Geometry"):
+        c({**dict(zip(names[0], scores)), **dict(zip(names[1], boxes))}, {})
+
+
+def test_sort_boxes_is_rapidocrs_reading_order_and_keeps_scores_with_boxes():
+    from rapidocr.ch_ppocr_det.main import TextDetector
+
+    rng = np.random.default_rng(5)
+    c = chain_of([{"op": "sort_boxes", "apply_to": ["scores"]}])
+    for n in (0, 1, 40):
+        x, y = rng.integers(0, 600, n).astype(np.float32), rng.integers(0, 60, n).astype(np.float32) * 9
+        quads = np.stack([np.stack([x, y], 1), np.stack([x + 50, y], 1), np.stack([x + 50, y + 8], 1),
+                          np.stack([x, y + 8], 1)], 1).reshape(n, 4, 2)
+        scores = np.arange(n, dtype=np.float32)
+        out = c({"boxes": quads, "scores": scores}, {})
+        np.testing.assert_array_equal(out["boxes"], TextDetector.sorted_boxes(quads))
+        np.testing.assert_array_equal(out["boxes"], quads[out["scores"].astype(int)])
 
 
 def text_map(rng, h=320, w=480):

