@@ -29,7 +29,7 @@ def _jsonable(obj: Any) -> Any:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from aieng import procutil
-    from aieng.config import load_config
+    from aieng.config import INTERNAL, load_config
     from aieng.supervisor import serve
 
     flags = {"frontend_addr": args.addr, "model_repository": args.models_dir, "models": args.models,
@@ -42,7 +42,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     procutil.setup_logging("supervisor", cfg.log_level, cfg.log_format)
     logging.getLogger("aieng.supervisor").info("effective configuration: %s", json.dumps(
-        {k: v for k, v in cfg.to_dict().items() if k != "sources"}, sort_keys=True))
+        {k: v for k, v in cfg.to_dict().items() if k not in INTERNAL}, sort_keys=True))
     return serve(cfg)
 
 

@@ -7,8 +7,10 @@ Contract:
     ``shm.Ring.create`` does), plus ``RESTART_RINGS`` more: a restarted producer creates its new ring
     while consumers (the executor's and postprocess workers' ring caches) may still map the dead one's
     unlinked segment, whose pages tmpfs frees only at the last unmap.
-  * It is a floor computed from the configuration alone: a model whose largest request or output is
-    bigger than ``AIENG_SHM_SLOT_BYTES`` grows its producer's slots (the demo models all fit 1 MiB).
+  * A ring's bytes are ``ring_slots * shm_slot_bytes`` whatever its models: a model whose largest request
+    or output is bigger than ``AIENG_SHM_SLOT_BYTES`` grows its producer's slots and the ring gets fewer of
+    them (``ring_shape``, at least ``MIN_SLOTS``: a producer waits for a free slot, backpressure). Only
+    slots above ``ring_slots * shm_slot_bytes / MIN_SLOTS`` (64 MiB at the defaults) exceed the figure.
   * tmpfs allocates only touched pages, so the real use is far smaller, but a write into a page that no
     longer fits raises SIGBUS in the writer: the space must be there before the first request.
   * ``check(cfg, path)`` compares with the free space ``os.statvfs(path)`` reports (``path`` defaults to
@@ -23,6 +25,7 @@ from aieng import shm
 from aieng.config import Config
 
 RESTART_RINGS = 1  # one producer restarting at a time: its old segment may still be mapped
+MIN_SLOTS = 4  # a ring with grown slots keeps at least this many
 MIB = 1 << 20
 
 
@@ -33,6 +36,18 @@ class ShmTooSmall(ValueError):
 def ring_bytes(nslots: int, slot_bytes: int) -> int:
     """Bytes of one ring segment, as ``shm.Ring.create`` sizes it."""
     return shm.header_bytes(nslots) + nslots * ((slot_bytes + 4095) & ~4095)
+
+
+def ring_shape(cfg: Config, need_bytes: int) -> tuple[int, int]:
+    """``(slots, slot_bytes)`` of a producer ring whose models' largest request or output is
+    ``need_bytes``: the configured slots of ``AIENG_SHM_SLOT_BYTES``, or, when a model needs bigger slots,
+    as many of those as the same bytes hold (never fewer than ``MIN_SLOTS``).  Measured reason: textdet's
+    largest page tensor is 36 MB, and 256 such slots per preprocess worker made an 8.6 GiB ring whose
+    pages tmpfs keeps once touched."""
+    slot = max(cfg.shm_slot_bytes, need_bytes)
+    if slot == cfg.shm_slot_bytes:
+        return cfg.ring_slots, slot
+    return min(cfg.ring_slots, max(MIN_SLOTS, cfg.ring_slots * cfg.shm_slot_bytes // slot)), slot
 
 
 def producers(cfg: Config) -> int:

@@ -30,7 +30,7 @@ from typing import Any, Callable
 import zmq
 
 from aieng import messages as m
-from aieng import procutil, shm
+from aieng import procutil, shm, shmsize
 from aieng.addresses import hub_addr
 from aieng.config import Config
 from aieng.model_repo import ModelSpec
@@ -77,10 +77,11 @@ def run_process(role: str, cfg_dict: dict, spec_dicts: dict, worker: str, ready_
 
 
 def own_ring(cfg: Config, worker: str, need_bytes: int) -> shm.Ring:
-    """This producer's ring: a slot per request the service may hold, each big enough for its models."""
+    """This producer's ring: a slot per request the service may hold, each big enough for its models
+    (fewer, bigger slots in the same bytes when a model needs them: ``shmsize.ring_shape``)."""
     name = shm.segment_name(cfg.instance, worker, os.getpid())
-    return shm.Ring.create(name, cfg.ring_slots, max(cfg.shm_slot_bytes, need_bytes),
-                           lease_s=shm.lease_for(cfg.max_timeout_ms))
+    nslots, slot_bytes = shmsize.ring_shape(cfg, need_bytes)
+    return shm.Ring.create(name, nslots, slot_bytes, lease_s=shm.lease_for(cfg.max_timeout_ms))
 
 
 class HubWorker:

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from aieng import envs
-from aieng.config import Config, load_config
+from aieng.config import INTERNAL, Config, load_config
 
 
 @pytest.fixture
@@ -27,8 +27,9 @@ def write_yaml(tmp_path, text: str) -> str:
 
 # ------------------------------------------------------------ registry
 def test_registry_covers_every_config_field():
-    fields = {f.name for f in dataclasses.fields(Config)} - {"instance", "sources"}
+    fields = {f.name for f in dataclasses.fields(Config)} - set(INTERNAL)
     assert {v.field for v in envs.REGISTRY} == fields
+    assert not {v.field for v in envs.REGISTRY} & set(INTERNAL), "internal fields are never read from the env"
     assert len({v.field for v in envs.REGISTRY}) == len(envs.REGISTRY), "one variable per field"
     assert all(v.name.startswith("AIENG_") and v.help for v in envs.REGISTRY)
     assert all(v.name == "AIENG_" + v.field.upper() for v in envs.REGISTRY)

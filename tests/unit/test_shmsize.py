@@ -48,3 +48,12 @@ def test_check_refuses_with_the_size_and_the_remedies(tmp_path):
     msg = str(err.value)
     assert "\n" not in msg
     assert f"--shm-size={n}m" in msg and f"sizeLimit: {n}Mi" in msg and str(tmp_path) in msg
+
+
+def test_grown_slots_keep_the_ring_within_the_configured_bytes():
+    cfg = Config()  # 256 slots x 1 MiB
+    assert shmsize.ring_shape(cfg, 1000) == (256, 1 << 20)
+    slots, slot = shmsize.ring_shape(cfg, 36_000_000)  # textdet's largest page tensor
+    assert (slots, slot) == (7, 36_000_000)
+    assert slots * slot <= cfg.ring_slots * cfg.shm_slot_bytes
+    assert shmsize.ring_shape(cfg, 200_000_000)[0] == shmsize.MIN_SLOTS  # never fewer than 4
