@@ -1,29 +1,34 @@
 """Shadow traffic in the frontend: copying a request to a candidate version, pairing, reporting.
 
 When a model's routing has a shadow setting (``shadow.ShadowConfig``), a
-primary request that entered the pipeline may get a *shadow copy*: a separate
-internal ``Request`` for the candidate version, sent after the primary, with
+primary request that entered the pipeline is drawn (``percent``) for a
+*shadow copy* at admission, and the copy is sent **once the primary has been
+answered** (its answer already on the client's socket): a primary can never
+wait for its own copy, and no copy is made for a primary that failed
+(``primary_failed``).  The copy is a separate internal ``Request`` for the
+candidate version, with
 
   * its own table entry and the table's normal slot paths (``pipeline``),
     so a copy can never leak a slot or outlive its deadline;
   * a client identity no client can have (``SHADOW_CLIENT``) and no id: its
     answer comes back here and is never sent; the client's per-client budget
     never sees it, and admission's ``max_inflight`` counts primaries only;
-  * its own deadline (``timeout_ms``), not the client's;
+  * its own deadline (``timeout_ms``, from when it is sent), not the client's;
   * none of the model's normal bookkeeping: no answer counts, stage stats,
     cache, breaker, drift, degradation or auto-rollback watch (``pipeline``
     skips them for ``shadow_of``); its counters are the ``aieng_shadow_*`` ones.
 
-Made only when (else counted ``shed`` and not made): the draw falls under
-``percent``; the primary's version is not the candidate itself (then nothing is
-counted); the candidate loaded; not draining; the primary's model is not
-degraded; and everything in flight is below ``max_load x max_inflight``.
+Shed first: when the primary is answered, the copy is sent only if the
+candidate loaded, the server is not draining, the primary's model was not
+degraded, and everything in flight (primaries and shadows) is below
+``max_load x max_inflight``; else it is counted ``shed``.  A primary routed to
+the candidate itself gets no copy (and nothing is counted).
 
-Pairs are keyed by the primary's rid.  Each side reports its end once
-(answer or error; both always end, by answer, error or deadline); when both
-have, the pair is resolved: ``compared`` (both answered), ``timeout`` or
-``error`` (the shadow did not answer), ``primary_failed``.  Comparison runs
-after the primary's answer was sent, so it never delays it.
+Pairs are keyed by the primary's rid and live from admission to the copy's
+end (answer, error or deadline: every table entry ends), so they are bounded
+by the requests in flight.  Outcomes: ``compared`` (both answered; latency
+delta = the copy's latency minus the primary's, each from its own send),
+``timeout`` / ``error`` (the copy did not answer), ``shed``, ``primary_failed``.
 """
 from __future__ import annotations
 
@@ -54,7 +59,10 @@ log = logging.getLogger("aieng.frontend.mirror")
 class Pair:
     model: str
     version: str  # the shadow's
-    primary: tuple | None = None  # (outputs or None, latency s)
+    timeout_ms: int
+    max_load: float
+    body: Any = None  # the client's request frame, until the shadow copy is sent
+    primary: tuple | None = None  # (outputs, latency s) once the primary was answered OK
     shadow: tuple | None = None  # (outputs or None, code, latency s)
 
 
@@ -96,33 +104,37 @@ class Mirror:
         self.tally(model, version).count(outcome)
         self.m_requests.labels(model, version, outcome).inc()
 
-    # -- making the copy ----------------------------------------------------------------------
+    # -- choosing and making the copy ------------------------------------------------------------
     def after_admit(self, primary: Request, body: Any) -> None:
-        """Called right after ``primary`` was started in the pipeline with the client's ``body``."""
+        """``primary`` was just started in the pipeline with the client's ``body``: draw whether it
+        gets a shadow copy (sent once the primary has been answered, see ``primary_end``)."""
         fe = self.fe
         conf = fe.rollout.models[primary.model].state.shadow
         if conf is None or conf.version == primary.version or random.random() * 100 >= conf.percent:
             return
-        spec = fe.specs[primary.model][conf.version]
-        if (spec.key in fe.admission.failed_models or fe.admission.draining or primary.degraded
-                or len(fe.table) >= conf.max_load * fe.cfg.max_inflight):
-            self.count(primary.model, conf.version, "shed")
-            return
-        cfg = fe.cfg
+        spec, cfg = fe.specs[primary.model][conf.version], fe.cfg
         timeout_ms = conf.timeout_ms or min(spec.timeout_ms or cfg.default_timeout_ms, cfg.max_timeout_ms)
-        now = time.monotonic()
-        req = Request(fe.table.new_rid(), [SHADOW_CLIENT], None, primary.model, conf.version,
-                      now + timeout_ms / 1000, now, primary.params, trace=primary.trace, body=body,
-                      route="shadow", shadow_of=primary.rid)
-        self.pairs[primary.rid] = Pair(primary.model, conf.version)
-        fe.pipeline.start(req)
+        self.pairs[primary.rid] = Pair(primary.model, conf.version, timeout_ms, conf.max_load, body)
 
-    # -- the two ends ----------------------------------------------------------------------
     def primary_end(self, req: Request, outputs: bytes | None, now: float) -> None:
+        """The primary was answered (``outputs``) or failed (None); its answer has been sent."""
         pair = self.pairs.get(req.rid)
-        if pair is not None:
-            pair.primary = (outputs, now - req.received)
-            self._resolve(req.rid, pair)
+        if pair is None:
+            return
+        fe = self.fe
+        if outputs is None:
+            del self.pairs[req.rid]
+            return self.count(pair.model, pair.version, "primary_failed")
+        if (f"{pair.model}:{pair.version}" in fe.admission.failed_models or fe.admission.draining
+                or req.degraded or len(fe.table) >= pair.max_load * fe.cfg.max_inflight):
+            del self.pairs[req.rid]
+            return self.count(pair.model, pair.version, "shed")
+        pair.primary, body, pair.body = (outputs, now - req.received), pair.body, None
+        t = time.monotonic()
+        copy = Request(fe.table.new_rid(), [SHADOW_CLIENT], None, pair.model, pair.version,
+                       t + pair.timeout_ms / 1000, t, req.params, trace=req.trace, body=body, route="shadow",
+                       shadow_of=req.rid)
+        fe.pipeline.start(copy)
 
     def shadow_end(self, req: Request, outputs: bytes | None, code: str, now: float) -> None:
         pair = self.pairs.get(req.shadow_of)
@@ -131,14 +143,10 @@ class Mirror:
             self._resolve(req.shadow_of, pair)
 
     def _resolve(self, rid: int, pair: Pair) -> None:
-        if pair.primary is None or pair.shadow is None:
-            return
         del self.pairs[rid]
         (p_out, p_s), (s_out, code, s_s) = pair.primary, pair.shadow
         if s_out is None:
             return self.count(pair.model, pair.version, "timeout" if code == p.TIMEOUT else "error")
-        if p_out is None:
-            return self.count(pair.model, pair.version, "primary_failed")
         try:
             c = compare(_outputs(p_out), _outputs(s_out))
         except Exception:  # an undecodable answer is the candidate's problem, never the frontend's
