@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from aieng import protocol as p
+from aieng.rollout_cli import call
 from tests.e2e.test_rollout import PENGUIN, cli, infer_many, metric, start, tabular_repo
 
 pytestmark = pytest.mark.e2e
@@ -43,6 +44,36 @@ def plus_repo(repo) -> None:
     (repo / "plus" / "model.yaml").write_text("routing:\n  weights: {'1': 100}\n")
 
 
+def slow_repo(repo) -> None:
+    """``slow``: version 1 is y = x; version 2 multiplies by a 1000 x 1000 matrix 60 times (tens of ms
+    of inference), so a shadow copy with a 1 ms deadline always times out."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    for v in ("1", "2"):
+        d = repo / "slow" / v
+        d.mkdir(parents=True)
+        if v == "1":
+            nodes, init = [helper.make_node("Identity", ["x"], ["y"])], []
+        else:
+            w = np.eye(1000, dtype=np.float32)
+            init = [helper.make_tensor("w", TensorProto.FLOAT, w.shape, w.tobytes(), raw=True)]
+            names = ["x"] + [f"h{i}" for i in range(59)] + ["y"]
+            nodes = [helper.make_node("MatMul", [a, "w"], [b]) for a, b in zip(names, names[1:])]
+        graph = helper.make_graph(nodes, f"slow{v}",
+                                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 1000])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 1000])],
+                                  initializer=init)
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+                  str(d / "model.onnx"))
+        (d / "model.yaml").write_text(
+            "inputs: [{name: x, kind: tensor}]\noutputs: [{name: y, kind: tensor}]\n"
+            "preprocess: {type: tensor}\npostprocess: {type: tensor}\n"
+            "batching: {max_batch_size: 1, max_wait_ms: 0}\n")
+    (repo / "slow" / "model.yaml").write_text(
+        "routing:\n  weights: {'1': 100}\n  shadow: {version: '2', percent: 100, timeout_ms: 1}\n")
+
+
 def stats(srv) -> dict:
     with srv.client(timeout_s=10) as c:
         return c.call({"op": "stats", "id": 1})
@@ -60,15 +91,35 @@ def settled(srv, model: str, version: str, want: int, timeout_s: float = 20.0) -
         time.sleep(0.05)
 
 
-def timed(srv, n: int, req: dict) -> tuple[list[dict], list[float]]:
-    """``n`` requests one after the other: the answers and each one's latency as the client saw it."""
+def timed(srv, reqs: list[dict]) -> tuple[list[dict], list[float]]:
+    """The requests one after the other: the answers and each one's latency as the client saw it."""
     answers, took = [], []
     with srv.client(timeout_s=30) as c:
-        for i in range(n):
+        for i, req in enumerate(reqs):
             t0 = time.perf_counter()
             answers.append(c.call(dict(req, id=i)))
             took.append(time.perf_counter() - t0)
     return answers, took
+
+
+def penguins(n: int) -> list[dict]:
+    """``n`` different tabular requests (different answers: a shadow compared with the wrong primary
+    would show as disagreement even between identical versions)."""
+    kinds = [("Torgersen", 38.0, 18.0, 190.0, 3700.0), ("Biscoe", 47.0, 15.0, 217.0, 5000.0),
+             ("Dream", 49.0, 18.5, 196.0, 3700.0)]  # Adelie-, Gentoo- and Chinstrap-like
+    out = []
+    for i in range(n):
+        island, bill, depth, flipper, mass = kinds[i % 3]
+        out.append({"op": "infer", "model": "tabular", "inputs": {
+            "island": island, "bill_length_mm": bill + 0.1 * i, "bill_depth_mm": depth,
+            "flipper_length_mm": flipper, "body_mass_g": mass + i}})
+    return out
+
+
+def admin(srv, op: str, **fields) -> dict:
+    reply = call(srv.admin, op, **fields)
+    assert reply["ok"], reply
+    return reply
 
 
 def answer(reply: dict) -> dict:
@@ -86,23 +137,28 @@ def test_shadow_pairs_are_compared_and_reported_and_primaries_are_untouched(make
     tabular_repo(repo, "routing:\n  weights: {'1': 100}\n")
     plus_repo(repo)
     srv = start(make_server, tmp_path, repo)
-    n = 200
-    tab = {"op": "infer", "model": "tabular", "inputs": PENGUIN}
-    plain, plain_s = timed(srv, n, tab)
-
-    code, out, err = cli(srv, "rollout", "shadow-on", "tabular", "2", "100")
-    assert code == 0, err
-    assert json.loads(out)["routing"]["shadow"] == {"version": "2", "percent": 100.0, "max_load": 0.5,
-                                                    "timeout_ms": 0}
-    shadowed, shadowed_s = timed(srv, n, tab)
+    block, blocks = 50, 4
+    reqs = penguins(block)
+    plain, plain_s, shadowed, shadowed_s = [], [], [], []
+    for _ in range(blocks):  # interleaved, so that a shared machine's drift hits both sides alike
+        answers, took = timed(srv, reqs)
+        plain += answers
+        plain_s += took
+        admin(srv, "shadow_on", model="tabular", version="2", percent=100)
+        answers, took = timed(srv, reqs)
+        shadowed += answers
+        shadowed_s += took
+        admin(srv, "shadow_off", model="tabular")
+    n = block * blocks
     (a50, a99), (b50, b99) = pct(plain_s), pct(shadowed_s)
-    print(f"tabular primary latency, {n} sequential requests: without shadow p50 {a50 * 1e3:.2f} ms "
+    print(f"tabular primary latency, {n} sequential requests a side: no shadow p50 {a50 * 1e3:.2f} ms "
           f"p99 {a99 * 1e3:.2f} ms; with 100% shadow p50 {b50 * 1e3:.2f} ms p99 {b99 * 1e3:.2f} ms")
     assert b50 < 3 * a50 + 0.010  # generous: a shared 2-core machine; the numbers above are the report
 
     # the primaries: the same answers as without a shadow, served by version 1 and routed by weight
     assert [(r["version"], r["route"]) for r in shadowed] == [("1", "weight")] * n
     assert [answer(r) for r in shadowed] == [answer(r) for r in plain]
+    assert len({answer(r)["label"] for r in plain}) == 3  # answers differ: a mixed-up pair would disagree
     tally = settled(srv, "tabular", "2", n)
     assert tally["outcomes"] == {"compared": n, "shed": 0, "timeout": 0, "error": 0, "primary_failed": 0}
     got = (tally["pairs"], tally["label_pairs"], tally["agreement"], tally["max_abs_diff"])
@@ -121,11 +177,13 @@ def test_shadow_pairs_are_compared_and_reported_and_primaries_are_untouched(make
     assert metric(srv, "aieng_shadow_label_pairs_total", model="tabular", version="2", agree="true") == n
     assert metric(srv, "aieng_shadow_latency_delta_seconds_count", model="tabular", version="2") == n
 
-    # a tensor model whose candidate differs by a known amount
-    code, _, err = cli(srv, "rollout", "shadow-on", "plus", "2", "100")
+    # a tensor model whose candidate differs by a known amount; on from the command line
+    code, out, err = cli(srv, "rollout", "shadow-on", "plus", "2", "100")
     assert code == 0, err
+    assert json.loads(out)["routing"]["shadow"] == {"version": "2", "percent": 100.0, "max_load": 0.5,
+                                                    "timeout_ms": 0}
     req = {"op": "infer", "model": "plus", "inputs": {"x": p.encode_tensor(X)}}
-    answers, _ = timed(srv, 30, req)
+    answers, _ = timed(srv, [req] * 30)
     assert [(r["version"], answer(r)["y"]) for r in answers] == [("1", X.tolist())] * 30
     plus = settled(srv, "plus", "2", 30)
     want_cos = float(X @ (X + 0.5) / (np.linalg.norm(X) * np.linalg.norm(X + 0.5)))
@@ -137,15 +195,15 @@ def test_shadow_pairs_are_compared_and_reported_and_primaries_are_untouched(make
     assert "shadow: 100% to 2" in out
     assert f"shadow 2: 30 pairs compared, agreement -, mean cosine {want_cos:.6f}, max abs diff 0.5" in out
 
-    # shadow-off: no more copies
-    code, out, err = cli(srv, "rollout", "shadow-off", "tabular")
+    # shadow-off from the command line: no more copies
+    code, out, err = cli(srv, "rollout", "shadow-off", "plus")
     assert code == 0, err
     assert json.loads(out)["routing"]["shadow"] is None
-    timed(srv, 20, tab)
+    timed(srv, [req] * 20)
     st = stats(srv)
     assert st["in_flight"] == 0
-    assert st["shadow"]["tabular"]["2"]["pairs"] == n
-    code, _, err = cli(srv, "rollout", "shadow-off", "tabular")
+    assert st["shadow"]["plus"]["2"]["pairs"] == 30
+    code, _, err = cli(srv, "rollout", "shadow-off", "plus")
     assert code == 1
     assert "has no shadow traffic to turn off" in err
 
@@ -165,3 +223,20 @@ def test_shadow_copies_are_shed_first_under_load(make_server, tmp_path):
     assert tally["pairs"] == n - tally["shed"]
     shed = metric(srv, "aieng_shadow_requests_total", model="tabular", version="2", outcome="shed")
     assert shed == tally["shed"]
+
+
+def test_a_shadow_past_its_own_deadline_times_out_and_frees_its_slot(make_server, tmp_path):
+    repo = tmp_path / "repo"
+    slow_repo(repo)
+    srv = start(make_server, tmp_path, repo)
+    x = np.arange(1000, dtype=np.float32)
+    n = 20
+    answers, _ = timed(srv, [{"op": "infer", "model": "slow", "inputs": {"x": p.encode_tensor(x)}}] * n)
+    assert [(r["version"], answer(r)["y"]) for r in answers] == [("1", x.tolist())] * n
+    tally = settled(srv, "slow", "2", n)
+    assert tally["outcomes"] == {"compared": 0, "shed": 0, "timeout": n, "error": 0, "primary_failed": 0}
+    st = stats(srv)
+    assert (st["counts"]["requests"], st["counts"]["ok"], st["counts"]["errors"]) == (n, n, {})
+    assert metric(srv, "aieng_requests_total", model="slow", version="2", code="TIMEOUT") == 0.0
+    assert metric(srv, "aieng_shadow_requests_total", model="slow", version="2", outcome="timeout") == n
+    # the slots of the timed-out copies come back: nothing of ours stays in /dev/shm (make_server checks)
