@@ -31,6 +31,8 @@ Decision, in order (the first that applies names the version):
 
 ``RoutingState`` is immutable; a change builds a new one and the frontend
 swaps its pointer, so a rollback is a pointer flip to the previous state.
+It also carries the model's shadow setting (``shadow.ShadowConfig``), which
+never changes a decision: ``mirror`` reads it to copy requests to a candidate.
 """
 from __future__ import annotations
 

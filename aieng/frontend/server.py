@@ -10,7 +10,8 @@ decided elsewhere: ``clients`` (rate limits), ``ops`` (health, models, stats,
 log_level), ``admission`` (an ``infer`` map -> typed request, immediate
 answer or refusal; ``rollout`` picks the version), ``pipeline`` (stage hand-offs, hold across restarts, the
 one answer per request) over ``table`` (requests in flight, slot ownership)
-and ``workers`` (who is up).  No CPU-heavy work happens here.
+and ``workers`` (who is up); ``mirror`` (shadow copies to a candidate version,
+compared, never answered).  No CPU-heavy work happens here.
 
 On the way down (SIGTERM from the supervisor, or the supervisor's death,
 which the parent-death hook turns into SIGTERM) every request still in flight
