@@ -260,7 +260,9 @@ class Rollout:
         """What /debug shows: each model's weights, stable version, rules and routing events."""
         return {name: {"weights": dict(m.state.weights), "stable": m.state.stable,
                        "rules": [r.name for r in m.state.rules], "allow_pinned": m.state.allow_pinned,
-                       "reason": m.state.reason, "events": list(m.events)} for name, m in self.models.items()}
+                       "reason": m.state.reason, "events": list(m.events),
+                       "shadow": m.state.shadow.public() if m.state.shadow else None}
+                for name, m in self.models.items()}
 
     def model_dirs(self) -> dict[str, str]:
         return {name: os.path.dirname(next(iter(m.specs.values())).path) for name, m in self.models.items()}

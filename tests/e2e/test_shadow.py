@@ -195,6 +195,15 @@ def test_shadow_pairs_are_compared_and_reported_and_primaries_are_untouched(make
     assert "shadow: 100% to 2" in out
     assert f"shadow 2: 30 pairs compared, agreement -, mean cosine {want_cos:.6f}, max abs diff 0.5" in out
 
+    # bad input changes nothing and says why
+    code, _, err = cli(srv, "rollout", "shadow-on", "plus", "9", "100")
+    assert code == 1
+    assert "INVALID_REQUEST: shadow version '9' is not served" in err
+    code, _, err = cli(srv, "rollout", "shadow-on", "plus", "2", "150")
+    assert code == 1
+    assert "shadow percent must be a number in 0..100" in err
+    assert stats(srv)["shadow"]["plus"]["2"]["pairs"] == 30
+
     # shadow-off from the command line: no more copies
     code, out, err = cli(srv, "rollout", "shadow-off", "plus")
     assert code == 0, err
