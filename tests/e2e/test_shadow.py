@@ -136,7 +136,8 @@ def test_shadow_pairs_are_compared_and_reported_and_primaries_are_untouched(make
     repo = tmp_path / "repo"
     tabular_repo(repo, "routing:\n  weights: {'1': 100}\n")
     plus_repo(repo)
-    srv = start(make_server, tmp_path, repo)
+    # one request in flight per client: a copy in flight after its primary's answer must not count against it
+    srv = start(make_server, tmp_path, repo, AIENG_MAX_INFLIGHT_PER_CLIENT="1")
     block, blocks = 50, 4
     reqs = penguins(block)
     plain, plain_s, shadowed, shadowed_s = [], [], [], []
@@ -237,9 +238,10 @@ def test_shadow_copies_are_shed_first_under_load(make_server, tmp_path):
 def test_a_shadow_past_its_own_deadline_times_out_and_frees_its_slot(make_server, tmp_path):
     repo = tmp_path / "repo"
     slow_repo(repo)
-    srv = start(make_server, tmp_path, repo)
+    # 8 slots per ring: 40 timed-out copies would exhaust them if a single slot leaked
+    srv = start(make_server, tmp_path, repo, AIENG_SHM_SLOTS="8")
     x = np.arange(1000, dtype=np.float32)
-    n = 20
+    n = 40
     answers, _ = timed(srv, [{"op": "infer", "model": "slow", "inputs": {"x": p.encode_tensor(x)}}] * n)
     assert [(r["version"], answer(r)["y"]) for r in answers] == [("1", x.tolist())] * n
     tally = settled(srv, "slow", "2", n)
@@ -248,4 +250,7 @@ def test_a_shadow_past_its_own_deadline_times_out_and_frees_its_slot(make_server
     assert (st["counts"]["requests"], st["counts"]["ok"], st["counts"]["errors"]) == (n, n, {})
     assert metric(srv, "aieng_requests_total", model="slow", version="2", code="TIMEOUT") == 0.0
     assert metric(srv, "aieng_shadow_requests_total", model="slow", version="2", outcome="timeout") == n
-    # the slots of the timed-out copies come back: nothing of ours stays in /dev/shm (make_server checks)
+    # and the slots came back: more requests, each with its copy, all answered
+    answers, _ = timed(srv, [{"op": "infer", "model": "slow", "inputs": {"x": p.encode_tensor(x)}}] * n)
+    assert [r["ok"] for r in answers] == [True] * n
+    assert settled(srv, "slow", "2", 2 * n)["outcomes"]["timeout"] == 2 * n
