@@ -291,16 +291,18 @@ def check_routing(raw: Any, versions: set[str], where: str) -> None:
     """Refuse a malformed ``routing`` section at load time, naming the file."""
     from aieng.frontend.canary import AutoRollback
     from aieng.frontend.routing import RoutingError, build
+    from aieng.frontend.shadow import parse_config
 
     if raw is None:
         return
-    keys = ("weights", "rules", "groups", "allow_pinned", "auto_rollback")
+    keys = ("weights", "rules", "groups", "allow_pinned", "auto_rollback", "shadow")
     if not isinstance(raw, dict) or set(raw) - set(keys):
         raise ModelError(f"{where}: routing takes {', '.join(keys)}")
     try:
         build(None, versions, raw.get("weights") or {latest(dict.fromkeys(versions)): 100},
               {"rules": raw.get("rules") or [], "groups": raw.get("groups") or {}}, raw.get("allow_pinned"))
         AutoRollback.parse(raw.get("auto_rollback"))
+        parse_config(raw.get("shadow"), versions)
     except (RoutingError, ValueError, TypeError) as exc:
         raise ModelError(f"{where}: routing: {exc}") from None
 

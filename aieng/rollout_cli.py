@@ -7,6 +7,9 @@ Subcommands (each one admin op, docs/rollout.md):
     aieng rollout rollback MODEL               back to the previous routing (a pointer flip)
     aieng rollout promote MODEL VERSION        100 % to VERSION
     aieng rollout reload                       re-read routing from model.yaml and the saved state
+    aieng rollout shadow-on MODEL VERSION PCT  mirror PCT % of MODEL's requests to VERSION and compare
+                                               (--max-load F, --timeout-ms N)
+    aieng rollout shadow-off MODEL             stop mirroring
     aieng models list                          versions, hashes, metadata, weights
 
 Where the admin socket is: ``--admin-addr``, else ``$AIENG_ADMIN_ADDR``, else
@@ -121,7 +124,25 @@ def _print_status(reply: dict) -> None:
         for e in st["events"]:
             what = e.get("reason") or json.dumps(e.get("weights"))
             print(f"  event {e['kind']} at {e['at']:.0f}: {what}")
+        _print_shadow(st)
         print(f"  previous routing: {'yes' if st['previous'] else 'none'} ({st['history']} kept)")
+
+
+def _num(x: float | None, fmt: str, scale: float = 1.0) -> str:
+    return "-" if x is None else format(x * scale, fmt)
+
+
+def _print_shadow(st: dict) -> None:
+    sh = st.get("shadow")
+    if sh:
+        print(f"  shadow: {sh['percent']:g}% to {sh['version']} (only while in flight < "
+              f"{sh['max_load']:g} x max_inflight)")
+    for v, t in (st.get("shadow_stats") or {}).items():
+        print(f"  shadow {v}: {t['pairs']} pairs compared, agreement {_num(t['agreement'], '.1%')}, "
+              f"mean cosine {_num(t['cosine_mean'], '.6f')}, max abs diff {_num(t['max_abs_diff'], '.3g')}, "
+              f"latency delta p50 {_num(t['latency_delta_p50_s'], '+.2f', 1000)} ms "
+              f"p99 {_num(t['latency_delta_p99_s'], '+.2f', 1000)} ms; shed {t['shed']}, "
+              f"timeout {t['outcomes']['timeout']}, error {t['outcomes']['error']}")
 
 
 def main_rollout(args: argparse.Namespace) -> int:
@@ -130,7 +151,7 @@ def main_rollout(args: argparse.Namespace) -> int:
     op = action.replace("-", "_")
     if action == "status" and args.model:
         fields["model"] = args.model
-    elif action in ("set-weights", "set-rules", "rollback", "promote"):
+    elif action in ("set-weights", "set-rules", "rollback", "promote", "shadow-on", "shadow-off"):
         fields["model"] = args.model
     if action == "set-weights":
         fields["weights"] = _weights(args.weights)
@@ -140,6 +161,12 @@ def main_rollout(args: argparse.Namespace) -> int:
         fields["version"] = args.version
     elif action == "list":
         op = "models"
+    elif action == "shadow-on":
+        fields.update(version=args.version, percent=args.percent)
+        if args.max_load is not None:
+            fields["max_load"] = args.max_load
+        if args.timeout_ms is not None:
+            fields["timeout_ms"] = args.timeout_ms
     return _run(args, op, fields)
 
 
@@ -197,6 +224,14 @@ def register(sub) -> None:
     pr.add_argument("model")
     pr.add_argument("version")
     acts.add_parser("reload", help="re-read routing from model.yaml and the saved state")
-    for p in (st, sw, sr, rb, pr, acts.choices["reload"]):
+    so = acts.add_parser("shadow-on", help="mirror PERCENT of MODEL's requests to VERSION and compare")
+    so.add_argument("model")
+    so.add_argument("version")
+    so.add_argument("percent", type=float)
+    so.add_argument("--max-load", type=float, help="shadow only while in flight < F x max_inflight (0.5)")
+    so.add_argument("--timeout-ms", type=int, help="the shadow's own deadline (default: the version's)")
+    sf = acts.add_parser("shadow-off", help="stop mirroring MODEL's requests")
+    sf.add_argument("model")
+    for p in (st, sw, sr, rb, pr, acts.choices["reload"], so, sf):
         add_admin_args(p)
     ro.set_defaults(func=main_rollout)

@@ -12,7 +12,7 @@ data path for long.
 One msgpack map in, one out: ``{"op": <name>, "id": ..., ...}`` ->
 ``{"id", "ok": true, ...}`` or ``{"id", "ok": false, "error": {"code", "message"}}``.
 Ops are a dispatch table (``AdminOps.table``): status, models, set_weights,
-set_rules, rollback, promote, reload.  Run-time ``load``/``unload`` of model
+set_rules, rollback, promote, reload, shadow_on, shadow_off.  Run-time ``load``/``unload`` of model
 versions plug in as two more entries.  Bad input (unknown model or version,
 weights not summing to 100, a malformed rule) is refused with a clear message
 and changes nothing.
@@ -29,7 +29,7 @@ import zmq
 from aieng import model_repo
 from aieng import protocol as p
 from aieng.config import Config
-from aieng.frontend import routing
+from aieng.frontend import routing, shadow
 
 if TYPE_CHECKING:  # pragma: no cover
     from aieng.frontend.server import Frontend
@@ -107,7 +107,7 @@ class AdminOps:
         self.table: dict[str, Callable[[dict], dict]] = {
             "status": self.status, "models": self.models, "set_weights": self.set_weights,
             "set_rules": self.set_rules, "rollback": self.rollback, "promote": self.promote,
-            "reload": self.reload,
+            "reload": self.reload, "shadow_on": self.shadow_on, "shadow_off": self.shadow_off,
         }
 
     def handle(self, body: bytes) -> dict:
@@ -163,7 +163,10 @@ class AdminOps:
     def status(self, req: dict) -> dict:
         names = [self.model(req).name] if req.get("model") is not None else sorted(self.fe.rollout.models)
         now = time.monotonic()
-        return {"models": {n: self.fe.rollout.status(n, now) for n in names}}
+        out = {n: self.fe.rollout.status(n, now) for n in names}
+        for n in names:  # the shadow comparison so far, per candidate version (mirror.py)
+            out[n]["shadow_stats"] = self.fe.mirror.view(n)
+        return {"models": out}
 
     def models(self, req: dict) -> dict:
         fe = self.fe
@@ -213,6 +216,26 @@ class AdminOps:
         self.fe.log.warning("routing of %s rolled back: weights %s", m.name, m.state.weights)
         return {"model": m.name, "routing": routing_view(m.state)}
 
+    def shadow_on(self, req: dict) -> dict:
+        """Mirror ``percent`` of the model's requests to ``version`` (``max_load``, ``timeout_ms``)."""
+        m = self.model(req)
+        conf = shadow.parse_config({k: req[k] for k in ("version", "percent", "max_load", "timeout_ms")
+                                    if k in req}, m.versions)
+        failed = self.fe.failed_models().get(f"{m.name}:{conf.version}")
+        if failed is not None:
+            raise AdminError(p.INVALID_REQUEST, f"version {conf.version} of {m.name!r} is not loaded "
+                                                f"({failed}); nothing changed")
+        new = routing.build(m.state, m.versions, reason=f"shadow on: {conf.percent:g}% to {conf.version}",
+                            shadow=conf)
+        return self.commit(m, new, "shadow_on")
+
+    def shadow_off(self, req: dict) -> dict:
+        m = self.model(req)
+        if m.state.shadow is None:
+            raise AdminError(p.INVALID_REQUEST, f"model {m.name!r} has no shadow traffic to turn off")
+        return self.commit(m, routing.build(m.state, m.versions, reason="shadow off", shadow=None),
+                           "shadow_off")
+
     def reload(self, req: dict) -> dict:
         try:
             changed = self.fe.reload_routing()
@@ -223,4 +246,5 @@ class AdminOps:
 
 def routing_view(state: routing.RoutingState) -> dict:
     return {"weights": state.weights, "stable": state.stable, "rules": [r.name for r in state.rules],
-            "allow_pinned": state.allow_pinned, "reason": state.reason}
+            "allow_pinned": state.allow_pinned, "reason": state.reason,
+            "shadow": state.shadow.public() if state.shadow is not None else None}

@@ -8,7 +8,7 @@ Checks, in order (the first that fails answers the request with its code):
      timeout_ms; a version that failed to load is UNAVAILABLE with its error;
   2. serving state: not ready yet or draining (UNAVAILABLE);
   3. fairness: this client's requests in flight (``per_client_inflight``),
-     then everyone's (``max_inflight``): OVERLOADED;
+     then everyone's (``max_inflight``, shadow copies not counted): OVERLOADED;
   4. response cache (a hit is answered at once, even while shedding);
   5. degradation level 3: the model's fallback answer, or OVERLOADED;
   6. the model's circuit breaker (UNAVAILABLE while open).
@@ -95,8 +95,9 @@ class Admission:
         if mine >= self.cfg.per_client_inflight:
             raise p.RequestError(p.OVERLOADED, f"this client has {mine} requests in flight (the per-client "
                                                f"limit); wait for answers before sending more")
-        if len(self.table) >= self.cfg.max_inflight:
-            raise p.RequestError(p.OVERLOADED, f"{len(self.table)} requests in flight; try again later")
+        primaries = len(self.table) - self.table.shadows  # shadow copies never take a primary's place
+        if primaries >= self.cfg.max_inflight:
+            raise p.RequestError(p.OVERLOADED, f"{primaries} requests in flight; try again later")
         key = None
         if self.cache.enabled:  # a hit costs nothing: served even when shedding or a breaker is open
             key = cache_key(model, version, req["inputs"], params)

@@ -87,9 +87,11 @@ class ClientOps:
         since = float(since) if is_number and since > 0 else None
         summary = fe.stats.summary(since)
         summary.update({"id": req_id, "ok": True, "in_flight": len(fe.table), "queue_depth": fe.table.depth(),
-                        "counts": fe.pipeline.counts.view(), "restarts": fe.state["restarts"]})
+                        "counts": fe.pipeline.counts.view(), "restarts": fe.state["restarts"],
+                        "shadow": fe.mirror.view()})
         if req.get("reset") is True:
             fe.stats.reset()
+            fe.mirror.reset()
         return summary
 
     def log_level(self, req_id: Any, req: dict) -> dict:

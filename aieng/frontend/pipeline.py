@@ -21,6 +21,12 @@ holds it the same way.  The executor and postprocess inboxes queue while
 their process restarts, so those stages hold by themselves.  What a dead
 worker held, as far as the notices tell, is answered UNAVAILABLE (a notice
 arriving after its new holder died answers the request then).
+
+A shadow copy (``Request.shadow_of``, made by ``mirror``) takes the same paths
+and slot rules; where it ends (answer, error, deadline) it goes to the mirror
+instead of a client, and none of the model's counts, stats, cache, breaker,
+drift or degradation see it.  A primary's end is told to the mirror after its
+answer was sent.
 """
 from __future__ import annotations
 
@@ -83,6 +89,7 @@ class Pipeline:
         self.cache, self.drift, self.degrader = cache, drift, degrader
         self.counts = Counts()
         self.outcome: Callable[[str, str, str, float], None] | None = None  # (model, version, code, s)
+        self.mirror: Any = None  # mirror.Mirror: gets both ends of shadow pairs (set by the frontend)
         self.handlers: dict[type, Callable[[Any, bytes], None]] = {
             m.Preprocessed: self.on_preprocessed, m.Inferred: self.on_inferred,
             m.Result: self.on_result, m.Failed: self.on_failed,
@@ -165,6 +172,8 @@ class Pipeline:
             return
         now = time.monotonic()
         self.table.finish(msg.rid)
+        if req.shadow_of is not None:  # a shadow copy: compared, never answered or counted
+            return self.mirror.shadow_end(req, msg.outputs, "OK", now)
         try:  # bookkeeping; an error here must not lose the answer (the request has left the table)
             self.account(req, msg, now)
         except Exception:
@@ -181,6 +190,8 @@ class Pipeline:
         log.debug("answered OK in %d us", timing["total"], extra={"trace": req.trace})
         req.timing["frontend_out"] = int((time.monotonic() - now) * 1e6)
         self.stats.add(req.model, req.timing, req.batch, req.seq_len, req.padded or req.seq_len)
+        if self.mirror is not None:
+            self.mirror.primary_end(req, msg.outputs, now)
 
     def account(self, req: Request, msg: m.Result, now: float) -> None:
         """Timings, counts, breaker, cache, metrics and drift for an answer about to be sent."""
@@ -210,7 +221,7 @@ class Pipeline:
             return
         if msg.ref is not None:
             self.table.take(req, msg.ref)
-        if msg.steps:  # a postprocess step ran past its limit: the report counts it
+        if msg.steps and req.shadow_of is None:  # a step ran past its limit: the report counts it
             self.stats.add_steps(req.model, msg.steps)
         self.metrics.worker.labels(req.stage, ident.decode()).inc()
         self.fail(msg.rid, msg.code, msg.message, model_fault=ident == b"executor" and msg.code == p.INTERNAL)
@@ -230,6 +241,8 @@ class Pipeline:
         req = self.table.finish(rid, holder_dead)
         if req is None:
             return
+        if req.shadow_of is not None:
+            return self.mirror.shadow_end(req, None, code, time.monotonic())
         if model_fault:  # the model run itself failed: the breaker counts it
             self.breakers.failure(req.key, time.monotonic(), req.probe)
         else:
@@ -240,6 +253,8 @@ class Pipeline:
         log.debug("answered %s at stage %s", code, req.stage, extra={"trace": req.trace})
         where = {"model": req.model, "version": req.version, "route": req.route}
         self.reply(req.envelope, p.error_body(req.client_id, code, message, req.trace, where))
+        if self.mirror is not None:
+            self.mirror.primary_end(req, None, time.monotonic())
 
     def count_error(self, code: str, model: str = "", version: str = "") -> None:
         self.counts.errors[code] = self.counts.errors.get(code, 0) + 1

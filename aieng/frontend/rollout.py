@@ -29,7 +29,7 @@ from typing import Any
 
 from aieng import model_repo
 from aieng import protocol as p
-from aieng.frontend import routing
+from aieng.frontend import routing, shadow
 from aieng.frontend.canary import AutoRollback, Watch
 from aieng.frontend.routestore import RouteStore
 from aieng.model_repo import ModelSpec
@@ -58,7 +58,8 @@ def load(raw: dict, versions: set[str]) -> routing.RoutingState:
         raise routing.RoutingError("bucket ranges do not match the weights")
     rules, groups = routing.parse_rules({"rules": raw["rules"], "groups": raw["groups"]}, versions)
     return routing.RoutingState(weights, tuple(owner), routing.to_ranges(owner), rules, groups,
-                                bool(raw["allow_pinned"]), str(raw.get("reason", "")))
+                                bool(raw["allow_pinned"]), str(raw.get("reason", "")),
+                                shadow.parse_config(raw.get("shadow"), versions))
 
 
 class Model:
@@ -76,7 +77,7 @@ class Model:
         self.baseline = routing.build(
             None, self.versions, cfg.get("weights") or {model_repo.latest(self.specs): 100},
             {"rules": cfg.get("rules") or [], "groups": cfg.get("groups") or {}}, cfg.get("allow_pinned"),
-            reason="model.yaml")
+            reason="model.yaml", shadow=shadow.parse_config(cfg.get("shadow"), self.versions))
         policy = AutoRollback.parse(cfg.get("auto_rollback"))
         if policy is None:
             self.watch = None
@@ -259,7 +260,9 @@ class Rollout:
         """What /debug shows: each model's weights, stable version, rules and routing events."""
         return {name: {"weights": dict(m.state.weights), "stable": m.state.stable,
                        "rules": [r.name for r in m.state.rules], "allow_pinned": m.state.allow_pinned,
-                       "reason": m.state.reason, "events": list(m.events)} for name, m in self.models.items()}
+                       "reason": m.state.reason, "events": list(m.events),
+                       "shadow": m.state.shadow.public() if m.state.shadow else None}
+                for name, m in self.models.items()}
 
     def model_dirs(self) -> dict[str, str]:
         return {name: os.path.dirname(next(iter(m.specs.values())).path) for name, m in self.models.items()}

@@ -9,7 +9,8 @@ server of the same repository finds its own::
                    "current": <state>, "history": [<state>, ...],   # newest last
                    "events": [{"at": <unix s>, "kind": "auto_rollback", ...}, ...]}}}
     <state> = {"weights": {...}, "ranges": {version: [[start, end], ...]}, "rules": [...],
-               "groups": {...}, "allow_pinned": bool, "reason": str}
+               "groups": {...}, "allow_pinned": bool, "reason": str,
+               "shadow": null | {"version", "percent", "max_load", "timeout_ms"}}   # absent: null
 
 Write: a temp file in the same directory, fsync, ``os.replace`` over the old
 one, fsync the directory; so a crash leaves the old file or the new one,

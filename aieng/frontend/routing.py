@@ -31,6 +31,8 @@ Decision, in order (the first that applies names the version):
 
 ``RoutingState`` is immutable; a change builds a new one and the frontend
 swaps its pointer, so a rollback is a pointer flip to the previous state.
+It also carries the model's shadow setting (``shadow.ShadowConfig``), which
+never changes a decision: ``mirror`` reads it to copy requests to a candidate.
 """
 from __future__ import annotations
 
@@ -242,13 +244,15 @@ class RoutingState:
     groups: dict[str, frozenset] = field(default_factory=dict)
     allow_pinned: bool = True
     reason: str = ""  # what made this state (config, set_weights, rollback, auto-rollback, ...)
+    shadow: Any = None  # shadow.ShadowConfig: requests mirrored to a candidate (None: none)
     serial: int = field(default_factory=lambda: next(_SERIALS), compare=False)  # unique per state built
 
     def public(self) -> dict:
         return {"weights": dict(self.weights), "ranges": self.ranges,
                 "rules": [r.public() for r in self.rules],
                 "groups": {g: sorted(k) for g, k in self.groups.items()},
-                "allow_pinned": self.allow_pinned, "reason": self.reason}
+                "allow_pinned": self.allow_pinned, "reason": self.reason,
+                "shadow": self.shadow.public() if self.shadow is not None else None}
 
     @property
     def stable(self) -> str:
@@ -286,9 +290,13 @@ def check_weights(raw: Any, versions: set[str]) -> dict[str, float]:
     return out
 
 
+KEEP = object()  # build(shadow=KEEP): the previous state's shadow setting stands
+
+
 def build(prev: RoutingState | None, versions: set[str], weights: Any = None, rules: Any = None,
-          allow_pinned: Any = None, reason: str = "") -> RoutingState:
-    """A new state from ``prev`` with whatever is given changed; ``RoutingError`` changes nothing."""
+          allow_pinned: Any = None, reason: str = "", shadow: Any = KEEP) -> RoutingState:
+    """A new state from ``prev`` with whatever is given changed; ``RoutingError`` changes nothing.
+    ``shadow`` is an already parsed ``shadow.ShadowConfig`` or None (off)."""
     if weights is None and prev is None:
         raise RoutingError("weights are needed for a new routing")
     w = check_weights(weights, versions) if weights is not None else prev.weights
@@ -306,4 +314,8 @@ def build(prev: RoutingState | None, versions: set[str], weights: Any = None, ru
     else:
         owner = tuple(reallocate(list(prev.owner) if prev else None, w))
         ranges = to_ranges(list(owner))
-    return RoutingState(w, owner, ranges, rs, groups, pinned, reason)
+    if shadow is KEEP:
+        shadow = prev.shadow if prev is not None else None
+    if shadow is not None and shadow.version not in versions:
+        raise RoutingError(f"shadow version {shadow.version!r} is not served")
+    return RoutingState(w, owner, ranges, rs, groups, pinned, reason, shadow)

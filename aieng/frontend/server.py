@@ -10,7 +10,8 @@ decided elsewhere: ``clients`` (rate limits), ``ops`` (health, models, stats,
 log_level), ``admission`` (an ``infer`` map -> typed request, immediate
 answer or refusal; ``rollout`` picks the version), ``pipeline`` (stage hand-offs, hold across restarts, the
 one answer per request) over ``table`` (requests in flight, slot ownership)
-and ``workers`` (who is up).  No CPU-heavy work happens here.
+and ``workers`` (who is up); ``mirror`` (shadow copies to a candidate version,
+compared, never answered).  No CPU-heavy work happens here.
 
 On the way down (SIGTERM from the supervisor, or the supervisor's death,
 which the parent-death hook turns into SIGTERM) every request still in flight
@@ -37,6 +38,7 @@ from aieng.frontend.degrade import Degrader
 from aieng.frontend.drift import DriftMonitor
 from aieng.frontend.http import HttpServer
 from aieng.frontend.metrics import Metrics
+from aieng.frontend.mirror import Mirror
 from aieng.frontend.ops import ClientOps
 from aieng.frontend.pipeline import Pipeline
 from aieng.frontend.rollout import Rollout
@@ -79,6 +81,7 @@ class Frontend:
         self.pipeline = Pipeline(self.table, self.workers, posts, self.send_hub, self.reply, self.metrics,
                                  self.stats, self.breakers, self.cache, self.drift, self.degrader)
         self.pipeline.outcome = self.rollout.observe  # auto-rollback watches every answer
+        self.mirror = self.pipeline.mirror = Mirror(self)  # shadow copies and their comparison
         self.ops = ClientOps(self)
         self.handlers = dict(self.pipeline.handlers)
         self.handlers.update({m.Hello: self.on_hello, m.WorkerDown: self.on_worker_down,
@@ -217,6 +220,7 @@ class Frontend:
                     body=body, route=a.route)
         self.log.debug("admitted %s:%s", a.model, a.version, extra={"trace": a.trace})
         self.pipeline.start(r)
+        self.mirror.after_admit(r, body)  # after the primary is on its way: a shadow never delays it
 
     def refuse(self, envelope: list, message: str, req_id: Any = None) -> None:
         """INVALID_REQUEST for a message that never became a request (counted, model unknown)."""

@@ -18,6 +18,11 @@ Requests that no preprocess worker could take wait in a queue
 (``hold``/``waiting``) until one says hello; they stay in the table, so their
 deadline and the in-flight limit still bound them.  Per-client in-flight
 counts are kept here too, so one client's share is known at admission.
+
+Shadow copies (``mirror``) are entries like any other (same slot rules, own
+deadline) under a client identity no client can have; ``shadows`` counts them
+so that admission's in-flight limit counts primaries only, and ``per_model``
+(what degradation watches) leaves them out.
 """
 from __future__ import annotations
 
@@ -62,6 +67,7 @@ class Request:
     batch: int = 1
     padded: int = 0
     timing: dict = field(default_factory=dict)  # stage -> microseconds
+    shadow_of: int | None = None  # a shadow copy (``mirror``): its primary's rid; never answered
 
     @property
     def key(self) -> str:
@@ -85,6 +91,7 @@ class RequestTable:
         self.stage_counts: dict[tuple[str, str], int] = {}  # (model key, stage) -> requests there
         self.waiting: dict[str, deque[int]] = {PRE: deque()}  # later stages queue in their inboxes
         self.rings = shm.RingCache()
+        self.shadows = 0  # shadow copies in flight (included in len())
 
     def __len__(self) -> int:
         return len(self.items)
@@ -94,6 +101,7 @@ class RequestTable:
 
     def add(self, req: Request) -> None:
         self.items[req.rid] = req
+        self.shadows += req.shadow_of is not None
         self._count(req, 1)
         self.by_client[req.client] = self.by_client.get(req.client, 0) + 1
         heapq.heappush(self.deadlines, (req.deadline, req.rid))
@@ -156,6 +164,7 @@ class RequestTable:
             return None
         if req.holder:
             self.by_holder.get(req.holder, set()).discard(rid)
+        self.shadows -= req.shadow_of is not None
         self._count(req, -1)
         if req.post:
             self.by_post[req.post] = self.by_post.get(req.post, 1) - 1
@@ -195,7 +204,8 @@ class RequestTable:
     def per_model(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for r in self.items.values():
-            out[r.key] = out.get(r.key, 0) + 1
+            if r.shadow_of is None:  # a shadow's load is shed by the mirror, not degradation
+                out[r.key] = out.get(r.key, 0) + 1
         return out
 
     def expired(self, now: float) -> list[int]:

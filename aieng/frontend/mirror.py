@@ -1,0 +1,177 @@
+"""Shadow traffic in the frontend: copying a request to a candidate version, pairing, reporting.
+
+When a model's routing has a shadow setting (``shadow.ShadowConfig``), a
+primary request that entered the pipeline is drawn (``percent``) for a
+*shadow copy* at admission, and the copy is sent **once the primary has been
+answered** (its answer already on the client's socket): a primary can never
+wait for its own copy, and no copy is made for a primary that failed
+(``primary_failed``).  The copy is a separate internal ``Request`` for the
+candidate version, with
+
+  * its own table entry and the table's normal slot paths (``pipeline``),
+    so a copy can never leak a slot or outlive its deadline;
+  * a client identity no client can have (``SHADOW_CLIENT``) and no id: its
+    answer comes back here and is never sent; the client's per-client budget
+    never sees it, and admission's ``max_inflight`` counts primaries only;
+  * its own deadline (``timeout_ms``, from when it is sent), not the client's;
+  * none of the model's normal bookkeeping: no answer counts, stage stats,
+    cache, breaker, drift, degradation or auto-rollback watch (``pipeline``
+    skips them for ``shadow_of``); its counters are the ``aieng_shadow_*`` ones.
+
+Shed first: when the primary is answered, the copy is sent only if the
+candidate loaded, the server is not draining, the primary's model was not
+degraded, and everything in flight (primaries and shadows) is below
+``max_load x max_inflight``; else it is counted ``shed``.  A primary routed to
+the candidate itself gets no copy (and nothing is counted).
+
+Pairs are keyed by the primary's rid and live from admission to the copy's
+end (answer, error or deadline: every table entry ends), so they are bounded
+by the requests in flight.  Outcomes: ``compared`` (both answered; latency
+delta = the copy's latency minus the primary's, each from its own send),
+``timeout`` / ``error`` (the copy did not answer), ``shed``, ``primary_failed``.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+from prometheus_client import Counter, Histogram
+
+from aieng import protocol as p
+from aieng.frontend.shadow import Tally, compare
+from aieng.frontend.table import Request
+
+if TYPE_CHECKING:  # pragma: no cover
+    from aieng.frontend.server import Frontend
+
+SHADOW_CLIENT = b"\x00aieng-shadow"  # a ZMQ ROUTER identity is never empty-prefixed like this one
+COSINE_BUCKETS = (0.0, 0.5, 0.9, 0.99, 0.999, 0.9999, 1.0)
+DIFF_BUCKETS = (0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0)
+DELTA_BUCKETS = (-1.0, -0.1, -0.025, -0.01, -0.005, -0.001, 0.0, 0.001, 0.005, 0.01, 0.025, 0.1, 1.0)
+log = logging.getLogger("aieng.frontend.mirror")
+
+
+@dataclass(slots=True)
+class Pair:
+    model: str
+    version: str  # the shadow's
+    timeout_ms: int
+    max_load: float
+    body: Any = None  # the client's request frame, until the shadow copy is sent
+    primary: tuple | None = None  # (outputs, latency s) once the primary was answered OK
+    shadow: tuple | None = None  # (outputs or None, code, latency s)
+
+
+def _outputs(packed: bytes) -> dict:
+    """A worker's packed ``outputs`` map (our own postprocess wrote it: no size limits needed)."""
+    out = msgpack.unpackb(packed, raw=False, strict_map_key=False)
+    if not isinstance(out, dict):
+        raise ValueError("outputs are not a map")
+    return out
+
+
+class Mirror:
+    def __init__(self, fe: "Frontend"):
+        self.fe = fe
+        self.pairs: dict[int, Pair] = {}
+        self.tallies: dict[tuple[str, str], Tally] = {}
+        r = fe.metrics.registry
+        self.m_requests = Counter("aieng_shadow_requests", "Shadow copies by outcome (compared, shed, "
+                                  "timeout, error, primary_failed)", ["model", "version", "outcome"],
+                                  registry=r)
+        self.m_labels = Counter("aieng_shadow_label_pairs", "Label outputs compared, by agreement",
+                                ["model", "version", "agree"], registry=r)
+        self.m_cosine = Histogram("aieng_shadow_cosine", "Cosine similarity of float tensor outputs "
+                                  "(shadow vs primary)", ["model", "version"], buckets=COSINE_BUCKETS,
+                                  registry=r)
+        self.m_diff = Histogram("aieng_shadow_max_abs_diff", "Max absolute difference of numeric outputs "
+                                "per pair", ["model", "version"], buckets=DIFF_BUCKETS, registry=r)
+        self.m_delta = Histogram("aieng_shadow_latency_delta_seconds", "Shadow latency minus its primary's "
+                                 "(negative: the shadow was faster)", ["model", "version"],
+                                 buckets=DELTA_BUCKETS, registry=r)
+
+    def tally(self, model: str, version: str) -> Tally:
+        t = self.tallies.get((model, version))
+        if t is None:
+            t = self.tallies[(model, version)] = Tally()
+        return t
+
+    def count(self, model: str, version: str, outcome: str) -> None:
+        self.tally(model, version).count(outcome)
+        self.m_requests.labels(model, version, outcome).inc()
+
+    # -- choosing and making the copy ------------------------------------------------------------
+    def after_admit(self, primary: Request, body: Any) -> None:
+        """``primary`` was just started in the pipeline with the client's ``body``: draw whether it
+        gets a shadow copy (sent once the primary has been answered, see ``primary_end``)."""
+        fe = self.fe
+        conf = fe.rollout.models[primary.model].state.shadow
+        if conf is None or conf.version == primary.version or random.random() * 100 >= conf.percent:
+            return
+        spec, cfg = fe.specs[primary.model][conf.version], fe.cfg
+        timeout_ms = conf.timeout_ms or min(spec.timeout_ms or cfg.default_timeout_ms, cfg.max_timeout_ms)
+        self.pairs[primary.rid] = Pair(primary.model, conf.version, timeout_ms, conf.max_load, body)
+
+    def primary_end(self, req: Request, outputs: bytes | None, now: float) -> None:
+        """The primary was answered (``outputs``) or failed (None); its answer has been sent."""
+        pair = self.pairs.get(req.rid)
+        if pair is None:
+            return
+        fe = self.fe
+        if outputs is None:
+            del self.pairs[req.rid]
+            return self.count(pair.model, pair.version, "primary_failed")
+        if (f"{pair.model}:{pair.version}" in fe.admission.failed_models or fe.admission.draining
+                or req.degraded or len(fe.table) >= pair.max_load * fe.cfg.max_inflight):
+            del self.pairs[req.rid]
+            return self.count(pair.model, pair.version, "shed")
+        pair.primary, body, pair.body = (outputs, now - req.received), pair.body, None
+        t = time.monotonic()
+        copy = Request(fe.table.new_rid(), [SHADOW_CLIENT], None, pair.model, pair.version,
+                       t + pair.timeout_ms / 1000, t, req.params, trace=req.trace, body=body, route="shadow",
+                       shadow_of=req.rid)
+        fe.pipeline.start(copy)
+
+    def shadow_end(self, req: Request, outputs: bytes | None, code: str, now: float) -> None:
+        pair = self.pairs.get(req.shadow_of)
+        if pair is not None:
+            pair.shadow = (outputs, code, now - req.received)
+            self._resolve(req.shadow_of, pair)
+
+    def _resolve(self, rid: int, pair: Pair) -> None:
+        del self.pairs[rid]
+        (p_out, p_s), (s_out, code, s_s) = pair.primary, pair.shadow
+        if s_out is None:
+            return self.count(pair.model, pair.version, "timeout" if code == p.TIMEOUT else "error")
+        try:
+            c = compare(_outputs(p_out), _outputs(s_out))
+        except Exception:  # an undecodable answer is the candidate's problem, never the frontend's
+            log.exception("comparing a shadow answer of %s:%s failed", pair.model, pair.version)
+            return self.count(pair.model, pair.version, "error")
+        delta = s_s - p_s
+        self.tally(pair.model, pair.version).add(c, delta)
+        labels = (pair.model, pair.version)
+        self.m_requests.labels(*labels, "compared").inc()
+        if c.labels:
+            self.m_labels.labels(*labels, "true").inc(c.agree)
+            self.m_labels.labels(*labels, "false").inc(c.labels - c.agree)
+        for x in c.cosines:
+            self.m_cosine.labels(*labels).observe(x)
+        if c.max_abs_diff is not None:
+            self.m_diff.labels(*labels).observe(c.max_abs_diff)
+        self.m_delta.labels(*labels).observe(delta)
+
+    # -- reports ------------------------------------------------------------------------------
+    def view(self, model: str | None = None) -> dict:
+        """``{model: {version: tally view}}`` (or one model's ``{version: ...}``)."""
+        out: dict[str, dict] = {}
+        for (name, version), t in sorted(self.tallies.items()):
+            out.setdefault(name, {})[version] = t.view()
+        return out if model is None else out.get(model, {})
+
+    def reset(self) -> None:
+        self.tallies.clear()

@@ -1,0 +1,183 @@
+"""Shadow traffic, the pure part: the shadow setting, comparing two answers, and the running tallies.
+
+No sockets, no clock of its own, no frontend state; ``mirror`` does the
+plumbing (making the shadow copy, pairing it with its primary) and calls in.
+
+``ShadowConfig`` is one model's setting (model.yaml ``routing.shadow`` or the
+``shadow_on`` admin op)::
+
+    shadow: {version: "2", percent: 10, max_load: 0.5, timeout_ms: 5000}
+
+  version     the candidate every mirrored request is copied to
+  percent     share of the model's requests (those that reached the pipeline)
+              that get a shadow copy, 0..100, drawn at random per request
+  max_load    a copy is made only while the frontend's requests in flight
+              (primaries and shadows) are below ``max_load x AIENG_MAX_INFLIGHT``
+              (default 0.5): under load shadows are shed first
+  timeout_ms  the shadow's own deadline (default: the candidate's timeout_ms,
+              else AIENG_DEFAULT_TIMEOUT_MS); the client's deadline never applies
+
+``compare(primary, shadow)`` takes two decoded ``outputs`` maps and compares
+each output both have, by what it is:
+  * a str (a classifier's label): agree or not;
+  * a float tensor (embeddings, scores): cosine similarity and max |a - b|;
+  * any other tensor or number: max |a - b|;
+  * a shape or dtype that differs, or an output one side lacks: a mismatch.
+
+``Tally`` keeps, per (model, shadow version): outcomes (compared, shed,
+timeout, error, primary_failed), label agreement, cosine mean and minimum,
+the largest max-abs-diff, mismatches, and the last ``DELTAS`` latency deltas
+(shadow's latency minus its primary's, seconds) for p50/p99.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from aieng.frontend.routing import RoutingError
+
+OUTCOMES = ("compared", "shed", "timeout", "error", "primary_failed")
+DELTAS = 10_000  # latency deltas kept per (model, version): a bounded window
+DEFAULT_MAX_LOAD = 0.5
+
+
+@dataclass(frozen=True)
+class ShadowConfig:
+    version: str
+    percent: float
+    max_load: float = DEFAULT_MAX_LOAD
+    timeout_ms: int = 0  # 0: the candidate's own timeout
+
+    def public(self) -> dict:
+        return {"version": self.version, "percent": self.percent, "max_load": self.max_load,
+                "timeout_ms": self.timeout_ms}
+
+
+def _number(raw: Any, name: str, lo: float, hi: float) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not lo <= raw <= hi:
+        raise RoutingError(f"shadow {name} must be a number in {lo:g}..{hi:g}, got {raw!r}")
+    return float(raw)
+
+
+def parse_config(raw: Any, versions: set[str]) -> ShadowConfig | None:
+    """The ``shadow`` map (None: no shadow); ``RoutingError`` naming the field when malformed."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or set(raw) - {"version", "percent", "max_load", "timeout_ms"}:
+        raise RoutingError("shadow takes version, percent, max_load, timeout_ms")
+    version = raw.get("version")
+    version = str(version) if isinstance(version, int) and not isinstance(version, bool) else version
+    if version not in versions:
+        raise RoutingError(f"shadow version {version!r} is not served (have {sorted(versions)})")
+    percent = _number(raw.get("percent"), "percent", 0, 100)
+    max_load = _number(raw.get("max_load", DEFAULT_MAX_LOAD), "max_load", 0, 1)
+    timeout = raw.get("timeout_ms", 0)
+    if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 0:
+        raise RoutingError(f"shadow timeout_ms must be an int >= 0, got {timeout!r}")
+    return ShadowConfig(version, percent, max_load, timeout)
+
+
+# -- comparing two answers ------------------------------------------------------------------
+@dataclass
+class Comparison:
+    labels: int = 0  # str outputs compared
+    agree: int = 0  # of which equal
+    cosines: list[float] = field(default_factory=list)  # one per float tensor output
+    max_abs_diff: float | None = None  # over every numeric output (None: there was none)
+    mismatches: list[str] = field(default_factory=list)  # outputs whose kind, shape or dtype differ
+
+
+def _tensor(value: Any) -> np.ndarray | None:
+    if isinstance(value, dict) and {"dtype", "shape", "data"} <= set(value):
+        try:
+            return np.frombuffer(value["data"], dtype=np.dtype(value["dtype"])).reshape(value["shape"])
+        except (TypeError, ValueError):
+            return None
+    items = value if isinstance(value, list) else [value]
+    if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in items):
+        return np.asarray(value, dtype=np.float64)
+    return None
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+    if na == 0.0 or nb == 0.0:  # a zero vector: similar only to another zero vector
+        return 1.0 if na == nb else 0.0
+    return float(np.dot(a, b) / (na * nb))
+
+
+def compare(primary: dict, shadow: dict) -> Comparison:
+    out = Comparison()
+    for name in sorted(set(primary) | set(shadow)):
+        if name not in primary or name not in shadow:
+            out.mismatches.append(name)
+            continue
+        a, b = primary[name], shadow[name]
+        if isinstance(a, str) or isinstance(b, str):
+            if not (isinstance(a, str) and isinstance(b, str)):
+                out.mismatches.append(name)
+                continue
+            out.labels += 1
+            out.agree += a == b
+            continue
+        ta, tb = _tensor(a), _tensor(b)
+        if ta is None or tb is None:  # other values (maps of top-k, ...): equal or a mismatch
+            if a != b:
+                out.mismatches.append(name)
+            continue
+        if ta.shape != tb.shape or ta.dtype.kind != tb.dtype.kind:
+            out.mismatches.append(name)
+            continue
+        if ta.size:
+            diff = float(np.max(np.abs(ta.astype(np.float64) - tb.astype(np.float64))))
+            out.max_abs_diff = diff if out.max_abs_diff is None else max(out.max_abs_diff, diff)
+        if ta.dtype.kind == "f" and ta.ndim >= 1 and ta.size:
+            out.cosines.append(cosine(ta, tb))
+    return out
+
+
+# -- running tallies ------------------------------------------------------------------------
+class Tally:
+    """What one (model, shadow version) has seen since the last reset."""
+
+    def __init__(self) -> None:
+        self.outcomes = dict.fromkeys(OUTCOMES, 0)
+        self.labels = self.agree = 0
+        self.cos_n, self.cos_sum, self.cos_min = 0, 0.0, math.inf
+        self.max_abs_diff: float | None = None
+        self.mismatches = 0
+        self.deltas: deque[float] = deque(maxlen=DELTAS)
+
+    def count(self, outcome: str) -> None:
+        self.outcomes[outcome] += 1
+
+    def add(self, c: Comparison, delta_s: float) -> None:
+        self.outcomes["compared"] += 1
+        self.labels += c.labels
+        self.agree += c.agree
+        for x in c.cosines:
+            self.cos_n += 1
+            self.cos_sum += x
+            self.cos_min = min(self.cos_min, x)
+        if c.max_abs_diff is not None:
+            self.max_abs_diff = c.max_abs_diff if self.max_abs_diff is None else max(self.max_abs_diff,
+                                                                                      c.max_abs_diff)
+        self.mismatches += bool(c.mismatches)
+        self.deltas.append(delta_s)
+
+    def view(self) -> dict:
+        p50 = p99 = None
+        if self.deltas:
+            p50, p99 = (float(x) for x in np.percentile(np.fromiter(self.deltas, float), (50, 99)))
+        return {"pairs": self.outcomes["compared"], "outcomes": dict(self.outcomes),
+                "shed": self.outcomes["shed"],
+                "label_pairs": self.labels, "agreement": self.agree / self.labels if self.labels else None,
+                "cosine_mean": self.cos_sum / self.cos_n if self.cos_n else None,
+                "cosine_min": self.cos_min if self.cos_n else None,
+                "max_abs_diff": self.max_abs_diff, "mismatched_pairs": self.mismatches,
+                "latency_delta_p50_s": p50, "latency_delta_p99_s": p99}
