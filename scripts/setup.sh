@@ -8,9 +8,10 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 stamp=.venv/.aieng-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt "$stamp" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet -e '.[dev]'
+  # every dependency at the version the tests passed with (constraints.txt; scripts/update_constraints.sh)
+  .venv/bin/python -m pip install --quiet -e '.[dev]' -c constraints.txt
   touch "$stamp"
 fi
 .venv/bin/python scripts/fetch_models.py
