@@ -67,7 +67,8 @@ class ClientOps:
         failed = fe.failed_models()
         w = fe.workers.by_name.get("executor")
         routes = tuple(r.state.serial for r in fe.rollout.models.values())  # a routing change repacks
-        key = (w.pid if w else None, tuple(sorted(failed.items())), routes)
+        # the executor's session facts arrive with its hello, after its pid may be known: key on them too
+        key = (w.pid if w else None, tuple(sorted(ex)), tuple(sorted(failed.items())), routes)
         if key != self._models_key:
             out = {}
             for name, versions in fe.specs.items():

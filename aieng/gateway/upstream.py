@@ -52,7 +52,8 @@ class Upstream:
         self.waiting: dict[int, asyncio.Future] = {}
         self.health: dict = {}
         self.health_at = float("-inf")
-        self.models_event = asyncio.Event()
+        self.models_event = asyncio.Event()  # set once a list was taken while the server was ready
+        self.listed = False  # any list taken
         self.tasks: list[asyncio.Task] = []
         self.requests = 0
         self.fd = self.sock.getsockopt(zmq.FD)
@@ -118,18 +119,23 @@ class Upstream:
         return await self.call({"op": name, **fields}, GRACE_S + 1.0)
 
     async def _poll(self) -> None:
-        next_models = 0.0
+        next_models, listed_ready = 0.0, False
         while True:
             try:
                 h = await self.op("health")
+                ready = bool(h.get("ok") and h.get("ready"))
                 if h.get("ok"):
                     self.health, self.health_at = h, time.monotonic()
-                if time.monotonic() >= next_models:
+                # a list taken before the server was ready may lack the executor's session facts
+                # (shapes, dtypes): take it again as soon as the server says ready
+                if time.monotonic() >= next_models or (ready and not listed_ready):
                     reply = await self.op("models")
                     if reply.get("ok"):
                         self.catalog.update(reply["models"])
-                        self.models_event.set()
-                        next_models = time.monotonic() + REFRESH_S
+                        self.listed = True
+                        if ready:  # a complete list: what metadata requests wait for
+                            self.models_event.set()
+                        next_models, listed_ready = time.monotonic() + REFRESH_S, ready
             except RequestError:
                 pass  # the frontend is away: health goes stale, and the next round asks again
             except Exception:  # pragma: no cover - a bug here must not stop the polling
@@ -137,11 +143,13 @@ class Upstream:
             await asyncio.sleep(HEALTH_S)
 
     async def wait_models(self, timeout_s: float = 3.0) -> bool:
+        """Wait for a list taken while the server was ready; after ``timeout_s`` (a server that stays
+        not ready) any list will do."""
         if not self.models_event.is_set():
             try:
                 await asyncio.wait_for(self.models_event.wait(), timeout_s)
             except asyncio.TimeoutError:
-                return False
+                return self.listed
         return True
 
     async def is_live(self) -> bool:

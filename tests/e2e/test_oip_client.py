@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,6 +23,11 @@ from tests.e2e.test_models_match_reference import TEXTS, _documents
 
 pytestmark = pytest.mark.e2e
 ATOL = 1e-5
+
+
+# the shared `server` fixture serves every demo model in the repository (each at version 1 by default)
+DEMO_MODELS = sorted(p.name for p in Path(__file__).resolve().parents[2].joinpath("models").iterdir()
+                     if (p / "1" / "model.yaml").is_file())
 
 
 @pytest.fixture(scope="module")
@@ -218,7 +224,7 @@ def test_statistics_every_field(http, grpc_client):
     assert inf["success"]["count"] >= 1 and inf["compute_infer"]["ns"] > 0
     assert {"inference_count", "execution_count", "last_inference", "batch_stats"} <= set(stats[0])
     every = grpc_client.get_inference_statistics(as_json=True)["model_stats"]
-    assert sorted(s["name"] for s in every) == ["minilm", "orientation", "tabular"]
+    assert sorted(s["name"] for s in every) == DEMO_MODELS
 
 
 def _one_tabular():
@@ -230,9 +236,9 @@ def _one_tabular():
 def test_repository_index_and_unsupported_load(http, grpc_client):
     index = http.get_model_repository_index()
     assert sorted((m["name"], m["version"], m["state"]) for m in index) == [
-        ("minilm", "1", "READY"), ("orientation", "1", "READY"), ("tabular", "1", "READY")]
+        (name, "1", "READY") for name in DEMO_MODELS]
     names = [m.name for m in grpc_client.get_model_repository_index().models]
-    assert names == ["minilm", "orientation", "tabular"]
+    assert names == DEMO_MODELS
     assert _status(lambda: http.load_model("minilm")) == "501"
     assert _status(lambda: grpc_client.unload_model("minilm")) == "StatusCode.UNIMPLEMENTED"
 
