@@ -33,6 +33,7 @@ from aieng.gpu_executor.lanes import Job, Lanes
 from aieng.gpu_executor.sessions import ModelSession, describe_runtime
 from aieng.model_repo import ModelSpec
 from aieng.protocol import INTERNAL, INVALID_INPUT, UNAVAILABLE, RequestError
+from aieng.worker_hotswap import Versions
 from aieng.worker_runtime import HubWorker, own_ring, push_socket
 
 WIDE_MAX_ROWS = 4  # the most rows a lone batch may have to run on the wide session
@@ -47,6 +48,7 @@ class Executor(HubWorker):
         self.init_batcher()
         self.init_rings()
         self.init_lanes()
+        self.init_hotswap()
         self.bind_inbox(exec_addr(cfg.runtime_dir))  # preprocess workers push InferTasks here
         self.posts = {f"post-{j}": None for j in range(cfg.postprocess_workers)}  # name -> PUSH, on first use
         self.handlers[m.InferTask] = self.on_task
@@ -55,29 +57,55 @@ class Executor(HubWorker):
         """One session per model, each built on its own: a model that fails (a corrupt file, a file
         changed on disk since the supervisor hashed it) is recorded in ``failed`` and answered
         UNAVAILABLE; the others serve.  Only a strict start fails the executor."""
-        def load(spec: ModelSpec) -> ModelSession:
-            t0 = time.perf_counter()
-            model_repo.verify_content(spec)  # never load a file that changed under us
-            threads = self.cfg.intra_op_threads or max(1, cpu_count() // self.cfg.executor_lanes)
-            sess = ModelSession(spec, self.cfg.device, threads, self.cfg.ort_spinning)
-            runs = sess.warmup()
-            if self.cfg.idle_wide_runs and threads < cpu_count() and sess.provider == "CPUExecutionProvider":
-                try:  # an optional speed-up: the model serves on its lanes without it
-                    wide = ModelSession(spec, self.cfg.device, cpu_count(), self.cfg.ort_spinning)
-                    runs += wide.warm_small(WIDE_MAX_ROWS)
-                    self.wide[spec.key] = wide
-                except Exception as exc:
-                    self.log.warning("%s: no idle-time wide session (%s: %s)", spec.key,
-                                     type(exc).__name__, exc)
-            self.log.info("loaded %s (%s) on %s, %d warm-up runs in %.2fs", spec.key, spec.content_hash[:12],
-                          sess.provider, runs, time.perf_counter() - t0)
-            return sess
-
         self.sessions: dict[str, ModelSession]
         self.failed: dict[str, str]
         self.wide: dict[str, ModelSession] = {}  # every core on one run: for a lone batch while idle
-        self.sessions, self.failed = model_repo.build_each(specs, load, self.log, self.cfg.strict_model_load,
-                                                           path=lambda s: s.onnx_path)
+        self.sessions, self.failed = model_repo.build_each(
+            specs, self.build_session, self.log, self.cfg.strict_model_load, path=lambda s: s.onnx_path)
+
+    def build_session(self, spec: ModelSpec, wide: bool = True) -> ModelSession:
+        """A verified, warmed-up session (and, at start, the idle-time wide one)."""
+        t0 = time.perf_counter()
+        model_repo.verify_content(spec)  # never load a file that changed under us
+        threads = self.cfg.intra_op_threads or max(1, cpu_count() // self.cfg.executor_lanes)
+        sess = ModelSession(spec, self.cfg.device, threads, self.cfg.ort_spinning)
+        runs = sess.warmup()
+        if (wide and self.cfg.idle_wide_runs and threads < cpu_count()
+                and sess.provider == "CPUExecutionProvider"):
+            try:  # an optional speed-up: the model serves on its lanes without it
+                w = ModelSession(spec, self.cfg.device, cpu_count(), self.cfg.ort_spinning)
+                runs += w.warm_small(WIDE_MAX_ROWS)
+                self.wide[spec.key] = w
+            except Exception as exc:
+                self.log.warning("%s: no idle-time wide session (%s: %s)", spec.key, type(exc).__name__, exc)
+        self.log.info("loaded %s (%s) on %s, %d warm-up runs in %.2fs", spec.key, spec.content_hash[:12],
+                      sess.provider, runs, time.perf_counter() - t0)
+        return sess
+
+    # -- run-time load/unload (worker_hotswap.Versions; the frontend drains before an unload) ------
+    def init_hotswap(self) -> None:
+        # A run-time load builds on a thread and has no wide session: its warm-up already competes
+        # with serving for the cores.
+        self.versions = Versions(self, self.sessions, self.failed,
+                                 lambda s: self.build_session(s, wide=False), background=True,
+                                 check=self.check_loaded, on_add=self.add_to_batcher,
+                                 on_remove=self.remove_version)
+
+    def check_loaded(self, key: str, sess: ModelSession) -> None:
+        if sess.max_output_bytes > self.ring.slot_bytes:
+            raise ValueError(f"its outputs need {sess.max_output_bytes} bytes per request, over the executor "
+                             f"ring's {self.ring.slot_bytes}-byte slots (a restart sizes them for it)")
+
+    def add_to_batcher(self, spec: ModelSpec, sess: ModelSession) -> None:
+        b = spec.batching
+        self.batcher.add_model(spec.key, int(b["max_batch_size"]), float(b["max_wait_ms"]),
+                               float(b.get("max_padding_waste", 0.3)))
+        for rows, length, seconds in sess.warm_costs:
+            self.batcher.observe(spec.key, rows, length, seconds)
+
+    def remove_version(self, key: str) -> None:
+        self.wide.pop(key, None)
+        self.batcher.queues.pop(key, None)  # empty: its requests were drained before the unload
 
     def init_batcher(self) -> None:
         self.batcher = Batcher()
@@ -107,6 +135,7 @@ class Executor(HubWorker):
         self.accept(task)
 
     def after_drain(self, now: float) -> int:
+        self.versions.poll()
         for job in self.lanes.finished():
             self.finish_batch(job)
         for p in self.batcher.expire(now):
