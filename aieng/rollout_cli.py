@@ -151,7 +151,7 @@ def main_rollout(args: argparse.Namespace) -> int:
         if not args.model or not args.version:
             raise SystemExit(f"aieng: models {action} needs MODEL VERSION")
         fields.update(model=args.model, version=args.version)
-        rc = _run(args, op, fields)
+        rc = _run(args, op, fields, quiet=not args.no_wait)
         return _wait_load(args, rc, action) if rc == 0 and not args.no_wait else rc
     return _run(args, op, fields)
 
@@ -176,7 +176,7 @@ def _wait_load(args: argparse.Namespace, rc: int, action: str) -> int:
     return 1
 
 
-def _run(args: argparse.Namespace, op: str, fields: dict) -> int:
+def _run(args: argparse.Namespace, op: str, fields: dict, quiet: bool = False) -> int:
     try:
         reply = call(find_admin_addr(args.admin_addr), op, args.timeout, _curve(args), **fields)
     except (TimeoutError, zmq.ZMQError) as exc:
@@ -186,7 +186,9 @@ def _run(args: argparse.Namespace, op: str, fields: dict) -> int:
         err = reply.get("error") or {}
         print(f"aieng: {err.get('code')}: {err.get('message')}", file=sys.stderr)
         return 1
-    if op == "status" and not args.json:
+    if quiet:  # load/unload that waits: only its end is printed
+        pass
+    elif op == "status" and not args.json:
         _print_status(reply)
     else:
         reply.pop("id", None)

@@ -328,9 +328,10 @@ class HotSwap:
         model.event("unloading", version=version, reason=f"unload ({source}): draining")
         fe.rollout.save()
         ld = self.loads[key] = Load(spec, source, state="draining")
-        log.warning("unloading %s (%s): draining %d requests", key, source, fe.table.per_model().get(key, 0))
+        in_flight = fe.table.per_model().get(key, 0)
+        log.warning("unloading %s (%s): draining %d requests", key, source, in_flight)
         self.tick(time.monotonic())
-        return {"model": name, "version": version, "load": ld.view()}
+        return {"model": name, "version": version, "load": ld.view(), "in_flight": in_flight}
 
     def tick(self, now: float) -> None:
         """Finish drains whose requests are all answered; fail loads a worker never answered."""
