@@ -39,6 +39,7 @@ import json
 import logging
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -138,12 +139,18 @@ def _without(weights: dict[str, float], version: str) -> dict[str, float]:
     return {v: w for v, w in weights.items() if v != version}
 
 
+BUSY = ("validating", "loading", "golden", "draining")
+
+
 @dataclass
 class Load:
     """One version's run-time load (or unload), as ``models``/``rollout status`` show it."""
-    spec: model_repo.ModelSpec
+    name: str
+    version: str
     source: str  # admin / reload
-    state: str = "loading"  # loading -> golden -> ready | failed;  draining -> unloaded
+    state: str = "validating"  # validating -> loading -> golden -> ready | failed;  draining -> unloaded
+    spec: model_repo.ModelSpec | None = None
+    future: Any = None  # the validation on the pool thread
     started: float = field(default_factory=time.monotonic)
     waiting: set = field(default_factory=set)  # workers that have not answered yet
     golden: dict | None = None
@@ -168,6 +175,7 @@ class HotSwap:
         self.loads: dict[str, Load] = {}  # "model:version" -> its last load/unload
         self.serial = 0
         self.handlers = {m.VersionLoaded: self.on_loaded, m.VersionFailed: self.on_failed}
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="hotswap")
 
     # -- load --------------------------------------------------------------------------
     def load(self, name: str, version: str, source: str = "admin") -> dict:
@@ -179,29 +187,47 @@ class HotSwap:
         cur = self.loads.get(key)
         if version in fe.specs[name]:
             raise HotSwapError(p.INVALID_REQUEST, f"{key} is loaded already")
-        if cur is not None and cur.state in ("loading", "golden", "draining"):
+        if cur is not None and cur.state in BUSY:
             raise HotSwapError(p.INVALID_REQUEST, f"{key} is {cur.state} already")
         mdir = fe.rollout.model_dirs()[name]
         vdir = os.path.join(mdir, version)
         if not version or os.sep in version or version.startswith(".") or not os.path.isfile(
                 os.path.join(vdir, "model.yaml")):
             raise HotSwapError(p.MODEL_NOT_FOUND, f"no version directory {vdir} with a model.yaml")
+        # Validating hashes the model file (tens of MB: 100+ ms): on a thread, so the loop keeps serving
+        # (hashlib releases the GIL); ``tick`` picks the result up.
+        ld = self.loads[key] = Load(name, version, source, state="validating")
+        ld.future = self.pool.submit(self.validate, name, version, vdir)
+        log.warning("loading %s from %s (%s)", key, vdir, source)
+        return {"model": name, "version": version, "load": ld.view()}
+
+    def validate(self, name: str, version: str, vdir: str) -> tuple[model_repo.ModelSpec, dict | None]:
+        spec = model_repo.load_spec(name, version, vdir)
+        return spec, read_golden(spec.path)
+
+    def validated(self, ld: Load) -> None:
+        fe = self.fe
         try:
-            spec = model_repo.load_spec(name, version, vdir)
-            golden = read_golden(spec.path)
+            spec, golden = ld.future.result()
         except model_repo.ModelError as exc:
-            raise HotSwapError(p.INVALID_REQUEST, f"{key} does not load: {exc}") from None
-        model_repo.apply_overrides({name: {version: spec}}, fe.cfg.max_batch_size, fe.cfg.max_wait_ms)
-        spec.extra["routing"] = next(iter(fe.specs[name].values())).extra.get("routing")
-        ld = self.loads[key] = Load(spec, source, golden=golden)
+            return self.fail(ld, f"does not load: {exc}", release=False)
+        except Exception as exc:  # an unreadable directory: this version's failure only
+            return self.fail(ld, f"does not load: {type(exc).__name__}: {exc}", release=False)
+        finally:
+            ld.future = None
+        if spec.version in fe.specs.get(spec.name, {}):
+            return self.fail(ld, "loaded meanwhile", release=False)
+        model_repo.apply_overrides({spec.name: {spec.version: spec}}, fe.cfg.max_batch_size,
+                                   fe.cfg.max_wait_ms)
+        spec.extra["routing"] = next(iter(fe.specs[spec.name].values())).extra.get("routing")
+        ld.spec, ld.golden, ld.state = spec, golden, "loading"
         body = m.encode(m.LoadVersion(spec.to_dict()))
         fe.send_hub("supervisor", [body])  # first: a worker restarted from now on comes up with it
         for w in list(fe.workers.by_name.values()):
             if w.role in WORKER_ROLES and fe.send_hub(w.name, [body]):
                 ld.waiting.add(w.name)
-        log.warning("loading %s from %s (%s; golden set: %s)", key, spec.path, source,
-                    f"{len(golden['cases'])} cases" if golden else "none")
-        return {"model": name, "version": version, "load": ld.view()}
+        log.info("%s validated (sha256 %s; golden set: %s); building in every worker", spec.key,
+                 spec.content_hash[:16], f"{len(golden['cases'])} cases" if golden else "none")
 
     def on_loaded(self, msg: m.VersionLoaded, ident: bytes) -> None:
         ld = self.loads.get(msg.key)
@@ -278,17 +304,18 @@ class HotSwap:
         fe.metrics.version_load(spec.name, spec.version, "ok")
         log.warning("%s is routable (loaded in %.2fs; weight 0 until set)", spec.key, ld.seconds)
 
-    def fail(self, ld: Load, why: str) -> None:
-        fe, spec = self.fe, ld.spec
+    def fail(self, ld: Load, why: str, release: bool = True) -> None:
+        fe, key = self.fe, f"{ld.name}:{ld.version}"
         ld.state, ld.error, ld.seconds = "failed", why[:500], time.monotonic() - ld.started
         ld.pending.clear()
         ld.waiting.clear()
-        model = fe.rollout.models.get(spec.name)
+        model = fe.rollout.models.get(ld.name)
         if model is not None:
-            model.event("load_failed", version=spec.version, reason=ld.error)
-        fe.metrics.version_load(spec.name, spec.version, "failed")
-        log.error("loading %s failed, it stays unroutable: %s", spec.key, ld.error)
-        self.release(spec.key)
+            model.event("load_failed", version=ld.version, reason=ld.error)
+        fe.metrics.version_load(ld.name, ld.version, "failed")
+        log.error("loading %s failed, it stays unroutable: %s", key, ld.error)
+        if release:
+            self.release(key)
 
     def release(self, key: str) -> None:
         body = m.encode(m.UnloadVersion(key))
@@ -327,7 +354,7 @@ class HotSwap:
                          for s in model.history]
         model.event("unloading", version=version, reason=f"unload ({source}): draining")
         fe.rollout.save()
-        ld = self.loads[key] = Load(spec, source, state="draining")
+        ld = self.loads[key] = Load(name, version, source, state="draining", spec=spec)
         in_flight = fe.table.per_model().get(key, 0)
         log.warning("unloading %s (%s): draining %d requests", key, source, in_flight)
         self.tick(time.monotonic())
@@ -342,9 +369,11 @@ class HotSwap:
                 if in_flight.get(key, 0) == 0:
                     self.release(key)
                     ld.state, ld.seconds = "unloaded", now - ld.started
-                    model = self.fe.rollout.models[ld.spec.name]
-                    model.event("unloaded", version=ld.spec.version, reason=f"drained in {ld.seconds:.2f}s")
+                    model = self.fe.rollout.models[ld.name]
+                    model.event("unloaded", version=ld.version, reason=f"drained in {ld.seconds:.2f}s")
                     log.warning("unloaded %s (drained in %.2fs)", key, ld.seconds)
+            elif ld.state == "validating" and ld.future is not None and ld.future.done():
+                self.validated(ld)
             elif ld.state == "loading" and now - ld.started > LOAD_TIMEOUT_S:
                 self.fail(ld, f"no answer from {', '.join(sorted(ld.waiting))} within {LOAD_TIMEOUT_S:.0f}s")
 
@@ -363,8 +392,7 @@ class HotSwap:
             except (OSError, model_repo.ModelError) as exc:
                 log.error("reload: %s not rescanned: %s", name, exc)
                 continue
-            busy = {k.split(":", 1)[1] for k, ld in self.loads.items()
-                    if ld.spec.name == name and ld.state in ("loading", "golden", "draining")}
+            busy = {ld.version for ld in self.loads.values() if ld.name == name and ld.state in BUSY}
             for v in served:
                 if v not in fe.specs[name] and v not in busy:
                     try:

@@ -19,6 +19,8 @@ exactly the rows it would have got alone.
 """
 from __future__ import annotations
 
+import os
+import threading
 import time
 
 import numpy as np
@@ -37,6 +39,34 @@ from aieng.worker_hotswap import Versions
 from aieng.worker_runtime import HubWorker, own_ring, push_socket
 
 WIDE_MAX_ROWS = 4  # the most rows a lone batch may have to run on the wide session
+
+
+WARM_DUTY = 0.5  # a background warm-up runs at most this share of the time: serving keeps the cores
+
+
+def paced_warmup(sess: ModelSession) -> int:
+    """``sess.warmup()`` on the loader thread, made polite: the thread drops to nice 10 (its own; the
+    session's pool threads, made earlier, keep their priority for serving later) and sleeps after each
+    warm-up run for as long as the run took.  A swap takes longer; the models serving meanwhile keep
+    their latency (measured: scripts/hotswap_measure.py)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except OSError:
+        pass
+    run = sess.run
+
+    def paced(feeds):
+        t0 = time.perf_counter()
+        try:
+            return run(feeds)
+        finally:
+            time.sleep((time.perf_counter() - t0) * (1 - WARM_DUTY) / WARM_DUTY)
+
+    sess.run = paced  # this instance only, for the warm-up
+    try:
+        return sess.warmup()
+    finally:
+        del sess.run
 
 
 class Executor(HubWorker):
@@ -63,13 +93,14 @@ class Executor(HubWorker):
         self.sessions, self.failed = model_repo.build_each(
             specs, self.build_session, self.log, self.cfg.strict_model_load, path=lambda s: s.onnx_path)
 
-    def build_session(self, spec: ModelSpec, wide: bool = True) -> ModelSession:
-        """A verified, warmed-up session (and, at start, the idle-time wide one)."""
+    def build_session(self, spec: ModelSpec, wide: bool = True, background: bool = False) -> ModelSession:
+        """A verified, warmed-up session (and, at start, the idle-time wide one).  ``background``: a
+        run-time load beside serving: its warm-up is paced (see ``paced_warmup``)."""
         t0 = time.perf_counter()
         model_repo.verify_content(spec)  # never load a file that changed under us
         threads = self.cfg.intra_op_threads or max(1, cpu_count() // self.cfg.executor_lanes)
         sess = ModelSession(spec, self.cfg.device, threads, self.cfg.ort_spinning)
-        runs = sess.warmup()
+        runs = paced_warmup(sess) if background else sess.warmup()
         if (wide and self.cfg.idle_wide_runs and threads < cpu_count()
                 and sess.provider == "CPUExecutionProvider"):
             try:  # an optional speed-up: the model serves on its lanes without it
@@ -84,12 +115,14 @@ class Executor(HubWorker):
 
     # -- run-time load/unload (worker_hotswap.Versions; the frontend drains before an unload) ------
     def init_hotswap(self) -> None:
-        # A run-time load builds on a thread and has no wide session: its warm-up already competes
+        # A run-time load builds on a thread, warms up paced and has no wide session: it competes
         # with serving for the cores.
-        self.versions = Versions(self, self.sessions, self.failed,
-                                 lambda s: self.build_session(s, wide=False), background=True,
+        self.versions = Versions(self, self.sessions, self.failed, self.build_in_background, background=True,
                                  check=self.check_loaded, on_add=self.add_to_batcher,
                                  on_remove=self.remove_version)
+
+    def build_in_background(self, spec: ModelSpec) -> ModelSession:
+        return self.build_session(spec, wide=False, background=True)
 
     def check_loaded(self, key: str, sess: ModelSession) -> None:
         if sess.max_output_bytes > self.ring.slot_bytes:
