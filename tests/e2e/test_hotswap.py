@@ -238,6 +238,14 @@ def test_sighup_loads_a_new_directory_and_unloads_a_removed_one(make_server, tmp
         time.sleep(0.3)
     assert models(srv)["tabular"]["versions"]["2"]["load"]["source"] == "reload"
     assert pinned(srv, "2")["ok"]
+    old = srv.child_pid("aieng::executor")  # a restarted executor comes up with the run-time loaded version
+    os.kill(old, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while not (executor_pid(srv) not in (None, old) and (srv.health() or {}).get("ready")):
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
+    reply = pinned(srv, "2")
+    assert (reply["ok"], reply["version"]) == (True, "2"), reply
     shutil.rmtree(vdir)
     os.kill(srv.pid, signal.SIGHUP)
     deadline = time.monotonic() + 30
@@ -246,6 +254,13 @@ def test_sighup_loads_a_new_directory_and_unloads_a_removed_one(make_server, tmp
         time.sleep(0.3)
     assert pinned(srv, "2")["error"]["code"] == "MODEL_NOT_FOUND"
     assert pinned(srv, "1")["ok"]
+
+
+def executor_pid(srv) -> int | None:
+    try:
+        return srv.child_pid("aieng::executor")
+    except KeyError:
+        return None
 
 
 def test_load_unload_cycles_keep_the_executor_rss_bounded(make_server, tmp_path):
