@@ -228,6 +228,7 @@ class HotSwap:
                 ld.waiting.add(w.name)
         log.info("%s validated (sha256 %s; golden set: %s); building in every worker", spec.key,
                  spec.content_hash[:16], f"{len(golden['cases'])} cases" if golden else "none")
+        self.advance(ld)  # no worker connected right now: each comes (back) with it from the supervisor
 
     def on_loaded(self, msg: m.VersionLoaded, ident: bytes) -> None:
         ld = self.loads.get(msg.key)
