@@ -8,7 +8,8 @@
     and answer ``VersionLoaded`` or ``VersionFailed`` (one line, why) to the
     frontend.  A version already built is answered at once (idempotent).
   * ``UnloadVersion(key)``: drop what was built (the frontend drained the
-    version's requests first), so its memory is released.
+    version's requests first), so its memory is released (and, with glibc,
+    returned to the OS: ``malloc_trim``).
 
 With ``background=True`` (the executor) ``build`` runs on a thread: building
 and warming a session takes from 100 ms to seconds, and the executor loop must
@@ -24,6 +25,7 @@ Each change refreshes the worker's heartbeat, so the frontend's view of its
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 import time
@@ -32,6 +34,15 @@ from typing import Any, Callable
 from aieng import messages as m
 from aieng import model_repo
 from aieng.model_repo import ModelSpec
+
+
+def release_free_memory() -> bool:
+    """glibc keeps freed heap (a session's weights, the loader thread's arena) for reuse; ``malloc_trim``
+    hands it back, so an unload shows in RSS.  False where there is no glibc."""
+    try:
+        return bool(ctypes.CDLL("libc.so.6").malloc_trim(0))
+    except (OSError, AttributeError):
+        return False
 
 
 class Versions:
@@ -105,7 +116,8 @@ class Versions:
         if self.on_remove is not None:
             self.on_remove(msg.key)
         del gone  # the last reference: the session (or state) is released here
-        self.worker.log.info("unloaded %s", msg.key)
+        trimmed = release_free_memory()
+        self.worker.log.info("unloaded %s%s", msg.key, " (free heap returned to the OS)" if trimmed else "")
         self.refresh()
 
     def refresh(self) -> None:

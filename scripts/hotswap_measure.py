@@ -153,6 +153,8 @@ def main() -> int:
     admin = f"ipc://{tmp}/run/admin.sock"
     srv.start()
     try:
+        base = psutil.Process(srv.child_pid("aieng::executor")).memory_info().rss / 2**20
+        print(f"executor RSS before any run-time load: {base:.1f} MiB")
         swap_under_load(srv, admin, args.swap, args.steady_s, args.after_s, args.rate)
         if args.cycles:
             cycles(srv, admin, args.cycle, args.cycles)
