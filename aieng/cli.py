@@ -101,7 +101,7 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    if args.action == "list":
+    if args.action in ("list", "load", "unload"):
         from aieng.rollout_cli import main_rollout
 
         return main_rollout(args)

@@ -242,10 +242,44 @@ class Reloaded:
     message: str
 
 
+# -- run-time load/unload of model versions (hotswap: frontend/hotswap.py, worker_hotswap.py) -----------
+@dataclass(slots=True)
+class LoadVersion:
+    """FE -> every worker and the supervisor: build this version (``ModelSpec.to_dict()``) and report.
+    The supervisor only records it, so a restarted worker comes up with it."""
+    T: ClassVar[str] = "load_version"
+    spec: dict
+
+
+@dataclass(slots=True)
+class UnloadVersion:
+    """FE -> every worker and the supervisor: release ``key`` ("model:version"); its requests are drained."""
+    T: ClassVar[str] = "unload_version"
+    key: str
+
+
+@dataclass(slots=True)
+class VersionLoaded:
+    """worker -> FE: ``key`` is built (and, in the executor, warmed up) and serves."""
+    T: ClassVar[str] = "version_loaded"
+    worker: str
+    key: str
+    seconds: float = 0.0
+
+
+@dataclass(slots=True)
+class VersionFailed:
+    """worker -> FE: ``key`` could not be built; ``error`` says why (one line)."""
+    T: ClassVar[str] = "version_failed"
+    worker: str
+    key: str
+    error: str
+
+
 TYPES: dict[str, type] = {
     cls.T: cls for cls in (Hello, PreTask, Preprocessed, InferTask, Inferred, PostTask, Result,
                            Failed, WorkerDown, ServiceState, Pulse, LogLevel, Drain, Drained,
-                           Reload, Reloaded)
+                           Reload, Reloaded, LoadVersion, UnloadVersion, VersionLoaded, VersionFailed)
 }
 _FIELDS = {name: tuple(f.name for f in dataclasses.fields(cls)) for name, cls in TYPES.items()}
 

@@ -10,7 +10,10 @@ Subcommands (each one admin op, docs/rollout.md):
     aieng rollout shadow-on MODEL VERSION PCT  mirror PCT % of MODEL's requests to VERSION and compare
                                                (--max-load F, --timeout-ms N)
     aieng rollout shadow-off MODEL             stop mirroring
-    aieng models list                          versions, hashes, metadata, weights
+    aieng models list                          versions, hashes, metadata, weights, run-time loads
+    aieng models load MODEL VERSION            load a version directory at run time; waits until it is
+                                               routable (golden set passed) or failed (--no-wait: not)
+    aieng models unload MODEL VERSION          unload a version (weight 0, no rule); waits for the drain
 
 Where the admin socket is: ``--admin-addr``, else ``$AIENG_ADMIN_ADDR``, else
 ``ipc://$AIENG_RUNTIME_DIR/admin.sock``, else the one running instance's
@@ -29,6 +32,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from typing import Any
 
 import msgpack
@@ -125,6 +129,9 @@ def _print_status(reply: dict) -> None:
             what = e.get("reason") or json.dumps(e.get("weights"))
             print(f"  event {e['kind']} at {e['at']:.0f}: {what}")
         _print_shadow(st)
+        for v, ld in (st.get("loads") or {}).items():
+            print(f"  version {v}: {ld['state']} ({ld['source']}, golden cases {ld['golden_cases']})"
+                  + (f": {ld['error']}" if ld.get("error") else ""))
         print(f"  previous routing: {'yes' if st['previous'] else 'none'} ({st['history']} kept)")
 
 
@@ -167,10 +174,36 @@ def main_rollout(args: argparse.Namespace) -> int:
             fields["max_load"] = args.max_load
         if args.timeout_ms is not None:
             fields["timeout_ms"] = args.timeout_ms
+    elif action in ("load", "unload"):
+        if not args.model or not args.version:
+            raise SystemExit(f"aieng: models {action} needs MODEL VERSION")
+        fields.update(model=args.model, version=args.version)
+        rc = _run(args, op, fields, quiet=not args.no_wait)
+        return _wait_load(args, rc, action) if rc == 0 and not args.no_wait else rc
     return _run(args, op, fields)
 
 
-def _run(args: argparse.Namespace, op: str, fields: dict) -> int:
+def _wait_load(args: argparse.Namespace, rc: int, action: str) -> int:
+    """Poll ``models`` until the load (or unload) ends: 0 when routable (unloaded), 1 when it failed."""
+    end = {"load": ("ready", "failed"), "unload": ("unloaded",)}[action]
+    deadline = time.monotonic() + args.wait_s
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        try:
+            reply = call(find_admin_addr(args.admin_addr), "models", args.timeout, _curve(args))
+        except (TimeoutError, zmq.ZMQError) as exc:
+            print(f"aieng: {exc}", file=sys.stderr)
+            return 2
+        ver = (reply.get("models", {}).get(args.model, {}).get("versions", {}).get(args.version) or {})
+        load = ver.get("load") or {}
+        if load.get("state") in end:
+            print(json.dumps({"model": args.model, "version": args.version, "load": load}, indent=2))
+            return 0 if load["state"] != "failed" else 1
+    print(f"aieng: {args.model}:{args.version} did not finish within {args.wait_s:g}s", file=sys.stderr)
+    return 1
+
+
+def _run(args: argparse.Namespace, op: str, fields: dict, quiet: bool = False) -> int:
     try:
         reply = call(find_admin_addr(args.admin_addr), op, args.timeout, _curve(args), **fields)
     except (TimeoutError, zmq.ZMQError) as exc:
@@ -180,7 +213,9 @@ def _run(args: argparse.Namespace, op: str, fields: dict) -> int:
         err = reply.get("error") or {}
         print(f"aieng: {err.get('code')}: {err.get('message')}", file=sys.stderr)
         return 1
-    if op == "status" and not args.json:
+    if quiet:  # load/unload that waits: only its end is printed
+        pass
+    elif op == "status" and not args.json:
         _print_status(reply)
     else:
         reply.pop("id", None)
@@ -198,8 +233,13 @@ def add_admin_args(p: argparse.ArgumentParser) -> None:
 
 def models_args(p: argparse.ArgumentParser) -> None:
     """``aieng models [list]``: without ``list`` the client op (as before), with it the admin op."""
-    p.add_argument("action", nargs="?", choices=["list"],
-                   help="list: over the admin socket (metadata, weights)")
+    p.add_argument("action", nargs="?", choices=["list", "load", "unload"],
+                   help="list: over the admin socket (metadata, weights); load/unload MODEL VERSION: at run "
+                        "time (docs/rollout.md)")
+    p.add_argument("model", nargs="?")
+    p.add_argument("version", nargs="?")
+    p.add_argument("--no-wait", action="store_true", help="load/unload: answer once started")
+    p.add_argument("--wait-s", type=float, default=300.0, help="load/unload: how long to wait for the end")
     p.add_argument("--admin-addr", help="the admin socket (for 'list')")
     p.add_argument("--curve-client-cert", help="CURVE: this client's secret certificate (zmq.auth)")
     p.add_argument("--curve-server-cert", help="CURVE: the server's public certificate")

@@ -14,9 +14,13 @@ restarted with exponential back-off if it keeps dying.  A restarted child
 never loads models strictly: a model that no longer loads (e.g. its file
 changed on disk) is unavailable, and the child comes back serving the others.
 
-Reload (SIGHUP; systemd's ExecReload): ``RELOADING=1``, the frontend re-reads
-routing from model.yaml and the saved state (``Reload``), and ``READY=1``
-once it answers ``Reloaded`` (or after ``RELOAD_TIMEOUT_S``).
+Reload (SIGHUP; systemd's ExecReload): ``RELOADING=1``, the frontend rescans
+the version directories (loading new ones, unloading removed ones: hot swap,
+``frontend/hotswap.py``) and re-reads routing from model.yaml and the saved
+state (``Reload``), and ``READY=1`` once it answers ``Reloaded`` (or after
+``RELOAD_TIMEOUT_S``).  The frontend tells the supervisor of every run-time
+load and unload (``LoadVersion``/``UnloadVersion``), so the specs a restarted
+child gets are the current set, not the start-time one.
 
 Stop (SIGTERM/SIGINT, idempotent): the frontend drains within the grace
 period, then children get SIGTERM, a deadline, SIGKILL; every shared-memory
@@ -234,6 +238,11 @@ class Supervisor:
                 (log.info if msg.ok else log.error)("reload: %s", msg.message)
                 self.reload_deadline = None
                 sd_notify("READY=1\nSTATUS=" + msg.message)
+            elif isinstance(msg, m.LoadVersion):  # a run-time load: restarted workers come up with it
+                spec = model_repo.ModelSpec.from_dict(msg.spec)
+                self.specs[spec.key] = spec
+            elif isinstance(msg, m.UnloadVersion):
+                self.specs.pop(msg.key, None)
             elif isinstance(msg, m.LogLevel):
                 procutil.set_level(msg.level)
                 self.cfg.log_level = msg.level  # restarted children start at the new level

@@ -25,6 +25,8 @@ Contract
   of the postprocess ops read the reference code from them.
 * Trains the ``tabular`` model into ``REPO/tabular/1/`` (scripts/train_tabular.py)
   unless its ``model.onnx`` exists and ``--force`` is not given.
+* Builds ``minilm/2`` and ``tabular/2`` and every version's ``golden.json``
+  (``demo_versions``: scripts/demo_versions.py).
 * Never writes ``model.yaml`` (committed).  Prints one line per model with the
   sha256 of its ``model.onnx``.  Exits non-zero with a message on any failure.
 """
@@ -180,6 +182,14 @@ def fetch(repo: Path, cache: Path, force: bool = False) -> dict[str, Path]:
             "tabular": tab_dir / "model.onnx"}
 
 
+def demo_versions(repo: Path, force: bool) -> None:
+    """Version 2 of minilm and tabular, and every demo version's golden set (scripts/demo_versions.py)."""
+    sys.path.insert(0, str(HERE))
+    from demo_versions import build  # lazy: onnxruntime, tokenizers, sklearn
+
+    build(repo, force)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repo", default="models", help="model repository root (default: models)")
@@ -189,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     try:
         paths = fetch(Path(args.repo), Path(args.cache), args.force)
+        demo_versions(Path(args.repo), args.force)
     except FetchError as exc:
         print(f"fetch_models: ERROR: {exc}", file=sys.stderr)
         return 1

@@ -186,8 +186,10 @@ def drift_reference(rows: list[dict]) -> dict:
     return {"source": "palmerpenguins training split", "rows": len(rows), "features": feats}
 
 
-def train(out_dir) -> dict:
-    """Train, verify and write the model directory; returns a small summary dict."""
+def train(out_dir, mlp_seed: int = SEED) -> dict:
+    """Train, verify and write the model directory; returns a small summary dict.  ``mlp_seed``: the
+    MLP's random_state (the split keeps ``SEED``): another seed is another model of the same data
+    (the demo's version 2, scripts/demo_versions.py)."""
     import onnxruntime as ort
     from sklearn.model_selection import train_test_split
     from sklearn.neural_network import MLPClassifier
@@ -204,7 +206,7 @@ def train(out_dir) -> dict:
     y_test = np.array([r[TARGET] for r in test_rows])
 
     clf = MLPClassifier(hidden_layer_sizes=(16,), activation="relu", solver="lbfgs",
-                        alpha=1e-3, max_iter=5000, random_state=SEED)
+                        alpha=1e-3, max_iter=5000, random_state=mlp_seed)
     clf.fit(x_train, y_train)
     if clf.n_iter_ >= clf.max_iter:
         raise RuntimeError(f"MLP did not converge in {clf.max_iter} iterations")

@@ -12,8 +12,9 @@ data path for long.
 One msgpack map in, one out: ``{"op": <name>, "id": ..., ...}`` ->
 ``{"id", "ok": true, ...}`` or ``{"id", "ok": false, "error": {"code", "message"}}``.
 Ops are a dispatch table (``AdminOps.table``): status, models, set_weights,
-set_rules, rollback, promote, reload, shadow_on, shadow_off.  Run-time ``load``/``unload`` of model
-versions plug in as two more entries.  Bad input (unknown model or version,
+set_rules, rollback, promote, reload, shadow_on, shadow_off, and run-time ``load``/``unload`` of
+model versions (``hotswap``: they answer at once; the load's progress and outcome
+show in ``models`` and ``status``).  Bad input (unknown model or version,
 weights not summing to 100, a malformed rule) is refused with a clear message
 and changes nothing.
 """
@@ -30,6 +31,7 @@ from aieng import model_repo
 from aieng import protocol as p
 from aieng.config import Config
 from aieng.frontend import routing, shadow
+from aieng.frontend.hotswap import HotSwapError
 
 if TYPE_CHECKING:  # pragma: no cover
     from aieng.frontend.server import Frontend
@@ -108,6 +110,7 @@ class AdminOps:
             "status": self.status, "models": self.models, "set_weights": self.set_weights,
             "set_rules": self.set_rules, "rollback": self.rollback, "promote": self.promote,
             "reload": self.reload, "shadow_on": self.shadow_on, "shadow_off": self.shadow_off,
+            "load": self.load, "unload": self.unload,
         }
 
     def handle(self, body: bytes) -> dict:
@@ -126,6 +129,8 @@ class AdminOps:
                                                     f"(have {', '.join(self.table)})")
             out = fn(req)
         except AdminError as exc:
+            return {"id": req_id, "ok": False, "error": {"code": exc.code, "message": exc.message}}
+        except HotSwapError as exc:
             return {"id": req_id, "ok": False, "error": {"code": exc.code, "message": exc.message}}
         except routing.RoutingError as exc:
             return {"id": req_id, "ok": False, "error": {"code": p.INVALID_REQUEST, "message": str(exc)}}
@@ -166,6 +171,10 @@ class AdminOps:
         out = {n: self.fe.rollout.status(n, now) for n in names}
         for n in names:  # the shadow comparison so far, per candidate version (mirror.py)
             out[n]["shadow_stats"] = self.fe.mirror.view(n)
+        for key, view in self.fe.hotswap.view().items():
+            name, _, version = key.partition(":")
+            if name in out:
+                out[name].setdefault("loads", {})[version] = view
         return {"models": out}
 
     def models(self, req: dict) -> dict:
@@ -179,6 +188,11 @@ class AdminOps:
                     "metadata": s.extra.get("metadata", {}), "weight": state.weights.get(v, 0.0),
                     "load_error": failed.get(s.key), "path": s.path}
                 for v, s in versions.items()}}
+        for key, view in fe.hotswap.view().items():  # loading, failed, draining, unloaded: shown too
+            name, _, version = key.partition(":")
+            if name in out:
+                entry = out[name]["versions"].setdefault(version, {"weight": 0.0})
+                entry["load"] = view
         return {"models": out}
 
     def set_weights(self, req: dict) -> dict:
@@ -236,12 +250,26 @@ class AdminOps:
         return self.commit(m, routing.build(m.state, m.versions, reason="shadow off", shadow=None),
                            "shadow_off")
 
+    def version_arg(self, req: dict) -> tuple[str, str]:
+        name, version = req.get("model"), req.get("version")
+        version = str(version) if isinstance(version, int) and not isinstance(version, bool) else version
+        if not isinstance(name, str) or not isinstance(version, str) or not version:
+            raise AdminError(p.INVALID_REQUEST, "load/unload need 'model' and 'version' (strings)")
+        return name, version
+
+    def load(self, req: dict) -> dict:
+        return self.fe.hotswap.load(*self.version_arg(req))
+
+    def unload(self, req: dict) -> dict:
+        return self.fe.hotswap.unload(*self.version_arg(req))
+
     def reload(self, req: dict) -> dict:
+        dirs = self.fe.hotswap.rescan()
         try:
             changed = self.fe.reload_routing()
         except model_repo.ModelError as exc:
             raise AdminError(p.INVALID_REQUEST, f"{exc}; nothing changed") from None
-        return {"changed": changed}
+        return {"changed": changed, "versions": dirs}
 
 
 def routing_view(state: routing.RoutingState) -> dict:

@@ -89,6 +89,9 @@ class Metrics:
                               "(pinned, rule:<name>, weight)", ["model", "version", "route"], registry=r)
         self.rollbacks = Counter("aieng_rollout_auto_rollbacks", "Canary versions set to weight 0 by "
                                  "automatic rollback", ["model", "version"], registry=r)
+        self.version_loads = Counter("aieng_version_loads", "Run-time loads of model versions, by outcome "
+                                     "(ok: routable after its golden set; failed)",
+                                     ["model", "version", "outcome"], registry=r)
         self.confidence = Histogram("aieng_output_confidence", "Top class probability of classifier answers",
                                     ["model", "version"], buckets=tuple(i / 10 for i in range(1, 11)),
                                     registry=r)
@@ -147,6 +150,9 @@ class Metrics:
 
     def auto_rollback(self, model: str, version: str) -> None:
         self.rollbacks.labels(model, version).inc()
+
+    def version_load(self, model: str, version: str, outcome: str) -> None:
+        self.version_loads.labels(model, version, outcome).inc()
 
     def failed(self, model: str, version: str, code: str) -> None:
         self.requests.labels(model, version, code).inc()

@@ -36,6 +36,7 @@ from aieng.frontend.cache import ResponseCache
 from aieng.frontend.clients import ClientGate, client_socket
 from aieng.frontend.degrade import Degrader
 from aieng.frontend.drift import DriftMonitor
+from aieng.frontend.hotswap import GOLDEN_CLIENT, HotSwap
 from aieng.frontend.http import HttpServer
 from aieng.frontend.metrics import Metrics
 from aieng.frontend.mirror import Mirror
@@ -83,7 +84,9 @@ class Frontend:
         self.pipeline.outcome = self.rollout.observe  # auto-rollback watches every answer
         self.mirror = self.pipeline.mirror = Mirror(self)  # shadow copies and their comparison
         self.ops = ClientOps(self)
+        self.hotswap = HotSwap(self)
         self.handlers = dict(self.pipeline.handlers)
+        self.handlers.update(self.hotswap.handlers)
         self.handlers.update({m.Hello: self.on_hello, m.WorkerDown: self.on_worker_down,
                               m.ServiceState: self.on_state, m.Drain: self.on_drain,
                               m.Reload: self.on_reload})
@@ -120,6 +123,7 @@ class Frontend:
                 self.pulse(now)
                 self.degrader.update(self.table.per_model())
                 self.rollout.tick(now)
+                self.hotswap.tick(now)
                 next_pulse = now + 0.5
             if now >= next_snapshot:
                 publish_snapshot(self, now)
@@ -228,6 +232,8 @@ class Frontend:
         self.reply(envelope, p.error_body(req_id, p.INVALID_REQUEST, message))
 
     def reply(self, envelope: list, body: bytes) -> None:
+        if envelope[0] == GOLDEN_CLIENT:  # a golden-set request of a version being loaded: never a client
+            return self.hotswap.on_answer(body)
         try:
             self.clients.send_multipart(envelope + [body], flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:  # this client's send queue is full: it does not read its replies
@@ -261,6 +267,7 @@ class Frontend:
 
     def on_worker_down(self, msg: m.WorkerDown, ident: bytes) -> None:
         held = self.pipeline.on_worker_down(msg.worker, msg.pid, msg.exitcode)
+        self.hotswap.on_worker_down(msg.worker)
         self.table.rings.forget(f"{shm.PREFIX}{self.cfg.instance}.{msg.worker}.")
         publish_snapshot(self, time.monotonic(), full=False)
         if held:
@@ -286,11 +293,14 @@ class Frontend:
         return self.rollout.reload({name: model_repo.model_settings(d) for name, d in dirs.items()})
 
     def on_reload(self, msg: m.Reload, ident: bytes) -> None:
+        dirs = self.hotswap.rescan()  # version directories first: loads finish in the background
+        moves = "; ".join(f"{k}: {', '.join(v)}" for k, v in dirs.items() if v)
         try:
             changed = self.reload_routing()
             ok, text = True, f"routing reloaded; changed: {', '.join(changed) or 'nothing'}"
         except model_repo.ModelError as exc:
-            ok, text = False, f"reload refused, nothing changed: {exc}"
+            ok, text = False, f"routing reload refused, routing unchanged: {exc}"
+        text += f"; versions: {moves or 'no change'}"
         (self.log.info if ok else self.log.error)("%s", text)
         self.send_hub("supervisor", [m.encode(m.Reloaded(ok, text))])
 

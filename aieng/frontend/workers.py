@@ -42,6 +42,7 @@ class Workers:
             self.by_name[msg.worker] = WorkerState(msg.worker, msg.role, msg.pid, now, msg.info)
             return True
         w.seen = now
+        w.info = msg.info  # a run-time load or unload changes what it serves and what failed
         return False
 
     def down(self, name: str, pid: int, now: float) -> None:

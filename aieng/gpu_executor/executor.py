@@ -19,6 +19,8 @@ exactly the rows it would have got alone.
 """
 from __future__ import annotations
 
+import os
+import threading
 import time
 
 import numpy as np
@@ -33,9 +35,38 @@ from aieng.gpu_executor.lanes import Job, Lanes
 from aieng.gpu_executor.sessions import ModelSession, describe_runtime
 from aieng.model_repo import ModelSpec
 from aieng.protocol import INTERNAL, INVALID_INPUT, UNAVAILABLE, RequestError
+from aieng.worker_hotswap import Versions
 from aieng.worker_runtime import HubWorker, own_ring, push_socket
 
 WIDE_MAX_ROWS = 4  # the most rows a lone batch may have to run on the wide session
+
+
+WARM_DUTY = 0.5  # a background warm-up runs at most this share of the time: serving keeps the cores
+
+
+def paced_warmup(sess: ModelSession) -> int:
+    """``sess.warmup()`` on the loader thread, made polite: the thread drops to nice 10 (its own; the
+    session's pool threads, made earlier, keep their priority for serving later) and sleeps after each
+    warm-up run for as long as the run took.  A swap takes longer; the models serving meanwhile keep
+    their latency (measured: scripts/hotswap_measure.py)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except OSError:
+        pass
+    run = sess.run
+
+    def paced(feeds):
+        t0 = time.perf_counter()
+        try:
+            return run(feeds)
+        finally:
+            time.sleep((time.perf_counter() - t0) * (1 - WARM_DUTY) / WARM_DUTY)
+
+    sess.run = paced  # this instance only, for the warm-up
+    try:
+        return sess.warmup()
+    finally:
+        del sess.run
 
 
 class Executor(HubWorker):
@@ -47,6 +78,7 @@ class Executor(HubWorker):
         self.init_batcher()
         self.init_rings()
         self.init_lanes()
+        self.init_hotswap()
         self.bind_inbox(exec_addr(cfg.runtime_dir))  # preprocess workers push InferTasks here
         self.posts = {f"post-{j}": None for j in range(cfg.postprocess_workers)}  # name -> PUSH, on first use
         self.handlers[m.InferTask] = self.on_task
@@ -55,29 +87,58 @@ class Executor(HubWorker):
         """One session per model, each built on its own: a model that fails (a corrupt file, a file
         changed on disk since the supervisor hashed it) is recorded in ``failed`` and answered
         UNAVAILABLE; the others serve.  Only a strict start fails the executor."""
-        def load(spec: ModelSpec) -> ModelSession:
-            t0 = time.perf_counter()
-            model_repo.verify_content(spec)  # never load a file that changed under us
-            threads = self.cfg.intra_op_threads or max(1, cpu_count() // self.cfg.executor_lanes)
-            sess = ModelSession(spec, self.cfg.device, threads, self.cfg.ort_spinning)
-            runs = sess.warmup()
-            if self.cfg.idle_wide_runs and threads < cpu_count() and sess.provider == "CPUExecutionProvider":
-                try:  # an optional speed-up: the model serves on its lanes without it
-                    wide = ModelSession(spec, self.cfg.device, cpu_count(), self.cfg.ort_spinning)
-                    runs += wide.warm_small(WIDE_MAX_ROWS)
-                    self.wide[spec.key] = wide
-                except Exception as exc:
-                    self.log.warning("%s: no idle-time wide session (%s: %s)", spec.key,
-                                     type(exc).__name__, exc)
-            self.log.info("loaded %s (%s) on %s, %d warm-up runs in %.2fs", spec.key, spec.content_hash[:12],
-                          sess.provider, runs, time.perf_counter() - t0)
-            return sess
-
         self.sessions: dict[str, ModelSession]
         self.failed: dict[str, str]
         self.wide: dict[str, ModelSession] = {}  # every core on one run: for a lone batch while idle
-        self.sessions, self.failed = model_repo.build_each(specs, load, self.log, self.cfg.strict_model_load,
-                                                           path=lambda s: s.onnx_path)
+        self.sessions, self.failed = model_repo.build_each(
+            specs, self.build_session, self.log, self.cfg.strict_model_load, path=lambda s: s.onnx_path)
+
+    def build_session(self, spec: ModelSpec, wide: bool = True, background: bool = False) -> ModelSession:
+        """A verified, warmed-up session (and, at start, the idle-time wide one).  ``background``: a
+        run-time load beside serving: its warm-up is paced (see ``paced_warmup``)."""
+        t0 = time.perf_counter()
+        model_repo.verify_content(spec)  # never load a file that changed under us
+        threads = self.cfg.intra_op_threads or max(1, cpu_count() // self.cfg.executor_lanes)
+        sess = ModelSession(spec, self.cfg.device, threads, self.cfg.ort_spinning)
+        runs = paced_warmup(sess) if background else sess.warmup()
+        if (wide and self.cfg.idle_wide_runs and threads < cpu_count()
+                and sess.provider == "CPUExecutionProvider"):
+            try:  # an optional speed-up: the model serves on its lanes without it
+                w = ModelSession(spec, self.cfg.device, cpu_count(), self.cfg.ort_spinning)
+                runs += w.warm_small(WIDE_MAX_ROWS)
+                self.wide[spec.key] = w
+            except Exception as exc:
+                self.log.warning("%s: no idle-time wide session (%s: %s)", spec.key, type(exc).__name__, exc)
+        self.log.info("loaded %s (%s) on %s, %d warm-up runs in %.2fs", spec.key, spec.content_hash[:12],
+                      sess.provider, runs, time.perf_counter() - t0)
+        return sess
+
+    # -- run-time load/unload (worker_hotswap.Versions; the frontend drains before an unload) ------
+    def init_hotswap(self) -> None:
+        # A run-time load builds on a thread, warms up paced and has no wide session: it competes
+        # with serving for the cores.
+        self.versions = Versions(self, self.sessions, self.failed, self.build_in_background, background=True,
+                                 check=self.check_loaded, on_add=self.add_to_batcher,
+                                 on_remove=self.remove_version)
+
+    def build_in_background(self, spec: ModelSpec) -> ModelSession:
+        return self.build_session(spec, wide=False, background=True)
+
+    def check_loaded(self, key: str, sess: ModelSession) -> None:
+        if sess.max_output_bytes > self.ring.slot_bytes:
+            raise ValueError(f"its outputs need {sess.max_output_bytes} bytes per request, over the executor "
+                             f"ring's {self.ring.slot_bytes}-byte slots (a restart sizes them for it)")
+
+    def add_to_batcher(self, spec: ModelSpec, sess: ModelSession) -> None:
+        b = spec.batching
+        self.batcher.add_model(spec.key, int(b["max_batch_size"]), float(b["max_wait_ms"]),
+                               float(b.get("max_padding_waste", 0.3)))
+        for rows, length, seconds in sess.warm_costs:
+            self.batcher.observe(spec.key, rows, length, seconds)
+
+    def remove_version(self, key: str) -> None:
+        self.wide.pop(key, None)
+        self.batcher.queues.pop(key, None)  # empty: its requests were drained before the unload
 
     def init_batcher(self) -> None:
         self.batcher = Batcher()
@@ -107,6 +168,7 @@ class Executor(HubWorker):
         self.accept(task)
 
     def after_drain(self, now: float) -> int:
+        self.versions.poll()
         for job in self.lanes.finished():
             self.finish_batch(job)
         for p in self.batcher.expire(now):

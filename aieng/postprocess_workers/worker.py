@@ -22,6 +22,7 @@ from aieng.config import Config
 from aieng.model_repo import ModelSpec
 from aieng.postprocess_workers.chain import Chain, StepTimedOut
 from aieng.protocol import INTERNAL, UNAVAILABLE, RequestError, encode_tensor, pack
+from aieng.worker_hotswap import Versions
 from aieng.worker_runtime import HubWorker
 
 
@@ -44,6 +45,7 @@ class PostprocessWorker(HubWorker):
         self.rings = shm.RingCache()
         self.bind_inbox(post_addr(cfg.runtime_dir, worker))  # the executor pushes PostTasks here
         self.handlers[m.PostTask] = self.handle
+        self.versions = Versions(self, self.ops, self.failed, Chain)  # run-time load/unload of a version
 
     def handle(self, task: m.PostTask, frames: list) -> None:
         started = time.monotonic()

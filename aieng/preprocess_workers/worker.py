@@ -23,6 +23,7 @@ from aieng.config import Config
 from aieng.model_repo import ModelSpec
 from aieng.preprocess_workers import PROCESSORS
 from aieng.protocol import INTERNAL, INVALID_INPUT, INVALID_REQUEST, UNAVAILABLE, RequestError, unpack_limited
+from aieng.worker_hotswap import Versions
 from aieng.worker_runtime import HubWorker, own_ring, push_socket
 
 _KIND_CHECKS = {
@@ -66,6 +67,7 @@ class PreprocessWorker(HubWorker):
         self.notice = m.Preprocessed([], [], [])
         self.handlers[m.PreTask] = self.on_task
         self.arrived: list[tuple[m.PreTask, Any]] = []  # drained together, encoded together
+        self.init_hotswap()
 
     def init_processors(self, specs: dict[str, ModelSpec]) -> None:
         """Each model's processor on its own: one that fails (e.g. a corrupt tokenizer file) is
@@ -73,6 +75,18 @@ class PreprocessWorker(HubWorker):
         self.specs = specs
         self.procs, self.failed = model_repo.build_each(specs, lambda s: PROCESSORS[s.preprocess["type"]](s),
                                                         self.log, self.cfg.strict_model_load)
+
+    def init_hotswap(self) -> None:
+        """Run-time load/unload of a version (worker_hotswap): its processor, built between drains."""
+        def check(key: str, proc) -> None:
+            need = getattr(proc, "max_request_bytes", 0)
+            if need > self.ring.slot_bytes:
+                raise ValueError(f"its requests need {need} bytes, over this worker's {self.ring.slot_bytes}-"
+                                 f"byte ring slots (a restart sizes them for it)")
+
+        self.versions = Versions(self, self.procs, self.failed, lambda s: PROCESSORS[s.preprocess["type"]](s),
+                                 check=check, on_add=lambda spec, _: self.specs.__setitem__(spec.key, spec),
+                                 on_remove=lambda key: self.specs.pop(key, None))
 
     def init_ring(self) -> None:
         need = max((getattr(p, "max_request_bytes", 0) for p in self.procs.values()), default=0)

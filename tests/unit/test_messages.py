@@ -34,6 +34,10 @@ SAMPLES = {
     "drained": m.Drained(answered=17),
     "reload": m.Reload(),
     "reloaded": m.Reloaded(ok=False, message="model tabular: routing: weights must sum to 100"),
+    "load_version": m.LoadVersion(spec={"name": "tabular", "version": "2", "batching": {"max_wait_ms": 2}}),
+    "unload_version": m.UnloadVersion(key="tabular:2"),
+    "version_loaded": m.VersionLoaded(worker="executor", key="tabular:2", seconds=0.42),
+    "version_failed": m.VersionFailed(worker="pre-0", key="tabular:2", error="model tabular:2 (x): boom"),
 }
 
 

@@ -29,7 +29,7 @@ needs_tabular = pytest.mark.skipif(not (MODELS / "tabular/1/model.onnx").is_file
 def repo(tmp_path) -> Path:
     """A private repository holding a copy of the (small) tabular model."""
     dst = tmp_path / "repo"
-    shutil.copytree(MODELS / "tabular", dst / "tabular")
+    shutil.copytree(MODELS / "tabular" / "1", dst / "tabular" / "1")  # version 1 only (2 is a demo candidate)
     return dst
 
 

@@ -1,0 +1,415 @@
+"""Hot swap, make-before-break: run-time load and unload of model versions, gated by golden sets.
+
+The frontend orchestrates; the supervisor only records (so a restarted worker
+comes up with the current set of versions); the workers build.
+
+Load (``aieng models load MODEL VERSION``, or a new directory at reload):
+  1. the directory is validated here (``model_repo.load_spec``: model.yaml,
+     the model file, its content hash; a malformed ``golden.json`` refuses the
+     load at once) -- a few ms to ~100 ms on the loop for a model file of tens
+     of MB (hashing);
+  2. ``LoadVersion(spec)`` goes to the supervisor, then to every worker; the
+     executor builds and warms the session on a thread (the loop keeps
+     batching other models), preprocess/postprocess workers build their state
+     between drains; each answers ``VersionLoaded`` or ``VersionFailed``;
+  3. once every worker has it, the version's **golden set** (``golden.json``
+     in its directory, docs/models.md) runs through the real pipeline as
+     internal requests pinned to it (never routed, never counted against a
+     client);
+  4. every case within tolerance -> the version becomes *routable* (added to
+     the model's versions with weight 0: set weights or promote next).  Any
+     failure (a worker's build, a golden case, a timeout) leaves it
+     unroutable: logged, counted (``aieng_version_loads_total{outcome}``),
+     shown in ``models``/``rollout status``, and its built state released;
+     the versions that served keep serving.
+
+Unload: refused while the version has weight > 0, a rule names it, or it is
+the model's last version.  It stops being routable at once (a pinned request
+gets MODEL_NOT_FOUND), its requests in flight drain (each ends by its
+deadline at the latest), then ``UnloadVersion`` releases it everywhere.
+
+A version without ``golden.json`` becomes routable once loaded (a warning is
+logged).  Versions of models the server does not serve cannot be loaded at
+run time (a restart adds a model).
+"""
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from aieng import messages as m
+from aieng import model_repo
+from aieng import protocol as p
+from aieng.frontend import routing
+from aieng.frontend.table import Request
+
+if TYPE_CHECKING:  # pragma: no cover
+    from aieng.frontend.server import Frontend
+
+GOLDEN_CLIENT = b"\x00golden"  # the envelope of golden requests: answered to ``on_answer``, never a socket
+GOLDEN_FILE = "golden.json"
+MAX_CASES = 256
+LOAD_TIMEOUT_S = 300.0  # a worker that never answers a load fails it
+WORKER_ROLES = ("preprocess", "executor", "postprocess")
+log = logging.getLogger("aieng.frontend.hotswap")
+
+
+class HotSwapError(Exception):
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+# -- golden sets -------------------------------------------------------------------------------
+def read_golden(path: str) -> dict | None:
+    """``<version dir>/golden.json`` checked for shape, or None when there is none (ModelError if bad)."""
+    gpath = os.path.join(path, GOLDEN_FILE)
+    if not os.path.isfile(gpath):
+        return None
+    try:
+        with open(gpath, encoding="utf-8") as fh:
+            raw = json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise model_repo.ModelError(f"{gpath}: {exc}") from None
+    cases = raw.get("cases") if isinstance(raw, dict) else None
+    if not isinstance(cases, list) or not 0 < len(cases) <= MAX_CASES:
+        raise model_repo.ModelError(f"{gpath}: 'cases' must be a list of 1..{MAX_CASES} cases")
+    for i, case in enumerate(cases):
+        if (not isinstance(case, dict) or not isinstance(case.get("inputs"), dict)
+                or not isinstance(case.get("expected"), dict) or not case["expected"]
+                or not isinstance(case.get("params", {}), dict)):
+            raise model_repo.ModelError(f"{gpath}: case {i} needs 'inputs' and 'expected' maps "
+                                        f"(and optional 'params')")
+    for key in ("atol", "rtol"):
+        if not isinstance(raw.get(key, 0), (int, float)):
+            raise model_repo.ModelError(f"{gpath}: '{key}' must be a number")
+    if not isinstance(raw.get("outputs", {}), dict):
+        raise model_repo.ModelError(f"{gpath}: 'outputs' maps an output name to its tolerance")
+    return raw
+
+
+def _input(value: Any) -> Any:
+    """JSON has no bytes: ``{"b64": "..."}`` is an image (or bin) input."""
+    if isinstance(value, dict) and set(value) == {"b64"}:
+        return base64.b64decode(value["b64"])
+    return value
+
+
+def compare(golden: dict, expected: dict, got: dict) -> str | None:
+    """None when ``got`` matches ``expected`` within tolerance, else why not (one line)."""
+    for name, want in expected.items():
+        if name not in got:
+            return f"output {name!r} is missing"
+        tol = dict({"atol": golden.get("atol", 1e-5), "rtol": golden.get("rtol", 0.0)},
+                   **((golden.get("outputs") or {}).get(name) or {}))
+        have = got[name]
+        if isinstance(have, dict) and "dtype" in have:
+            have = p.decode_tensor(have, name).tolist()
+        if isinstance(want, str) or isinstance(want, bool) or want is None:
+            if have != want:
+                return f"output {name!r}: expected {want!r}, got {have!r}"
+            continue
+        try:
+            a, b = np.asarray(have, dtype=np.float64), np.asarray(want, dtype=np.float64)
+        except (TypeError, ValueError):
+            if have != want:
+                return f"output {name!r}: expected {want!r}, got {have!r}"
+            continue
+        if a.shape != b.shape:
+            return f"output {name!r}: shape {list(a.shape)}, expected {list(b.shape)}"
+        if "min_cosine" in tol:
+            cos = float(np.dot(a.ravel(), b.ravel()) / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-12))
+            if cos < tol["min_cosine"]:
+                return f"output {name!r}: cosine {cos:.6f} < {tol['min_cosine']}"
+        elif not np.allclose(a, b, atol=tol["atol"], rtol=tol["rtol"]):
+            worst = float(np.max(np.abs(a - b))) if a.size else 0.0
+            return f"output {name!r}: max abs difference {worst:.3g} over atol {tol['atol']}"
+    return None
+
+
+def _without(weights: dict[str, float], version: str) -> dict[str, float]:
+    return {v: w for v, w in weights.items() if v != version}
+
+
+BUSY = ("validating", "loading", "golden", "draining")
+
+
+@dataclass
+class Load:
+    """One version's run-time load (or unload), as ``models``/``rollout status`` show it."""
+    name: str
+    version: str
+    source: str  # admin / reload
+    state: str = "validating"  # validating -> loading -> golden -> ready | failed;  draining -> unloaded
+    spec: model_repo.ModelSpec | None = None
+    future: Any = None  # the validation on the pool thread
+    started: float = field(default_factory=time.monotonic)
+    waiting: set = field(default_factory=set)  # workers that have not answered yet
+    golden: dict | None = None
+    pending: dict = field(default_factory=dict)  # golden request id -> case index
+    error: str = ""
+    seconds: float = 0.0
+    at: float = field(default_factory=time.time)
+
+    def view(self) -> dict:
+        out = {"state": self.state, "source": self.source, "at": self.at, "seconds": round(self.seconds, 3),
+               "golden_cases": len(self.golden["cases"]) if self.golden else 0}
+        if self.error:
+            out["error"] = self.error
+        if self.waiting:
+            out["waiting_for"] = sorted(self.waiting)
+        return out
+
+
+class HotSwap:
+    def __init__(self, fe: "Frontend"):
+        self.fe = fe
+        self.loads: dict[str, Load] = {}  # "model:version" -> its last load/unload
+        self.serial = 0
+        self.handlers = {m.VersionLoaded: self.on_loaded, m.VersionFailed: self.on_failed}
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="hotswap")
+
+    # -- load --------------------------------------------------------------------------
+    def load(self, name: str, version: str, source: str = "admin") -> dict:
+        fe = self.fe
+        if name not in fe.specs:
+            raise HotSwapError(p.MODEL_NOT_FOUND, f"unknown model {name!r}: only versions of served models "
+                                                  f"load at run time (serving {', '.join(sorted(fe.specs))})")
+        key = f"{name}:{version}"
+        cur = self.loads.get(key)
+        if version in fe.specs[name]:
+            raise HotSwapError(p.INVALID_REQUEST, f"{key} is loaded already")
+        if cur is not None and cur.state in BUSY:
+            raise HotSwapError(p.INVALID_REQUEST, f"{key} is {cur.state} already")
+        mdir = fe.rollout.model_dirs()[name]
+        vdir = os.path.join(mdir, version)
+        if not version or os.sep in version or version.startswith(".") or not os.path.isfile(
+                os.path.join(vdir, "model.yaml")):
+            raise HotSwapError(p.MODEL_NOT_FOUND, f"no version directory {vdir} with a model.yaml")
+        # Validating hashes the model file (tens of MB: 100+ ms): on a thread, so the loop keeps serving
+        # (hashlib releases the GIL); ``tick`` picks the result up.
+        ld = self.loads[key] = Load(name, version, source, state="validating")
+        ld.future = self.pool.submit(self.validate, name, version, vdir)
+        log.warning("loading %s from %s (%s)", key, vdir, source)
+        return {"model": name, "version": version, "load": ld.view()}
+
+    def validate(self, name: str, version: str, vdir: str) -> tuple[model_repo.ModelSpec, dict | None]:
+        spec = model_repo.load_spec(name, version, vdir)
+        return spec, read_golden(spec.path)
+
+    def validated(self, ld: Load) -> None:
+        fe = self.fe
+        try:
+            spec, golden = ld.future.result()
+        except model_repo.ModelError as exc:
+            return self.fail(ld, f"does not load: {exc}", release=False)
+        except Exception as exc:  # an unreadable directory: this version's failure only
+            return self.fail(ld, f"does not load: {type(exc).__name__}: {exc}", release=False)
+        finally:
+            ld.future = None
+        if spec.version in fe.specs.get(spec.name, {}):
+            return self.fail(ld, "loaded meanwhile", release=False)
+        model_repo.apply_overrides({spec.name: {spec.version: spec}}, fe.cfg.max_batch_size,
+                                   fe.cfg.max_wait_ms)
+        spec.extra["routing"] = next(iter(fe.specs[spec.name].values())).extra.get("routing")
+        ld.spec, ld.golden, ld.state = spec, golden, "loading"
+        body = m.encode(m.LoadVersion(spec.to_dict()))
+        fe.send_hub("supervisor", [body])  # first: a worker restarted from now on comes up with it
+        for w in list(fe.workers.by_name.values()):
+            if w.role in WORKER_ROLES and fe.send_hub(w.name, [body]):
+                ld.waiting.add(w.name)
+        log.info("%s validated (sha256 %s; golden set: %s); building in every worker", spec.key,
+                 spec.content_hash[:16], f"{len(golden['cases'])} cases" if golden else "none")
+        self.advance(ld)  # no worker connected right now: each comes (back) with it from the supervisor
+
+    def on_loaded(self, msg: m.VersionLoaded, ident: bytes) -> None:
+        ld = self.loads.get(msg.key)
+        if ld is None or ld.state != "loading":
+            return
+        ld.waiting.discard(msg.worker)
+        self.advance(ld)
+
+    def on_failed(self, msg: m.VersionFailed, ident: bytes) -> None:
+        ld = self.loads.get(msg.key)
+        if ld is not None and ld.state == "loading":
+            self.fail(ld, f"{msg.worker}: {msg.error}")
+
+    def on_worker_down(self, worker: str) -> None:
+        """A worker that died mid-load comes back with the version (the supervisor has the spec)."""
+        for ld in self.loads.values():
+            if ld.state == "loading" and worker in ld.waiting:
+                ld.waiting.discard(worker)
+                self.advance(ld)
+
+    def advance(self, ld: Load) -> None:
+        if ld.waiting or ld.state != "loading":
+            return
+        if ld.golden is None:
+            log.warning("%s has no %s: routable without one", ld.spec.key, GOLDEN_FILE)
+            self.ready(ld)
+            return
+        ld.state = "golden"
+        self.run_golden(ld)
+
+    def run_golden(self, ld: Load) -> None:
+        fe, spec = self.fe, ld.spec
+        now = time.monotonic()
+        timeout_s = (spec.timeout_ms or fe.cfg.default_timeout_ms) / 1000.0
+        for i, case in enumerate(ld.golden["cases"]):
+            self.serial += 1
+            rid_client = f"golden:{spec.key}:{self.serial}"
+            inputs = {k: _input(v) for k, v in case["inputs"].items()}
+            params = case.get("params") or {}
+            body = p.pack({"op": "infer", "model": spec.name, "version": spec.version, "inputs": inputs,
+                           "params": params})
+            ld.pending[rid_client] = i
+            fe.pipeline.start(Request(fe.table.new_rid(), [GOLDEN_CLIENT], rid_client, spec.name,
+                                      spec.version, now + timeout_s, now, params,
+                                      trace=f"golden{self.serial}", body=body, route="golden"))
+
+    def on_answer(self, body: bytes) -> None:
+        """The answer to a golden request (``Frontend.reply`` hands over every GOLDEN_CLIENT envelope)."""
+        ans = p.unpack_limited(body, self.fe.cfg.max_message_bytes)
+        rid = ans.get("id")
+        ld = next((x for x in self.loads.values() if rid in x.pending), None)
+        if ld is None or ld.state != "golden":
+            return
+        case = ld.pending.pop(rid)
+        if not ans.get("ok"):
+            err = ans.get("error") or {}
+            return self.fail(ld, f"golden case {case}: {err.get('code')}: {err.get('message')}")
+        why = compare(ld.golden, ld.golden["cases"][case]["expected"], ans.get("outputs") or {})
+        if why is not None:
+            return self.fail(ld, f"golden case {case}: {why}")
+        if not ld.pending:
+            self.ready(ld)
+
+    def ready(self, ld: Load) -> None:
+        fe, spec = self.fe, ld.spec
+        fe.specs[spec.name][spec.version] = spec  # the rollout model shares this dict: pinnable now
+        model = fe.rollout.models[spec.name]
+        model.versions.add(spec.version)  # routable: weights and rules may name it (weight 0 until then)
+        ld.state, ld.seconds = "ready", time.monotonic() - ld.started
+        model.event("loaded", version=spec.version, reason=f"loaded ({ld.source}), golden set "
+                    + (f"passed ({len(ld.golden['cases'])} cases)" if ld.golden else "absent")
+                    + f" in {ld.seconds:.1f}s")
+        fe.rollout.save()
+        fe.metrics.version_load(spec.name, spec.version, "ok")
+        log.warning("%s is routable (loaded in %.2fs; weight 0 until set)", spec.key, ld.seconds)
+
+    def fail(self, ld: Load, why: str, release: bool = True) -> None:
+        fe, key = self.fe, f"{ld.name}:{ld.version}"
+        ld.state, ld.error, ld.seconds = "failed", why[:500], time.monotonic() - ld.started
+        ld.pending.clear()
+        ld.waiting.clear()
+        model = fe.rollout.models.get(ld.name)
+        if model is not None:
+            model.event("load_failed", version=ld.version, reason=ld.error)
+        fe.metrics.version_load(ld.name, ld.version, "failed")
+        log.error("loading %s failed, it stays unroutable: %s", key, ld.error)
+        if release:
+            self.release(key)
+
+    def release(self, key: str) -> None:
+        body = m.encode(m.UnloadVersion(key))
+        for w in list(self.fe.workers.by_name.values()):
+            if w.role in WORKER_ROLES:
+                self.fe.send_hub(w.name, [body])
+        self.fe.send_hub("supervisor", [body])
+
+    # -- unload -------------------------------------------------------------------------
+    def unload(self, name: str, version: str, source: str = "admin") -> dict:
+        fe = self.fe
+        model = fe.rollout.models.get(name)
+        if model is None:
+            raise HotSwapError(p.MODEL_NOT_FOUND, f"unknown model {name!r}")
+        key = f"{name}:{version}"
+        if version not in fe.specs[name]:
+            raise HotSwapError(p.MODEL_NOT_FOUND, f"model {name!r} has no loaded version {version!r}")
+        state = model.state
+        if len(fe.specs[name]) == 1:
+            raise HotSwapError(p.INVALID_REQUEST, f"{key} is the model's last version")
+        if state.weights.get(version, 0) > 0:
+            raise HotSwapError(p.INVALID_REQUEST, f"{key} has weight {state.weights[version]:g}%: set it to "
+                                                  f"0 first (aieng rollout set-weights); nothing changed")
+        named = [r.name for r in state.rules if r.version == version]
+        if named:
+            raise HotSwapError(p.INVALID_REQUEST, f"{key} is named by rules {named}: change them first; "
+                                                  f"nothing changed")
+        spec = fe.specs[name].pop(version)  # no longer pinnable
+        model.versions.discard(version)
+        model.state = routing.build(state, model.versions, _without(state.weights, version),
+                                    reason=state.reason)
+        # an old routing that sends traffic to it can no longer be rolled back to
+        model.history = [s for s in model.history if not s.weights.get(version)
+                         and all(r.version != version for r in s.rules)]
+        model.history = [routing.build(s, model.versions, _without(s.weights, version), reason=s.reason)
+                         for s in model.history]
+        model.event("unloading", version=version, reason=f"unload ({source}): draining")
+        fe.rollout.save()
+        ld = self.loads[key] = Load(name, version, source, state="draining", spec=spec)
+        in_flight = fe.table.per_model().get(key, 0)
+        log.warning("unloading %s (%s): draining %d requests", key, source, in_flight)
+        self.tick(time.monotonic())
+        return {"model": name, "version": version, "load": ld.view(), "in_flight": in_flight}
+
+    def tick(self, now: float) -> None:
+        """Finish drains whose requests are all answered; fail loads a worker never answered."""
+        in_flight = None
+        for key, ld in self.loads.items():
+            if ld.state == "draining":
+                in_flight = self.fe.table.per_model() if in_flight is None else in_flight
+                if in_flight.get(key, 0) == 0:
+                    self.release(key)
+                    ld.state, ld.seconds = "unloaded", now - ld.started
+                    model = self.fe.rollout.models[ld.name]
+                    model.event("unloaded", version=ld.version, reason=f"drained in {ld.seconds:.2f}s")
+                    log.warning("unloaded %s (drained in %.2fs)", key, ld.seconds)
+            elif ld.state == "validating" and ld.future is not None and ld.future.done():
+                self.validated(ld)
+            elif ld.state == "loading" and now - ld.started > LOAD_TIMEOUT_S:
+                self.fail(ld, f"no answer from {', '.join(sorted(ld.waiting))} within {LOAD_TIMEOUT_S:.0f}s")
+
+    # -- reload: the repository's directories ------------------------------------------------
+    def rescan(self) -> dict[str, list[str]]:
+        """New version directories the policy serves are loaded; versions whose directory is gone are
+        unloaded (when nothing routes to them: else logged and kept).  Returns what was started."""
+        fe = self.fe
+        started: dict[str, list[str]] = {"loading": [], "unloading": [], "kept": []}
+        for name, mdir in fe.rollout.model_dirs().items():
+            try:
+                found = [v for v in sorted(os.listdir(mdir), key=model_repo._version_key)
+                         if os.path.isfile(os.path.join(mdir, v, "model.yaml"))]
+                served = model_repo.apply_policy(model_repo.model_settings(mdir).get("versions"), found,
+                                                 os.path.join(mdir, "model.yaml"))
+            except (OSError, model_repo.ModelError) as exc:
+                log.error("reload: %s not rescanned: %s", name, exc)
+                continue
+            busy = {ld.version for ld in self.loads.values() if ld.name == name and ld.state in BUSY}
+            for v in served:
+                if v not in fe.specs[name] and v not in busy:
+                    try:
+                        self.load(name, v, "reload")
+                        started["loading"].append(f"{name}:{v}")
+                    except HotSwapError as exc:
+                        log.error("reload: %s", exc.message)
+            for v in list(fe.specs[name]):
+                if v not in found:
+                    try:
+                        self.unload(name, v, "reload")
+                        started["unloading"].append(f"{name}:{v}")
+                    except HotSwapError as exc:
+                        log.error("reload: directory of %s:%s is gone but it stays: %s", name, v, exc.message)
+                        started["kept"].append(f"{name}:{v}")
+        return started
+
+    def view(self) -> dict[str, dict]:
+        return {k: ld.view() for k, ld in self.loads.items()}

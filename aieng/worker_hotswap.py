@@ -1,0 +1,125 @@
+"""Run-time load and unload of one model version inside a worker (the worker side of hot swap).
+
+``Versions`` plugs two handlers into a ``HubWorker``'s dispatch table:
+
+  * ``LoadVersion(spec)``: build the role's state for that version with the
+    role's own ``build(spec)`` (preprocess: its processor; postprocess: its
+    chain; executor: a warmed-up session), store it under ``model:version``,
+    and answer ``VersionLoaded`` or ``VersionFailed`` (one line, why) to the
+    frontend.  A version already built is answered at once (idempotent).
+  * ``UnloadVersion(key)``: drop what was built (the frontend drained the
+    version's requests first), so its memory is released (and, with glibc,
+    returned to the OS: ``malloc_trim``).
+
+With ``background=True`` (the executor) ``build`` runs on a thread: building
+and warming a session takes from 100 ms to seconds, and the executor loop must
+keep batching other models meanwhile.  ONNX Runtime releases the GIL while it
+runs, so warm-up competes for cores, not for the loop.  The loop collects
+finished builds in ``poll()`` (called from ``after_drain``, at least every
+200 ms) and installs them there: every shared structure is touched by the loop
+thread only.  ``check(key, built)`` may refuse a build that the worker cannot
+use (e.g. outputs larger than its ring's slots) with a ``ValueError``.
+
+Each change refreshes the worker's heartbeat, so the frontend's view of its
+``failed`` loads (``Hello.info``) follows.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import time
+from typing import Any, Callable
+
+from aieng import messages as m
+from aieng import model_repo
+from aieng.model_repo import ModelSpec
+
+
+def release_free_memory() -> bool:
+    """glibc keeps freed heap (a session's weights, the loader thread's arena) for reuse; ``malloc_trim``
+    hands it back, so an unload shows in RSS.  False where there is no glibc."""
+    try:
+        return bool(ctypes.CDLL("libc.so.6").malloc_trim(0))
+    except (OSError, AttributeError):
+        return False
+
+
+class Versions:
+    def __init__(self, worker, store: dict[str, Any], failed: dict[str, str],
+                 build: Callable[[ModelSpec], Any], background: bool = False,
+                 check: Callable[[str, Any], None] | None = None,
+                 on_add: Callable[[ModelSpec, Any], None] | None = None,
+                 on_remove: Callable[[str], None] | None = None):
+        self.worker, self.store, self.failed = worker, store, failed
+        self.build, self.background, self.check = build, background, check
+        self.on_add, self.on_remove = on_add, on_remove
+        self.building: set[str] = set()
+        self.done: list[tuple[ModelSpec, Any, BaseException | None, float]] = []  # appended by threads
+        self.lock = threading.Lock()
+        worker.handlers[m.LoadVersion] = self.on_load
+        worker.handlers[m.UnloadVersion] = self.on_unload
+
+    def on_load(self, msg: m.LoadVersion, frames: list) -> None:
+        spec = ModelSpec.from_dict(msg.spec)
+        if spec.key in self.store:
+            self.worker.send(m.VersionLoaded(self.worker.worker, spec.key, 0.0))
+            return
+        if spec.key in self.building:
+            return  # its answer comes when the build ends
+        self.building.add(spec.key)
+        if self.background:
+            threading.Thread(target=self._build, args=(spec,), name=f"load-{spec.key}", daemon=True).start()
+        else:
+            self._build(spec)
+            self.poll()
+
+    def _build(self, spec: ModelSpec) -> None:
+        t0 = time.perf_counter()
+        built, error = None, None
+        try:
+            built = self.build(spec)
+        except BaseException as exc:  # any failure is this version's alone
+            error = exc
+        with self.lock:
+            self.done.append((spec, built, error, time.perf_counter() - t0))
+
+    def poll(self) -> None:
+        """Install finished builds (on the worker's loop thread) and answer the frontend."""
+        if not self.done:
+            return
+        with self.lock:
+            done, self.done = self.done, []
+        for spec, built, error, seconds in done:
+            self.building.discard(spec.key)
+            if error is None and self.check is not None:
+                try:
+                    self.check(spec.key, built)
+                except ValueError as exc:
+                    error = exc
+            if error is not None:
+                why = model_repo.failure_message(spec, error)
+                self.worker.log.error("run-time load failed: %s", why)
+                self.worker.send(m.VersionFailed(self.worker.worker, spec.key, why))
+                continue
+            self.store[spec.key] = built
+            self.failed.pop(spec.key, None)
+            if self.on_add is not None:
+                self.on_add(spec, built)
+            self.worker.log.info("loaded %s at run time in %.2fs", spec.key, seconds)
+            self.worker.send(m.VersionLoaded(self.worker.worker, spec.key, round(seconds, 3)))
+        self.refresh()
+
+    def on_unload(self, msg: m.UnloadVersion, frames: list) -> None:
+        gone = self.store.pop(msg.key, None)
+        self.failed.pop(msg.key, None)
+        if self.on_remove is not None:
+            self.on_remove(msg.key)
+        del gone  # the last reference: the session (or state) is released here
+        trimmed = release_free_memory()
+        self.worker.log.info("unloaded %s%s", msg.key, " (free heap returned to the OS)" if trimmed else "")
+        self.refresh()
+
+    def refresh(self) -> None:
+        w = self.worker
+        w.hello_bytes = m.encode(m.Hello(w.worker, w.role, os.getpid(), w.info()))

@@ -1,0 +1,167 @@
+"""Measure hot swap on a real server: a swap under steady load, and the executor's RSS over load cycles.
+
+Usage (from the repo root, after scripts/fetch_models.py built the demo versions)::
+
+    python scripts/hotswap_measure.py [--repo models] [--cycles 50] [--swap minilm:2] [--cycle tabular:2]
+
+Starts a server on the repository (its own runtime and state dirs under a temp dir), then:
+
+1. *swap under load*: a steady open-loop load of ``--rate`` requests/s alternating ``minilm`` and
+   ``tabular`` (unpinned: version 1 serves; at most 64 in flight) for ``--steady-s`` seconds (the first
+   3 s are not counted: warming), then ``load`` of ``--swap`` over the admin socket (in process: no CLI
+   start-up on the measured machine), waiting until it is routable, then ``--after-s`` more seconds.
+   Prints each model's p99 latency before and during the swap and the failed requests.
+2. *cycles*: ``--cycles`` load/unload cycles of ``--cycle`` with one client loop running, sampling
+   the executor's RSS (psutil) after each unload; prints the first, the 5th and the last samples.
+
+Bounded: every loop stops at its count or time limit; the server is stopped at the end (by pid).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import threading
+import time
+
+import psutil
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from aieng.client import AsyncClient, build_request  # noqa: E402
+from aieng.rollout_cli import call  # noqa: E402
+from tests.conftest import ServerProcess  # noqa: E402
+
+INPUTS = {"minilm": {"text": "a steady stream of sentences to embed, one after another"},
+          "tabular": {"island": "Dream", "bill_length_mm": 39.0, "flipper_length_mm": 190.0}}
+
+
+class Traffic:
+    """Requests at ``rate`` per second (open loop: a slow answer does not slow the sending)."""
+
+    def __init__(self, addr: str, models: list[str], rate: float, max_s: float):
+        self.addr, self.models, self.rate, self.max_s = addr, models, rate, max_s
+        self.stop = threading.Event()
+        self.replies: list[tuple[float, float, str, bool, str]] = []  # sent, latency, model, ok, code
+        self.thread = threading.Thread(target=lambda: asyncio.run(self.run()), daemon=True)
+
+    async def run(self) -> None:
+        client = AsyncClient(self.addr, timeout_s=30)
+        end = time.monotonic() + self.max_s
+
+        gate = asyncio.Semaphore(64)
+
+        async def one(i: int) -> None:
+            model = self.models[i % len(self.models)]
+            async with gate:
+                t0 = time.monotonic()
+                r = await client.call(build_request(i, model, INPUTS[model]), raise_on_error=False)
+                self.replies.append((t0, time.monotonic() - t0, model, r["ok"],
+                                     "" if r["ok"] else r["error"]["code"]))
+
+        tasks, i, start = [], 0, time.monotonic()
+        try:
+            while not self.stop.is_set() and time.monotonic() < end:
+                tasks.append(asyncio.ensure_future(one(i)))
+                i += 1
+                await asyncio.sleep(max(0.0, start + i / self.rate - time.monotonic()))
+            await asyncio.gather(*tasks)
+        finally:
+            client.close()
+
+
+def p99(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(0.99 * len(xs)))] * 1000 if xs else float("nan")
+
+
+def wait_state(admin: str, model: str, version: str, states: tuple, limit_s: float = 300) -> dict:
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        v = call(admin, "models")["models"][model]["versions"].get(version) or {}
+        if (v.get("load") or {}).get("state") in states:
+            return v["load"]
+        time.sleep(0.1)
+    raise TimeoutError(f"{model}:{version} not in {states} within {limit_s}s")
+
+
+def swap_under_load(srv, admin: str, key: str, steady_s: float, after_s: float, rate: float) -> None:
+    model, version = key.split(":")
+    traffic = Traffic(srv.addr, ["minilm", "tabular"], rate, steady_s + after_s + 300)
+    traffic.thread.start()
+    time.sleep(steady_s)
+    t0 = time.monotonic()
+    reply = call(admin, "load", model=model, version=version)
+    assert reply["ok"], reply
+    load = wait_state(admin, model, version, ("ready", "failed"))
+    t1 = time.monotonic()
+    time.sleep(after_s)
+    traffic.stop.set()
+    traffic.thread.join(60)
+    print(f"swap of {key}: {load['state']} after {t1 - t0:.2f}s ({load['golden_cases']} golden cases)")
+    for name in ("minilm", "tabular"):
+        before = [lat for t, lat, mdl, ok, _ in traffic.replies if mdl == name and t0 - steady_s + 3 < t < t0]
+        during = [lat for t, lat, mdl, ok, _ in traffic.replies if mdl == name and t0 <= t <= t1]
+        print(f"  {name}: p99 steady {p99(before):.1f} ms ({len(before)} req), during the swap "
+              f"{p99(during):.1f} ms ({len(during)} req): ratio {p99(during) / p99(before):.2f}")
+    failed = [code for *_, ok, code in traffic.replies if not ok]
+    print(f"  failed requests: {len(failed)} of {len(traffic.replies)} {sorted(set(failed))}")
+    assert call(admin, "unload", model=model, version=version)["ok"]
+    wait_state(admin, model, version, ("unloaded",))
+
+
+def cycles(srv, admin: str, key: str, n: int) -> None:
+    model, version = key.split(":")
+    executor = psutil.Process(srv.child_pid("aieng::executor"))
+    traffic = Traffic(srv.addr, ["tabular"], 20, 3600)
+    traffic.thread.start()
+    rss = []
+    t0 = time.monotonic()
+    try:
+        for i in range(n):
+            assert call(admin, "load", model=model, version=version)["ok"]
+            assert wait_state(admin, model, version, ("ready", "failed"))["state"] == "ready"
+            assert call(admin, "unload", model=model, version=version)["ok"]
+            wait_state(admin, model, version, ("unloaded",))
+            rss.append(executor.memory_info().rss / 2**20)
+            print(f"  cycle {i + 1}: executor RSS {rss[-1]:.1f} MiB", flush=True)
+    finally:
+        traffic.stop.set()
+        traffic.thread.join(60)
+    failed = sum(1 for *_, ok, _ in traffic.replies if not ok)
+    print(f"{n} load/unload cycles of {key} in {time.monotonic() - t0:.0f}s: executor RSS after cycle 1 "
+          f"{rss[0]:.1f} MiB, after 5 {rss[min(4, n - 1)]:.1f}, after {n} {rss[-1]:.1f} MiB "
+          f"(max {max(rss):.1f}); {failed} failed of {len(traffic.replies)} requests meanwhile")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repo", default="models")
+    ap.add_argument("--swap", default="minilm:2")
+    ap.add_argument("--cycle", default="tabular:2")
+    ap.add_argument("--cycles", type=int, default=50)
+    ap.add_argument("--steady-s", type=float, default=10.0)
+    ap.add_argument("--after-s", type=float, default=2.0)
+    ap.add_argument("--rate", type=float, default=15.0, help="requests/s of the steady load")
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="hotswap-")
+    os.makedirs(os.path.join(tmp, "run"))
+    srv = ServerProcess(tmp, AIENG_MODEL_REPOSITORY=os.path.abspath(args.repo),
+                        AIENG_STATE_DIR=tmp + "/state", AIENG_RUNTIME_DIR=tmp + "/run")
+    admin = f"ipc://{tmp}/run/admin.sock"
+    srv.start()
+    try:
+        base = psutil.Process(srv.child_pid("aieng::executor")).memory_info().rss / 2**20
+        print(f"executor RSS before any run-time load: {base:.1f} MiB")
+        swap_under_load(srv, admin, args.swap, args.steady_s, args.after_s, args.rate)
+        if args.cycles:
+            cycles(srv, admin, args.cycle, args.cycles)
+    finally:
+        print(f"server stopped with code {srv.stop()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
