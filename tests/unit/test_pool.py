@@ -121,3 +121,13 @@ def test_cold_start_waiters_past_their_deadline_expire():
 def test_messages_name_the_model():
     assert cold_start_message("tab") == "model tab is loading (cold start), not ready within the deadline"
     assert "AIENG_MODEL_MEMORY_BUDGET" in refusal("tab", "1", 10, 5, 3)
+
+
+def test_rss_bytes_sees_memory_the_process_touches():
+    from aieng.worker_hotswap import rss_bytes
+
+    before = rss_bytes()
+    block = b"x" * (64 << 20)  # written, so resident
+    grown = rss_bytes() - before
+    assert len(block) == 64 << 20
+    assert grown >= 32 << 20
