@@ -265,6 +265,10 @@ class VersionLoaded:
     worker: str
     key: str
     seconds: float = 0.0
+    # The worker's RSS growth across the build (bytes; 0 when not measured): the executor's is the
+    # session's footprint, which the model pool (frontend/pool.py) budgets.  Best effort: the process
+    # is shared with other threads, so it is an estimate, not an exact count.
+    footprint_bytes: int = 0
 
 
 @dataclass(slots=True)

@@ -158,6 +158,7 @@ class Load:
     error: str = ""
     seconds: float = 0.0
     at: float = field(default_factory=time.time)
+    footprint: dict = field(default_factory=dict)  # worker -> its RSS growth building it (VersionLoaded)
 
     def view(self) -> dict:
         out = {"state": self.state, "source": self.source, "at": self.at, "seconds": round(self.seconds, 3),
@@ -166,6 +167,8 @@ class Load:
             out["error"] = self.error
         if self.waiting:
             out["waiting_for"] = sorted(self.waiting)
+        if self.footprint:
+            out["footprint_bytes"] = dict(sorted(self.footprint.items()))
         return out
 
 
@@ -235,6 +238,7 @@ class HotSwap:
         if ld is None or ld.state != "loading":
             return
         ld.waiting.discard(msg.worker)
+        ld.footprint[msg.worker] = msg.footprint_bytes
         self.advance(ld)
 
     def on_failed(self, msg: m.VersionFailed, ident: bytes) -> None:
