@@ -109,6 +109,13 @@ class Rig:
             if self.answer()["id"] == "settle":
                 return
 
+    def until(self, what, timeout_s: float = 5.0) -> None:
+        """Wait (bounded) for the loop to reach a state: notices come on the workers' connections, so a
+        client round trip (``settle``) does not prove the loop has read them on a loaded machine."""
+        deadline = time.monotonic() + timeout_s
+        while not what() and time.monotonic() < deadline:
+            time.sleep(0.005)
+
     def stop_loop(self) -> None:
         self.stop.stop = True
         self.thread.join(5)
@@ -166,7 +173,7 @@ def test_success_path_and_who_frees(rig):
     inp, out = r.slot("pre-0"), r.slot("executor")
     r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp], [{}])))
     r.peers["executor"].send(m.encode(m.Inferred([task.rid], [out])))
-    r.settle()
+    r.until(lambda: r.fe.table.get(task.rid).stage == "postprocess")
     assert r.fe.table.get(task.rid).stage == "postprocess" and r.fe.table.get(task.rid).holder == "post-0"
     r.peers["post-0"].send(m.encode(result(task.rid)))
     reply = r.answer()
@@ -184,6 +191,7 @@ def test_notices_out_of_order(rig):
     r.settle()
     r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp], [{}])))
     r.settle()
+    r.until(lambda: r.fe.table.get(task.rid).stage == "postprocess")
     req = r.fe.table.get(task.rid)
     assert (req.stage, req.holder, req.ref) == ("postprocess", "post-0", out)
     r.peers["post-0"].send(m.encode(result(task.rid)))
@@ -240,7 +248,7 @@ def test_worker_death_answers_what_it_held_and_frees_its_slot(rig, victim, stage
     r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp], [{}])))
     if victim == "post-0":
         r.peers["executor"].send(m.encode(m.Inferred([task.rid], [out])))
-    r.settle()
+    r.until(lambda: r.fe.table.get(task.rid).stage == stage)
     assert r.fe.table.get(task.rid).stage == stage
     r.peers["supervisor"].send(m.encode(m.WorkerDown(victim, -9, 1000 + len(victim))))
     reply = r.answer()
