@@ -173,10 +173,14 @@ class Fanout:
 
     # -- the page ending otherwise ------------------------------------------------------------
     def page_failed(self, rid: int, code: str) -> None:
-        """The page was answered with an error: end its step requests now (their slots follow the
-        table's rules; their late answers are dropped)."""
+        """The page was answered with an error: end its step requests held by live workers now (the
+        holder frees their slots; their late answers are dropped).  One held by a worker that is down is
+        left to the death's own path (``on_worker_down`` ends it as its dead holder's, freeing the slot)."""
         page = self.pages.pop(rid, None)
         if page is None:
             return
-        for child in list(page.children):
-            self.pl.fail(child, code, "the pipeline request was answered")
+        for child_rid in list(page.children):
+            child = self.pl.table.get(child_rid)
+            if child is not None and child.holder and child.holder not in self.pl.workers.by_name:
+                continue
+            self.pl.fail(child_rid, code, "the pipeline request was answered")
