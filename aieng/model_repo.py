@@ -85,7 +85,8 @@ class ModelSpec:
         return {"version": self.version, "hash": self.content_hash, "description": self.description,
                 "inputs": self.inputs, "outputs": self.outputs,
                 "max_batch_size": self.batching["max_batch_size"], "timeout_ms": self.timeout_ms,
-                "metadata": self.extra.get("metadata", {})}
+                "metadata": self.extra.get("metadata", {}),
+                **({"kind": "pipeline", "steps": self.pipeline["steps"]} if self.pipeline else {})}
 
 
 def resolve_inside(root: str, rel: str) -> str:
