@@ -119,7 +119,7 @@ class PreprocessWorker(HubWorker):
 
     def run_group(self, proc, group: list, started: float) -> None:
         results: list = []
-        crop_started: dict[int, float] = {}
+        crop_us: dict[int, float] = {}  # a crop's own seconds: the page's "crop" step, not the drain's
         if getattr(proc, "batchable", False):
             checked = []
             for task, _, inputs, params in group:
@@ -139,9 +139,9 @@ class PreprocessWorker(HubWorker):
             for task, _, inputs, params in group:
                 try:
                     if task.crop is not None:  # a pipeline's crop step: the input is the whole page
-                        # its own start, so the page's "crop" time is the crops' own work, not the drain's
-                        crop_started[task.rid] = time.monotonic()
+                        t0 = time.monotonic()
                         results.append(((task, params), proc.process_crop(inputs, task.crop, task.page)))
+                        crop_us[task.rid] = time.monotonic() - t0
                     else:
                         results.append(((task, params), proc.process(inputs)))
                 except RequestError as exc:
@@ -151,8 +151,9 @@ class PreprocessWorker(HubWorker):
                     self.fail(task.rid, INTERNAL, f"preprocessing failed: {type(exc).__name__}")
         for (task, params), out in results:  # image processors add the request's Geometry
             tensors, seq_len, info = out
-            self.forward(task, params, tensors, seq_len, info, crop_started.get(task.rid, started),
-                         getattr(out, "geometry", None))
+            own = crop_us.get(task.rid)  # a crop: its trail starts its own work's length before now
+            start = started if own is None else time.monotonic() - own
+            self.forward(task, params, tensors, seq_len, info, start, getattr(out, "geometry", None))
 
     def forward(self, task: m.PreTask, params: dict, tensors, seq_len: int, info: dict,
                 started: float, geometry: m.Geometry | None = None) -> None:
