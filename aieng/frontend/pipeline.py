@@ -250,12 +250,12 @@ class Pipeline:
         req = self.table.finish(rid, holder_dead)
         if req is None:
             return
-        if req.shadow_of is not None:
-            return self.mirror.shadow_end(req, None, code, time.monotonic())
         if req.parent is not None:  # a pipeline's step: its page is answered with the step named
             return self.fanout.child_end(req, None, code, message)
         if self.fanout is not None:  # a pipeline page: its step requests end with it
             self.fanout.page_failed(rid, code)
+        if req.shadow_of is not None:
+            return self.mirror.shadow_end(req, None, code, time.monotonic())
         if model_fault:  # the model run itself failed: the breaker counts it
             self.breakers.failure(req.key, time.monotonic(), req.probe)
         else:
@@ -286,11 +286,16 @@ class Pipeline:
         now = time.monotonic()
         if self.table.finish(req.rid) is None:
             return
+        if req.shadow_of is not None:  # a shadow copy of a pipeline request: compared, never answered
+            return self.mirror.shadow_end(req, outputs, "OK", now)
         self.counts.ok += 1
         self.breakers.success(req.key)
         if req.cache_key is not None:
             self.cache.put(req.cache_key, outputs)
         self.metrics.answered(req.model, req.version, timing, 1, None)
+        for step, us in timing.items():  # the pipeline's steps as its stages (four names: bounded labels)
+            if step != "total":
+                self.metrics.stage.labels(req.model, req.version, step).observe(us / 1e6)
         self.stats.add_steps(req.model, [(k, us, "ok") for k, us in timing.items() if k != "total"])
         self.degrader.observe_latency(req.key, now - req.received)
         if self.outcome is not None:

@@ -7,6 +7,7 @@ slightly.
 
 * Lines match rapidocr's: the same count, every box at quadrilateral IoU >= 0.9 with rapidocr's, and the
   text exactly equal on at least 95% of them.
+* The steps show in the models op, the timing report (``stats``) and the stage metrics.
 * Pages in flight together (their crops batched together) get the answers they get alone.
 * Bad input: a page with no text has no lines; a 1x1 image gets an answer; a page with more boxes than
   the crop cap (500) is answered with the first 500 and ``truncated``.
@@ -21,15 +22,18 @@ import os
 import signal
 import threading
 import time
+import urllib.request
 
 import numpy as np
 import pytest
 
 from aieng.client import AsyncClient
+from aieng.report import fetch
 from tests.conftest import MODELS, ServerProcess
 from tests.e2e.test_ocr_models import PAGES, call_all, draw_text, fonts, make_page, png, quad_iou
 
 pytestmark = pytest.mark.e2e
+STEPS = ("textdet", "crop", "textrec", "join")
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +85,18 @@ def test_ocr_lines_match_rapidocrs_pipeline(server, reference):
             total += 1
             same_text += gl["text"] == wt
     assert same_text >= 0.95 * total, (same_text, total)
+
+
+def test_the_pipelines_steps_show_in_the_models_op_the_report_and_metrics(server):
+    assert ocr(server.addr, [png(make_page(4, 800, 1000))])[0]["ok"]
+    with server.client() as c:
+        models = c.call({"op": "models"})["models"]
+    assert [s["step"] for s in models["ocr"]["versions"]["1"]["steps"]] == list(STEPS)
+    steps = fetch(server.addr)["models"]["ocr"]["steps_us"]
+    assert set(steps) == set(STEPS) and all(s["runs"] >= 1 for s in steps.values()), steps
+    text = urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}/metrics", timeout=10).read().decode()
+    for step in STEPS:
+        assert f'aieng_stage_duration_seconds_count{{model="ocr",stage="{step}",version="1"}}' in text, step
 
 
 def test_pages_in_flight_together_get_the_answers_they_get_alone(server):
