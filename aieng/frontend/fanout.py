@@ -64,7 +64,7 @@ class Page:
     results: list = field(default_factory=list)  # per box: (text, score) once answered
     next_box: int = 0  # the next box to send as a crop request
     det_end: float = 0.0
-    crop_us: int = 0  # the crop requests' preprocessing (cut, rectify, resize), summed
+    crop_us: int = 0  # the crop requests' preprocessing (cut, rectify, resize, any wait for a slot), summed
     batches: list = field(default_factory=list)
 
 

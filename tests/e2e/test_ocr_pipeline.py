@@ -137,8 +137,10 @@ def test_a_page_with_more_boxes_than_the_cap_is_truncated(server):
 
 @pytest.mark.parametrize("victim", ["aieng::preprocess[0]", "aieng::postprocess[0]", "aieng::executor"])
 def test_a_worker_killed_in_the_textrec_phase_answers_the_page_once_naming_the_step(server, victim):
-    page = png(dense_page())
-    timing = ocr(server.addr, [page])[0]["timing_us"]  # how long each phase takes on this machine now
+    page = png(dense_page(rows=16))  # 224 boxes: a textrec phase of seconds, far inside the deadline
+    first = ocr(server.addr, [page])[0]
+    assert first["ok"], first
+    timing = first["timing_us"]  # how long each phase takes on this machine now
     answers: list = []
 
     async def run():
