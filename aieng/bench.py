@@ -390,6 +390,10 @@ def main_bench(args) -> int:
                          f"(a comma-separated list of zmq, http, grpc)")
     if transports != ["zmq"]:
         return main_transports(args, transports)
+    if args.model == "ocr":  # a pipeline: beside rapidocr's own pipeline instead of an in-process limit
+        from aieng.bench_ocr import main_ocr
+
+        return main_ocr(args)
     cfg = load_config()
     repo = cfg.model_repository
     threads = cfg.intra_op_threads or cpu_count()

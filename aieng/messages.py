@@ -105,6 +105,10 @@ class PreTask:
     post: str = ""  # the postprocess worker the frontend chose for it
     upstream: int = 0  # requests of this model in preprocessing when it was sent: more may come
     degraded: int = 0  # the model's degradation level at admission (1+: skip optional steps)
+    # a pipeline's crop request (frontend/fanout): the body is the page, ``crop`` the box to cut from
+    # it (4 x [x, y], page pixels), ``page`` the parent's rid (the worker keeps the decoded page)
+    crop: list | None = None
+    page: int = 0
 
 
 @dataclass(slots=True)

@@ -27,6 +27,10 @@ and slot rules; where it ends (answer, error, deadline) it goes to the mirror
 instead of a client, and none of the model's counts, stats, cache, breaker,
 drift or degradation see it.  A primary's end is told to the mirror after its
 answer was sent.
+
+A pipeline model (``kind: pipeline``) is started by ``fanout`` instead: its entry is never sent to a
+worker; its steps are internal requests (``Request.parent``) that take the paths above, and whose
+ends (answer, error, deadline, a dead holder) go to ``fanout``, which answers the page once.
 """
 from __future__ import annotations
 
@@ -90,6 +94,7 @@ class Pipeline:
         self.counts = Counts()
         self.outcome: Callable[[str, str, str, float], None] | None = None  # (model, version, code, s)
         self.mirror: Any = None  # mirror.Mirror: gets both ends of shadow pairs (set by the frontend)
+        self.fanout: Any = None  # fanout.Fanout: runs pipeline models' steps (set by the frontend)
         self.handlers: dict[type, Callable[[Any, bytes], None]] = {
             m.Preprocessed: self.on_preprocessed, m.Inferred: self.on_inferred,
             m.Result: self.on_result, m.Failed: self.on_failed,
@@ -98,6 +103,8 @@ class Pipeline:
     # -- sending a request on its way ----------------------------------------------
     def start(self, req: Request) -> None:
         """A newly admitted request: to a preprocess worker with the client's raw frame."""
+        if self.fanout is not None and req.parent is None and self.fanout.owns(req):
+            return self.fanout.start(req)
         self.table.add(req)
         self.dispatch(req)
 
@@ -113,7 +120,7 @@ class Pipeline:
         self.table.move(req, PRE, worker)
         upstream = 0 if req.degraded >= 2 else self.table.count_stage(req.key, PRE) - 1  # level 2: no waiting
         task = m.PreTask(req.rid, req.model, req.version, req.deadline, req.trace, req.post, upstream,
-                         req.degraded)
+                         req.degraded, req.crop, req.parent or 0)
         if not self.send(worker, [m.encode(task), req.body]):  # it never got it: safe to hold
             self.workers.gone(worker)
             self.table.hold(req, PRE)
@@ -174,6 +181,8 @@ class Pipeline:
         self.table.finish(msg.rid)
         if req.shadow_of is not None:  # a shadow copy: compared, never answered or counted
             return self.mirror.shadow_end(req, msg.outputs, "OK", now)
+        if req.parent is not None:  # a pipeline's step: its page goes on
+            return self.fanout.child_end(req, msg.outputs, "OK", "", msg.trail)
         try:  # bookkeeping; an error here must not lose the answer (the request has left the table)
             self.account(req, msg, now)
         except Exception:
@@ -241,6 +250,10 @@ class Pipeline:
         req = self.table.finish(rid, holder_dead)
         if req is None:
             return
+        if req.parent is not None:  # a pipeline's step: its page is answered with the step named
+            return self.fanout.child_end(req, None, code, message)
+        if self.fanout is not None:  # a pipeline page: its step requests end with it
+            self.fanout.page_failed(rid, code)
         if req.shadow_of is not None:
             return self.mirror.shadow_end(req, None, code, time.monotonic())
         if model_fault:  # the model run itself failed: the breaker counts it
@@ -264,7 +277,34 @@ class Pipeline:
         for rid in self.table.expired(now):
             req = self.table.get(rid)
             where = req.stage if req.holder else f"waiting for a {req.stage} worker"
-            self.fail(rid, p.TIMEOUT, f"no answer within the deadline (stage: {where})")
+            step = self.fanout.step_of(rid) if self.fanout is not None else ""
+            where = f"step: {step}" if step else f"stage: {where}"
+            self.fail(rid, p.TIMEOUT, f"no answer within the deadline ({where})")
+
+    def answer_pipeline(self, req: Request, outputs: bytes, timing: dict[str, int], extra: dict) -> None:
+        """A pipeline page's answer (``fanout``); its steps show as the model's steps in the report."""
+        now = time.monotonic()
+        if self.table.finish(req.rid) is None:
+            return
+        if req.shadow_of is not None:  # a shadow copy of a pipeline request: compared, never answered
+            return self.mirror.shadow_end(req, outputs, "OK", now)
+        self.counts.ok += 1
+        self.breakers.success(req.key)
+        if req.cache_key is not None:
+            self.cache.put(req.cache_key, outputs)
+        self.metrics.answered(req.model, req.version, timing, 1, None)
+        for step, us in timing.items():  # the pipeline's steps as its stages (four names: bounded labels)
+            if step != "total":
+                self.metrics.stage.labels(req.model, req.version, step).observe(us / 1e6)
+        self.stats.add_steps(req.model, [(k, us, "ok") for k, us in timing.items() if k != "total"])
+        self.degrader.observe_latency(req.key, now - req.received)
+        if self.outcome is not None:
+            self.outcome(req.model, req.version, "OK", now - req.received)
+        extra = {"trace_id": req.trace, "route": req.route, **extra}
+        self.reply(req.envelope, p.result_body(req.client_id, req.model, req.version, outputs, timing, extra))
+        self.stats.add(req.model, timing, 1, 0, 0)
+        if self.mirror is not None:
+            self.mirror.primary_end(req, outputs, now)
 
     def answer_now(self, envelope: list, req_id: Any, d: Immediate, received: float) -> None:
         """An answer admission found without the pipeline (a cache hit, a degradation fallback)."""

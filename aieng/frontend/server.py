@@ -36,6 +36,7 @@ from aieng.frontend.cache import ResponseCache
 from aieng.frontend.clients import ClientGate, client_socket
 from aieng.frontend.degrade import Degrader
 from aieng.frontend.drift import DriftMonitor
+from aieng.frontend.fanout import Fanout
 from aieng.frontend.hotswap import GOLDEN_CLIENT, HotSwap
 from aieng.frontend.http import HttpServer
 from aieng.frontend.metrics import Metrics
@@ -83,6 +84,7 @@ class Frontend:
                                  self.stats, self.breakers, self.cache, self.drift, self.degrader)
         self.pipeline.outcome = self.rollout.observe  # auto-rollback watches every answer
         self.mirror = self.pipeline.mirror = Mirror(self)  # shadow copies and their comparison
+        self.pipeline.fanout = Fanout(self.pipeline, self.specs)  # pipeline models' steps
         self.ops = ClientOps(self)
         self.hotswap = HotSwap(self)
         self.handlers = dict(self.pipeline.handlers)

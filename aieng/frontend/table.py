@@ -68,6 +68,13 @@ class Request:
     padded: int = 0
     timing: dict = field(default_factory=dict)  # stage -> microseconds
     shadow_of: int | None = None  # a shadow copy (``mirror``): its primary's rid; never answered
+    parent: int | None = None  # a pipeline's step request (``fanout``): the page's rid; never answered
+    crop: dict | None = None  # a crop step request: the box to cut from the page (PreTask.crop)
+
+    @property
+    def internal(self) -> bool:
+        """An entry the server made itself (shadow copy, pipeline step): not a client's request."""
+        return self.shadow_of is not None or self.parent is not None
 
     @property
     def key(self) -> str:
@@ -91,7 +98,7 @@ class RequestTable:
         self.stage_counts: dict[tuple[str, str], int] = {}  # (model key, stage) -> requests there
         self.waiting: dict[str, deque[int]] = {PRE: deque()}  # later stages queue in their inboxes
         self.rings = shm.RingCache()
-        self.shadows = 0  # shadow copies in flight (included in len())
+        self.shadows = 0  # internal entries in flight: shadow copies, pipeline steps (included in len())
 
     def __len__(self) -> int:
         return len(self.items)
@@ -101,7 +108,7 @@ class RequestTable:
 
     def add(self, req: Request) -> None:
         self.items[req.rid] = req
-        self.shadows += req.shadow_of is not None
+        self.shadows += req.internal
         self._count(req, 1)
         self.by_client[req.client] = self.by_client.get(req.client, 0) + 1
         heapq.heappush(self.deadlines, (req.deadline, req.rid))
@@ -164,7 +171,7 @@ class RequestTable:
             return None
         if req.holder:
             self.by_holder.get(req.holder, set()).discard(rid)
-        self.shadows -= req.shadow_of is not None
+        self.shadows -= req.internal
         self._count(req, -1)
         if req.post:
             self.by_post[req.post] = self.by_post.get(req.post, 1) - 1

@@ -9,6 +9,10 @@ recogniser resizes), scales, subtracts mean, divides by std, HWC -> CHW.
 attribute (``Prepared``): the page size and the size of the input its content fills, so postprocessing can map
 boxes back to the page whatever padding the batch adds.
 
+``process_crop`` serves a pipeline's crop step (``frontend/fanout``): the input is the whole page,
+decoded once per page (the last ``PAGES_KEPT`` pages are kept, by the page's request id), and the box
+is cut out and rectified as rapidocr's ``get_rotate_crop_image`` does before the usual transform.
+
 Before decoding, the width and height are read from the PNG/JPEG header and
 checked against ``max_pixels`` so a decompression bomb is refused without
 allocating it; OpenCV's own ``OPENCV_IO_MAX_IMAGE_PIXELS`` guard is set too.
@@ -77,6 +81,24 @@ def _four_to_three(img: np.ndarray) -> np.ndarray:
     return cv2.bitwise_not(new_img)
 
 
+def rotate_crop(img: np.ndarray, points: np.ndarray, rotate_ratio: float) -> np.ndarray:
+    """rapidocr's get_rotate_crop_image: warp the quadrilateral to its width x height (cubic,
+    replicated border), turned 90 degrees when it is at least ``rotate_ratio`` times taller than wide."""
+    w = int(max(np.linalg.norm(points[0] - points[1]), np.linalg.norm(points[2] - points[3])))
+    h = int(max(np.linalg.norm(points[0] - points[3]), np.linalg.norm(points[1] - points[2])))
+    if w < 1 or h < 1:
+        raise RequestError(INVALID_INPUT, f"a text box of {w}x{h} pixels cannot be cut")
+    dst = np.array([[0, 0], [w, 0], [w, h], [0, h]], np.float32)
+    m = cv2.getPerspectiveTransform(points.astype(np.float32), dst)
+    out = cv2.warpPerspective(img, m, (w, h), borderMode=cv2.BORDER_REPLICATE, flags=cv2.INTER_CUBIC)
+    if out.shape[0] * 1.0 / out.shape[1] >= rotate_ratio:
+        out = np.rot90(out)
+    return out
+
+
+PAGES_KEPT = 4  # decoded pages kept for crop requests: a page's crops arrive close together
+
+
 class Prepared(tuple):
     """``(tensors, seq_len, info)`` as every processor returns it, with the request's ``geometry``."""
 
@@ -99,19 +121,21 @@ class ImagePreprocessor:
         self.max_bytes, self.max_pixels = cfg["max_bytes"], cfg["max_pixels"]
         c, h, w = image_config.input_shape_max(cfg)
         self.max_request_bytes = c * h * w * 4 + 64
+        self.pages: dict[int, np.ndarray] = {}  # page request id -> decoded page (process_crop)
 
-    def decode(self, data: Any) -> np.ndarray:
+    def decode(self, data: Any, max_bytes: int | None = None, max_pixels: int | None = None) -> np.ndarray:
         if not isinstance(data, (bytes, bytearray)):
             raise RequestError(INVALID_INPUT, f"input '{self.input}' must be bin (JPEG or PNG bytes)")
-        if len(data) > self.max_bytes:
-            raise RequestError(INVALID_INPUT, f"input '{self.input}' is larger than {self.max_bytes} bytes")
+        max_bytes, max_pixels = max_bytes or self.max_bytes, max_pixels or self.max_pixels
+        if len(data) > max_bytes:
+            raise RequestError(INVALID_INPUT, f"input '{self.input}' is larger than {max_bytes} bytes")
         size = image_size(data)
         if size is None:
             raise RequestError(INVALID_INPUT, f"input '{self.input}' is not a PNG or JPEG image")
         w, h = size
-        if w <= 0 or h <= 0 or w * h > self.max_pixels:
+        if w <= 0 or h <= 0 or w * h > max_pixels:
             raise RequestError(INVALID_INPUT,
-                               f"image of {w}x{h} pixels is outside 1..{self.max_pixels} pixels")
+                               f"image of {w}x{h} pixels is outside 1..{max_pixels} pixels")
         buf = np.frombuffer(data, dtype=np.uint8)
         try:
             img = cv2.imdecode(buf, cv2.IMREAD_UNCHANGED)
@@ -181,7 +205,21 @@ class ImagePreprocessor:
         return x
 
     def process(self, inputs: dict[str, Any]):
-        img = self.decode(inputs.get(self.input))
+        return self.prepare(self.decode(inputs.get(self.input)))
+
+    def process_crop(self, inputs: dict[str, Any], crop: dict, page: int):
+        """One box of a page (``crop``: ``box`` 8 floats in page pixels, ``rotate_ratio``, and the page
+        model's ``max_bytes``/``max_pixels``, which the page passed already), prepared as a crop."""
+        img = self.pages.get(page)
+        if img is None:
+            img = self.decode(inputs.get(self.input), crop["max_bytes"], crop["max_pixels"])
+            self.pages[page] = img
+            while len(self.pages) > PAGES_KEPT:
+                del self.pages[next(iter(self.pages))]
+        box = np.asarray(crop["box"], np.float32).reshape(4, 2)
+        return self.prepare(rotate_crop(img, box, float(crop["rotate_ratio"])))
+
+    def prepare(self, img: np.ndarray):
         h, w = img.shape[:2]
         x = self.transform(img)
         geometry = Geometry(int(h), int(w), int(x.shape[1]), int(x.shape[2]))

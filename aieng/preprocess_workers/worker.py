@@ -8,7 +8,8 @@ ring and sends the slot descriptor straight to the executor (``InferTask``),
 telling the frontend with one ``Preprocessed`` notice per drain.  Requests that pile
 up while it works are drained together so text models can batch-encode.
 A request whose content it cannot handle fails alone; the worker never dies
-of one request.
+of one request.  A pipeline's crop request (``PreTask.crop``, only the frontend
+sets it) carries the page: the image processor cuts the box out of it first.
 """
 from __future__ import annotations
 
@@ -132,6 +133,7 @@ class PreprocessWorker(HubWorker):
 
     def run_group(self, proc, group: list, started: float) -> None:
         results: list = []
+        crop_us: dict[int, float] = {}  # a crop's own seconds: the page's "crop" step, not the drain's
         if getattr(proc, "batchable", False):
             checked = []
             for task, _, inputs, params in group:
@@ -150,7 +152,12 @@ class PreprocessWorker(HubWorker):
         else:
             for task, _, inputs, params in group:
                 try:
-                    results.append(((task, params), proc.process(inputs)))
+                    if task.crop is not None:  # a pipeline's crop step: the input is the whole page
+                        t0 = time.monotonic()
+                        results.append(((task, params), proc.process_crop(inputs, task.crop, task.page)))
+                        crop_us[task.rid] = time.monotonic() - t0
+                    else:
+                        results.append(((task, params), proc.process(inputs)))
                 except RequestError as exc:
                     self.fail(task.rid, exc.code, exc.message)
                 except Exception as exc:  # a processor bug fails its request, not the worker
@@ -158,7 +165,9 @@ class PreprocessWorker(HubWorker):
                     self.fail(task.rid, INTERNAL, f"preprocessing failed: {type(exc).__name__}")
         for (task, params), out in results:  # image processors add the request's Geometry
             tensors, seq_len, info = out
-            self.forward(task, params, tensors, seq_len, info, started, getattr(out, "geometry", None))
+            own = crop_us.get(task.rid)  # a crop: its trail starts its own work's length before now
+            start = started if own is None else time.monotonic() - own
+            self.forward(task, params, tensors, seq_len, info, start, getattr(out, "geometry", None))
 
     def forward(self, task: m.PreTask, params: dict, tensors, seq_len: int, info: dict,
                 started: float, geometry: m.Geometry | None = None) -> None:

@@ -109,7 +109,8 @@ def test_health_and_models(server):
     assert set(h["providers"].values()) <= {"CPUExecutionProvider", "CUDAExecutionProvider"}
     assert h["workers"] == {"preprocess": 2, "executor": 1, "postprocess": 1}
     m = raw_call(server.addr, pack({"op": "models"}))
-    assert set(m["models"]) == {"minilm", "orientation", "tabular", "layout", "textdet", "textrec"}
+    assert set(m["models"]) == {"minilm", "orientation", "tabular", "layout", "textdet", "textrec", "ocr"}
+    assert m["models"]["ocr"]["versions"]["1"]["kind"] == "pipeline"
     v = m["models"]["minilm"]["versions"]["1"]
     assert len(v["hash"]) == 64 and v["inputs"] == [{"name": "text", "kind": "text"}]
     assert v["onnx"]["inputs"][0]["name"] == "input_ids"

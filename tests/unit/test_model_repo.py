@@ -92,8 +92,11 @@ def test_resolve_inside_through_symlinked_root(tmp_path):
 @needs_demo_models
 def test_scan_finds_demo_models_with_stable_hashes():
     first = scan(str(MODELS))
-    assert set(first) == {"minilm", "orientation", "tabular", "layout", "textdet", "textrec"}
+    assert set(first) == {"minilm", "orientation", "tabular", "layout", "textdet", "textrec", "ocr"}
+    assert first["ocr"]["1"].pipeline is not None and first["ocr"]["1"].onnx_path == ""  # a pipeline
     for name, versions in first.items():
+        if name == "ocr":
+            continue
         assert set(versions) == {"1"}
         spec = versions["1"]
         assert spec.name == name and spec.version == "1" and spec.key == f"{name}:1"
@@ -103,6 +106,31 @@ def test_scan_finds_demo_models_with_stable_hashes():
     second = scan(str(MODELS))
     hashes = {n: v["1"].content_hash for n, v in first.items()}
     assert hashes == {n: v["1"].content_hash for n, v in second.items()}
+
+
+def test_a_pipeline_is_checked_at_scan(tmp_path):
+    for name in ("textdet", "textrec"):
+        (tmp_path / name / "1").mkdir(parents=True)
+        (tmp_path / name / "1" / "model.yaml").write_text(
+            "inputs: [{name: image, kind: image}]\noutputs: []\npreprocess: {type: image}\n"
+            "postprocess: {type: tensor}\n")
+        (tmp_path / name / "1" / "model.onnx").write_bytes(b"x")
+    (tmp_path / "ocr" / "1").mkdir(parents=True)
+    good = ("kind: pipeline\ninputs: [{name: image, kind: image}]\noutputs: []\nsteps:\n"
+            "  - {step: textdet, model: textdet}\n  - {step: crop, max_crops: 10}\n"
+            "  - {step: textrec, model: textrec}\n  - {step: join}\n")
+    (tmp_path / "ocr" / "1" / "model.yaml").write_text(good)
+    spec = scan(str(tmp_path))["ocr"]["1"]
+    assert spec.pipeline["steps"][1] == {"step": "crop", "max_crops": 10, "rotate_ratio": 1.5}
+    assert spec.pipeline["steps"][3] == {"step": "join", "min_score": 0.5}
+    with pytest.raises(ModelError, match="names model 'textrec', which is not served"):
+        scan(str(tmp_path), only=["textdet", "ocr"])
+    (tmp_path / "ocr" / "1" / "model.yaml").write_text(good.replace("max_crops: 10", "max_crops: 0"))
+    with pytest.raises(ModelError, match="step crop: 'max_crops' must be an int in 1..10000"):
+        scan(str(tmp_path))
+    (tmp_path / "ocr" / "1" / "model.yaml").write_text(good.replace("  - {step: join}\n", ""))
+    with pytest.raises(ModelError, match="steps must be textdet, crop, textrec, join"):
+        scan(str(tmp_path))
 
 
 @needs_tabular

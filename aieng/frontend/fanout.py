@@ -1,0 +1,186 @@
+"""Model pipelines (``kind: pipeline``, e.g. ``ocr``): one client request fanned out into step requests.
+
+A pipeline request is a table entry like any other (its deadline, in-flight counts, shutdown), but it
+is never sent to a worker: this module runs its steps as *internal* requests (``Request.parent`` =
+the page's rid, a client identity no client can have, no id), which take the normal slot paths
+(``pipeline``) exactly as shadow copies (``mirror``) do, so no step can leak a slot or outlive the
+page's deadline.  For ``ocr``:
+
+  textdet  one request for the page (the client's own frame, sent on unchanged);
+  crop     from its boxes (reading order), one textrec request per box, at most ``max_crops`` (the
+           rest are left out and the answer says ``truncated``); each carries the box
+           (``PreTask.crop``) and the page's frame: the preprocess worker decodes the page once per
+           page (it keeps the last few), cuts and rectifies the box as rapidocr's
+           get_rotate_crop_image does and resizes it as textrec always does.  At most ``WINDOW``
+           crops of a page are in flight at once; the executor batches them with other pages' crops;
+  textrec  the crops' answers, in box order;
+  join     lines ``{box, text, score}`` in reading order, without blank texts and scores under
+           ``min_score`` (rapidocr's text_score).
+
+Why the fan-out lives here: the frontend already owns every request's deadline and its one answer,
+and it is the only process that sees each step's end; the crops are cut in the preprocess pool
+(2+ processes) from the page's encoded bytes rather than shipped as pixels (a decode per page and
+worker is cheaper than copying every crop through the frontend, which has one core for every client).
+
+Answered once: the first step that fails (error, TIMEOUT, a worker's death) answers the page with
+its code and ``step <name>: <message>``, and the page's other step requests are ended at once (their
+slots freed by the normal rules); a page past its deadline answers TIMEOUT naming the step it was in.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+import numpy as np
+
+from aieng import protocol as p
+from aieng.frontend.table import Request
+from aieng.model_repo import latest
+
+if TYPE_CHECKING:  # pragma: no cover
+    from aieng.frontend.pipeline import Pipeline
+
+PIPELINE_CLIENT = b"\x00aieng-pipeline"  # a ZMQ ROUTER identity never starts with a NUL byte
+WINDOW = 24  # crops of one page in flight at once: 4 recogniser batches; the rest wait their turn
+log = logging.getLogger("aieng.frontend.fanout")
+
+
+def _us(seconds: float) -> int:
+    return max(0, int(seconds * 1e6))
+
+
+@dataclass(slots=True)
+class Page:
+    req: Request  # the client's request (in the table, never sent to a worker)
+    body: bytes  # the client's frame: the page for every step
+    steps: list[dict]
+    step: str = "textdet"
+    children: set[int] = field(default_factory=set)  # step requests in flight
+    boxes: Any = None  # (N, 4, 2) float32 in page pixels, reading order, after the cap
+    found: int = 0
+    results: list = field(default_factory=list)  # per box: (text, score) once answered
+    next_box: int = 0  # the next box to send as a crop request
+    det_end: float = 0.0
+    crop_us: int = 0  # the crop requests' preprocessing (cut, rectify, resize, any wait for a slot), summed
+    batches: list = field(default_factory=list)
+
+
+class Fanout:
+    def __init__(self, pipeline: "Pipeline", specs: dict):
+        self.pl, self.specs = pipeline, specs
+        self.pages: dict[int, Page] = {}
+
+    def owns(self, req: Request) -> bool:
+        return self.specs[req.model][req.version].pipeline is not None
+
+    # -- starting a page and its steps ---------------------------------------------------
+    def start(self, req: Request) -> None:
+        spec = self.specs[req.model][req.version]
+        body = bytes(req.body.buffer) if hasattr(req.body, "buffer") else bytes(req.body)
+        page = self.pages[req.rid] = Page(req, body, spec.pipeline["steps"])
+        self.pl.table.add(req)
+        req.body = None
+        self.send_step(page, page.steps[0]["model"])
+
+    def send_step(self, page: Page, model: str, crop: dict | None = None) -> None:
+        r = page.req
+        version = latest(self.specs[model])
+        child = Request(self.pl.table.new_rid(), [PIPELINE_CLIENT], None, model, version, r.deadline,
+                        time.monotonic(), {}, trace=r.trace, body=page.body, route="pipeline", parent=r.rid,
+                        crop=crop)
+        page.children.add(child.rid)
+        self.pl.start(child)
+
+    def step_of(self, rid: int) -> str:
+        page = self.pages.get(rid)
+        return page.step if page is not None else ""
+
+    # -- step requests ending ----------------------------------------------------------------
+    def child_end(self, child: Request, outputs: bytes | None, code: str, message: str,
+                  trail: Any = None) -> None:
+        page = self.pages.get(child.parent)
+        if page is None or child.rid not in page.children:
+            return  # the page was answered already (an earlier step failed, or its deadline passed)
+        page.children.discard(child.rid)
+        if outputs is None:
+            return self.pl.fail(page.req.rid, code, f"step {page.step}: {message}")
+        try:
+            if page.step == "textdet":
+                self.detected(page, outputs)
+            else:
+                self.recognised(page, child, outputs, trail)
+        except Exception as exc:  # an answer we cannot read fails this page, never the frontend
+            log.exception("pipeline %s step %s failed", page.req.key, page.step)
+            self.pl.fail(page.req.rid, p.INTERNAL, f"step {page.step}: {type(exc).__name__}: {exc}")
+
+    def detected(self, page: Page, outputs: bytes) -> None:
+        out = msgpack.unpackb(outputs, raw=False, strict_map_key=False)
+        boxes = p.decode_tensor(out["boxes"], "textdet boxes").reshape(-1, 4, 2)
+        cap = page.steps[1]["max_crops"]
+        page.found, page.boxes = len(boxes), boxes[:cap]
+        page.det_end, page.step = time.monotonic(), "textrec"
+        page.results = [None] * len(page.boxes)
+        self.fill(page)
+        if not page.boxes.size:
+            self.join(page)
+
+    def fill(self, page: Page) -> None:
+        """Send crop requests until ``WINDOW`` of this page are in flight or every box was sent."""
+        crop_step, det = page.steps[1], self.specs[page.steps[0]["model"]]
+        det_pre = latest(det)
+        limits = det[det_pre].preprocess
+        while len(page.children) < WINDOW and page.next_box < len(page.boxes):
+            i = page.next_box
+            page.next_box += 1
+            crop = {"box": page.boxes[i].astype(float).ravel().tolist(), "index": i,
+                    "rotate_ratio": float(crop_step["rotate_ratio"]),
+                    "max_bytes": int(limits.get("max_bytes", 20_000_000)),
+                    "max_pixels": int(limits.get("max_pixels", 40_000_000))}
+            self.send_step(page, page.steps[2]["model"], crop)
+            if page.req.rid not in self.pages:  # a send failed the page (it cannot, but be sure)
+                return
+
+    def recognised(self, page: Page, child: Request, outputs: bytes, trail: Any) -> None:
+        out = msgpack.unpackb(outputs, raw=False, strict_map_key=False)
+        page.results[child.crop["index"]] = (str(out["text"]), float(out["score"]))
+        if trail is not None:
+            page.crop_us += _us(trail.pre_sent - trail.pre_started)
+            page.batches.append(trail.batch)
+        self.fill(page)
+        if not page.children and page.next_box >= len(page.boxes):
+            self.join(page)
+
+    def join(self, page: Page) -> None:
+        t = time.monotonic()
+        page.step = "join"
+        min_score = page.steps[3]["min_score"]
+        lines = [{"box": box.tolist(), "text": text, "score": score}
+                 for box, (text, score) in zip(page.boxes, page.results)
+                 if text.strip() and score >= min_score]
+        outputs = p.pack({"lines": lines, "truncated": page.found > len(page.boxes),
+                          "boxes_found": page.found})
+        now = time.monotonic()
+        r = page.req
+        timing = {"textdet": _us(page.det_end - r.received), "crop": page.crop_us,
+                  "textrec": _us(t - page.det_end), "join": _us(now - t), "total": _us(now - r.received)}
+        del self.pages[r.rid]
+        self.pl.answer_pipeline(r, outputs, timing, {"crops": len(page.boxes),
+                                                     "crop_batch_mean": round(float(np.mean(page.batches)), 2)
+                                                     if page.batches else 0.0})
+
+    # -- the page ending otherwise ------------------------------------------------------------
+    def page_failed(self, rid: int, code: str) -> None:
+        """The page was answered with an error: end its step requests held by live workers now (the
+        holder frees their slots; their late answers are dropped).  One held by a worker that is down is
+        left to the death's own path (``on_worker_down`` ends it as its dead holder's, freeing the slot)."""
+        page = self.pages.pop(rid, None)
+        if page is None:
+            return
+        for child_rid in list(page.children):
+            child = self.pl.table.get(child_rid)
+            if child is not None and child.holder and child.holder not in self.pl.workers.by_name:
+                continue
+            self.pl.fail(child_rid, code, "the pipeline request was answered")
