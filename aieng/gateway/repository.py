@@ -165,9 +165,10 @@ class Repository:
         loaded = {v for v, e in entry["versions"].items() if routable(e)}
         todo = [v for v in (named or self.policy_versions(name)) if v not in loaded]
         self.log.warning("OIP repository load of %s: versions %s", name, todo or "none (all loaded)")
+        deadline = time.monotonic() + wait_s  # for them all
         for v in todo:  # one at a time: the admin op refuses a second load of a busy version anyway
             await self.op("load", model=name, version=v)
-            await self.wait(name, v, ("ready", "failed"), wait_s)
+            await self.wait(name, v, ("ready", "failed"), deadline)
         return todo
 
     async def unload(self, name: str, params: dict, wait_s: float) -> list[str]:
@@ -179,13 +180,13 @@ class Repository:
                 raise p.RequestError(p.INVALID_REQUEST, f"nothing to unload: every loaded version of "
                                                         f"'{name}' serves traffic (set weight 0 first)")
         self.log.warning("OIP repository unload of %s: versions %s", name, named)
+        deadline = time.monotonic() + wait_s
         for v in named:
             await self.op("unload", model=name, version=v)
-            await self.wait(name, v, ("unloaded",), wait_s)
+            await self.wait(name, v, ("unloaded",), deadline)
         return named
 
-    async def wait(self, name: str, version: str, end: tuple[str, ...], wait_s: float) -> None:
-        deadline = time.monotonic() + wait_s
+    async def wait(self, name: str, version: str, end: tuple[str, ...], deadline: float) -> None:
         while True:
             load = ((await self.model(name))["versions"].get(version) or {}).get("load") or {}
             if load.get("state") in end:
@@ -196,7 +197,7 @@ class Repository:
             if time.monotonic() >= deadline:
                 state = load.get("state", "pending")
                 raise p.RequestError(p.TIMEOUT, f"'{name}' version {version} is still {state} after "
-                                                f"{wait_s:g}s (it goes on)")
+                                                f"the request's time (it goes on)")
             await asyncio.sleep(POLL_S)
 
     async def index(self) -> list[dict]:
