@@ -25,6 +25,7 @@ class Config:
     oip_http_addr: str = "127.0.0.1:8080"
     oip_grpc_addr: str = "127.0.0.1:8081"
     gateway_workers: int = 1
+    oip_repository_control: bool = False
     model_repository: str = "models"
     models: str = ""
     preprocess_workers: int = 1
@@ -115,6 +116,10 @@ class Config:
              "admin_addr must be ipc:// or loopback tcp unless admin_curve_client_keys_dir is set")
         need(not self.admin_curve_client_keys_dir or bool(self.admin_curve_secret_key_file),
              "admin_curve_client_keys_dir needs admin_curve_secret_key_file")
+        # the gateways reach the admin socket with a key of their own, which a keys dir would not admit
+        need(not self.oip_repository_control or not self.admin_curve_client_keys_dir,
+             "oip_repository_control cannot be used with admin_curve_client_keys_dir (the gateway's "
+             "admin key is not in it): use aieng models load|unload")
         need(0 <= self.gateway_workers <= 64, "gateway_workers must be in 0..64")
         for name in ("oip_http_addr", "oip_grpc_addr"):
             host, sep, port = getattr(self, name).rpartition(":")

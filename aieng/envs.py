@@ -79,6 +79,9 @@ REGISTRY: tuple[EnvVar, ...] = (
     EnvVar("AIENG_GATEWAY_WORKERS", int, 1,
            "OIP gateway processes serving both OIP addresses (0, or both addresses empty: none)",
            "gateway_workers"),
+    EnvVar("AIENG_OIP_REPOSITORY_CONTROL", boolean, False,
+           "OIP repository load/unload (admin ops, through the admin socket) on the client-facing OIP "
+           "ports; off: 403 / PERMISSION_DENIED", "oip_repository_control"),
     EnvVar("AIENG_MODEL_REPOSITORY", str, "models",
            "Directory holding <model>/<version>/model.yaml + model.onnx", "model_repository"),
     EnvVar("AIENG_MODELS", str, "",

@@ -4,10 +4,11 @@ The stubs in ``aieng/gateway/proto/`` are generated from Triton's ``grpc_service
 ``model_config.proto`` (unchanged) by ``scripts/gen_oip_stubs.sh`` with grpcio-tools.  Served: server
 live/ready/metadata, model ready/metadata/config/statistics, ModelInfer (tensors as ``contents`` or as
 ``raw_input_contents``; outputs always as ``raw_output_contents``, which is what Triton's clients read),
-and the repository index; RepositoryModelLoad/Unload answer UNIMPLEMENTED (not supported yet), and the
-shared-memory, trace, log and streaming calls are not registered (UNIMPLEMENTED).  A message that does
-not parse is INVALID_ARGUMENT.  Metadata, config
-and statistics are the same dicts the HTTP side sends, parsed into the messages (``json_format``).
+and the repository extension (RepositoryModelLoad/Unload: admin ops, PERMISSION_DENIED unless
+AIENG_OIP_REPOSITORY_CONTROL is on; ``repository.py``); the shared-memory, trace, log and streaming
+calls are not registered (UNIMPLEMENTED).  A message that does not parse is INVALID_ARGUMENT.
+Metadata, config and statistics are the same dicts the HTTP side sends, parsed into the messages
+(``json_format``).
 Errors map to status codes by ``service.GRPC_STATUS``; the call's deadline bounds the native timeout.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ from aieng import protocol as p
 from aieng.gateway import codec, models
 from aieng.gateway.proto import grpc_service_pb2 as pb
 from aieng.gateway.proto import grpc_service_pb2_grpc as pbg
-from aieng.gateway.service import GRPC_STATUS, Service, unsupported
+from aieng.gateway.service import GRPC_STATUS, Service
 
 CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
             "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents",
@@ -112,16 +113,28 @@ class Servicer(pbg.GRPCInferenceServiceServicer):
         return json_format.ParseDict({"model_stats": entries}, pb.ModelStatisticsResponse())
 
     async def RepositoryIndex(self, request, context):
-        await self.svc.up.wait_models()
         keys = ("name", "version", "state", "reason")
-        items = [{k: e[k] for k in keys} for e in self.svc.repository_index()]
+        try:
+            entries = await self.svc.repository_index()
+        except p.RequestError as exc:
+            return await self._fail(context, exc)
+        items = [{k: e[k] for k in keys} for e in entries]
         return json_format.ParseDict({"models": items}, pb.RepositoryIndexResponse())
 
+    async def _change(self, action: str, request, context):
+        try:
+            params = {k: _param(v) for k, v in request.parameters.items()}
+            await self.svc.repository_change(action, request.model_name, params, context.time_remaining())
+        except p.RequestError as exc:
+            return await self._fail(context, exc)
+
     async def RepositoryModelLoad(self, request, context):
-        return await self._fail(context, unsupported("repository load"))
+        await self._change("load", request, context)
+        return pb.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(self, request, context):
-        return await self._fail(context, unsupported("repository unload"))
+        await self._change("unload", request, context)
+        return pb.RepositoryModelUnloadResponse()
 
     async def ModelInfer(self, request, context):
         try:

@@ -8,7 +8,7 @@
     GET  /v2/models[/{m}[/versions/{v}]]/stats              Triton statistics, every field present
     POST /v2/models/{m}[/versions/{v}]/infer                JSON tensors and the binary tensor extension
     POST /v2/repository/index                               every model version and its state
-    POST /v2/repository/models/{m}/load | unload            501: not supported yet
+    POST /v2/repository/models/{m}/load | unload            admin ops, off by default: 403 (repository.py)
 
 Binary tensor extension: with ``Inference-Header-Content-Length: n`` the first n bytes of the body are
 the JSON header and the rest holds, in input order, the data of each input whose parameters give
@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from urllib.parse import parse_qsl
 
 from aieng import protocol as p
 from aieng.gateway import codec, models
 from aieng.gateway.httpd import HttpError, error_response
-from aieng.gateway.service import HTTP_STATUS, Answer, Service, unsupported
+from aieng.gateway.service import HTTP_STATUS, Answer, Service
 
 JSON = {"Content-Type": "application/json"}
 HEADER_LEN = "inference-header-content-length"
@@ -119,6 +120,8 @@ class OipHttp:
     async def handle(self, method: str, path: str, query: str, headers: dict, body: bytes):
         parts = [s for s in path.split("/") if s]
         try:
+            if parts[:2] == ["v2", "repository"]:
+                return await self.repository(method, parts[2:], query, body)
             return await self.route(method, parts, headers, body)
         except p.RequestError as exc:
             return error_response(HTTP_STATUS.get(exc.code, 500), exc.message)
@@ -136,8 +139,6 @@ class OipHttp:
             return _empty(await up.is_ready())
         if rest == ["models", "stats"]:
             return _json({"model_stats": await self.stats(None, None)})
-        if rest[:1] == ["repository"]:
-            return await self.repository(method, rest[1:])
         if rest[0] != "models" or len(rest) < 2:
             raise HttpError(404, "not found")
         name, version, tail = rest[1], None, rest[2:]
@@ -178,12 +179,32 @@ class OipHttp:
             raise p.RequestError(err.get("code", p.INTERNAL), err.get("message", "stats failed"))
         return models.stats(self.svc.up.catalog, reply, name, version)
 
-    async def repository(self, method: str, rest: list[str]):
+    async def repository(self, method: str, rest: list[str], query: str, body: bytes):
         if method != "POST":
             raise HttpError(405, "the repository extension takes POST")
         if rest == ["index"]:
-            await self.svc.up.wait_models()
-            return _json(self.svc.repository_index())
+            return _json(await self.svc.repository_index())
         if len(rest) == 3 and rest[0] == "models" and rest[2] in ("load", "unload"):
-            raise unsupported(f"repository {rest[2]}")
+            params = load_params(body, query)
+            await self.svc.repository_change(rest[2], rest[1], params)
+            return 200, JSON, b"{}"
         raise HttpError(404, "not found")
+
+
+def load_params(body: bytes, query: str) -> dict:
+    """A load/unload request's parameters: the body's ``parameters`` (may be empty), then ``?version=``."""
+    params: dict = {}
+    if body.strip():
+        try:
+            req = json.loads(body)
+        except (ValueError, RecursionError) as exc:
+            raise p.RequestError(p.INVALID_REQUEST, f"malformed JSON: {str(exc)[:200]}") from None
+        params = req.get("parameters") if isinstance(req, dict) else None
+        if params is None:
+            params = {}
+        if not isinstance(params, dict):
+            raise p.RequestError(p.INVALID_REQUEST, "'parameters' must be an object")
+    for k, v in parse_qsl(query or ""):
+        if k == "version":
+            params["version"] = v
+    return params

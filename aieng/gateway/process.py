@@ -32,6 +32,7 @@ from aieng.gateway.grpc import start_grpc
 from aieng.gateway.http import OipHttp
 from aieng.gateway.httpd import HttpServer
 from aieng.gateway.models import Catalog
+from aieng.gateway.repository import Repository
 from aieng.gateway.service import Service
 from aieng.gateway.upstream import Upstream
 from aieng.model_repo import ModelSpec
@@ -76,7 +77,10 @@ class Gateway:
         cfg = self.cfg
         self.upstream = Upstream(cfg.frontend_addr, catalog, cfg.default_timeout_ms, self.log,
                                  curve_keys(cfg))
-        self.service = Service(self.upstream)
+        # repository load/unload go to the admin socket, and only when turned on (repository.py)
+        self.repository = Repository(cfg, bool(cfg.admin_curve_secret_key_file), self.log) \
+            if cfg.oip_repository_control else None
+        self.service = Service(self.upstream, self.repository)
         if cfg.oip_http_addr:
             host, port = split_addr(cfg.oip_http_addr, "AIENG_OIP_HTTP_ADDR")
             soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
@@ -133,6 +137,8 @@ class Gateway:
 
     def close(self) -> None:
         self.upstream.close()
+        if self.repository is not None:
+            self.repository.close()
         self.hub.close(0)
         self.loop.run_until_complete(asyncio.sleep(0))
         self.loop.close()

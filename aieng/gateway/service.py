@@ -22,13 +22,16 @@ import numpy as np
 from aieng import protocol as p
 from aieng.gateway import codec
 from aieng.gateway.models import ModelView
+from aieng.gateway.repository import DEFAULT_WAIT_S, Repository, denied
 from aieng.gateway.upstream import Upstream
 
 HTTP_STATUS = {p.INVALID_REQUEST: 400, p.INVALID_INPUT: 400, p.MODEL_NOT_FOUND: 404, p.OVERLOADED: 503,
-               p.UNAVAILABLE: 503, p.TIMEOUT: 504, p.INTERNAL: 500, "UNSUPPORTED": 501}
+               p.UNAVAILABLE: 503, p.TIMEOUT: 504, p.INTERNAL: 500, "UNSUPPORTED": 501,
+               "PERMISSION_DENIED": 403}
 GRPC_STATUS = {p.INVALID_REQUEST: "INVALID_ARGUMENT", p.INVALID_INPUT: "INVALID_ARGUMENT",
                p.MODEL_NOT_FOUND: "NOT_FOUND", p.OVERLOADED: "UNAVAILABLE", p.UNAVAILABLE: "UNAVAILABLE",
-               p.TIMEOUT: "DEADLINE_EXCEEDED", p.INTERNAL: "INTERNAL", "UNSUPPORTED": "UNIMPLEMENTED"}
+               p.TIMEOUT: "DEADLINE_EXCEEDED", p.INTERNAL: "INTERNAL", "UNSUPPORTED": "UNIMPLEMENTED",
+               "PERMISSION_DENIED": "PERMISSION_DENIED"}
 UNSUPPORTED = "UNSUPPORTED"
 # Triton request parameters that mean something to the protocol, never passed on as model params.
 RESERVED = {"timeout", "binary_data_output", "priority", "sequence_id", "sequence_start", "sequence_end",
@@ -62,8 +65,9 @@ def model_params(params: dict) -> dict:
 
 
 class Service:
-    def __init__(self, upstream: Upstream):
+    def __init__(self, upstream: Upstream, repository: Repository | None = None):
         self.up = upstream
+        self.repo = repository  # None: AIENG_OIP_REPOSITORY_CONTROL off
 
     async def view(self, name: str, version: str | None) -> ModelView:
         if not await self.up.wait_models():
@@ -113,7 +117,11 @@ class Service:
                 "extensions": ["binary_tensor_data", "model_configuration", "statistics",
                                "model_repository"]}
 
-    def repository_index(self) -> list[dict]:
+    async def repository_index(self) -> list[dict]:
+        """With control on, the admin view (loads under way and failed too); else the served versions."""
+        if self.repo is not None:
+            return await self.repo.index()
+        await self.up.wait_models()
         out = []
         for name, versions in sorted(self.up.catalog.views.items()):
             for v, view in sorted(versions.items()):
@@ -121,7 +129,30 @@ class Service:
                 out.append({"name": name, "version": v, "state": state, "reason": view.load_error or ""})
         return out
 
+    async def repository_change(self, action: str, name: str, params: dict,
+                                deadline_s: float | None = None) -> list[str]:
+        """``load`` or ``unload`` (repository.py says which versions), waiting for the outcome."""
+        if self.repo is None:
+            raise denied(action)
+        timeout_ms = timeout_ms_of(params, deadline_s)
+        wait_s = timeout_ms / 1000.0 if timeout_ms is not None else DEFAULT_WAIT_S
+        try:
+            changed = await getattr(self.repo, action)(name, params, wait_s)
+        except BaseException:
+            await self.up.refresh()
+            raise
+        await self.settle(name, changed, present=action == "load")
+        return changed
 
-def unsupported(what: str) -> p.RequestError:
-    return p.RequestError(UNSUPPORTED, f"{what} is not supported yet: models and versions cannot be loaded "
-                                       f"or unloaded at run time (restart with the new model repository)")
+    async def settle(self, name: str, versions: list[str], present: bool, within_s: float = 5.0) -> None:
+        """Take the model list until it shows the change, so this gateway's next request sees it (the
+        frontend's client-side list may lag its admin view by a heartbeat; bounded by ``within_s``)."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + within_s
+        while True:
+            await self.up.refresh()
+            if all((self.up.catalog.get(name, v) is not None) == present for v in versions):
+                return
+            if loop.time() >= end:
+                return
+            await asyncio.sleep(0.1)

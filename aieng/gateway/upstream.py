@@ -142,6 +142,15 @@ class Upstream:
                 self.log.exception("polling the frontend failed")
             await asyncio.sleep(HEALTH_S)
 
+    async def refresh(self) -> None:
+        """Take the model list now (after a repository change)."""
+        try:
+            reply = await self.op("models")
+        except RequestError:
+            return
+        if reply.get("ok"):
+            self.catalog.update(reply["models"])
+
     async def wait_models(self, timeout_s: float = 3.0) -> bool:
         """Wait for a list taken while the server was ready; after ``timeout_s`` (a server that stays
         not ready) any list will do."""

@@ -233,14 +233,20 @@ def _one_tabular():
     return t
 
 
-def test_repository_index_and_unsupported_load(http, grpc_client):
+def test_repository_index_and_refused_load(http, grpc_client):
     index = http.get_model_repository_index()
     assert sorted((m["name"], m["version"], m["state"]) for m in index) == [
         (name, "1", "READY") for name in DEMO_MODELS]
     names = [m.name for m in grpc_client.get_model_repository_index().models]
     assert names == DEMO_MODELS
-    assert _status(lambda: http.load_model("minilm")) == "501"
-    assert _status(lambda: grpc_client.unload_model("minilm")) == "StatusCode.UNIMPLEMENTED"
+    # AIENG_OIP_REPOSITORY_CONTROL is off by default: load/unload are admin ops, refused here
+    v2 = json.dumps({"version_policy": {"specific": {"versions": [2]}}})
+    assert _status(lambda: http.load_model("tabular", config=v2)) == "403"
+    assert _status(lambda: http.unload_model("minilm")) == "403"
+    assert _status(lambda: grpc_client.load_model("tabular", config=v2)) == "StatusCode.PERMISSION_DENIED"
+    assert _status(lambda: grpc_client.unload_model("minilm")) == "StatusCode.PERMISSION_DENIED"
+    after = http.get_model_repository_index()
+    assert sorted((m["name"], m["version"]) for m in after) == [(name, "1") for name in DEMO_MODELS]
 
 
 def test_tensor_model_without_batching(make_server, tmp_path):

@@ -1,0 +1,227 @@
+"""The OIP repository extension's load and unload, and its index, over the frontend's ADMIN socket.
+
+Load and unload are admin operations: they change what the server serves.  They are off unless
+``AIENG_OIP_REPOSITORY_CONTROL`` is set (then any client that reaches an OIP port can use them), and
+when off they answer PERMISSION_DENIED (403) without touching anything.  When on, the gateway sends
+them to the admin socket (``AIENG_ADMIN_ADDR``, default ``ipc://<runtime dir>/admin.sock``; with
+admin CURVE, an ephemeral key the socket admits when no keys dir restricts it), never to the client
+socket, as the ``load``/``unload`` admin ops that ``aieng models load|unload`` uses (docs/rollout.md).
+
+Which versions (Triton's explicit model-control mode, mapped onto aieng's versions):
+  * a version named by the request: Triton's ``config`` parameter (a JSON model config; its
+    ``version_policy.specific.versions`` names them: what ``tritonclient``'s ``load_model(config=...)``
+    sends), or a ``version`` parameter (string or int; HTTP also takes ``?version=N``);
+  * load without one: every version the model's policy (``versions`` in its ``model.yaml``) serves
+    that is not loaded now (none: success, as Triton's reload of an unchanged model);
+  * unload without one: every loaded version with weight 0 that no rule names (the ones serving no
+    traffic); none such is INVALID_ARGUMENT.  The last version of a model is never unloaded.
+A load waits for its outcome (``validating -> loading -> golden -> ready | failed``, polled from the
+admin ``models`` op) for the request's ``timeout`` parameter (us) or ``DEFAULT_WAIT_S``: ``ready`` is
+success, ``failed`` (a build error, a golden case off) is INVALID_ARGUMENT with the reason, still
+under way at the end is DEADLINE_EXCEEDED (it goes on).  An unload waits for the drain likewise.
+
+The index (with control on) comes from the admin ``models`` op: READY (routable), LOADING (validating,
+loading, golden) or UNAVAILABLE with the reason (a failed load or start, draining, unloaded).  After a
+load or unload this gateway takes the model list afresh, so its next request sees the change; other
+gateway processes see it within ``upstream.REFRESH_S``.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import os
+import time
+from typing import Any
+
+import msgpack
+import zmq
+import zmq.asyncio
+import zmq.auth
+
+from aieng import model_repo
+from aieng import protocol as p
+from aieng.config import Config
+
+PERMISSION_DENIED = "PERMISSION_DENIED"
+DEFAULT_WAIT_S = 120.0
+POLL_S = 0.2
+OP_WAIT_S = 10.0
+BUSY = ("validating", "loading", "golden")
+
+
+def denied(what: str) -> p.RequestError:
+    return p.RequestError(PERMISSION_DENIED, f"repository {what} is off on this server: it is an admin "
+                                             f"operation (set AIENG_OIP_REPOSITORY_CONTROL=1 to allow it, "
+                                             f"or use aieng models {what} MODEL VERSION)")
+
+
+def admin_addr(cfg: Config) -> str:
+    return cfg.admin_addr or "ipc://" + os.path.join(cfg.runtime_dir, "admin.sock")
+
+
+def _version(v: Any) -> str | None:
+    if isinstance(v, int) and not isinstance(v, bool):
+        return str(v)
+    if isinstance(v, str) and v:
+        return v
+    return None
+
+
+def versions_of(params: dict) -> list[str] | None:
+    """The versions a load/unload request names (None: none named), from ``version`` or ``config``."""
+    if "version" in params:
+        v = _version(params["version"])
+        if v is None:
+            raise p.RequestError(p.INVALID_REQUEST, "parameter 'version' must be a version (string or int)")
+        return [v]
+    raw = params.get("config")
+    if raw is None or raw == "":
+        return None
+    try:
+        cfg = json.loads(raw) if isinstance(raw, (str, bytes)) else raw
+    except ValueError as exc:
+        raise p.RequestError(p.INVALID_REQUEST, f"parameter 'config' is not JSON: {str(exc)[:100]}") from None
+    policy = cfg.get("version_policy") if isinstance(cfg, dict) else None
+    if policy is None:
+        return None
+    specific = policy.get("specific") if isinstance(policy, dict) else None
+    listed = specific.get("versions") if isinstance(specific, dict) else None
+    names = [_version(v) for v in listed] if isinstance(listed, list) else []
+    if not names or None in names:
+        raise p.RequestError(p.INVALID_REQUEST, "config.version_policy: only {\"specific\": {\"versions\": "
+                                                "[...]}} names versions to load or unload here")
+    return names  # type: ignore[return-value]
+
+
+class Repository:
+    """Load, unload and index through the admin socket (one DEALER, replies matched by id)."""
+
+    def __init__(self, cfg: Config, curve: bool, log: logging.Logger):
+        self.cfg, self.log = cfg, log
+        self.ctx = zmq.asyncio.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        if curve:  # the admin socket admits any key when no keys dir is set (Config.validate)
+            server_public, _ = zmq.auth.load_certificate(cfg.admin_curve_secret_key_file)
+            public, secret = zmq.curve_keypair()
+            self.sock.curve_publickey, self.sock.curve_secretkey = public, secret
+            self.sock.curve_serverkey = server_public
+        self.sock.connect(admin_addr(cfg))
+        self.ids = itertools.count(1)
+        self.waiting: dict[int, asyncio.Future] = {}
+        self.reader: asyncio.Task | None = None
+
+    async def _read(self) -> None:
+        while True:
+            frames = await self.sock.recv_multipart()
+            try:
+                reply = msgpack.unpackb(frames[-1], raw=False, strict_map_key=False)
+            except Exception:  # never the gateway's death
+                continue
+            fut = self.waiting.pop(reply.get("id"), None) if isinstance(reply, dict) else None
+            if fut is not None and not fut.done():
+                fut.set_result(reply)
+
+    async def op(self, name: str, **fields: Any) -> dict:
+        """One admin op's reply; an error reply raises ``RequestError`` with its code."""
+        if self.reader is None:
+            self.reader = asyncio.get_running_loop().create_task(self._read())
+        rid = next(self.ids)
+        fut = asyncio.get_running_loop().create_future()
+        self.waiting[rid] = fut
+        try:
+            await self.sock.send(msgpack.packb({"op": name, "id": rid, **fields}, use_bin_type=True))
+            reply = await asyncio.wait_for(fut, OP_WAIT_S)
+        except asyncio.TimeoutError:
+            raise p.RequestError(p.UNAVAILABLE, "no answer from the admin socket") from None
+        finally:
+            self.waiting.pop(rid, None)
+        if not reply.get("ok"):
+            err = reply.get("error") or {}
+            raise p.RequestError(err.get("code", p.INTERNAL), err.get("message", f"admin {name} failed"))
+        return reply
+
+    async def model(self, name: str) -> dict:
+        entry = (await self.op("models"))["models"].get(name)
+        if entry is None:
+            raise p.RequestError(p.MODEL_NOT_FOUND, f"unknown model '{name}'")
+        return entry
+
+    def policy_versions(self, name: str) -> list[str]:
+        """The versions ``<model>/model.yaml``'s policy serves, from the repository directory."""
+        mdir = os.path.join(self.cfg.model_repository, name)
+        try:
+            dirs = [d for d in sorted(os.listdir(mdir), key=model_repo._version_key)
+                    if os.path.isfile(os.path.join(mdir, d, "model.yaml"))]
+            return model_repo.apply_policy(model_repo.model_settings(mdir).get("versions"), dirs, mdir)
+        except (OSError, model_repo.ModelError) as exc:
+            raise p.RequestError(p.INVALID_REQUEST, f"cannot read the policy of '{name}': {exc}") from None
+
+    async def load(self, name: str, params: dict, wait_s: float) -> list[str]:
+        entry = await self.model(name)
+        named = versions_of(params)
+        loaded = {v for v, e in entry["versions"].items() if routable(e)}
+        todo = [v for v in (named or self.policy_versions(name)) if v not in loaded]
+        self.log.warning("OIP repository load of %s: versions %s", name, todo or "none (all loaded)")
+        deadline = time.monotonic() + wait_s  # for them all
+        for v in todo:  # one at a time: the admin op refuses a second load of a busy version anyway
+            await self.op("load", model=name, version=v)
+            await self.wait(name, v, ("ready", "failed"), deadline)
+        return todo
+
+    async def unload(self, name: str, params: dict, wait_s: float) -> list[str]:
+        entry = await self.model(name)
+        named = versions_of(params)
+        if named is None:  # a version a rule names is refused by the admin op, naming the rule
+            named = [v for v, e in sorted(entry["versions"].items()) if routable(e) and not e.get("weight")]
+            if not named:
+                raise p.RequestError(p.INVALID_REQUEST, f"nothing to unload: every loaded version of "
+                                                        f"'{name}' serves traffic (set weight 0 first)")
+        self.log.warning("OIP repository unload of %s: versions %s", name, named)
+        deadline = time.monotonic() + wait_s
+        for v in named:
+            await self.op("unload", model=name, version=v)
+            await self.wait(name, v, ("unloaded",), deadline)
+        return named
+
+    async def wait(self, name: str, version: str, end: tuple[str, ...], deadline: float) -> None:
+        while True:
+            load = ((await self.model(name))["versions"].get(version) or {}).get("load") or {}
+            if load.get("state") in end:
+                if load["state"] == "failed":
+                    raise p.RequestError(p.INVALID_REQUEST, f"failed to load '{name}' version {version}: "
+                                                            f"{load.get('error') or 'failed'}")
+                return
+            if time.monotonic() >= deadline:
+                state = load.get("state", "pending")
+                raise p.RequestError(p.TIMEOUT, f"'{name}' version {version} is still {state} after "
+                                                f"the request's time (it goes on)")
+            await asyncio.sleep(POLL_S)
+
+    async def index(self) -> list[dict]:
+        out = []
+        for name, entry in sorted((await self.op("models"))["models"].items()):
+            for v, e in sorted(entry["versions"].items()):
+                load = e.get("load") or {}
+                if routable(e):
+                    state, reason = "READY", ""
+                elif load.get("state") in BUSY:
+                    state, reason = "LOADING", load["state"]
+                else:
+                    state, reason = "UNAVAILABLE", e.get("load_error") or load.get("error") or \
+                        load.get("state", "not loaded")
+                out.append({"name": name, "version": v, "state": state, "reason": reason})
+        return out
+
+    def close(self) -> None:
+        if self.reader is not None:
+            self.reader.cancel()
+        self.sock.close(0)
+        self.ctx.term()
+
+
+def routable(entry: dict) -> bool:
+    """A version the frontend serves: listed with its hash (loaded) and no load error."""
+    return "hash" in entry and not entry.get("load_error")
