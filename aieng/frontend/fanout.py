@@ -74,7 +74,9 @@ class Fanout:
         self.pages: dict[int, Page] = {}
 
     def owns(self, req: Request) -> bool:
-        return self.specs[req.model][req.version].pipeline is not None
+        # .get: a version being loaded at run time (its golden set) is not among the served specs yet
+        spec = self.specs.get(req.model, {}).get(req.version)
+        return spec is not None and spec.pipeline is not None
 
     # -- starting a page and its steps ---------------------------------------------------
     def start(self, req: Request) -> None:

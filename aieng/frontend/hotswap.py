@@ -159,6 +159,7 @@ class Load:
     seconds: float = 0.0
     at: float = field(default_factory=time.time)
     footprint: dict = field(default_factory=dict)  # worker -> its RSS growth building it (VersionLoaded)
+    release_pending: bool = False  # failed with its golden requests still in flight: release once they end
 
     def view(self) -> dict:
         out = {"state": self.state, "source": self.source, "at": self.at, "seconds": round(self.seconds, 3),
@@ -319,7 +320,9 @@ class HotSwap:
             model.event("load_failed", version=ld.version, reason=ld.error)
         fe.metrics.version_load(ld.name, ld.version, "failed")
         log.error("loading %s failed, it stays unroutable: %s", key, ld.error)
-        if release:
+        if release and fe.table.per_model().get(key, 0):
+            ld.release_pending = True  # other golden cases are still running there: tick releases it
+        elif release:
             self.release(key)
 
     def release(self, key: str) -> None:
@@ -377,6 +380,11 @@ class HotSwap:
                     model = self.fe.rollout.models[ld.name]
                     model.event("unloaded", version=ld.version, reason=f"drained in {ld.seconds:.2f}s")
                     log.warning("unloaded %s (drained in %.2fs)", key, ld.seconds)
+            elif ld.release_pending:
+                in_flight = self.fe.table.per_model() if in_flight is None else in_flight
+                if in_flight.get(key, 0) == 0:
+                    ld.release_pending = False
+                    self.release(key)
             elif ld.state == "validating" and ld.future is not None and ld.future.done():
                 self.validated(ld)
             elif ld.state == "loading" and now - ld.started > LOAD_TIMEOUT_S:

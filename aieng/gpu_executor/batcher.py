@@ -124,7 +124,9 @@ class Batcher:
         q.upstream = upstream
 
     def observe(self, key: str, rows: int, length: int, seconds: float) -> None:
-        self.queues[key].cost.observe(rows, length, seconds)
+        q = self.queues.get(key)
+        if q is not None:  # a run that ends after its version was unloaded teaches nothing
+            q.cost.observe(rows, length, seconds)
 
     @staticmethod
     def worth_waiting(q: ModelQueue, batch: list[Pending]) -> bool:

@@ -86,7 +86,10 @@ class PostprocessWorker(HubWorker):
     def op(self, key: str):
         if key in self.failed:
             raise RequestError(UNAVAILABLE, self.failed[key])
-        return self.ops[key]
+        chain = self.ops.get(key)
+        if chain is None:  # unloaded while the request was on its way here
+            raise RequestError(UNAVAILABLE, f"model version {key} is not loaded here (unloaded)")
+        return chain
 
     def close(self) -> None:
         super().close()
