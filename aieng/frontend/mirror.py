@@ -139,6 +139,8 @@ class Mirror:
     def shadow_end(self, req: Request, outputs: bytes | None, code: str, now: float) -> None:
         pair = self.pairs.get(req.shadow_of)
         if pair is not None:
+            if outputs is not None and now > req.deadline:  # answered after its own deadline, before the
+                outputs, code = None, p.TIMEOUT              # sweep saw it: a timeout all the same
             pair.shadow = (outputs, code, now - req.received)
             self._resolve(req.shadow_of, pair)
 
