@@ -176,7 +176,8 @@ class Fanout:
     # -- the page ending otherwise ------------------------------------------------------------
     def page_failed(self, rid: int, code: str) -> None:
         """The page was answered with an error: end its step requests held by live workers now (the
-        holder frees their slots; their late answers are dropped).  One held by a worker that is down is
+        holder frees their slots, or the table's ghosts do if it or the next holder dies; their late
+        answers are dropped).  One held by a worker that is down is
         left to the death's own path (``on_worker_down`` ends it as its dead holder's, freeing the slot)."""
         page = self.pages.pop(rid, None)
         if page is None:

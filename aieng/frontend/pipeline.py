@@ -136,8 +136,11 @@ class Pipeline:
     def on_preprocessed(self, msg: m.Preprocessed, ident: bytes) -> None:
         for rid, ref, features in zip(msg.rids, msg.refs, msg.features):
             req = self.table.get(rid)
-            if req is None or req.stage != PRE or req.holder.encode() != ident:
-                continue  # answered already, or the executor's notice came first
+            if req is None:  # answered already: its slot goes on to the executor all the same
+                self.ghost_passed(rid, ident, EXEC, ref)
+                continue
+            if req.stage != PRE or req.holder.encode() != ident:
+                continue  # the executor's notice came first
             self.metrics.worker.labels(PRE, req.holder).inc()
             req.features = features
             self.table.move(req, EXEC, "executor")
@@ -149,12 +152,23 @@ class Pipeline:
             return
         for rid, ref in zip(msg.rids, msg.refs):
             req = self.table.get(rid)
-            if req is None or req.stage == POST:
+            if req is None:
+                self.ghost_passed(rid, ident, POST, ref)
+                continue
+            if req.stage == POST:
                 continue
             self.credit_through(req)
             self.table.move(req, POST, req.post)
             self.table.pass_on(req, ref)
             self.fail_if_holder_died(req)
+
+    def ghost_passed(self, rid: int, ident: bytes, stage: str, ref: m.Ref) -> None:
+        """A notice about an answered request: if the worker its slot went to died since the request
+        was sent, nobody will free that slot but us (``table``'s ghosts)."""
+        g = self.table.ghost_passed(rid, ident, stage, ref)
+        if g is not None and self.workers.died_since(g.holder, g.since):
+            self.table.unhaunt(rid)
+            self.table.stray(ref)
 
     def credit_through(self, req: Request) -> None:
         """Count the stages from ``req.stage`` up to postprocessing as finished by their workers.
@@ -175,7 +189,10 @@ class Pipeline:
 
     def on_result(self, msg: m.Result, ident: bytes) -> None:
         req = self.table.get(msg.rid)
-        if req is None or req.post.encode() != ident:
+        if req is None:
+            self.table.unhaunt(msg.rid)  # its route ended: the postprocess worker freed what it read
+            return
+        if req.post.encode() != ident:
             return
         now = time.monotonic()
         self.table.finish(msg.rid)
@@ -226,6 +243,8 @@ class Pipeline:
     def on_failed(self, msg: m.Failed, ident: bytes) -> None:
         req = self.table.get(msg.rid)
         if req is None or ident.decode() not in (req.pre, "executor", req.post):
+            if req is None:
+                self.table.unhaunt(msg.rid)
             self.table.stray(msg.ref)
             return
         if msg.ref is not None:
@@ -233,12 +252,14 @@ class Pipeline:
         if msg.steps and req.shadow_of is None:  # a step ran past its limit: the report counts it
             self.stats.add_steps(req.model, msg.steps)
         self.metrics.worker.labels(req.stage, ident.decode()).inc()
-        self.fail(msg.rid, msg.code, msg.message, model_fault=ident == b"executor" and msg.code == p.INTERNAL)
+        self.fail(msg.rid, msg.code, msg.message, model_fault=ident == b"executor" and msg.code == p.INTERNAL,
+                  ghost=False)
 
     def on_worker_down(self, worker: str, pid: int, exitcode: int) -> int:
         """The supervisor saw ``worker`` die: answer what it held (its slots are ours to free)."""
         self.workers.down(worker, pid, time.monotonic())
         held = self.table.held_by(worker)
+        self.table.ghosts_of(worker)  # answered requests' slots it held: nobody else will free them
         for rid in held:
             self.fail(rid, p.UNAVAILABLE, f"{worker} exited (code {exitcode}) while holding the request",
                       holder_dead=True)
@@ -246,8 +267,10 @@ class Pipeline:
 
     # -- ending a request with an error ---------------------------------------------
     def fail(self, rid: int, code: str, message: str, holder_dead: bool = False,
-             model_fault: bool = False) -> None:
-        req = self.table.finish(rid, holder_dead)
+             model_fault: bool = False, ghost: bool = True) -> None:
+        """Answer ``rid`` with an error.  ``ghost=False`` only where its holder itself reported the
+        failure (its route ends there); otherwise its slot may still be on its way (``table``)."""
+        req = self.table.finish(rid, holder_dead, ghost=ghost and not holder_dead)
         if req is None:
             return
         if req.parent is not None:  # a pipeline's step: its page is answered with the step named
@@ -274,6 +297,7 @@ class Pipeline:
         self.metrics.failed(model, version, code)
 
     def sweep(self, now: float) -> None:
+        self.table.prune_ghosts(now)
         for rid in self.table.expired(now):
             req = self.table.get(rid)
             where = req.stage if req.holder else f"waiting for a {req.stage} worker"

@@ -14,6 +14,13 @@ frontend learns of each slot from the hand-off notices::
                       owns it, or if its holder died (``holder_dead``)
     stray(ref)        a slot returned for a request already answered: freed
 
+A request answered while a live worker still holds it (a deadline, a pipeline page failed by another
+of its steps) leaves a *ghost*: its slot goes on along its route as the workers hand it on, and the
+ghost follows the notices (``ghost_passed``), so that when a worker dies holding it, or a hand-off
+went to a worker that died meanwhile, the slot is freed (``ghosts_of``) instead of waiting for its
+ring's lease.  A ghost ends with its route's last notice (``Result``/``Failed``) or after ``GHOST_TTL_S``
+(by then its holder has freed it or the lease will); at most ``MAX_GHOSTS`` are kept, oldest dropped.
+
 Requests that no preprocess worker could take wait in a queue
 (``hold``/``waiting``) until one says hello; they stay in the table, so their
 deadline and the in-flight limit still bound them.  Per-client in-flight
@@ -29,6 +36,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import secrets
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +45,8 @@ from aieng import shm
 from aieng.messages import Ref
 
 PRE, EXEC, POST = "preprocess", "executor", "postprocess"
+GHOST_TTL_S = 120.0
+MAX_GHOSTS = 65536
 
 
 @dataclass(slots=True)
@@ -85,6 +95,17 @@ class Request:
         return self.envelope[0]
 
 
+@dataclass(slots=True)
+class Ghost:
+    """What is left of an answered request whose slot a live worker holds (see the module's doc)."""
+    stage: str
+    holder: str
+    post: str  # the postprocess worker on its route
+    ref: Ref | None
+    since: float  # when it was sent on its route (a death after this may have lost a hand-off)
+    ended: float  # when it was answered (for the TTL)
+
+
 class RequestTable:
     def __init__(self) -> None:
         self.items: dict[int, Request] = {}
@@ -98,6 +119,7 @@ class RequestTable:
         self.stage_counts: dict[tuple[str, str], int] = {}  # (model key, stage) -> requests there
         self.waiting: dict[str, deque[int]] = {PRE: deque()}  # later stages queue in their inboxes
         self.rings = shm.RingCache()
+        self.ghosts: dict[int, Ghost] = {}  # rid -> an answered request's slot still on its route
         self.shadows = 0  # internal entries in flight: shadow copies, pipeline steps (included in len())
 
     def __len__(self) -> int:
@@ -164,8 +186,10 @@ class RequestTable:
         if ref is not None:
             self.rings.release(ref)
 
-    def finish(self, rid: int, holder_dead: bool = False) -> Request | None:
-        """Remove a request; frees its slot where the frontend is responsible for it."""
+    def finish(self, rid: int, holder_dead: bool = False, ghost: bool = False) -> Request | None:
+        """Remove a request; frees its slot where the frontend is responsible for it.  ``ghost``: it
+        ends here while its holder may still hand its slot on (a deadline, a failed page), so a ghost
+        follows the slot; a holder's own answer (``Result``, ``Failed``) ends the route, no ghost."""
         req = self.items.pop(rid, None)
         if req is None:
             return None
@@ -182,8 +206,47 @@ class RequestTable:
             self.by_client.pop(req.client, None)
         if req.ref is not None and (req.fe_owns or holder_dead):
             self.rings.release(req.ref)
+        elif ghost and req.holder:
+            g = Ghost(req.stage, req.holder, req.post, req.ref, req.dispatched, time.monotonic())
+            self._haunt(rid, g)
         req.body = None
         return req
+
+    # -- ghosts: answered requests whose slots are still on their route ----------------
+    def _haunt(self, rid: int, g: Ghost) -> None:
+        if len(self.ghosts) >= MAX_GHOSTS:  # the oldest goes: its ring's lease is the net
+            self.ghosts.pop(next(iter(self.ghosts)))
+        self.ghosts[rid] = g
+
+    def ghost_passed(self, rid: int, ident: bytes, stage: str, ref: Ref) -> Ghost | None:
+        """A notice about an answered request: its slot ``ref`` went on to ``stage``.  Returns the
+        ghost (now at ``stage``, held by its next worker), or None when the notice is not about one."""
+        g = self.ghosts.get(rid)
+        order = (PRE, EXEC, POST)
+        if g is None or order.index(stage) <= order.index(g.stage):
+            return None
+        if stage == EXEC and g.holder.encode() != ident:  # only its preprocess worker hands it on
+            return None
+        g.stage, g.holder, g.ref = stage, ("executor" if stage == EXEC else g.post), ref
+        return g
+
+    def unhaunt(self, rid: int) -> Ghost | None:
+        """Its route ended (an answer, a failure, its slot freed here): the ghost goes."""
+        return self.ghosts.pop(rid, None)
+
+    def ghosts_of(self, holder: str) -> int:
+        """``holder`` died: free the slots of the ghosts it held; returns how many."""
+        gone = [rid for rid, g in self.ghosts.items() if g.holder == holder]
+        for rid in gone:
+            self.stray(self.ghosts.pop(rid).ref)
+        return len(gone)
+
+    def prune_ghosts(self, now: float) -> None:
+        while self.ghosts:
+            rid, g = next(iter(self.ghosts.items()))
+            if g.ended > now - GHOST_TTL_S:
+                break
+            del self.ghosts[rid]
 
     # -- queries ------------------------------------------------------------------
     def held(self, rid: int, ident: bytes, stage: str) -> Request | None:

@@ -241,6 +241,54 @@ def test_timeout_leaves_the_holders_slot_alone(rig):
     assert r.busy(inp)  # the executor is alive and holds it: it frees it (it drops expired requests)
 
 
+def timed_out_at_preprocess(rig) -> tuple[Rig, m.PreTask]:
+    """Request "a" answered TIMEOUT while pre-0 (alive, slow) still holds it."""
+    r = rig()
+    r.hello("pre-0", "executor", "post-0")
+    r.send({"id": "a", "model": "tabular", "inputs": TAB, "timeout_ms": 300})
+    task = dispatched(r)
+    reply = r.answer()
+    assert (reply["id"], reply["error"]["code"]) == ("a", "TIMEOUT")
+    return r, task
+
+
+def test_an_answered_requests_slot_is_freed_when_the_executor_holding_it_dies(rig):
+    r, task = timed_out_at_preprocess(rig)
+    inp = r.slot("pre-0")
+    r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp], [{}])))  # late: handed on all the same
+    r.until(lambda: r.fe.table.ghosts.get(task.rid) is not None and r.fe.table.ghosts[task.rid].ref == inp)
+    assert r.busy(inp)  # the executor is alive: its to free
+    r.peers["supervisor"].send(m.encode(m.WorkerDown("executor", -9, 1008)))
+    r.until(lambda: not r.busy(inp))
+    assert not r.busy(inp) and task.rid not in r.fe.table.ghosts
+    assert not r.client.poll(200)  # and no second answer
+
+
+def test_an_answered_request_handed_to_an_executor_that_died_meanwhile_frees_its_slot(rig):
+    r, task = timed_out_at_preprocess(rig)
+    r.peers["supervisor"].send(m.encode(m.WorkerDown("executor", -9, 1008)))
+    r.settle()
+    inp = r.slot("pre-0")
+    r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp], [{}])))  # pushed to the dead one
+    r.until(lambda: not r.busy(inp))
+    assert not r.busy(inp) and task.rid not in r.fe.table.ghosts
+
+
+def test_an_answered_requests_route_ending_leaves_its_slots_to_their_holders(rig):
+    r, task = timed_out_at_preprocess(rig)
+    inp, out = r.slot("pre-0"), r.slot("executor")
+    r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp], [{}])))
+    r.peers["executor"].send(m.encode(m.Inferred([task.rid], [out])))
+    r.until(lambda: r.fe.table.ghosts.get(task.rid) is not None and r.fe.table.ghosts[task.rid].ref == out)
+    r.peers["post-0"].send(m.encode(result(task.rid)))  # the postprocess worker read and freed ``out``
+    r.until(lambda: task.rid not in r.fe.table.ghosts)
+    assert task.rid not in r.fe.table.ghosts
+    r.peers["supervisor"].send(m.encode(m.WorkerDown("post-0", -9, 1006)))
+    r.settle()
+    assert r.busy(inp) and r.busy(out)  # nothing freed twice on its holders' behalf
+    assert not r.client.poll(200)
+
+
 @pytest.mark.parametrize("victim,stage", [("executor", "executor"), ("post-0", "postprocess")])
 def test_worker_death_answers_what_it_held_and_frees_its_slot(rig, victim, stage):
     r, task = running(rig)
