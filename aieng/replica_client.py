@@ -108,6 +108,21 @@ class _Replicas:
             return None
         return {**request, "timeout_ms": min(request["timeout_ms"], left_ms)}
 
+    def next_try(self, reply: dict, request: dict, deadline: float, tried: list[str],
+                 addr: str) -> tuple[dict, str] | None:
+        """After ``reply`` from ``addr``: the request and the replica to try next (one not tried yet,
+        within ``retries`` and the deadline; ``tried`` gains ``addr``), or None: ``reply`` is the answer."""
+        again = self.retry_request(request, deadline) if should_retry(reply) else None
+        other = self.set.pick(exclude=tried + [addr]) if again is not None else None
+        if len(tried) >= self.retries or other is None:
+            return None
+        tried.append(addr)
+        return again, other.addr
+
+    def no_replica(self, rid: Any) -> dict:
+        why = f"no replica ready: {self.set.describe()}"
+        return client_error(rid, "UNAVAILABLE", why, None, "no_replica")
+
     def lost(self, addr: str, why: str) -> dict:
         return {"code": "UNAVAILABLE", "message": f"replica {addr}: {why} before its reply came"}
 
@@ -273,19 +288,16 @@ class AsyncReplicaClient(_Replicas, AsyncClient):
         addr = await self._pick(deadline)
         while True:
             if addr is None:
-                reply = client_error(rid, "UNAVAILABLE", f"no replica ready: {self.set.describe()}", None,
-                                     "no_replica")
+                reply = self.no_replica(rid)
                 break
             reply = await self._exchange(addr, request, deadline)
             if reply.get("client_error") == "unsent":  # nothing was sent: not a try
                 addr = await self._pick(deadline)
                 continue
-            again = self.retry_request(request, deadline) if should_retry(reply) else None
-            other = self.set.pick(exclude=tried + [addr]) if again is not None else None
-            if len(tried) >= self.retries or other is None:
+            step = self.next_try(reply, request, deadline, tried, addr)
+            if step is None:
                 break
-            tried.append(addr)
-            request, addr = again, other.addr
+            request, addr = step
         return self.finish(reply, tried, raise_on_error)
 
     async def wait_ready(self, timeout_s: float = 10.0, every: bool = False) -> dict[str, str]:

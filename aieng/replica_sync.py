@@ -18,7 +18,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from aieng.client import Client, decode_reply
 from aieng.replica_client import _judge, _Replicas
-from aieng.replicas import client_error, expand, should_retry
+from aieng.replicas import client_error, expand
 
 
 class ReplicaClient(_Replicas, Client):
@@ -131,19 +131,16 @@ class ReplicaClient(_Replicas, Client):
         addr = self._pick(deadline)
         while True:
             if addr is None:
-                reply = client_error(rid, "UNAVAILABLE", f"no replica ready: {self.set.describe()}", None,
-                                     "no_replica")
+                reply = self.no_replica(rid)
                 break
             reply = self._exchange(addr, request, deadline)
             if reply.get("client_error") == "unsent":  # nothing was sent: not a try
                 addr = self._pick(deadline)
                 continue
-            again = self.retry_request(request, deadline) if should_retry(reply) else None
-            other = self.set.pick(exclude=tried + [addr]) if again is not None else None
-            if len(tried) >= self.retries or other is None:
+            step = self.next_try(reply, request, deadline, tried, addr)
+            if step is None:
                 break
-            tried.append(addr)
-            request, addr = again, other.addr
+            request, addr = step
         return self.finish(reply, tried, raise_on_error)
 
     def wait_ready(self, timeout_s: float = 10.0, every: bool = False) -> dict[str, str]:

@@ -31,6 +31,7 @@ from aieng import model_repo
 from aieng import protocol as p
 from aieng.config import Config
 from aieng.frontend import routing, shadow
+from aieng.frontend.clients import curve_server
 from aieng.frontend.hotswap import HotSwapError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -63,7 +64,8 @@ class AdminServer:
         self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_ADMIN_BYTES)
         self.auth = None
         if curve:
-            self.auth = _curve(self.ctx, self.sock, cfg, log)
+            self.auth = curve_server(self.ctx, self.sock, cfg.admin_curve_secret_key_file,
+                                     cfg.admin_curve_client_keys_dir)
         self.addr = admin_addr(cfg)
         try:
             self.sock.bind(self.addr)
@@ -86,21 +88,6 @@ class AdminServer:
             self.auth.stop()
         if self.own_ctx:
             self.ctx.term()
-
-
-def _curve(ctx: zmq.Context, sock: zmq.Socket, cfg: Config, log: logging.Logger):
-    import zmq.auth
-    from zmq.auth.thread import ThreadAuthenticator
-
-    public, secret = zmq.auth.load_certificate(cfg.admin_curve_secret_key_file)
-    if secret is None:
-        raise ValueError(f"{cfg.admin_curve_secret_key_file} holds no secret key")
-    auth = ThreadAuthenticator(ctx)
-    auth.start()
-    keys = cfg.admin_curve_client_keys_dir
-    auth.configure_curve(domain="*", location=keys or zmq.auth.CURVE_ALLOW_ANY)
-    sock.curve_secretkey, sock.curve_publickey, sock.curve_server = secret, public, True
-    return auth
 
 
 class AdminOps:

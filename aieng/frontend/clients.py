@@ -95,25 +95,34 @@ def client_socket(ctx: zmq.Context, cfg: Config, log: logging.Logger):
 
 
 def curve(ctx: zmq.Context, sock: zmq.Socket, cfg: Config, log: logging.Logger):
-    """Encrypt the client socket with CURVE; with a keys dir, only those client keys get in."""
+    """Encrypt the client socket with CURVE; with a keys dir, only those client keys get in (and the
+    OIP gateways' own key)."""
+    auth = curve_server(ctx, sock, cfg.curve_secret_key_file, cfg.curve_client_keys_dir,
+                        cfg.gateway_curve_key if cfg.curve_client_keys_dir else "")
+    keys = cfg.curve_client_keys_dir
+    log.info("client socket encrypted with CURVE (%s)", "allowed keys from " + keys if keys else "any key")
+    return auth
+
+
+def curve_server(ctx: zmq.Context, sock: zmq.Socket, secret_key_file: str, keys_dir: str,
+                 also_secret: str = ""):
+    """Make ``sock`` a CURVE server with the certificate in ``secret_key_file``; only the public keys in
+    ``keys_dir`` get in (any key when it is empty), plus the one derived from ``also_secret``.  Used by
+    the client socket and the admin socket, each with its own files.  Returns the running authenticator
+    (the caller stops it)."""
     import zmq.auth
     from zmq.auth.thread import ThreadAuthenticator
 
-    public, secret = zmq.auth.load_certificate(cfg.curve_secret_key_file)
+    public, secret = zmq.auth.load_certificate(secret_key_file)
     if secret is None:
-        raise ValueError(f"{cfg.curve_secret_key_file} holds no secret key")
+        raise ValueError(f"{secret_key_file} holds no secret key")
     auth = ThreadAuthenticator(ctx)
     auth.start()
-    keys = cfg.curve_client_keys_dir
-    if keys and cfg.gateway_curve_key:  # the allowed keys, and the OIP gateways' own
-        allowed = _AllowedKeys(keys, cfg.gateway_curve_key)
-        auth.configure_curve_callback(domain="*", credentials_provider=allowed)
+    if keys_dir and also_secret:
+        auth.configure_curve_callback(domain="*", credentials_provider=_AllowedKeys(keys_dir, also_secret))
     else:
-        auth.configure_curve(domain="*", location=keys or zmq.auth.CURVE_ALLOW_ANY)
-    sock.curve_secretkey = secret
-    sock.curve_publickey = public
-    sock.curve_server = True
-    log.info("client socket encrypted with CURVE (%s)", "allowed keys from " + keys if keys else "any key")
+        auth.configure_curve(domain="*", location=keys_dir or zmq.auth.CURVE_ALLOW_ANY)
+    sock.curve_secretkey, sock.curve_publickey, sock.curve_server = secret, public, True
     return auth
 
 
