@@ -9,6 +9,7 @@ footprint is the weight.  Its budget is set from footprints measured by a first 
 """
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shutil
@@ -18,7 +19,7 @@ import numpy as np
 import psutil
 import pytest
 
-from aieng.client import build_request
+from aieng.client import AsyncClient, build_request
 from tests.conftest import MODELS
 from tests.e2e.test_hotswap import PENGUINS, base_repo, copy_version, models, srv_metrics
 from tests.e2e.test_rollout import cli, start
@@ -126,14 +127,64 @@ def test_a_lazy_version_is_not_built_at_start_and_loads_on_its_first_request(mak
     print(f"cold load of lazy:1: {view['last_cold_load_s']:.2f}s in the server (first answer after "
           f"{took:.2f}s), executor footprint {view['footprint_bytes'] / 2**20:.1f} MiB")
 
-    # a deadline shorter than the load: UNAVAILABLE saying so; the load goes on and serves the next one
-    short = ask(srv, "short", "lazy", "2", timeout_ms=20)
+    # requests arriving together for a cold version share one load; one whose deadline is shorter than
+    # the load gets UNAVAILABLE saying cold start; every request gets exactly one answer
+    async def together() -> list:
+        client = AsyncClient(srv.addr, timeout_s=LOAD_TIMEOUT_MS / 1000 + 30)
+        try:
+            reqs = [build_request("short", "lazy", PENGUINS[0], version="2", timeout_ms=20)]
+            reqs += [build_request(f"w{i}", "lazy", PENGUINS[i % 4], version="2", timeout_ms=LOAD_TIMEOUT_MS)
+                     for i in range(6)]
+            seen: dict = {}  # the pool's view of lazy:2 right after the short request's answer
+
+            async def one(r: dict) -> dict:
+                reply = await client.call(r, raise_on_error=False)
+                if reply["id"] == "short":
+                    peek = await client.call({"op": "models", "id": "peek"})
+                    seen.update(peek["pool"]["versions"]["lazy:2"])
+                return reply
+            return await asyncio.gather(*(one(r) for r in reqs)), seen
+        finally:
+            client.close()
+
+    answers, seen = asyncio.run(together())
+    # answered at its deadline, while the others still waited for the load (not when it ended)
+    assert (seen["state"], seen["waiting"]) == ("loading", 6), seen
+    replies = {r["id"]: r for r in answers}
+    assert sorted(replies) == ["short"] + [f"w{i}" for i in range(6)]
+    short = replies.pop("short")
     assert short["ok"] is False and short["error"]["code"] == "UNAVAILABLE", short
     assert "cold start" in short["error"]["message"] and "lazy:2" in short["error"]["message"]
-    later = ask(srv, "later", "lazy", "2")
-    assert (later["ok"], later["version"]) == (True, "2"), later
+    assert [(r["ok"], r["version"]) for r in replies.values()] == [(True, "2")] * 6, replies
     assert metric(srv, "aieng_model_cold_load_seconds_count", 1.0, model="lazy", version="2") == 1.0
     assert metric(srv, "aieng_model_evictions_total", 0.0, model="lazy", version="1") == 0.0  # no budget
+    after = pool_view(srv)["versions"]["lazy:2"]
+    assert (after["state"], after["waiting"]) == ("resident", 0), after
+
+
+def test_requests_waiting_for_a_cold_load_are_bounded_per_version(make_server, tmp_path):
+    repo = tmp_path / "repo"
+    base_repo(repo)
+    lazy_model(repo, "lazy", ["1"])
+    srv = start(make_server, tmp_path, repo, AIENG_MAX_INFLIGHT="2")  # at most 2 wait per version
+
+    async def burst() -> list:
+        clients = [AsyncClient(srv.addr, timeout_s=LOAD_TIMEOUT_MS / 1000 + 30) for _ in range(4)]
+        reqs = [build_request(f"b{i}", "lazy", PENGUINS[0], version="1", timeout_ms=LOAD_TIMEOUT_MS)
+                for i in range(4)]
+        try:  # one client each: the per-client in-flight limit (1 here) is not what refuses
+            return await asyncio.gather(*(c.call(r, raise_on_error=False) for c, r in zip(clients, reqs)))
+        finally:
+            for c in clients:
+                c.close()
+
+    replies = {r["id"]: r for r in asyncio.run(burst())}
+    assert sorted(replies) == ["b0", "b1", "b2", "b3"]
+    codes = sorted("OK" if r["ok"] else r["error"]["code"] for r in replies.values())
+    assert codes == ["OK", "OK", "OVERLOADED", "OVERLOADED"], replies
+    refused = next(r for r in replies.values() if not r["ok"])
+    assert "cold start" in refused["error"]["message"] and "2 requests wait" in refused["error"]["message"]
+    assert ask(srv, "after", "lazy", "1")["ok"]
 
 
 def measure_footprints(make_server, tmp_path, repo) -> dict[str, int]:
