@@ -132,6 +132,8 @@ class HotSwap:
         if not version or os.sep in version or version.startswith(".") or not os.path.isfile(
                 os.path.join(vdir, "model.yaml")):
             raise HotSwapError(p.MODEL_NOT_FOUND, f"no version directory {vdir} with a model.yaml")
+        if fe.poolctl.is_cold(key):  # a lazy model's version: evict to fit the budget first (or refuse)
+            fe.poolctl.make_room(key)
         # Validating hashes the model file (tens of MB: 100+ ms): on a thread, so the loop keeps serving
         # (hashlib releases the GIL); ``tick`` picks the result up.
         ld = self.loads[key] = Load(name, version, source, state="validating")

@@ -12,11 +12,12 @@ States of a version of a lazy model (``pool: {lazy: true}`` in ``<model>/model.y
 
 * ``start(req)``: an admitted request.  A resident version (every eager one) is touched (LRU)
   and dispatched now.  A cold or evicted one waits here in ``ColdStarts`` (bounded per version by
-  ``AIENG_MAX_INFLIGHT``; full: OVERLOADED) and, unless one is under way, a load starts:
+  ``AIENG_MAX_INFLIGHT``; full: OVERLOADED) and, unless one is under way, a hot swap load starts.
+* ``make_room`` (called by ``HotSwap.load`` for any cold version, ``aieng models load`` too):
   ``Pool.plan`` picks the least recently used evictable versions with nothing in flight, they are
   evicted (released in every worker: their drain is empty, ``plan`` takes only idle ones), and the
-  hot swap load begins with the version's estimated footprint reserved.  When the load cannot fit
-  (pinned or busy versions hold the rest) the waiters get UNAVAILABLE naming the budget.
+  version's estimated footprint is reserved.  When the load cannot fit (pinned or busy versions
+  hold the rest) the load is refused: the waiters get UNAVAILABLE naming the budget.
 * ``on_ready``: every waiter still within its deadline is dispatched; the measured footprint
   replaces the reservation; ``aieng_model_cold_load_seconds`` observes the load.  ``on_failed``:
   every waiter gets UNAVAILABLE with the load's error; the version stays cold (a later request
@@ -123,24 +124,26 @@ class PoolControl:
         return False
 
     def begin_load(self, key: str) -> None:
+        try:
+            self.fe.hotswap.load(*_pair(key), source="cold")  # which makes room first (make_room)
+        except HotSwapError as exc:
+            self.release_waiters(key, p.UNAVAILABLE,
+                                 f"model {key} cannot be loaded (cold start): {exc.message}")
+
+    def make_room(self, key: str) -> None:
+        """Before any load of a cold version (a request's, or ``aieng models load``): evict what the
+        plan says and reserve the load's estimate, or raise ``HotSwapError`` naming the budget."""
         fe, pk = self.fe, _pair(key)
         need = self.estimate(pk)
         self.pool.set_inflight({_pair(k): n for k, n in fe.table.per_model().items()})
         victims = self.pool.plan(pk, need)
         if victims is None:
             why = refusal(pk[0], pk[1], need, self.pool.budget, self.pool.stuck(pk))
-            log.error("cold start of %s refused: %s", key, why)
-            return self.release_waiters(key, p.UNAVAILABLE, f"model {key} cannot be loaded (cold start): "
-                                                            f"{why}")
+            log.error("load of %s refused: %s", key, why)
+            raise HotSwapError(p.UNAVAILABLE, why)
         for victim in victims:
             self.evict(f"{victim[0]}:{victim[1]}", for_key=key)
         self.pool.reserve(pk, need)
-        try:
-            fe.hotswap.load(pk[0], pk[1], source="cold")
-        except HotSwapError as exc:
-            self.pool.unloaded(pk)
-            self.release_waiters(key, p.UNAVAILABLE,
-                                 f"model {key} cannot be loaded (cold start): {exc.message}")
 
     def evict(self, key: str, for_key: str) -> None:
         """Release an idle resident version everywhere; it stays routable and comes back on use."""
