@@ -10,6 +10,7 @@ footprint is the weight.  Its budget is set from footprints measured by a first 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import shutil
@@ -162,10 +163,16 @@ def test_a_lazy_version_is_not_built_at_start_and_loads_on_its_first_request(mak
     assert (after["state"], after["waiting"]) == ("resident", 0), after
 
 
-def test_requests_waiting_for_a_cold_load_are_bounded_per_version(make_server, tmp_path):
+def test_cold_waiters_are_bounded_per_version_and_a_failed_cold_load_says_why(make_server, tmp_path):
     repo = tmp_path / "repo"
     base_repo(repo)
     lazy_model(repo, "lazy", ["1"])
+    lazy_model(repo, "broken", ["1"])  # its golden set expects a label the model never gives
+    gpath = repo / "broken" / "1" / "golden.json"
+    golden = json.loads(gpath.read_text())
+    for case in golden["cases"]:
+        case["expected"]["label"] = "Nobody"
+    gpath.write_text(json.dumps(golden))
     srv = start(make_server, tmp_path, repo, AIENG_MAX_INFLIGHT="2")  # at most 2 wait per version
 
     async def burst() -> list:
@@ -185,6 +192,21 @@ def test_requests_waiting_for_a_cold_load_are_bounded_per_version(make_server, t
     refused = next(r for r in replies.values() if not r["ok"])
     assert "cold start" in refused["error"]["message"] and "2 requests wait" in refused["error"]["message"]
     assert ask(srv, "after", "lazy", "1")["ok"]
+
+    # a cold load that fails (here: its golden set) answers its waiters UNAVAILABLE with the reason; the
+    # version stays cold and the next request tries again
+    for attempt in ("f1", "f2"):
+        failed = ask(srv, attempt, "broken", "1")
+        assert failed["ok"] is False and failed["error"]["code"] == "UNAVAILABLE", failed
+        message = failed["error"]["message"]
+        assert "broken:1 could not be loaded (cold start)" in message and "golden case" in message, message
+        assert pool_view(srv)["versions"]["broken:1"]["state"] == "cold"
+    assert metric(srv, "aieng_version_loads_total", 2.0, model="broken", version="1", outcome="failed") == 2.0
+    assert metric(srv, "aieng_model_cold_load_seconds_count", 0.0, model="broken", version="1") == 0.0
+    deadline = time.monotonic() + 10  # released in the executor (its next heartbeat says so)
+    while "broken:1" in providers(srv):
+        assert time.monotonic() < deadline, providers(srv)
+        time.sleep(0.2)
 
 
 def measure_footprints(make_server, tmp_path, repo) -> dict[str, int]:
