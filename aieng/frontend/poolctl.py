@@ -82,10 +82,6 @@ class PoolControl:
                     self.pool.loaded((name, v), 0, self.settings[name].evictable)
 
     # -- queries ------------------------------------------------------------------------------
-    def lazy(self, key: str) -> bool:
-        setting = self.settings.get(_pair(key)[0])
-        return setting is not None and setting.lazy
-
     def is_cold(self, key: str) -> bool:
         return key in self.cold
 
