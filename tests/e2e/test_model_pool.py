@@ -201,6 +201,10 @@ def test_cold_waiters_are_bounded_per_version_and_a_failed_cold_load_says_why(ma
         message = failed["error"]["message"]
         assert "broken:1 could not be loaded (cold start)" in message and "golden case" in message, message
         assert pool_view(srv)["versions"]["broken:1"]["state"] == "cold"
+        deadline = time.monotonic() + 30  # its other golden cases still run and count against the 2 in flight
+        while srv.health()["in_flight"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
     assert metric(srv, "aieng_version_loads_total", 2.0, model="broken", version="1", outcome="failed") == 2.0
     assert metric(srv, "aieng_model_cold_load_seconds_count", 0.0, model="broken", version="1") == 0.0
     deadline = time.monotonic() + 10  # released in the executor (its next heartbeat says so)
