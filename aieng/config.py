@@ -15,7 +15,7 @@ import yaml
 from aieng import envs
 
 # Fields the supervisor fills in: never read from a file, the environment or a flag, never printed.
-INTERNAL = ("instance", "sources", "gateway_curve_key")
+INTERNAL = ("instance", "sources", "gateway_curve_key", "cold_versions")
 
 
 @dataclass
@@ -47,6 +47,7 @@ class Config:
     breaker_failures: int = 5
     breaker_cooldown_s: float = 5.0
     cache_bytes: int = 0
+    model_memory_budget: int = 0
     curve_secret_key_file: str = ""
     curve_client_keys_dir: str = ""
     admin_addr: str = ""
@@ -76,6 +77,9 @@ class Config:
     # client socket uses CURVE; the frontend admits its public key beside AIENG_CURVE_CLIENT_KEYS_DIR's.
     gateway_curve_key: str = ""
     sources: dict[str, str] = field(default_factory=dict)
+    # "model:version" of lazy versions not built now (pool.lazy): the frontend serves them by loading
+    # them on first use.  The supervisor sets it per spawn (a restarted frontend learns the current set).
+    cold_versions: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -99,6 +103,7 @@ class Config:
         need(self.max_timeout_ms >= self.default_timeout_ms, "max_timeout_ms must be >= default_timeout_ms")
         need(self.shm_slot_bytes >= 4096, "shm_slot_bytes must be >= 4096")
         need(self.shm_slots >= 0, "shm_slots must be >= 0")
+        need(self.model_memory_budget >= 0, "model_memory_budget must be >= 0 (0: no budget)")
         need(self.device in ("auto", "cpu", "cuda"), "device must be auto, cpu or cuda")
         need(self.log_format in ("text", "json"), "log_format must be text or json")
         need(self.intra_op_threads >= 0, "intra_op_threads must be >= 0")

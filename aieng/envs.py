@@ -134,6 +134,9 @@ REGISTRY: tuple[EnvVar, ...] = (
            "Seconds an open breaker fails fast before letting a probe through", "breaker_cooldown_s"),
     EnvVar("AIENG_CACHE_BYTES", int, 0,
            "Response cache budget in bytes (LRU by model, version and input hash; 0: off)", "cache_bytes"),
+    EnvVar("AIENG_MODEL_MEMORY_BUDGET", int, 0,
+           "Bytes the model pool may hold (host RAM; GPU memory when the executor runs CUDA): a lazy model's "
+           "load evicts least recently used lazy versions to fit (0: no budget)", "model_memory_budget"),
     EnvVar("AIENG_CURVE_SECRET_KEY_FILE", str, "",
            "ZMQ CURVE: the server's key file (zmq.auth format); set to encrypt the client socket",
            "curve_secret_key_file"),

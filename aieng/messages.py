@@ -260,6 +260,9 @@ class UnloadVersion:
     """FE -> every worker and the supervisor: release ``key`` ("model:version"); its requests are drained."""
     T: ClassVar[str] = "unload_version"
     key: str
+    # An eviction by the model pool (a lazy version): the supervisor keeps it as cold, not gone, so a
+    # restarted frontend still routes to it and a restarted worker does not build it.
+    evict: bool = False
 
 
 @dataclass(slots=True)
@@ -273,6 +276,8 @@ class VersionLoaded:
     # session's footprint, which the model pool (frontend/pool.py) budgets.  Best effort: the process
     # is shared with other threads, so it is an estimate, not an exact count.
     footprint_bytes: int = 0
+    # GPU memory this process gained across the build (NVML, per process; 0 without a CUDA session).
+    gpu_footprint_bytes: int = 0
 
 
 @dataclass(slots=True)

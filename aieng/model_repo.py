@@ -302,6 +302,24 @@ def check_pipeline_models(found: dict[str, dict[str, ModelSpec]]) -> None:
                                      f"which is not served (AIENG_MODELS?)")
                 if any(s.pipeline for s in found[target].values()):
                     raise ModelError(f"{spec.path}: pipeline step {step['step']} names a pipeline")
+                # a step's request is started by the fan-out, not by a client: it never waits for a
+                # cold load, so a step's model must be resident
+                if any((s.extra.get("pool") or {}).get("lazy") for s in found[target].values()):
+                    raise ModelError(f"{spec.path}: pipeline step {step['step']} names model {target!r}, "
+                                     f"which is lazy (pool.lazy): a pipeline's steps must stay loaded")
+            if spec.pipeline and (spec.extra.get("pool") or {}).get("lazy"):
+                raise ModelError(f"{spec.path}: a pipeline model cannot be lazy (pool.lazy)")
+
+
+def pool_setting(raw: Any, where: str) -> dict[str, bool]:
+    """The model-wide ``pool`` section as ``{lazy, pinned}`` (kept in every version's ``extra``)."""
+    from aieng.frontend.pool import parse_setting  # pure; imported here like check_routing's parsers
+
+    try:
+        setting = parse_setting(raw, where)
+    except ValueError as exc:
+        raise ModelError(str(exc)) from None
+    return {"lazy": setting.lazy, "pinned": setting.pinned}
 
 
 METADATA_KEYS = ("created", "training_data", "metrics", "notes")
@@ -326,11 +344,12 @@ def version_metadata(raw: Any, where: str) -> dict[str, Any]:
     return out
 
 
-MODEL_KEYS = ("versions", "routing")
+MODEL_KEYS = ("versions", "routing", "pool")
 
 
 def model_settings(mdir: str) -> dict[str, Any]:
-    """The optional model-wide ``<model>/model.yaml``: ``versions`` (policy) and ``routing``."""
+    """The optional model-wide ``<model>/model.yaml``: ``versions`` (policy), ``routing`` and ``pool``
+    (lazy loading and eviction, frontend/pool.py)."""
     path = os.path.join(mdir, "model.yaml")
     if not os.path.isfile(path):
         return {}
@@ -399,10 +418,12 @@ def scan(repo: str, only: list[str] | None = None) -> dict[str, dict[str, ModelS
         where = os.path.join(mdir, "model.yaml")
         served = apply_policy(settings.get("versions"), found_versions, where)
         check_routing(settings.get("routing"), set(served), where)
+        pool = pool_setting(settings.get("pool"), where)
         versions = {}
         for ver in served:
             versions[ver] = load_spec(name, ver, os.path.join(mdir, ver))
             versions[ver].extra["routing"] = settings.get("routing")
+            versions[ver].extra["pool"] = pool
         found[name] = versions
     check_pipeline_models(found)
     missing = set(only or ()) - set(found)

@@ -20,7 +20,10 @@ the version directories (loading new ones, unloading removed ones: hot swap,
 state (``Reload``), and ``READY=1`` once it answers ``Reloaded`` (or after
 ``RELOAD_TIMEOUT_S``).  The frontend tells the supervisor of every run-time
 load and unload (``LoadVersion``/``UnloadVersion``), so the specs a restarted
-child gets are the current set, not the start-time one.
+child gets are the current set, not the start-time one.  Versions of lazy
+models (model-wide ``pool: {lazy: true}``) are *cold* until the frontend loads
+them: the workers are not given them at spawn; an eviction
+(``UnloadVersion(evict=True)``) makes a version cold again instead of gone.
 
 Stop (SIGTERM/SIGINT, idempotent): the frontend drains within the grace
 period, then children get SIGTERM, a deadline, SIGKILL; every shared-memory
@@ -49,6 +52,7 @@ from aieng.config import Config
 from aieng.worker_runtime import run_process
 
 log = logging.getLogger("aieng.supervisor")
+BUILDERS = ("preprocess", "executor", "postprocess")  # the roles that build every version they are given
 
 BACKOFF_MAX_S = 30.0
 PULSE_FRESH_S = 2.0
@@ -154,14 +158,20 @@ class Supervisor:
         specs = model_repo.scan(self.cfg.model_repository, only)
         model_repo.apply_overrides(specs, self.cfg.max_batch_size, self.cfg.max_wait_ms)
         self.specs = {s.key: s for vs in specs.values() for s in vs.values()}
+        # Lazy versions (model-wide ``pool: {lazy: true}``) are not built at start: the frontend loads
+        # each on its first request.  ``cold`` is what no worker builds now (eviction adds back).
+        self.cold = {k for k, s in self.specs.items() if (s.extra.get("pool") or {}).get("lazy")}
         for s in self.specs.values():
-            log.info("model %s from %s (sha256 %s)", s.key, s.path, s.content_hash[:16])
+            log.info("model %s from %s (sha256 %s)%s", s.key, s.path, s.content_hash[:16],
+                     " (lazy: loaded on first use)" if s.key in self.cold else "")
 
     # -- processes ------------------------------------------------------------
     def spawn(self, child: Child) -> None:
         parent_conn, child_conn = self.ctx.Pipe(duplex=True)  # the child reads EOF when we die
-        spec_dicts = {k: s.to_dict() for k, s in self.specs.items()}
+        builds = child.role in BUILDERS  # the frontend and gateways know cold versions; builders skip them
+        spec_dicts = {k: s.to_dict() for k, s in self.specs.items() if not builds or k not in self.cold}
         cfg = self.cfg.to_dict()
+        cfg["cold_versions"] = sorted(self.cold)
         if child.restarts:  # a restart while serving is never strict: come back with whatever loads
             cfg["strict_model_load"] = False
         child.proc = self.ctx.Process(target=run_process, name=child.name, daemon=False,
@@ -241,8 +251,12 @@ class Supervisor:
             elif isinstance(msg, m.LoadVersion):  # a run-time load: restarted workers come up with it
                 spec = model_repo.ModelSpec.from_dict(msg.spec)
                 self.specs[spec.key] = spec
+                self.cold.discard(spec.key)
+            elif isinstance(msg, m.UnloadVersion) and msg.evict and msg.key in self.specs:
+                self.cold.add(msg.key)  # evicted by the pool: still served, loaded again on use
             elif isinstance(msg, m.UnloadVersion):
                 self.specs.pop(msg.key, None)
+                self.cold.discard(msg.key)
             elif isinstance(msg, m.LogLevel):
                 procutil.set_level(msg.level)
                 self.cfg.log_level = msg.level  # restarted children start at the new level

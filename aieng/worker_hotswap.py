@@ -20,6 +20,11 @@ finished builds in ``poll()`` (called from ``after_drain``, at least every
 thread only.  ``check(key, built)`` may refuse a build that the worker cannot
 use (e.g. outputs larger than its ring's slots) with a ``ValueError``.
 
+The footprint a ``VersionLoaded`` reports is the process's RSS growth across
+the build, and, when the built session runs on CUDA, its GPU memory growth read
+from NVML for this process (``gpu_bytes``; best effort, never exercised on the
+CPU-only machine the tests run on): the model pool budgets it.
+
 Each change refreshes the worker's heartbeat, so the frontend's view of its
 ``failed`` loads (``Hello.info``) follows.
 """
@@ -45,6 +50,31 @@ def rss_bytes() -> int:
         return 0
 
 
+def gpu_bytes() -> int:
+    """GPU memory this process holds on every device (NVML), 0 when there is no NVML or no GPU."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            pid, total = os.getpid(), 0
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+                for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                    if proc.pid == pid and proc.usedGpuMemory:
+                        total += int(proc.usedGpuMemory)
+            return total
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no library, no driver, no permission: not measured
+        return 0
+
+
+def on_cuda(built: Any) -> bool:
+    """Whether a built version is an ONNX Runtime session on CUDA (the executor's ``ModelSession``)."""
+    return getattr(built, "provider", "") == "CUDAExecutionProvider"
+
+
 def release_free_memory() -> bool:
     """glibc keeps freed heap (a session's weights, the loader thread's arena) for reuse; ``malloc_trim``
     hands it back, so an unload shows in RSS.  False where there is no glibc."""
@@ -64,8 +94,8 @@ class Versions:
         self.build, self.background, self.check = build, background, check
         self.on_add, self.on_remove = on_add, on_remove
         self.building: set[str] = set()
-        # (spec, built, error, seconds, footprint bytes), appended by build threads
-        self.done: list[tuple[ModelSpec, Any, BaseException | None, float, int]] = []
+        # (spec, built, error, seconds, footprint bytes, GPU footprint bytes), appended by build threads
+        self.done: list[tuple[ModelSpec, Any, BaseException | None, float, int, int]] = []
         self.lock = threading.Lock()
         worker.handlers[m.LoadVersion] = self.on_load
         worker.handlers[m.UnloadVersion] = self.on_unload
@@ -86,14 +116,16 @@ class Versions:
 
     def _build(self, spec: ModelSpec) -> None:
         t0, rss0 = time.perf_counter(), rss_bytes()
+        gpu0 = gpu_bytes() if self.worker.role == "executor" else 0
         built, error = None, None
         try:
             built = self.build(spec)
         except BaseException as exc:  # any failure is this version's alone
             error = exc
         footprint = max(0, rss_bytes() - rss0) if rss0 else 0
+        gpu = max(0, gpu_bytes() - gpu0) if on_cuda(built) else 0
         with self.lock:
-            self.done.append((spec, built, error, time.perf_counter() - t0, footprint))
+            self.done.append((spec, built, error, time.perf_counter() - t0, footprint, gpu))
 
     def poll(self) -> None:
         """Install finished builds (on the worker's loop thread) and answer the frontend."""
@@ -101,7 +133,7 @@ class Versions:
             return
         with self.lock:
             done, self.done = self.done, []
-        for spec, built, error, seconds, footprint in done:
+        for spec, built, error, seconds, footprint, gpu in done:
             self.building.discard(spec.key)
             if error is None and self.check is not None:
                 try:
@@ -119,7 +151,7 @@ class Versions:
                 self.on_add(spec, built)
             self.worker.log.info("loaded %s at run time in %.2fs (RSS +%.1f MiB)", spec.key, seconds,
                                  footprint / 2**20)
-            self.worker.send(m.VersionLoaded(self.worker.worker, spec.key, round(seconds, 3), footprint))
+            self.worker.send(m.VersionLoaded(self.worker.worker, spec.key, round(seconds, 3), footprint, gpu))
         self.refresh()
 
     def on_unload(self, msg: m.UnloadVersion, frames: list) -> None:

@@ -28,14 +28,17 @@ the model's last version.  It stops being routable at once (a pinned request
 gets MODEL_NOT_FOUND), its requests in flight drain (each ends by its
 deadline at the latest), then ``UnloadVersion`` releases it everywhere.
 
+A version of a lazy model (``pool: {lazy: true}``) is in ``specs`` and routable
+while not built (*cold*); its first request loads it through this same path
+(``source="cold"``, started by ``poolctl``, which hears every ``ready`` and
+``fail``).  An eviction releases it everywhere without taking its routing.
+
 A version without ``golden.json`` becomes routable once loaded (a warning is
 logged).  Versions of models the server does not serve cannot be loaded at
 run time (a restart adds a model).
 """
 from __future__ import annotations
 
-import base64
-import json
 import logging
 import os
 import time
@@ -43,20 +46,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from aieng import messages as m
 from aieng import model_repo
 from aieng import protocol as p
 from aieng.frontend import routing
+from aieng.frontend.golden import GOLDEN_FILE, _input, compare, read_golden  # noqa: F401 (compare: scripts)
 from aieng.frontend.table import Request
 
 if TYPE_CHECKING:  # pragma: no cover
     from aieng.frontend.server import Frontend
 
 GOLDEN_CLIENT = b"\x00golden"  # the envelope of golden requests: answered to ``on_answer``, never a socket
-GOLDEN_FILE = "golden.json"
-MAX_CASES = 256
 LOAD_TIMEOUT_S = 300.0  # a worker that never answers a load fails it
 WORKER_ROLES = ("preprocess", "executor", "postprocess")
 log = logging.getLogger("aieng.frontend.hotswap")
@@ -66,73 +66,6 @@ class HotSwapError(Exception):
     def __init__(self, code: str, message: str):
         super().__init__(message)
         self.code, self.message = code, message
-
-
-# -- golden sets -------------------------------------------------------------------------------
-def read_golden(path: str) -> dict | None:
-    """``<version dir>/golden.json`` checked for shape, or None when there is none (ModelError if bad)."""
-    gpath = os.path.join(path, GOLDEN_FILE)
-    if not os.path.isfile(gpath):
-        return None
-    try:
-        with open(gpath, encoding="utf-8") as fh:
-            raw = json.load(fh)
-    except (OSError, ValueError) as exc:
-        raise model_repo.ModelError(f"{gpath}: {exc}") from None
-    cases = raw.get("cases") if isinstance(raw, dict) else None
-    if not isinstance(cases, list) or not 0 < len(cases) <= MAX_CASES:
-        raise model_repo.ModelError(f"{gpath}: 'cases' must be a list of 1..{MAX_CASES} cases")
-    for i, case in enumerate(cases):
-        if (not isinstance(case, dict) or not isinstance(case.get("inputs"), dict)
-                or not isinstance(case.get("expected"), dict) or not case["expected"]
-                or not isinstance(case.get("params", {}), dict)):
-            raise model_repo.ModelError(f"{gpath}: case {i} needs 'inputs' and 'expected' maps "
-                                        f"(and optional 'params')")
-    for key in ("atol", "rtol"):
-        if not isinstance(raw.get(key, 0), (int, float)):
-            raise model_repo.ModelError(f"{gpath}: '{key}' must be a number")
-    if not isinstance(raw.get("outputs", {}), dict):
-        raise model_repo.ModelError(f"{gpath}: 'outputs' maps an output name to its tolerance")
-    return raw
-
-
-def _input(value: Any) -> Any:
-    """JSON has no bytes: ``{"b64": "..."}`` is an image (or bin) input."""
-    if isinstance(value, dict) and set(value) == {"b64"}:
-        return base64.b64decode(value["b64"])
-    return value
-
-
-def compare(golden: dict, expected: dict, got: dict) -> str | None:
-    """None when ``got`` matches ``expected`` within tolerance, else why not (one line)."""
-    for name, want in expected.items():
-        if name not in got:
-            return f"output {name!r} is missing"
-        tol = dict({"atol": golden.get("atol", 1e-5), "rtol": golden.get("rtol", 0.0)},
-                   **((golden.get("outputs") or {}).get(name) or {}))
-        have = got[name]
-        if isinstance(have, dict) and "dtype" in have:
-            have = p.decode_tensor(have, name).tolist()
-        if isinstance(want, str) or isinstance(want, bool) or want is None:
-            if have != want:
-                return f"output {name!r}: expected {want!r}, got {have!r}"
-            continue
-        try:
-            a, b = np.asarray(have, dtype=np.float64), np.asarray(want, dtype=np.float64)
-        except (TypeError, ValueError):
-            if have != want:
-                return f"output {name!r}: expected {want!r}, got {have!r}"
-            continue
-        if a.shape != b.shape:
-            return f"output {name!r}: shape {list(a.shape)}, expected {list(b.shape)}"
-        if "min_cosine" in tol:
-            cos = float(np.dot(a.ravel(), b.ravel()) / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-12))
-            if cos < tol["min_cosine"]:
-                return f"output {name!r}: cosine {cos:.6f} < {tol['min_cosine']}"
-        elif not np.allclose(a, b, atol=tol["atol"], rtol=tol["rtol"]):
-            worst = float(np.max(np.abs(a - b))) if a.size else 0.0
-            return f"output {name!r}: max abs difference {worst:.3g} over atol {tol['atol']}"
-    return None
 
 
 def _without(weights: dict[str, float], version: str) -> dict[str, float]:
@@ -148,7 +81,8 @@ class Load:
     name: str
     version: str
     source: str  # admin / reload
-    state: str = "validating"  # validating -> loading -> golden -> ready | failed;  draining -> unloaded
+    # validating -> loading -> golden -> ready | failed;  draining -> unloaded;  pool (poolctl): cold, evicted
+    state: str = "validating"
     spec: model_repo.ModelSpec | None = None
     future: Any = None  # the validation on the pool thread
     started: float = field(default_factory=time.monotonic)
@@ -189,7 +123,7 @@ class HotSwap:
                                                   f"load at run time (serving {', '.join(sorted(fe.specs))})")
         key = f"{name}:{version}"
         cur = self.loads.get(key)
-        if version in fe.specs[name]:
+        if version in fe.specs[name] and not fe.poolctl.is_cold(key):
             raise HotSwapError(p.INVALID_REQUEST, f"{key} is loaded already")
         if cur is not None and cur.state in BUSY:
             raise HotSwapError(p.INVALID_REQUEST, f"{key} is {cur.state} already")
@@ -198,6 +132,8 @@ class HotSwap:
         if not version or os.sep in version or version.startswith(".") or not os.path.isfile(
                 os.path.join(vdir, "model.yaml")):
             raise HotSwapError(p.MODEL_NOT_FOUND, f"no version directory {vdir} with a model.yaml")
+        if fe.poolctl.is_cold(key):  # a lazy model's version: evict to fit the budget first (or refuse)
+            fe.poolctl.make_room(key)
         # Validating hashes the model file (tens of MB: 100+ ms): on a thread, so the loop keeps serving
         # (hashlib releases the GIL); ``tick`` picks the result up.
         ld = self.loads[key] = Load(name, version, source, state="validating")
@@ -219,11 +155,12 @@ class HotSwap:
             return self.fail(ld, f"does not load: {type(exc).__name__}: {exc}", release=False)
         finally:
             ld.future = None
-        if spec.version in fe.specs.get(spec.name, {}):
+        if spec.version in fe.specs.get(spec.name, {}) and not fe.poolctl.is_cold(spec.key):
             return self.fail(ld, "loaded meanwhile", release=False)
         model_repo.apply_overrides({spec.name: {spec.version: spec}}, fe.cfg.max_batch_size,
                                    fe.cfg.max_wait_ms)
-        spec.extra["routing"] = next(iter(fe.specs[spec.name].values())).extra.get("routing")
+        model_wide = next(iter(fe.specs[spec.name].values())).extra
+        spec.extra["routing"], spec.extra["pool"] = model_wide.get("routing"), model_wide.get("pool")
         ld.spec, ld.golden, ld.state = spec, golden, "loading"
         body = m.encode(m.LoadVersion(spec.to_dict()))
         fe.send_hub("supervisor", [body])  # first: a worker restarted from now on comes up with it
@@ -240,6 +177,8 @@ class HotSwap:
             return
         ld.waiting.discard(msg.worker)
         ld.footprint[msg.worker] = msg.footprint_bytes
+        if msg.gpu_footprint_bytes:  # the executor's CUDA session (NVML): what the pool budgets then
+            ld.footprint[f"{msg.worker}:gpu"] = msg.gpu_footprint_bytes
         self.advance(ld)
 
     def on_failed(self, msg: m.VersionFailed, ident: bytes) -> None:
@@ -309,6 +248,7 @@ class HotSwap:
         fe.rollout.save()
         fe.metrics.version_load(spec.name, spec.version, "ok")
         log.warning("%s is routable (loaded in %.2fs; weight 0 until set)", spec.key, ld.seconds)
+        fe.poolctl.on_ready(ld)  # a cold load's waiting requests go on their way
 
     def fail(self, ld: Load, why: str, release: bool = True) -> None:
         fe, key = self.fe, f"{ld.name}:{ld.version}"
@@ -324,9 +264,16 @@ class HotSwap:
             ld.release_pending = True  # other golden cases are still running there: tick releases it
         elif release:
             self.release(key)
+        fe.poolctl.on_failed(ld)  # a cold load's waiting requests get UNAVAILABLE with the reason
+
+    def busy(self, key: str) -> bool:
+        ld = self.loads.get(key)
+        return ld is not None and ld.state in BUSY
 
     def release(self, key: str) -> None:
-        body = m.encode(m.UnloadVersion(key))
+        name, _, version = key.partition(":")
+        # a version still served (cold, or evicted by the pool) is kept by the supervisor as cold
+        body = m.encode(m.UnloadVersion(key, evict=version in self.fe.specs.get(name, {})))
         for w in list(self.fe.workers.by_name.values()):
             if w.role in WORKER_ROLES:
                 self.fe.send_hub(w.name, [body])
@@ -363,6 +310,7 @@ class HotSwap:
         model.event("unloading", version=version, reason=f"unload ({source}): draining")
         fe.rollout.save()
         ld = self.loads[key] = Load(name, version, source, state="draining", spec=spec)
+        fe.poolctl.on_unloaded(key)
         in_flight = fe.table.per_model().get(key, 0)
         log.warning("unloading %s (%s): draining %d requests", key, source, in_flight)
         self.tick(time.monotonic())

@@ -21,6 +21,7 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 STAGE_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                  1.0, 5.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+COLD_LOAD_BUCKETS = (0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
 class _SnapshotCollector:
@@ -92,6 +93,12 @@ class Metrics:
         self.version_loads = Counter("aieng_version_loads", "Run-time loads of model versions, by outcome "
                                      "(ok: routable after its golden set; failed)",
                                      ["model", "version", "outcome"], registry=r)
+        self.cold_loads = Histogram("aieng_model_cold_load_seconds", "Loads of a lazy model's version "
+                                    "started by a request (build, warm-up and golden set), until routable",
+                                    ["model", "version"], buckets=COLD_LOAD_BUCKETS, registry=r)
+        self.evictions = Counter("aieng_model_evictions", "Versions of lazy models evicted (least recently "
+                                 "used) to load another within AIENG_MODEL_MEMORY_BUDGET",
+                                 ["model", "version"], registry=r)
         self.confidence = Histogram("aieng_output_confidence", "Top class probability of classifier answers",
                                     ["model", "version"], buckets=tuple(i / 10 for i in range(1, 11)),
                                     registry=r)
@@ -153,6 +160,12 @@ class Metrics:
 
     def version_load(self, model: str, version: str, outcome: str) -> None:
         self.version_loads.labels(model, version, outcome).inc()
+
+    def cold_load(self, model: str, version: str, seconds: float) -> None:
+        self.cold_loads.labels(model, version).observe(seconds)
+
+    def eviction(self, model: str, version: str) -> None:
+        self.evictions.labels(model, version).inc()
 
     def failed(self, model: str, version: str, code: str) -> None:
         self.requests.labels(model, version, code).inc()

@@ -79,7 +79,8 @@ class ClientOps:
                                                   load_error=failed.get(s.key))
                                           for v, s in versions.items()}}
             self._models_key, self._models_reply = key, out
-        return {"id": req_id, "ok": True, "models": self._models_reply}
+        # the pool's view changes with every cold load and eviction: built per call (a few lazy versions)
+        return {"id": req_id, "ok": True, "models": self._models_reply, "pool": fe.poolctl.view()}
 
     def stats(self, req_id: Any, req: dict) -> dict:
         """Stage timings (for ``aieng report``), queue depths, counts; ``reset`` starts a new window."""
@@ -90,7 +91,7 @@ class ClientOps:
         summary = fe.stats.summary(since)
         summary.update({"id": req_id, "ok": True, "in_flight": len(fe.table), "queue_depth": fe.table.depth(),
                         "counts": fe.pipeline.counts.view(), "restarts": fe.state["restarts"],
-                        "shadow": fe.mirror.view()})
+                        "shadow": fe.mirror.view(), "pool": fe.poolctl.view()})
         if req.get("reset") is True:
             fe.stats.reset()
             fe.mirror.reset()

@@ -9,8 +9,11 @@ Contract:
   not lazy is pinned whatever it says: only lazy, unpinned models are *evictable*, because an
   evicted version must be able to come back by itself on its next request (the lazy load path).
 - ``Pool`` tracks the resident versions (``loaded``/``unloaded``), their footprint in bytes (the
-  executor's measured RSS delta, or an estimate until one is measured), their recency (``touch``
-  on every request routed to them) and their requests in flight (``begin``/``end``).
+  largest measured for that version: a reload after an eviction reuses memory the allocator kept
+  and measures less than the version holds; an estimate until one is measured), their recency
+  (``touch`` on every request routed to them) and their requests in flight (``begin``/``end``, or
+  ``set_inflight`` from the request table).  ``reserve`` holds a loading version's estimate: it
+  counts against the budget and is never evicted until ``loaded``/``unloaded`` replaces it.
 - ``Pool.plan(key, need)`` answers which versions to evict, least recently used first, so that a
   load of ``need`` bytes fits the budget: never a pinned version, never one with a request in
   flight, never ``key`` itself.  ``[]`` when it fits already (or the budget is 0: no budget);
@@ -78,10 +81,15 @@ class Pool:
         self._measured: dict[Key, int] = {}  # survives an unload: the estimate for the next load
 
     def loaded(self, key: Key, footprint: int, evictable: bool) -> None:
-        """A version is resident everywhere; ``footprint`` is its measured size in bytes."""
-        self._measured[key] = max(0, footprint)
-        self._resident[key] = _Entry(max(0, footprint), evictable)
+        """A version is resident everywhere; ``footprint`` is its measured size in bytes (0: none)."""
+        size = self._measured[key] = max(self._measured.get(key, 0), footprint)
+        self._resident[key] = _Entry(size, evictable)
         self._resident.move_to_end(key)  # a fresh load counts as a use: it was loaded for a request
+
+    def reserve(self, key: Key, need: int) -> None:
+        """A load of ``key`` is under way: ``need`` bytes are taken, and it is not evictable."""
+        self._resident[key] = _Entry(max(0, need), False)
+        self._resident.move_to_end(key)
 
     def unloaded(self, key: Key) -> None:
         self._resident.pop(key, None)
@@ -105,6 +113,11 @@ class Pool:
         entry = self._resident.get(key)
         if entry is not None and entry.inflight > 0:
             entry.inflight -= 1
+
+    def set_inflight(self, counts: dict[Key, int]) -> None:
+        """Requests in flight per version, from the caller's request table (absent: none)."""
+        for key, entry in self._resident.items():
+            entry.inflight = max(0, counts.get(key, 0))
 
     def used(self) -> int:
         return sum(e.footprint for e in self._resident.values())

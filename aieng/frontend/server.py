@@ -10,8 +10,9 @@ decided elsewhere: ``clients`` (rate limits), ``ops`` (health, models, stats,
 log_level), ``admission`` (an ``infer`` map -> typed request, immediate
 answer or refusal; ``rollout`` picks the version), ``pipeline`` (stage hand-offs, hold across restarts, the
 one answer per request) over ``table`` (requests in flight, slot ownership)
-and ``workers`` (who is up); ``mirror`` (shadow copies to a candidate version,
-compared, never answered).  No CPU-heavy work happens here.
+and ``workers`` (who is up); ``poolctl`` (a request for a lazy model's cold
+version waits for its load; LRU eviction under the memory budget); ``mirror``
+(shadow copies to a candidate version, compared, never answered).  No CPU-heavy work happens here.
 
 On the way down (SIGTERM from the supervisor, or the supervisor's death,
 which the parent-death hook turns into SIGTERM) every request still in flight
@@ -43,6 +44,7 @@ from aieng.frontend.metrics import Metrics
 from aieng.frontend.mirror import Mirror
 from aieng.frontend.ops import ClientOps
 from aieng.frontend.pipeline import Pipeline
+from aieng.frontend.poolctl import PoolControl
 from aieng.frontend.rollout import Rollout
 from aieng.frontend.routestore import RouteStore, store_path
 from aieng.frontend.snapshot import publish_snapshot
@@ -87,6 +89,7 @@ class Frontend:
         self.pipeline.fanout = Fanout(self.pipeline, self.specs)  # pipeline models' steps
         self.ops = ClientOps(self)
         self.hotswap = HotSwap(self)
+        self.poolctl = PoolControl(self)  # after hotswap: it shows cold versions in its loads
         self.handlers = dict(self.pipeline.handlers)
         self.handlers.update(self.hotswap.handlers)
         self.handlers.update({m.Hello: self.on_hello, m.WorkerDown: self.on_worker_down,
@@ -141,6 +144,7 @@ class Frontend:
                 self.admin.drain()
             now = time.monotonic()
             self.pipeline.sweep(now)
+            self.poolctl.sweep(now)
             self.check_drain(now)
 
     def pulse(self, now: float) -> None:
@@ -178,8 +182,10 @@ class Frontend:
             self.on_client(frames)
 
     def check_drain(self, now: float) -> None:
-        if self.drain_deadline is None or (self.table.items and now < self.drain_deadline):
+        busy = self.table.items or self.poolctl.waiters()
+        if self.drain_deadline is None or (busy and now < self.drain_deadline):
             return
+        self.poolctl.fail_all(p.UNAVAILABLE, "server is shutting down")
         self.pipeline.fail_all(p.UNAVAILABLE, "server is shutting down")
         if self.drain_deadline != float("inf"):
             self.send_hub("supervisor", [m.encode(m.Drained(0))])
@@ -225,8 +231,8 @@ class Frontend:
                     a.params, trace=a.trace, probe=a.probe, cache_key=a.cache_key, degraded=a.degraded,
                     body=body, route=a.route)
         self.log.debug("admitted %s:%s", a.model, a.version, extra={"trace": a.trace})
-        self.pipeline.start(r)
-        self.mirror.after_admit(r, body)  # after the primary is on its way: a shadow never delays it
+        if self.poolctl.start(r):  # else it waits for its version's cold load (no shadow copy then)
+            self.mirror.after_admit(r, body)  # after the primary is on its way: a shadow never delays it
 
     def refuse(self, envelope: list, message: str, req_id: Any = None) -> None:
         """INVALID_REQUEST for a message that never became a request (counted, model unknown)."""
@@ -311,7 +317,8 @@ class Frontend:
         # queued in the client socket get UNAVAILABLE (draining), then everything in flight.
         self.admission.draining = True
         self.drain_clients()
-        answered = self.pipeline.fail_all(p.UNAVAILABLE, "server is shutting down")
+        answered = self.poolctl.fail_all(p.UNAVAILABLE, "server is shutting down")
+        answered += self.pipeline.fail_all(p.UNAVAILABLE, "server is shutting down")
         if answered:
             self.log.warning("stopping: answered %d requests in flight UNAVAILABLE", answered)
         if self.http is not None:

@@ -38,7 +38,7 @@ def publish_snapshot(fe: "Frontend", now: float, full: bool = True) -> None:
             "in_flight": len(fe.table),
             "drift_psi": {"/".join(k): round(v, 4) for k, v in fe.drift.scores().items()},
             "stats": fe.stats.summary(None) if asked else prev.get("stats", {}),
-            "routing": fe.rollout.view(),
+            "routing": fe.rollout.view(), "pool": fe.poolctl.view(),
             "models": {name: {v: {"hash": sp.content_hash, "metadata": sp.extra.get("metadata", {})}
                               for v, sp in vs.items()} for name, vs in fe.specs.items()}}
     old = fe.metrics.snapshot

@@ -134,3 +134,103 @@ def test_rss_bytes_sees_memory_the_process_touches():
     grown = rss_bytes() - before
     block.close()
     assert grown >= 32 << 20
+
+
+# -- the wiring's pure parts: reservations, busy versions, footprints, the model.yaml key, config ----
+def test_a_reservation_counts_against_the_budget_and_is_never_evicted():
+    pool = Pool(100)
+    pool.reserve(A, 60)  # loading
+    assert pool.plan(B, 50) is None  # A is not evictable while it loads
+    pool.loaded(A, 30, evictable=True)  # measured: the reservation is replaced
+    assert pool.used() == 30 and pool.plan(B, 50) == []
+    pool.reserve(C, 70)
+    pool.unloaded(C)  # a failed load gives its reservation back
+    assert pool.used() == 30
+
+
+def test_busy_versions_come_from_the_request_table():
+    pool = Pool(100)
+    pool.loaded(A, 60, evictable=True)
+    pool.set_inflight({A: 2})
+    assert pool.plan(B, 60) is None
+    pool.set_inflight({})  # absent: nothing in flight
+    assert pool.plan(B, 60) == [A]
+
+
+def test_the_largest_measured_footprint_is_kept():
+    """A reload after an eviction reuses memory the allocator kept and measures less: keep the max."""
+    pool = Pool(100)
+    pool.loaded(A, 40, evictable=True)
+    pool.unloaded(A)
+    pool.loaded(A, 3, evictable=True)
+    assert pool.used() == 40 and pool.estimate(A, 0) == 40
+
+
+def test_the_budgeted_footprint_is_the_executors_gpu_growth_else_its_rss_growth():
+    from aieng.frontend.poolctl import footprint_of
+
+    assert footprint_of({"executor": 50, "pre-0": 9, "post-0": 1}) == 50
+    assert footprint_of({"executor": 50, "executor:gpu": 700, "pre-0": 9}) == 700
+    assert footprint_of({"executor": 50, "executor:gpu": 0}) == 50
+    assert footprint_of({"pre-0": 9}) == 0  # no executor report: the caller estimates
+
+
+@pytest.fixture
+def lazy_repo(tmp_path):
+    import os
+    import shutil
+
+    src = os.path.join(os.path.dirname(__file__), "..", "..", "models", "tabular", "1")
+    if not os.path.isfile(os.path.join(src, "model.onnx")):
+        pytest.skip("demo models missing: run scripts/fetch_models.py")
+    shutil.copytree(src, tmp_path / "repo" / "tab" / "1")
+    return tmp_path / "repo"
+
+
+def test_the_pool_key_is_accepted_in_the_model_wide_yaml(lazy_repo):
+    from aieng.model_repo import scan
+
+    assert scan(str(lazy_repo))["tab"]["1"].extra["pool"] == {"lazy": False, "pinned": False}
+    (lazy_repo / "tab" / "model.yaml").write_text("pool: {lazy: true, pinned: true}\n")
+    assert scan(str(lazy_repo))["tab"]["1"].extra["pool"] == {"lazy": True, "pinned": True}
+
+
+def test_a_malformed_pool_key_fails_the_scan_naming_the_file(lazy_repo):
+    from aieng.model_repo import ModelError, scan
+
+    (lazy_repo / "tab" / "model.yaml").write_text("pool: {lazy: maybe}\n")
+    with pytest.raises(ModelError, match=r"tab/model.yaml: pool.lazy must be true or false"):
+        scan(str(lazy_repo))
+
+
+def test_a_pipeline_and_its_steps_cannot_be_lazy():
+    from types import SimpleNamespace
+
+    from aieng.model_repo import ModelError, check_pipeline_models
+
+    def spec(pipeline=None, lazy=False):
+        return SimpleNamespace(pipeline=pipeline, path="/r/x/1",
+                               extra={"pool": {"lazy": lazy, "pinned": False}})
+
+    steps = {"steps": [{"step": "detect", "model": "det"}]}
+    check_pipeline_models({"ocr": {"1": spec(steps)}, "det": {"1": spec()}})
+    with pytest.raises(ModelError, match="names model 'det', which is lazy"):
+        check_pipeline_models({"ocr": {"1": spec(steps)}, "det": {"1": spec(lazy=True)}})
+    with pytest.raises(ModelError, match="a pipeline model cannot be lazy"):
+        check_pipeline_models({"ocr": {"1": spec(steps, lazy=True)}, "det": {"1": spec()}})
+
+
+def test_the_budget_is_read_from_the_environment_and_cold_versions_never_are(tmp_path):
+    from aieng.config import INTERNAL, load_config
+
+    assert load_config(environ={}).model_memory_budget == 0
+    assert load_config(environ={"AIENG_MODEL_MEMORY_BUDGET": "1048576"}).model_memory_budget == 1 << 20
+    with pytest.raises(ValueError, match="model_memory_budget must be >= 0"):
+        load_config(environ={"AIENG_MODEL_MEMORY_BUDGET": "-1"})
+    assert "cold_versions" in INTERNAL  # the supervisor fills it in per spawn
+    with pytest.raises(ValueError, match="unknown environment variable AIENG_COLD_VERSIONS"):
+        load_config(environ={"AIENG_COLD_VERSIONS": "tab:1"})
+    path = tmp_path / "aieng.yaml"
+    path.write_text("cold_versions: [tab:1]\n")
+    with pytest.raises(ValueError, match="unknown setting 'cold_versions'"):
+        load_config(str(path), environ={})
