@@ -106,6 +106,10 @@ def swap_under_load(srv, admin: str, key: str, steady_s: float, after_s: float, 
         during = [lat for t, lat, mdl, ok, _ in traffic.replies if mdl == name and t0 <= t <= t1]
         print(f"  {name}: p99 steady {p99(before):.1f} ms ({len(before)} req), during the swap "
               f"{p99(during):.1f} ms ({len(during)} req): ratio {p99(during) / p99(before):.2f}")
+        slow = sorted(((lat, t - t0) for t, lat, mdl, _, _ in traffic.replies
+                       if mdl == name and t0 <= t <= t1), reverse=True)[:5]
+        print("    slowest during the swap: "
+              + ", ".join(f"{lat * 1000:.1f} ms at +{at:.2f}s" for lat, at in slow))
     failed = [code for *_, ok, code in traffic.replies if not ok]
     print(f"  failed requests: {len(failed)} of {len(traffic.replies)} {sorted(set(failed))}")
     assert call(admin, "unload", model=model, version=version)["ok"]
