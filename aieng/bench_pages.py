@@ -214,7 +214,8 @@ def fmt(rep: Report, ref: list[dict | None], srv: list[dict], n: int) -> str:
 
 def run(args, rep: Report, images: list[bytes], make_ref: Callable[[str], Any], steps_of: StepsOf) -> int:
     """The bench: reference, server at each level, reference again; writes ``<out>/<model>.md``.
-    ``make_ref(repo)`` returns the reference's ``call`` or None when the package is missing."""
+    ``make_ref(repo)`` returns the reference's ``call`` (its ``note``, if any, goes into the report) or None
+    when the package is missing."""
     from aieng.bench import write_report
     from aieng.config import load_config
 
@@ -228,6 +229,8 @@ def run(args, rep: Report, images: list[bytes], make_ref: Callable[[str], Any], 
     srv = server(rep.serve, rep.model, repo, images, levels, n, steps_of)
     after = reference(call, images, n) if call is not None else None
     text = fmt(rep, [before, after], srv, n)
+    if getattr(call, "note", None):
+        text += f"\n{call.note}\n"
     text += f"\nLoad average (1 min) at the end: {os.getloadavg()[0]:.2f}.\n"
     path = write_report(args.out, f"{rep.model}.md", text)
     print(text)
