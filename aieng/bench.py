@@ -370,13 +370,19 @@ def main_transports(args, transports: list[str]) -> int:
           flush=True)
     rows = transport_side(args.model, load_config().model_repository, inputs, levels, n_req, transports)
     text = fmt_transports(args.model, rows, n_req)
-    os.makedirs(args.out, exist_ok=True)
-    md = os.path.join(args.out, f"{args.model}-transports.md")
-    with open(md, "w", encoding="utf-8") as fh:
-        fh.write(text)
+    md = write_report(args.out, f"{args.model}-transports.md", text)
     print(text)
     print(f"wrote {md}")
     return 0
+
+
+def write_report(out: str, name: str, text: str) -> str:
+    """Write a bench's markdown as ``<out>/<name>``; returns the path."""
+    os.makedirs(out, exist_ok=True)
+    md = os.path.join(out, name)
+    with open(md, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    return md
 
 
 def main_bench(args) -> int:
@@ -394,6 +400,10 @@ def main_bench(args) -> int:
         from aieng.bench_ocr import main_ocr
 
         return main_ocr(args)
+    if args.model == "layout":  # beside rapid_layout's own pipeline, as ocr beside rapidocr's
+        from aieng.bench_layout import main_layout
+
+        return main_layout(args)
     cfg = load_config()
     repo = cfg.model_repository
     threads = cfg.intra_op_threads or cpu_count()
@@ -425,10 +435,7 @@ def main_bench(args) -> int:
         r["inprocess_cpu_ms"] = inproc.cpu_at(r["mean_batch"], n_inproc, cache)
     limit = max(before["best"], after["best"])
     text = fmt_table(args.model, before, after, srv, base, limit)
-    os.makedirs(args.out, exist_ok=True)
-    md = os.path.join(args.out, f"{args.model}.md")
-    with open(md, "w", encoding="utf-8") as fh:
-        fh.write(text)
+    md = write_report(args.out, f"{args.model}.md", text)
     _plot(args.model, srv, base, limit, os.path.join(args.out, f"{args.model}.png"))
     print(text)
     print(f"wrote {md} and {args.model}.png in {args.out} ({time.monotonic() - t_start:.0f} s)")

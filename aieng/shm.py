@@ -4,13 +4,24 @@ Each producer (a preprocess worker, the executor) owns exactly one ring, a
 POSIX shared-memory segment ``/dev/shm/aieng.<instance>.<worker>.<pid>``::
 
     +------------------ header (header_bytes(nslots), page aligned) ---------+
-    | magic u32 | version u32 | nslots u32 | pad u32 | slot_bytes u64       |
+    | magic u32 | version u32 | nslots u32 | nsmall u32 | slot_bytes u64    |
+    | small_bytes u64                                                        |
     | state  u8[nslots]   0 = FREE, 1 = BUSY                                 |
     | gen    u32[nslots]  bumped by the producer at every allocation         |
     | leased f64[nslots]  CLOCK_MONOTONIC seconds of the allocation          |
     +--------------------------- data --------------------------------------+
-    | slot 0 (slot_bytes) | slot 1 | ... | slot nslots-1                     |
+    | small slot 0 (small_bytes) | ... | small slot nsmall-1 |               |
+    | slot nsmall (slot_bytes)   | ... | slot nslots-1                       |
     +-----------------------------------------------------------------------+
+
+Two size classes: the first ``nsmall`` slots are ``small_bytes`` each, the
+rest ``slot_bytes`` (the largest request the ring takes); ``nsmall`` is 0 for
+a ring of one size.  ``alloc(nbytes)`` takes a slot of the smallest class the
+payload fits and never one of the other class: small requests (an OCR crop,
+a text request) cannot run out of slots because a few big ones (a 36 MB page
+tensor) hold all the big slots, and they cannot take the big slots from pages
+either (issue 13: with one class a producer ring had 7 slots of 36 MB, and
+crops waited ~48 ms each for one).
 
 One slot holds all tensors of one request, each 64-byte aligned, described by
 ``[name, dtype, shape, offset]`` entries that travel in the control message
@@ -26,8 +37,9 @@ Lifecycle of a slot:
   * a slot BUSY for longer than ``lease_s`` (well beyond any deadline) is
     reclaimed by the producer: the safety net for a party that died holding it.
 
-When no slot is FREE the producer waits (backpressure, not an error).  A
-request whose tensors do not fit one slot fails with INVALID_INPUT.
+When no slot of its class is FREE the producer waits (backpressure, not an
+error).  A request whose tensors do not fit the largest slot fails with
+INVALID_INPUT.
 
 State bytes are written by one party at a time; on x86 (TSO) a consumer's
 reads of the data complete before its FREE store becomes visible, and the ZMQ
@@ -49,8 +61,9 @@ import numpy as np
 SHM_DIR = "/dev/shm"
 PREFIX = "aieng."
 MAGIC = 0x4E454941  # "AIEN"
-VERSION = 1
+VERSION = 2  # 2: the size classes (nsmall, small_bytes)
 ALIGN = 64
+FIXED = 32  # the header's fixed fields: struct "<IIIIQQ"
 FREE, BUSY = 0, 1
 
 _NAME_RE = re.compile(r"^aieng\.([0-9]+)\.")
@@ -68,7 +81,19 @@ def lease_for(max_timeout_ms: int) -> float:
 
 def header_bytes(nslots: int) -> int:
     """Header size for a ring of ``nslots``: fixed fields + state/gen/leased, page aligned."""
-    return (24 + nslots + 8 + 4 * nslots + 8 + 8 * nslots + 4095) & ~4095
+    return (FIXED + nslots + 8 + 4 * nslots + 8 + 8 * nslots + 4095) & ~4095
+
+
+def page_round(nbytes: int) -> int:
+    return (nbytes + 4095) & ~4095
+
+
+def payload_bytes(tensors: list[tuple[str, np.ndarray]]) -> int:
+    """The bytes ``Ring.write`` uses for ``tensors`` (each 64-byte aligned): which class they need."""
+    off = 0
+    for _, arr in tensors:
+        off = (off + np.asarray(arr).nbytes + ALIGN - 1) & ~(ALIGN - 1)
+    return off
 
 
 class Segment:
@@ -113,18 +138,20 @@ class Ring:
     """A slot ring over one segment; the owner creates it, others attach."""
 
     def __init__(self, segment: Segment, nslots: int | None = None, slot_bytes: int | None = None,
-                 lease_s: float = 600.0):
+                 lease_s: float = 600.0, nsmall: int = 0, small_bytes: int = 0):
         self.seg = segment
         self.lease_s = lease_s
         hdr = segment.buf
         if nslots is not None:  # creating
-            struct.pack_into("<IIIIQ", segment.mm, 0, MAGIC, VERSION, nslots, 0, slot_bytes)
-        magic, version, n, _, sb = struct.unpack_from("<IIIIQ", segment.mm, 0)
+            struct.pack_into("<IIIIQQ", segment.mm, 0, MAGIC, VERSION, nslots, nsmall, slot_bytes,
+                             small_bytes)
+        magic, version, n, ns, sb, small = struct.unpack_from("<IIIIQQ", segment.mm, 0)
         if magic != MAGIC or version != VERSION:
             raise ValueError(f"{segment.name}: not an aieng ring")
-        self.nslots, self.slot_bytes = n, sb
+        self.nslots, self.slot_bytes, self.nsmall, self.small_bytes = n, sb, ns, small
         self.data_start = header_bytes(n)
-        off = 24
+        self.big_start = self.data_start + ns * small  # where the slot_bytes slots begin
+        off = FIXED
         self.state = hdr[off:off + n]
         off = (off + n + 7) & ~7
         self.gen = hdr[off:off + 4 * n].view(np.uint32)
@@ -134,22 +161,30 @@ class Ring:
 
     # -- producer side ------------------------------------------------------
     @classmethod
-    def create(cls, name: str, nslots: int, slot_bytes: int, lease_s: float = 600.0) -> "Ring":
+    def create(cls, name: str, nslots: int, slot_bytes: int, lease_s: float = 600.0, nsmall: int = 0,
+               small_bytes: int = 0) -> "Ring":
+        """``nslots`` slots, the first ``nsmall`` of them of ``small_bytes`` (sizes page-rounded)."""
         if not 1 <= nslots <= 65536:
             raise ValueError("a ring has 1..65536 slots")
-        slot_bytes = (slot_bytes + 4095) & ~4095
-        seg = Segment(name, header_bytes(nslots) + nslots * slot_bytes, create=True)
-        return cls(seg, nslots, slot_bytes, lease_s)
+        slot_bytes, small_bytes = page_round(slot_bytes), page_round(small_bytes) if nsmall else 0
+        if not 0 <= nsmall < nslots or small_bytes > slot_bytes:
+            raise ValueError("small slots: 0..nslots-1 of them, no bigger than the others")
+        seg = Segment(name, header_bytes(nslots) + nsmall * small_bytes + (nslots - nsmall) * slot_bytes,
+                      create=True)
+        return cls(seg, nslots, slot_bytes, lease_s, nsmall, small_bytes)
 
-    def alloc(self) -> tuple[int, int] | None:
-        """Take a FREE slot: ``(slot, gen)``, or None when the ring is full."""
-        free = np.flatnonzero(self.state == FREE)
+    def alloc(self, nbytes: int = 0) -> tuple[int, int] | None:
+        """Take a FREE slot of the class ``nbytes`` fits (the big class when it fits neither: ``write``
+        refuses it): ``(slot, gen)``, or None when that class is full."""
+        small = self.nsmall and nbytes <= self.small_bytes
+        lo, hi = (0, self.nsmall) if small else (self.nsmall, self.nslots)
+        free = np.flatnonzero(self.state[lo:hi] == FREE)
         if free.size == 0:
             self.reclaim()
-            free = np.flatnonzero(self.state == FREE)
+            free = np.flatnonzero(self.state[lo:hi] == FREE)
             if free.size == 0:
                 return None
-        slot = int(free[0])  # lowest index: keeps the touched pages few
+        slot = lo + int(free[0])  # lowest index: keeps the touched pages few
         gen = (int(self.gen[slot]) + 1) & 0xFFFFFFFF
         self.gen[slot] = gen
         self.leased[slot] = time.monotonic()
@@ -164,14 +199,14 @@ class Ring:
 
     def write(self, slot: int, tensors: Iterable[tuple[str, np.ndarray]]) -> list[list[Any]]:
         """Copy tensors into a slot; returns their descriptors."""
-        base = self.data_start + slot * self.slot_bytes
+        base, size = self.where(slot)
         off = 0
         descs = []
         for name, arr in tensors:
             arr = np.asarray(arr)
             nbytes = arr.nbytes
-            if off + nbytes > self.slot_bytes:
-                raise OverflowError(f"tensors need more than the {self.slot_bytes}-byte slot")
+            if off + nbytes > size:
+                raise OverflowError(f"tensors need more than the {size}-byte slot")
             dst = self.seg.buf[base + off: base + off + nbytes].view(arr.dtype).reshape(arr.shape)
             np.copyto(dst, arr, casting="no")
             descs.append([name, arr.dtype.str, list(arr.shape), off])
@@ -181,9 +216,15 @@ class Ring:
     def in_use(self) -> int:
         return int(np.count_nonzero(self.state))
 
+    def where(self, slot: int) -> tuple[int, int]:
+        """``(offset, bytes)`` of a slot in the segment."""
+        if slot < self.nsmall:
+            return self.data_start + slot * self.small_bytes, self.small_bytes
+        return self.big_start + (slot - self.nsmall) * self.slot_bytes, self.slot_bytes
+
     # -- consumer side ------------------------------------------------------
     def views(self, slot: int, descs: list[list[Any]]) -> dict[str, np.ndarray]:
-        base = self.data_start + slot * self.slot_bytes
+        base = self.where(slot)[0]
         out = {}
         for name, dtype, shape, off in descs:
             dt = np.dtype(dtype)

@@ -16,7 +16,7 @@ second.  A message that cannot be decoded is logged and skipped: it never
 ends the worker.
 
 ``publish`` is the one ring-publishing path for both producers: take a slot
-(waiting while the ring is full: backpressure, with heartbeats, bounded by the
+of the payload's size class (waiting while that class is full: backpressure, with heartbeats, bounded by the
 request's deadline), write the tensors, return their ``Ref``.
 """
 from __future__ import annotations
@@ -78,12 +78,14 @@ def run_process(role: str, cfg_dict: dict, spec_dicts: dict, worker: str, ready_
         obj.close()
 
 
-def own_ring(cfg: Config, worker: str, need_bytes: int) -> shm.Ring:
+def own_ring(cfg: Config, worker: str, need_bytes: int, small_requests: bool = False) -> shm.Ring:
     """This producer's ring: a slot per request the service may hold, each big enough for its models
-    (fewer, bigger slots in the same bytes when a model needs them: ``shmsize.ring_shape``)."""
+    (fewer, bigger slots in the same bytes when a model needs them, and a class of small slots beside
+    them when some model's requests are small: ``shmsize.ring_shape``)."""
     name = shm.segment_name(cfg.instance, worker, os.getpid())
-    nslots, slot_bytes = shmsize.ring_shape(cfg, need_bytes)
-    return shm.Ring.create(name, nslots, slot_bytes, lease_s=shm.lease_for(cfg.max_timeout_ms))
+    nslots, slot_bytes, nsmall = shmsize.ring_shape(cfg, need_bytes, small_requests)
+    return shm.Ring.create(name, nslots, slot_bytes, lease_s=shm.lease_for(cfg.max_timeout_ms),
+                           nsmall=nsmall, small_bytes=cfg.shm_slot_bytes)
 
 
 class HubWorker:
@@ -175,13 +177,15 @@ class HubWorker:
 
     def publish(self, ring: shm.Ring, tensors, deadline: float, overflow_code: str) -> m.Ref:
         """Write one request's tensors into a slot of ``ring``; raises RequestError when it cannot."""
-        slot = ring.alloc()
-        while slot is None:  # ring full: backpressure until a consumer frees a slot
+        tensors = list(tensors)
+        nbytes = shm.payload_bytes(tensors)  # its size class (shm.Ring)
+        slot = ring.alloc(nbytes)
+        while slot is None:  # its class is full: backpressure until a consumer frees a slot
             if time.monotonic() > deadline:
                 raise RequestError(TIMEOUT, "deadline passed waiting for a shared-memory slot")
             time.sleep(0.0005)
             self.heartbeat()
-            slot = ring.alloc()
+            slot = ring.alloc(nbytes)
         try:
             descs = ring.write(slot[0], tensors)
         except OverflowError as exc:

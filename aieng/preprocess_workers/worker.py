@@ -90,8 +90,11 @@ class PreprocessWorker(HubWorker):
                                  on_remove=lambda key: self.specs.pop(key, None))
 
     def init_ring(self) -> None:
-        need = max((getattr(p, "max_request_bytes", 0) for p in self.procs.values()), default=0)
-        self.ring = own_ring(self.cfg, self.worker, need)
+        needs = [getattr(p, "max_request_bytes", 0) for p in self.procs.values()]
+        # small slots beside big ones when some model's requests are small (textrec's crops beside
+        # textdet's pages): pages then never hold every slot a crop could use (shmsize.ring_shape)
+        self.ring = own_ring(self.cfg, self.worker, max(needs, default=0),
+                             small_requests=any(n <= self.cfg.shm_slot_bytes for n in needs))
 
     def info(self) -> dict:
         return {"ring": self.ring.seg.name, "failed": dict(self.failed)}

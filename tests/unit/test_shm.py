@@ -227,7 +227,7 @@ def test_overflow_does_not_spill_into_next_slot(make_ring):
 def test_header_layout_fits_and_is_page_aligned(nslots):
     hb = shm.header_bytes(nslots)
     assert hb % 4096 == 0
-    state_end = 24 + nslots
+    state_end = shm.FIXED + nslots
     gen_start = (state_end + 7) & ~7
     leased_start = (gen_start + 4 * nslots + 7) & ~7
     assert leased_start + 8 * nslots <= hb
@@ -238,7 +238,7 @@ def test_header_arrays_are_disjoint(make_ring):
     base = ring.seg.buf.ctypes.data
     spans = sorted((a.ctypes.data - base, a.ctypes.data - base + a.nbytes)
                    for a in (ring.state, ring.gen, ring.leased))
-    assert spans[0][0] >= 24
+    assert spans[0][0] >= shm.FIXED
     assert all(spans[i][1] <= spans[i + 1][0] for i in range(2))
     assert spans[-1][1] <= ring.data_start
     assert ring.gen.ctypes.data % 4 == 0 and ring.leased.ctypes.data % 8 == 0
