@@ -126,8 +126,10 @@ class Executor(HubWorker):
 
     def check_loaded(self, key: str, sess: ModelSession) -> None:
         if sess.max_output_bytes > self.ring.slot_bytes:
-            raise ValueError(f"its outputs need {sess.max_output_bytes} bytes per request, over the executor "
-                             f"ring's {self.ring.slot_bytes}-byte slots (a restart sizes them for it)")
+            need, have = sess.max_output_bytes, self.ring.slot_bytes
+            raise ValueError(f"its outputs need {need} bytes per request, over the executor ring's "
+                             f"{have}-byte slots, sized at start for the versions built then: set "
+                             f"AIENG_SHM_SLOT_BYTES >= {need}, or serve it from the start (not lazy)")
 
     def add_to_batcher(self, spec: ModelSpec, sess: ModelSession) -> None:
         b = spec.batching

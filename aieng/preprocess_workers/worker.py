@@ -83,7 +83,8 @@ class PreprocessWorker(HubWorker):
             need = getattr(proc, "max_request_bytes", 0)
             if need > self.ring.slot_bytes:
                 raise ValueError(f"its requests need {need} bytes, over this worker's {self.ring.slot_bytes}-"
-                                 f"byte ring slots (a restart sizes them for it)")
+                                 f"byte ring slots, sized at start for the versions built then: set "
+                                 f"AIENG_SHM_SLOT_BYTES >= {need}, or serve it from the start (not lazy)")
 
         self.versions = Versions(self, self.procs, self.failed, lambda s: PROCESSORS[s.preprocess["type"]](s),
                                  check=check, on_add=lambda spec, _: self.specs.__setitem__(spec.key, spec),
