@@ -89,9 +89,12 @@ class Versions:
                  build: Callable[[ModelSpec], Any], background: bool = False,
                  check: Callable[[str, Any], None] | None = None,
                  on_add: Callable[[ModelSpec, Any], None] | None = None,
-                 on_remove: Callable[[str], None] | None = None):
+                 on_remove: Callable[[str], None] | None = None, defer: bool = False):
         self.worker, self.store, self.failed = worker, store, failed
         self.build, self.background, self.check = build, background, check
+        # ``defer``: a load is built after the tasks that arrived with it (``build_deferred``, called by
+        # the worker at the end of its drain), so a build never delays requests it already holds
+        self.defer, self.deferred = defer, []
         self.on_add, self.on_remove = on_add, on_remove
         self.building: set[str] = set()
         # (spec, built, error, seconds, footprint bytes, GPU footprint bytes), appended by build threads
@@ -110,9 +113,17 @@ class Versions:
         self.building.add(spec.key)
         if self.background:
             threading.Thread(target=self._build, args=(spec,), name=f"load-{spec.key}", daemon=True).start()
+        elif self.defer:
+            self.deferred.append(spec)
         else:
             self._build(spec)
             self.poll()
+
+    def build_deferred(self) -> None:
+        """Build the loads that arrived in this drain (``defer``), now that its tasks are handled."""
+        while self.deferred:
+            self._build(self.deferred.pop(0))
+        self.poll()
 
     def _build(self, spec: ModelSpec) -> None:
         t0, rss0 = time.perf_counter(), rss_bytes()

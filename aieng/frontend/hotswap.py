@@ -59,6 +59,7 @@ if TYPE_CHECKING:  # pragma: no cover
 GOLDEN_CLIENT = b"\x00golden"  # the envelope of golden requests: answered to ``on_answer``, never a socket
 LOAD_TIMEOUT_S = 300.0  # a worker that never answers a load fails it
 WORKER_ROLES = ("preprocess", "executor", "postprocess")
+GOLDEN_WINDOW = 2  # golden requests of one load in flight at once
 log = logging.getLogger("aieng.frontend.hotswap")
 
 
@@ -94,6 +95,10 @@ class Load:
     at: float = field(default_factory=time.time)
     footprint: dict = field(default_factory=dict)  # worker -> its RSS growth building it (VersionLoaded)
     release_pending: bool = False  # failed with its golden requests still in flight: release once they end
+    pre_queue: list = field(default_factory=list)  # preprocess workers still to build it, one at a time
+    next_case: int = 0  # the next golden case to send
+    pre_now: str = ""  # the preprocess worker building it now (out of the rotation meanwhile)
+    body: bytes = b""  # the encoded LoadVersion
 
     def view(self) -> dict:
         out = {"state": self.state, "source": self.source, "at": self.at, "seconds": round(self.seconds, 3),
@@ -164,18 +169,45 @@ class HotSwap:
         ld.spec, ld.golden, ld.state = spec, golden, "loading"
         body = m.encode(m.LoadVersion(spec.to_dict()))
         fe.send_hub("supervisor", [body])  # first: a worker restarted from now on comes up with it
+        ld.body = body
         for w in list(fe.workers.by_name.values()):
-            if w.role in WORKER_ROLES and fe.send_hub(w.name, [body]):
+            if w.role == "preprocess":
+                ld.pre_queue.append(w.name)
+            elif w.role in WORKER_ROLES and fe.send_hub(w.name, [body]):
                 ld.waiting.add(w.name)
+        self.next_preprocess(ld)
         log.info("%s validated (sha256 %s; golden set: %s); building in every worker", spec.key,
                  spec.content_hash[:16], f"{len(golden['cases'])} cases" if golden else "none")
         self.advance(ld)  # no worker connected right now: each comes (back) with it from the supervisor
+
+    def next_preprocess(self, ld: Load) -> None:
+        """Preprocess workers build a version one at a time, each out of the rotation while it does (a
+        tokenizer's parse holds the worker's only thread for tens of ms): the others serve meanwhile."""
+        while not ld.pre_now and ld.pre_queue:
+            name = ld.pre_queue.pop(0)
+            if name not in self.fe.workers.by_name:
+                continue  # gone: it comes back with the version from the supervisor
+            self.fe.workers.resting.add(name)
+            if self.fe.send_hub(name, [ld.body]):
+                ld.waiting.add(name)
+                ld.pre_now = name
+            else:
+                self.fe.workers.resting.discard(name)
+
+    def rested(self, ld: Load, worker: str) -> None:
+        """``worker`` answered (or died): it is routed to again, and the next one builds."""
+        if worker and worker == ld.pre_now:
+            self.fe.workers.resting.discard(worker)
+            ld.pre_now = ""
+            if ld.state == "loading":
+                self.next_preprocess(ld)
 
     def on_loaded(self, msg: m.VersionLoaded, ident: bytes) -> None:
         ld = self.loads.get(msg.key)
         if ld is None or ld.state != "loading":
             return
         ld.waiting.discard(msg.worker)
+        self.rested(ld, msg.worker)
         ld.footprint[msg.worker] = msg.footprint_bytes
         if msg.gpu_footprint_bytes:  # the executor's CUDA session (NVML): what the pool budgets then
             ld.footprint[f"{msg.worker}:gpu"] = msg.gpu_footprint_bytes
@@ -191,10 +223,11 @@ class HotSwap:
         for ld in self.loads.values():
             if ld.state == "loading" and worker in ld.waiting:
                 ld.waiting.discard(worker)
+                self.rested(ld, worker)
                 self.advance(ld)
 
     def advance(self, ld: Load) -> None:
-        if ld.waiting or ld.state != "loading":
+        if ld.waiting or ld.pre_queue or ld.state != "loading":
             return
         if ld.golden is None:
             log.warning("%s has no %s: routable without one", ld.spec.key, GOLDEN_FILE)
@@ -204,10 +237,14 @@ class HotSwap:
         self.run_golden(ld)
 
     def run_golden(self, ld: Load) -> None:
+        """Send the golden cases, at most ``GOLDEN_WINDOW`` in flight: a version's whole golden set as
+        one batch would hold the executor's lane from the models serving meanwhile."""
         fe, spec = self.fe, ld.spec
-        now = time.monotonic()
         timeout_s = (spec.timeout_ms or fe.cfg.default_timeout_ms) / 1000.0
-        for i, case in enumerate(ld.golden["cases"]):
+        cases = ld.golden["cases"]
+        while len(ld.pending) < GOLDEN_WINDOW and ld.next_case < len(cases):
+            i, case = ld.next_case, cases[ld.next_case]
+            ld.next_case += 1
             self.serial += 1
             rid_client = f"golden:{spec.key}:{self.serial}"
             inputs = {k: _input(v) for k, v in case["inputs"].items()}
@@ -215,9 +252,12 @@ class HotSwap:
             body = p.pack({"op": "infer", "model": spec.name, "version": spec.version, "inputs": inputs,
                            "params": params})
             ld.pending[rid_client] = i
+            now = time.monotonic()
             fe.pipeline.start(Request(fe.table.new_rid(), [GOLDEN_CLIENT], rid_client, spec.name,
                                       spec.version, now + timeout_s, now, params,
                                       trace=f"golden{self.serial}", body=body, route="golden"))
+            if ld.state != "golden":  # answered at once (refused): the load failed
+                return
 
     def on_answer(self, body: bytes) -> None:
         """The answer to a golden request (``Frontend.reply`` hands over every GOLDEN_CLIENT envelope)."""
@@ -233,6 +273,7 @@ class HotSwap:
         why = compare(ld.golden, ld.golden["cases"][case]["expected"], ans.get("outputs") or {})
         if why is not None:
             return self.fail(ld, f"golden case {case}: {why}")
+        self.run_golden(ld)
         if not ld.pending:
             self.ready(ld)
 
@@ -255,6 +296,8 @@ class HotSwap:
         ld.state, ld.error, ld.seconds = "failed", why[:500], time.monotonic() - ld.started
         ld.pending.clear()
         ld.waiting.clear()
+        ld.pre_queue.clear()
+        self.rested(ld, ld.pre_now)  # routed to again (state is failed: no next one)
         model = fe.rollout.models.get(ld.name)
         if model is not None:
             model.event("load_failed", version=ld.version, reason=ld.error)

@@ -3,8 +3,9 @@
 A worker is known from its ``Hello`` (sent when it is ready, then once a
 second as a heartbeat) until the supervisor reports it down or a send to it
 fails.  One silent for ``SILENCE_S`` is not routed to (it may be hung; the
-supervisor decides whether to kill it).  Hellos from a pid already reported
-dead are ignored: they can still sit in the hub's queue after its death.
+supervisor decides whether to kill it).  One *resting* (building a run-time
+load, ``hotswap``) is routed to only when no other worker of its role is live.
+Hellos from a pid already reported dead are ignored: they can still sit in the hub's queue after its death.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ class Workers:
         self.dead_pids: set[int] = set()
         self.died_at: dict[str, float] = {}  # worker name -> monotonic seconds of its last death
         self.turn = 0
+        self.resting: set[str] = set()  # building a run-time load: routed to only when no other is live
 
     def hello(self, msg: m.Hello, now: float) -> bool:
         """Record a heartbeat; True when this is a worker (or a pid of it) not seen before."""
@@ -81,6 +83,7 @@ class Workers:
         names = [w.name for w in self.by_name.values() if w.role == role and now - w.seen <= SILENCE_S]
         if not names:
             return None
+        names = [n for n in names if n not in self.resting] or names
         if len(names) == 1:
             return names[0]
         self.turn += 1

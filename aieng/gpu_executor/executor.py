@@ -41,6 +41,7 @@ from aieng.worker_runtime import HubWorker, own_ring, push_socket
 WIDE_MAX_ROWS = 4  # the most rows a lone batch may have to run on the wide session
 
 
+BACKGROUND_WARM_ROWS = 8  # a run-time load warms batches up to this many rows (see ModelSession.warmup)
 WARM_DUTY = 0.5  # a background warm-up runs at most this share of the time: serving keeps the cores
 
 
@@ -64,7 +65,7 @@ def paced_warmup(sess: ModelSession) -> int:
 
     sess.run = paced  # this instance only, for the warm-up
     try:
-        return sess.warmup()
+        return sess.warmup(max_rows=BACKGROUND_WARM_ROWS)
     finally:
         del sess.run
 

@@ -190,10 +190,12 @@ class ModelSession:
                              else np.zeros(shape, dtype=i.dtype))
         return feeds
 
-    def warmup(self) -> int:
+    def warmup(self, max_rows: int = 0) -> int:
         """Run every warm length at 1 and max rows (allocations happen here, not on the first real
         request), then time a spread of row counts at one middle length to seed the batcher's
-        cost model.  Returns the number of runs.
+        cost model.  Returns the number of runs.  ``max_rows``: at most this many rows (a run-time
+        load beside serving: minilm's 32 x 128 run alone takes 0.8 s of both cores; a bigger batch
+        later grows the arena once, and the batcher learns its cost from real runs).
 
         Also records ``max_output_bytes``: the most output bytes one request may produce (measured at
         each warm length, scaled up linearly to ``max_length``), which sizes the executor's output
@@ -203,6 +205,8 @@ class ModelSession:
         self.max_output_bytes = 0
         self.warm_costs: list[tuple[int, int, float]] = []
         max_b = int(self.spec.batching["max_batch_size"])
+        if max_rows:
+            max_b = min(max_b, max_rows)
         lengths = self.warm_lengths()
         for length in lengths:
             for rows in sorted({1, max_b}):

@@ -88,7 +88,7 @@ class PreprocessWorker(HubWorker):
 
         self.versions = Versions(self, self.procs, self.failed, lambda s: PROCESSORS[s.preprocess["type"]](s),
                                  check=check, on_add=lambda spec, _: self.specs.__setitem__(spec.key, spec),
-                                 on_remove=lambda key: self.specs.pop(key, None))
+                                 on_remove=lambda key: self.specs.pop(key, None), defer=True)
 
     def init_ring(self) -> None:
         needs = [getattr(p, "max_request_bytes", 0) for p in self.procs.values()]
@@ -108,6 +108,7 @@ class PreprocessWorker(HubWorker):
         for start in range(0, len(self.arrived), MAX_DRAIN):
             self.handle(self.arrived[start:start + MAX_DRAIN])
         self.arrived.clear()
+        self.versions.build_deferred()  # a run-time load after the tasks that came with it
 
     def handle(self, arrived: list) -> None:
         started = time.monotonic()
