@@ -106,7 +106,10 @@ class Executor(HubWorker):
                 and sess.provider == "CPUExecutionProvider"):
             try:  # an optional speed-up: the model serves on its lanes without it
                 w = ModelSession(spec, self.cfg.device, cpu_count(), self.cfg.ort_spinning)
-                runs += w.warm_small(WIDE_MAX_ROWS)
+                # never more rows than the model takes: layout's and textdet's inputs hold one image, and
+                # warming them at 4 rows failed, which left them without their wide session (c=1 ran on
+                # one thread: 125 ms against 73 ms for layout)
+                runs += w.warm_small(min(WIDE_MAX_ROWS, int(spec.batching["max_batch_size"])))
                 self.wide[spec.key] = w
             except Exception as exc:
                 self.log.warning("%s: no idle-time wide session (%s: %s)", spec.key, type(exc).__name__, exc)
@@ -164,7 +167,9 @@ class Executor(HubWorker):
 
     def info(self) -> dict:
         return {"ring": self.ring.seg.name, "runtime": describe_runtime(), "lanes": self.lanes.n,
-                "models": {k: s.describe() for k, s in self.sessions.items()}, "failed": dict(self.failed)}
+                "models": {k: {**s.describe(), "idle_wide_session": k in self.wide}
+                           for k, s in self.sessions.items()},
+                "failed": dict(self.failed)}
 
     # -- the loop ---------------------------------------------------------------
     def on_task(self, task: m.InferTask, frames: list) -> None:

@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 from shapely.geometry import Polygon
 
-from aieng.client import AsyncClient, ServerError
+from aieng.client import AsyncClient, Client, ServerError
 from tests.conftest import MODELS, ROOT, ServerProcess
 
 pytestmark = pytest.mark.e2e
@@ -278,3 +278,13 @@ def test_a_line_near_the_widest_allowed_is_read_as_rapidocr_reads_it(ocr_server,
                 1.0, (0, 0, 0), 2, cv2.LINE_AA)
     got = one(ocr_server.addr, "textrec", png(img))["outputs"]
     assert got["text"] == rapidocr[1](TextRecInput(img=img)).txts[0]
+
+
+def test_every_model_has_its_idle_wide_session_even_one_that_takes_a_single_image(ocr_server):
+    """A lone page while the executor is idle runs on every core: layout and textdet take one image per run,
+    and warming their wide session at 4 rows once failed, which left a page at c=1 on one thread."""
+    with Client(ocr_server.addr, timeout_s=30) as c:
+        models = c.call({"op": "models"})["models"]
+    wide = {name: models[name]["versions"]["1"]["onnx"]["idle_wide_session"] for name in ("layout", "textdet",
+                                                                                           "textrec")}
+    assert wide == {"layout": True, "textdet": True, "textrec": True}
