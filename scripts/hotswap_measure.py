@@ -34,6 +34,7 @@ from aieng.client import AsyncClient, build_request  # noqa: E402
 from aieng.rollout_cli import call  # noqa: E402
 from tests.conftest import ServerProcess  # noqa: E402
 
+POLL_S = float(os.environ.get("POLL_S", "0.1"))
 INPUTS = {"minilm": {"text": "a steady stream of sentences to embed, one after another"},
           "tabular": {"island": "Dream", "bill_length_mm": 39.0, "flipper_length_mm": 190.0}}
 
@@ -77,13 +78,14 @@ def p99(xs: list[float]) -> float:
     return xs[min(len(xs) - 1, int(0.99 * len(xs)))] * 1000 if xs else float("nan")
 
 
-def wait_state(admin: str, model: str, version: str, states: tuple, limit_s: float = 300) -> dict:
+def wait_state(admin: str, model: str, version: str, states: tuple, limit_s: float = 300,
+               every_s: float = 0.1) -> dict:
     end = time.monotonic() + limit_s
     while time.monotonic() < end:
         v = call(admin, "models")["models"][model]["versions"].get(version) or {}
         if (v.get("load") or {}).get("state") in states:
             return v["load"]
-        time.sleep(0.1)
+        time.sleep(every_s)
     raise TimeoutError(f"{model}:{version} not in {states} within {limit_s}s")
 
 
@@ -95,7 +97,7 @@ def swap_under_load(srv, admin: str, key: str, steady_s: float, after_s: float, 
     t0 = time.monotonic()
     reply = call(admin, "load", model=model, version=version)
     assert reply["ok"], reply
-    load = wait_state(admin, model, version, ("ready", "failed"))
+    load = wait_state(admin, model, version, ("ready", "failed"), every_s=POLL_S)
     t1 = time.monotonic()
     time.sleep(after_s)
     traffic.stop.set()
@@ -106,6 +108,13 @@ def swap_under_load(srv, admin: str, key: str, steady_s: float, after_s: float, 
         during = [lat for t, lat, mdl, ok, _ in traffic.replies if mdl == name and t0 <= t <= t1]
         print(f"  {name}: p99 steady {p99(before):.1f} ms ({len(before)} req), during the swap "
               f"{p99(during):.1f} ms ({len(during)} req): ratio {p99(during) / p99(before):.2f}")
+        # p99 of so few samples is about their maximum: compare it with steady windows of as many requests
+        n = max(1, len(during))
+        windows = [p99(before[i:i + n]) for i in range(0, len(before) - n + 1, n)]
+        if windows:
+            same = sorted(windows)[len(windows) // 2]
+            print(f"    steady windows of {n} requests: median p99 {same:.1f} ms (of {len(windows)} windows, "
+                  f"worst {max(windows):.1f}): during / median window {p99(during) / same:.2f}")
         slow = sorted(((lat, t - t0) for t, lat, mdl, _, _ in traffic.replies
                        if mdl == name and t0 <= t <= t1), reverse=True)[:5]
         print("    slowest during the swap: "

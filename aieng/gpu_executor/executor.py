@@ -45,15 +45,21 @@ BACKGROUND_WARM_ROWS = 8  # a run-time load warms batches up to this many rows (
 WARM_DUTY = 0.5  # a background warm-up runs at most this share of the time: serving keeps the cores
 
 
+def lower_priority() -> None:
+    """The calling thread (only it: Linux nice is per thread) to nice 10.  Threads it creates inherit
+    that, and an unprivileged process cannot raise them back: never before creating threads that serve."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except OSError:
+        pass
+
+
 def paced_warmup(sess: ModelSession) -> int:
     """``sess.warmup()`` on the loader thread, made polite: the thread drops to nice 10 (its own; the
     session's pool threads, made earlier, keep their priority for serving later) and sleeps after each
     warm-up run for as long as the run took.  A swap takes longer; the models serving meanwhile keep
     their latency (measured: scripts/hotswap_measure.py)."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-    except OSError:
-        pass
+    lower_priority()
     run = sess.run
 
     def paced(feeds):
@@ -100,6 +106,8 @@ class Executor(HubWorker):
         t0 = time.perf_counter()
         model_repo.verify_content(spec)  # never load a file that changed under us
         threads = self.cfg.intra_op_threads or max(1, cpu_count() // self.cfg.executor_lanes)
+        if background and threads == 1:  # one thread: the session makes no pool threads that inherit it
+            lower_priority()  # ONNX Runtime's graph optimisation of a 90 MB model is 0.2+ s of a core
         sess = ModelSession(spec, self.cfg.device, threads, self.cfg.ort_spinning)
         runs = paced_warmup(sess) if background else sess.warmup()
         if (wide and self.cfg.idle_wide_runs and threads < cpu_count()
