@@ -104,10 +104,10 @@ class Executor(HubWorker):
         """A verified, warmed-up session (and, at start, the idle-time wide one).  ``background``: a
         run-time load beside serving: its warm-up is paced (see ``paced_warmup``)."""
         t0 = time.perf_counter()
-        model_repo.verify_content(spec)  # never load a file that changed under us
         threads = self.cfg.intra_op_threads or max(1, cpu_count() // self.cfg.executor_lanes)
         if background and threads == 1:  # one thread: the session makes no pool threads that inherit it
-            lower_priority()  # ONNX Runtime's graph optimisation of a 90 MB model is 0.2+ s of a core
+            lower_priority()  # hashing and optimising a 90 MB model take 0.2+ s of a core each
+        model_repo.verify_content(spec)  # never load a file that changed under us
         sess = ModelSession(spec, self.cfg.device, threads, self.cfg.ort_spinning)
         runs = paced_warmup(sess) if background else sess.warmup()
         if (wide and self.cfg.idle_wide_runs and threads < cpu_count()
