@@ -4,18 +4,20 @@ The frontend orchestrates; the supervisor only records (so a restarted worker
 comes up with the current set of versions); the workers build.
 
 Load (``aieng models load MODEL VERSION``, or a new directory at reload):
-  1. the directory is validated here (``model_repo.load_spec``: model.yaml,
-     the model file, its content hash; a malformed ``golden.json`` refuses the
-     load at once) -- a few ms to ~100 ms on the loop for a model file of tens
-     of MB (hashing);
-  2. ``LoadVersion(spec)`` goes to the supervisor, then to every worker; the
-     executor builds and warms the session on a thread (the loop keeps
-     batching other models), preprocess/postprocess workers build their state
-     between drains; each answers ``VersionLoaded`` or ``VersionFailed``;
+  1. the directory is validated (``model_repo.load_spec``: model.yaml, the
+     model file, its content hash; a malformed ``golden.json`` refuses the
+     load) on a helper thread at nice 10, so the loop keeps serving while a
+     file of tens of MB is hashed;
+  2. ``LoadVersion(spec)`` goes to the supervisor, then to the executor (it
+     builds and warms the session on a thread: the loop keeps batching other
+     models) and the postprocess workers, and to the preprocess workers **one
+     at a time**, each out of the rotation (``Workers.resting``) while it
+     builds after the tasks it already had; each answers ``VersionLoaded`` or
+     ``VersionFailed``;
   3. once every worker has it, the version's **golden set** (``golden.json``
      in its directory, docs/models.md) runs through the real pipeline as
-     internal requests pinned to it (never routed, never counted against a
-     client);
+     internal requests pinned to it, ``GOLDEN_WINDOW`` at a time (never
+     routed, never counted against a client);
   4. every case within tolerance -> the version becomes *routable* (added to
      the model's versions with weight 0: set weights or promote next).  Any
      failure (a worker's build, a golden case, a timeout) leaves it
