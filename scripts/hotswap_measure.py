@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
 import os
 import sys
 import tempfile
-import threading
 import time
 
 import psutil
@@ -34,43 +34,64 @@ from aieng.client import AsyncClient, build_request  # noqa: E402
 from aieng.rollout_cli import call  # noqa: E402
 from tests.conftest import ServerProcess  # noqa: E402
 
-POLL_S = float(os.environ.get("POLL_S", "0.1"))
+POLL_S = float(os.environ.get("POLL_S", "0.2"))  # as `aieng models load` polls
 INPUTS = {"minilm": {"text": "a steady stream of sentences to embed, one after another"},
           "tabular": {"island": "Dream", "bill_length_mm": 39.0, "flipper_length_mm": 190.0}}
 
 
 class Traffic:
-    """Requests at ``rate`` per second (open loop: a slow answer does not slow the sending)."""
+    """Requests at ``rate`` per second (open loop: a slow answer does not slow the sending), sent from a
+    process of its own: the admin polling here would otherwise take the GIL from the measuring client
+    and show in its latencies (measured: 5-7 ms of a 12 ms request that the server's stage rows did not
+    have).  ``replies`` is filled by ``join``: (sent, latency, model, ok, code), monotonic clock (one for
+    every process)."""
 
     def __init__(self, addr: str, models: list[str], rate: float, max_s: float):
-        self.addr, self.models, self.rate, self.max_s = addr, models, rate, max_s
-        self.stop = threading.Event()
-        self.replies: list[tuple[float, float, str, bool, str]] = []  # sent, latency, model, ok, code
-        self.thread = threading.Thread(target=lambda: asyncio.run(self.run()), daemon=True)
+        ctx = multiprocessing.get_context("spawn")
+        self.stop = ctx.Event()
+        self._conn, child = ctx.Pipe(duplex=False)
+        self.replies: list[tuple[float, float, str, bool, str]] = []
+        self.proc = ctx.Process(target=_traffic_main, args=(addr, models, rate, max_s, self.stop, child),
+                                daemon=True)
 
-    async def run(self) -> None:
-        client = AsyncClient(self.addr, timeout_s=30)
-        end = time.monotonic() + self.max_s
+    def start(self) -> None:
+        self.proc.start()
 
+    def join(self, timeout_s: float) -> None:
+        self.stop.set()
+        if self._conn.poll(timeout_s):
+            self.replies = self._conn.recv()
+        self.proc.join(5)
+
+
+def _traffic_main(addr: str, models: list[str], rate: float, max_s: float, stop, conn) -> None:
+    replies: list[tuple[float, float, str, bool, str]] = []
+
+    async def run() -> None:
+        client = AsyncClient(addr, timeout_s=30)
+        end = time.monotonic() + max_s
         gate = asyncio.Semaphore(64)
 
         async def one(i: int) -> None:
-            model = self.models[i % len(self.models)]
+            model = models[i % len(models)]
             async with gate:
                 t0 = time.monotonic()
                 r = await client.call(build_request(i, model, INPUTS[model]), raise_on_error=False)
-                self.replies.append((t0, time.monotonic() - t0, model, r["ok"],
-                                     "" if r["ok"] else r["error"]["code"]))
+                code = "" if r["ok"] else r["error"]["code"]
+                replies.append((t0, time.monotonic() - t0, model, r["ok"], code))
 
         tasks, i, start = [], 0, time.monotonic()
         try:
-            while not self.stop.is_set() and time.monotonic() < end:
+            while not stop.is_set() and time.monotonic() < end:
                 tasks.append(asyncio.ensure_future(one(i)))
                 i += 1
-                await asyncio.sleep(max(0.0, start + i / self.rate - time.monotonic()))
+                await asyncio.sleep(max(0.0, start + i / rate - time.monotonic()))
             await asyncio.gather(*tasks)
         finally:
             client.close()
+
+    asyncio.run(run())
+    conn.send(replies)
 
 
 def p99(xs: list[float]) -> float:
@@ -92,7 +113,7 @@ def wait_state(admin: str, model: str, version: str, states: tuple, limit_s: flo
 def swap_under_load(srv, admin: str, key: str, steady_s: float, after_s: float, rate: float) -> None:
     model, version = key.split(":")
     traffic = Traffic(srv.addr, ["minilm", "tabular"], rate, steady_s + after_s + 300)
-    traffic.thread.start()
+    traffic.start()
     time.sleep(steady_s)
     t0 = time.monotonic()
     reply = call(admin, "load", model=model, version=version)
@@ -100,8 +121,7 @@ def swap_under_load(srv, admin: str, key: str, steady_s: float, after_s: float, 
     load = wait_state(admin, model, version, ("ready", "failed"), every_s=POLL_S)
     t1 = time.monotonic()
     time.sleep(after_s)
-    traffic.stop.set()
-    traffic.thread.join(60)
+    traffic.join(60)
     print(f"swap of {key}: {load['state']} after {t1 - t0:.2f}s ({load['golden_cases']} golden cases)")
     for name in ("minilm", "tabular"):
         before = [lat for t, lat, mdl, ok, _ in traffic.replies if mdl == name and t0 - steady_s + 3 < t < t0]
@@ -129,7 +149,7 @@ def cycles(srv, admin: str, key: str, n: int) -> None:
     model, version = key.split(":")
     executor = psutil.Process(srv.child_pid("aieng::executor"))
     traffic = Traffic(srv.addr, ["tabular"], 20, 3600)
-    traffic.thread.start()
+    traffic.start()
     rss = []
     t0 = time.monotonic()
     try:
@@ -141,8 +161,7 @@ def cycles(srv, admin: str, key: str, n: int) -> None:
             rss.append(executor.memory_info().rss / 2**20)
             print(f"  cycle {i + 1}: executor RSS {rss[-1]:.1f} MiB", flush=True)
     finally:
-        traffic.stop.set()
-        traffic.thread.join(60)
+        traffic.join(60)
     failed = sum(1 for *_, ok, _ in traffic.replies if not ok)
     print(f"{n} load/unload cycles of {key} in {time.monotonic() - t0:.0f}s: executor RSS after cycle 1 "
           f"{rss[0]:.1f} MiB, after 5 {rss[min(4, n - 1)]:.1f}, after {n} {rss[-1]:.1f} MiB "
