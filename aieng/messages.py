@@ -253,6 +253,9 @@ class LoadVersion:
     The supervisor only records it, so a restarted worker comes up with it."""
     T: ClassVar[str] = "load_version"
     spec: dict
+    # A request waits for it (the model pool's cold load): built at the worker's own priority and warmed
+    # up unpaced; otherwise (a swap beside serving) at low priority (worker_hotswap.lower_priority).
+    urgent: bool = False
 
 
 @dataclass(slots=True)

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -55,6 +54,7 @@ from aieng import protocol as p
 from aieng.frontend import routing
 from aieng.frontend.golden import GOLDEN_FILE, _input, compare, read_golden  # noqa: F401 (compare: scripts)
 from aieng.frontend.table import Request
+from aieng.worker_hotswap import lower_priority
 
 if TYPE_CHECKING:  # pragma: no cover
     from aieng.frontend.server import Frontend
@@ -121,7 +121,11 @@ class HotSwap:
         self.loads: dict[str, Load] = {}  # "model:version" -> its last load/unload
         self.serial = 0
         self.handlers = {m.VersionLoaded: self.on_loaded, m.VersionFailed: self.on_failed}
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="hotswap")
+        # validation threads: one at low priority for loads beside serving (it stays low: Linux cannot
+        # raise it back), one at the loop's for cold loads, which a request waits for
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="hotswap",
+                                       initializer=lower_priority, initargs=(fe.cfg.load_priority == "idle",))
+        self.urgent_pool = ThreadPoolExecutor(1, thread_name_prefix="hotswap-cold")
 
     # -- load --------------------------------------------------------------------------
     def load(self, name: str, version: str, source: str = "admin") -> dict:
@@ -145,13 +149,13 @@ class HotSwap:
         # Validating hashes the model file (tens of MB: 100+ ms): on a thread, so the loop keeps serving
         # (hashlib releases the GIL); ``tick`` picks the result up.
         ld = self.loads[key] = Load(name, version, source, state="validating")
-        ld.future = self.pool.submit(self.validate, name, version, vdir)
+        pool = self.urgent_pool if source == "cold" else self.pool
+        ld.future = pool.submit(self.validate, name, version, vdir)
         log.warning("loading %s from %s (%s)", key, vdir, source)
         return {"model": name, "version": version, "load": ld.view()}
 
     def validate(self, name: str, version: str, vdir: str) -> tuple[model_repo.ModelSpec, dict | None]:
-        # this helper thread only validates: hashing a 90 MB file at nice 10 leaves the cores to serving
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        # on a helper thread (``pool``, low priority: hashing a 90 MB file leaves the cores to serving)
         spec = model_repo.load_spec(name, version, vdir)
         return spec, read_golden(spec.path)
 
@@ -172,7 +176,7 @@ class HotSwap:
         model_wide = next(iter(fe.specs[spec.name].values())).extra
         spec.extra["routing"], spec.extra["pool"] = model_wide.get("routing"), model_wide.get("pool")
         ld.spec, ld.golden, ld.state = spec, golden, "loading"
-        body = m.encode(m.LoadVersion(spec.to_dict()))
+        body = m.encode(m.LoadVersion(spec.to_dict(), urgent=ld.source == "cold"))
         fe.send_hub("supervisor", [body])  # first: a worker restarted from now on comes up with it
         ld.body = body
         for w in list(fe.workers.by_name.values()):

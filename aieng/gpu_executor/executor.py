@@ -19,8 +19,6 @@ exactly the rows it would have got alone.
 """
 from __future__ import annotations
 
-import os
-import threading
 import time
 
 import numpy as np
@@ -35,7 +33,7 @@ from aieng.gpu_executor.lanes import Job, Lanes
 from aieng.gpu_executor.sessions import ModelSession, describe_runtime
 from aieng.model_repo import ModelSpec
 from aieng.protocol import INTERNAL, INVALID_INPUT, UNAVAILABLE, RequestError
-from aieng.worker_hotswap import Versions
+from aieng.worker_hotswap import Versions, lower_priority
 from aieng.worker_runtime import HubWorker, own_ring, push_socket
 
 WIDE_MAX_ROWS = 4  # the most rows a lone batch may have to run on the wide session
@@ -45,21 +43,13 @@ BACKGROUND_WARM_ROWS = 8  # a run-time load warms batches up to this many rows (
 WARM_DUTY = 0.5  # a background warm-up runs at most this share of the time: serving keeps the cores
 
 
-def lower_priority() -> None:
-    """The calling thread (only it: Linux nice is per thread) to nice 10.  Threads it creates inherit
-    that, and an unprivileged process cannot raise them back: never before creating threads that serve."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-    except OSError:
-        pass
-
-
-def paced_warmup(sess: ModelSession) -> int:
-    """``sess.warmup()`` on the loader thread, made polite: the thread drops to nice 10 (its own; the
-    session's pool threads, made earlier, keep their priority for serving later) and sleeps after each
-    warm-up run for as long as the run took.  A swap takes longer; the models serving meanwhile keep
-    their latency (measured: scripts/hotswap_measure.py)."""
-    lower_priority()
+def paced_warmup(sess: ModelSession, idle: bool) -> int:
+    """A run-time load's ``sess.warmup()`` on the loader thread (batches of at most
+    ``BACKGROUND_WARM_ROWS``), made polite: the thread drops to low priority (its own; the session's
+    pool threads, made earlier, keep their priority for serving later: ``lower_priority``) and sleeps
+    after each warm-up run for as long as the run took.  A swap takes longer; the models serving
+    meanwhile keep their latency (measured: scripts/hotswap_measure.py)."""
+    lower_priority(idle)
     run = sess.run
 
     def paced(feeds):
@@ -100,16 +90,23 @@ class Executor(HubWorker):
         self.sessions, self.failed = model_repo.build_each(
             specs, self.build_session, self.log, self.cfg.strict_model_load, path=lambda s: s.onnx_path)
 
-    def build_session(self, spec: ModelSpec, wide: bool = True, background: bool = False) -> ModelSession:
+    def build_session(self, spec: ModelSpec, wide: bool = True, background: bool = False,
+                      urgent: bool = False) -> ModelSession:
         """A verified, warmed-up session (and, at start, the idle-time wide one).  ``background``: a
-        run-time load beside serving: its warm-up is paced (see ``paced_warmup``)."""
+        run-time load beside serving, at low priority (``AIENG_LOAD_PRIORITY``) with a short, paced
+        warm-up (``paced_warmup``); ``urgent`` (a cold load a request waits for): the same short warm-up,
+        at the loop's priority and unpaced."""
         t0 = time.perf_counter()
         threads = self.cfg.intra_op_threads or max(1, cpu_count() // self.cfg.executor_lanes)
-        if background and threads == 1:  # one thread: the session makes no pool threads that inherit it
-            lower_priority()  # hashing and optimising a 90 MB model take 0.2+ s of a core each
+        idle, polite = self.cfg.load_priority == "idle", background and not urgent
+        if polite and threads == 1:  # one thread: the session makes no pool threads that inherit it
+            lower_priority(idle)  # hashing and optimising a 90 MB model take 0.2+ s of a core each
         model_repo.verify_content(spec)  # never load a file that changed under us
         sess = ModelSession(spec, self.cfg.device, threads, self.cfg.ort_spinning)
-        runs = paced_warmup(sess) if background else sess.warmup()
+        if polite:
+            runs = paced_warmup(sess, idle)
+        else:
+            runs = sess.warmup(max_rows=BACKGROUND_WARM_ROWS if background else 0)
         if (wide and self.cfg.idle_wide_runs and threads < cpu_count()
                 and sess.provider == "CPUExecutionProvider"):
             try:  # an optional speed-up: the model serves on its lanes without it
@@ -121,8 +118,12 @@ class Executor(HubWorker):
                 self.wide[spec.key] = w
             except Exception as exc:
                 self.log.warning("%s: no idle-time wide session (%s: %s)", spec.key, type(exc).__name__, exc)
-        self.log.info("loaded %s (%s) on %s, %d warm-up runs in %.2fs", spec.key, spec.content_hash[:12],
-                      sess.provider, runs, time.perf_counter() - t0)
+        how = ""
+        if background:
+            how = (f" (beside serving: at {'idle' if idle else 'low'} priority, warm-up paced)" if polite
+                   else " (cold load, a request waits: at normal priority)")
+        self.log.info("loaded %s (%s) on %s, %d warm-up runs in %.2fs%s", spec.key, spec.content_hash[:12],
+                      sess.provider, runs, time.perf_counter() - t0, how)
         return sess
 
     # -- run-time load/unload (worker_hotswap.Versions; the frontend drains before an unload) ------
@@ -133,8 +134,10 @@ class Executor(HubWorker):
                                  check=self.check_loaded, on_add=self.add_to_batcher,
                                  on_remove=self.remove_version)
 
-    def build_in_background(self, spec: ModelSpec) -> ModelSession:
-        return self.build_session(spec, wide=False, background=True)
+    def build_in_background(self, spec: ModelSpec, urgent: bool) -> ModelSession:
+        """A run-time load: on its own thread, no wide session; a cold load (``urgent``: a request waits)
+        at the loop's priority with its warm-up unpaced, any other beside serving, politely."""
+        return self.build_session(spec, wide=False, background=True, urgent=urgent)
 
     def check_loaded(self, key: str, sess: ModelSession) -> None:
         if sess.max_output_bytes > self.ring.slot_bytes:

@@ -45,7 +45,8 @@ class PostprocessWorker(HubWorker):
         self.rings = shm.RingCache()
         self.bind_inbox(post_addr(cfg.runtime_dir, worker))  # the executor pushes PostTasks here
         self.handlers[m.PostTask] = self.handle
-        self.versions = Versions(self, self.ops, self.failed, Chain)  # run-time load/unload of a version
+        # run-time load/unload of a version
+        self.versions = Versions(self, self.ops, self.failed, lambda spec, urgent: Chain(spec))
 
     def handle(self, task: m.PostTask, frames: list) -> None:
         started = time.monotonic()

@@ -86,8 +86,11 @@ class PreprocessWorker(HubWorker):
                                  f"byte ring slots, sized at start for the versions built then: set "
                                  f"AIENG_SHM_SLOT_BYTES >= {need}, or serve it from the start (not lazy)")
 
-        self.versions = Versions(self, self.procs, self.failed, lambda s: PROCESSORS[s.preprocess["type"]](s),
-                                 check=check, on_add=lambda spec, _: self.specs.__setitem__(spec.key, spec),
+        def build(spec: ModelSpec, urgent: bool):
+            return PROCESSORS[spec.preprocess["type"]](spec)
+
+        self.versions = Versions(self, self.procs, self.failed, build, check=check,
+                                 on_add=lambda spec, _: self.specs.__setitem__(spec.key, spec),
                                  on_remove=lambda key: self.specs.pop(key, None), defer=True)
 
     def init_ring(self) -> None:

@@ -139,6 +139,8 @@ def test_load_under_load_serves_without_failures_and_golden_set_gates_routing(ma
           f"{p99(during) * 1000:.1f} ms ({len(during)} requests, swap took {swap_end - swap_start:.2f}s)")
     v2 = models(srv)["tabular"]["versions"]["2"]
     assert (v2["weight"], v2["load"]["state"], v2["load"]["golden_cases"]) == (0.0, "ready", len(PENGUINS))
+    built = [line for line in srv.output().splitlines() if "loaded tabular:2 (" in line]
+    assert len(built) == 1 and "(beside serving: at idle priority, warm-up paced)" in built[0], built
     reply = pinned(srv, "2")
     assert (reply["ok"], reply["version"]) == (True, "2")
     code, _, err = cli(srv, "rollout", "set-weights", "tabular", "1=50", "2=50")

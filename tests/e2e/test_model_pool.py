@@ -125,6 +125,8 @@ def test_a_lazy_version_is_not_built_at_start_and_loads_on_its_first_request(mak
     assert ask(srv, "second", "lazy", "1")["ok"]  # resident now: no second cold load
     assert metric(srv, "aieng_model_cold_load_seconds_count", 1.0, model="lazy", version="1") == 1.0
     assert models(srv)["lazy"]["versions"]["1"]["load"]["state"] == "ready"
+    built = [line for line in srv.output().splitlines() if "loaded lazy:1 (" in line]
+    assert len(built) == 1 and "(cold load, a request waits: at normal priority)" in built[0], built
     print(f"cold load of lazy:1: {view['last_cold_load_s']:.2f}s in the server (first answer after "
           f"{took:.2f}s), executor footprint {view['footprint_bytes'] / 2**20:.1f} MiB")
 

@@ -1,14 +1,21 @@
 """What keeps a run-time load from delaying requests: a preprocess worker building a version is out of
 the rotation while another can serve (``Workers.resting``), and builds only after the tasks that came
-in the same drain (``Versions(defer=True)``)."""
+in the same drain (``Versions(defer=True)``), on a thread at nice 10; the executor builds beside serving
+at idle priority (``AIENG_LOAD_PRIORITY``); a cold load, which a request waits for, at normal priority."""
 from __future__ import annotations
 
 import logging
+import os
+import threading
 from types import SimpleNamespace
 
+import pytest
+
 from aieng import messages as m
+from aieng.config import Config
 from aieng.frontend.workers import Workers
-from aieng.worker_hotswap import Versions
+from aieng.gpu_executor.executor import Executor
+from aieng.worker_hotswap import Versions, lower_priority
 from tests.unit.demo import needs_demo_models
 from tests.unit.demo import spec as demo_spec
 
@@ -38,7 +45,8 @@ def test_a_deferred_load_is_built_after_the_drain_not_when_it_arrives():
     sent: list = []
     worker = SimpleNamespace(handlers={}, worker="pre-0", role="preprocess", log=logging.getLogger("t"),
                              info=dict, send=lambda msg: sent.append(msg))
-    v = Versions(worker, {}, {}, build=lambda spec: order.append(f"build {spec.key}") or object(), defer=True)
+    v = Versions(worker, {}, {}, build=lambda spec, urgent: order.append(f"build {spec.key}") or object(),
+                 defer=True)
     spec = demo_spec("tabular")
     worker.handlers[m.LoadVersion](m.LoadVersion(spec.to_dict()), [])
     order.append("tasks of the drain")
@@ -46,3 +54,75 @@ def test_a_deferred_load_is_built_after_the_drain_not_when_it_arrives():
     v.build_deferred()
     assert order == ["tasks of the drain", f"build {spec.key}"]
     assert [type(x).__name__ for x in sent] == ["VersionLoaded"] and sent[0].key == spec.key
+
+
+def sched(tid: int) -> tuple[int, int]:
+    """(scheduling policy, nice value) of one thread."""
+    return os.sched_getscheduler(tid), os.getpriority(os.PRIO_PROCESS, tid)
+
+
+def on_a_thread(fn) -> dict:
+    """Run ``fn(seen)`` on a fresh thread (a lowered thread stays lowered: never this test's own)."""
+    seen: dict = {}
+    t = threading.Thread(target=fn, args=(seen,))
+    t.start()
+    t.join(120)
+    assert not t.is_alive()
+    return seen
+
+
+def test_lower_priority_lowers_the_calling_thread_only():
+    mine = sched(threading.get_native_id())
+
+    def body(seen: dict) -> None:
+        lower_priority(idle=True)
+        seen["idle"] = sched(threading.get_native_id())
+
+    def low(seen: dict) -> None:
+        lower_priority(idle=False)
+        seen["low"] = sched(threading.get_native_id())
+
+    assert on_a_thread(body)["idle"] == (os.SCHED_IDLE, max(10, mine[1]))
+    assert on_a_thread(low)["low"] == (os.SCHED_OTHER, max(10, mine[1]))
+    assert sched(threading.get_native_id()) == mine
+
+
+@needs_demo_models
+def test_a_deferred_load_builds_on_a_nice_thread_and_a_cold_one_inline_at_the_workers_priority():
+    mine = threading.get_native_id(), *sched(threading.get_native_id())
+    seen: dict = {}
+
+    def build(spec, urgent: bool):
+        tid = threading.get_native_id()
+        seen[spec.key] = (urgent, tid, *sched(tid))
+        return object()
+
+    sent: list = []
+    worker = SimpleNamespace(handlers={}, worker="pre-0", role="preprocess", log=logging.getLogger("t"),
+                             info=dict, send=lambda msg: sent.append(msg))
+    v = Versions(worker, {}, {}, build=build, defer=True)
+    swap, cold = demo_spec("tabular"), demo_spec("minilm")
+    worker.handlers[m.LoadVersion](m.LoadVersion(swap.to_dict()), [])
+    worker.handlers[m.LoadVersion](m.LoadVersion(cold.to_dict(), urgent=True), [])
+    v.build_deferred()
+    urgent, tid, policy, nice = seen[swap.key]
+    assert (urgent, policy, nice) == (False, os.SCHED_OTHER, max(10, mine[2])) and tid != mine[0]
+    assert seen[cold.key] == (True, *mine)  # the worker's own thread: a request waits for it
+    assert sorted(x.key for x in sent if isinstance(x, m.VersionLoaded)) == sorted([swap.key, cold.key])
+
+
+@needs_demo_models
+@pytest.mark.parametrize("urgent, policy", [(False, os.SCHED_IDLE), (True, os.SCHED_OTHER)])
+def test_the_executor_builds_a_swap_at_idle_priority_and_a_cold_load_at_its_own(urgent, policy):
+    cfg = Config(intra_op_threads=1, load_priority="idle")
+    fake = SimpleNamespace(cfg=cfg, log=logging.getLogger("t"), wide={})
+    mine = sched(threading.get_native_id())
+
+    def body(seen: dict) -> None:
+        seen["sess"] = Executor.build_session(fake, demo_spec("tabular"), wide=False, background=True,
+                                              urgent=urgent)
+        seen["sched"] = sched(threading.get_native_id())
+
+    seen = on_a_thread(body)
+    assert seen["sched"] == ((policy, max(10, mine[1])) if not urgent else mine)
+    assert seen["sess"].run is not None and fake.wide == {}  # a real session, and no wide one at run time
