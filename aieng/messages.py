@@ -109,6 +109,9 @@ class PreTask:
     # it (4 x [x, y], page pixels), ``page`` the parent's rid (the worker keeps the decoded page)
     crop: list | None = None
     page: int = 0
+    # Internal verification traffic (a golden case of a version being loaded, set by the frontend alone):
+    # the executor runs it on its low-priority background lane, so serving keeps the cores
+    background: bool = False
 
 
 @dataclass(slots=True)
@@ -128,6 +131,7 @@ class InferTask:
     trace: str = ""
     trail: Trail = field(default_factory=Trail)
     geometry: Optional[Geometry] = None  # image models: sizes for mapping boxes to the page
+    background: bool = False  # PreTask.background, passed on
 
 
 @dataclass(slots=True)

@@ -6,14 +6,16 @@ comes up with the current set of versions); the workers build.
 Load (``aieng models load MODEL VERSION``, or a new directory at reload):
   1. the directory is validated (``model_repo.load_spec``: model.yaml, the
      model file, its content hash; a malformed ``golden.json`` refuses the
-     load) on a helper thread at nice 10, so the loop keeps serving while a
+     load) on a low-priority helper thread, so the loop keeps serving while a
      file of tens of MB is hashed;
   2. ``LoadVersion(spec)`` goes to the supervisor, then to the executor (it
-     builds and warms the session on a thread: the loop keeps batching other
-     models) and the postprocess workers, and to the preprocess workers **one
-     at a time**, each out of the rotation (``Workers.resting``) while it
-     builds after the tasks it already had; each answers ``VersionLoaded`` or
-     ``VersionFailed``;
+     builds and warms the session on a thread at ``AIENG_LOAD_PRIORITY``,
+     idle by default: the loop keeps batching other models) and the
+     postprocess workers, and to the preprocess workers **one at a time**,
+     each out of the rotation (``Workers.resting``) while it builds after the
+     tasks it already had; each answers ``VersionLoaded`` or
+     ``VersionFailed``.  A cold load (below) is ``urgent``: a request waits,
+     so every step runs at normal priority;
   3. once every worker has it, the version's **golden set** (``golden.json``
      in its directory, docs/models.md) runs through the real pipeline as
      internal requests pinned to it, ``GOLDEN_WINDOW`` at a time (never

@@ -10,7 +10,9 @@ done the loop writes each request's own rows into a slot of this process's
 output ring, pushes each descriptor to the postprocess worker the frontend
 chose for the request, and tells the frontend with one ``Inferred`` notice per
 batch.
-All socket and ring work stays on the loop thread.
+All socket and ring work stays on the loop thread.  Internal verification
+requests (``InferTask.background``: a loading version's golden cases) queue
+apart (``bg_batcher``) and run on the lanes' low-priority background lane.
 
 Padding never changes a result: every variable input dimension carries a
 symbolic name (e.g. ``sequence``); output dimensions with the same name are
@@ -148,23 +150,22 @@ class Executor(HubWorker):
 
     def add_to_batcher(self, spec: ModelSpec, sess: ModelSession) -> None:
         b = spec.batching
-        self.batcher.add_model(spec.key, int(b["max_batch_size"]), float(b["max_wait_ms"]),
-                               float(b.get("max_padding_waste", 0.3)))
-        for rows, length, seconds in sess.warm_costs:
-            self.batcher.observe(spec.key, rows, length, seconds)
+        for batcher in (self.batcher, self.bg_batcher):
+            batcher.add_model(spec.key, int(b["max_batch_size"]), float(b["max_wait_ms"]),
+                              float(b.get("max_padding_waste", 0.3)))
+            for rows, length, seconds in sess.warm_costs:  # seed the cost model from warm-up runs
+                batcher.observe(spec.key, rows, length, seconds)
 
     def remove_version(self, key: str) -> None:
         self.wide.pop(key, None)
-        self.batcher.queues.pop(key, None)  # empty: its requests were drained before the unload
+        self.bg_runs.pop(key, None)
+        for batcher in (self.batcher, self.bg_batcher):
+            batcher.queues.pop(key, None)  # empty: its requests were drained before the unload
 
     def init_batcher(self) -> None:
-        self.batcher = Batcher()
+        self.batcher, self.bg_batcher = Batcher(), Batcher()  # serving; internal (background lane)
         for key, sess in self.sessions.items():
-            b = sess.spec.batching
-            self.batcher.add_model(key, int(b["max_batch_size"]), float(b["max_wait_ms"]),
-                                   float(b.get("max_padding_waste", 0.3)))
-            for rows, length, seconds in sess.warm_costs:  # seed the cost model from warm-up runs
-                self.batcher.observe(key, rows, length, seconds)
+            self.add_to_batcher(sess.spec, sess)
 
     def init_rings(self) -> None:
         self.inputs = shm.RingCache()
@@ -173,12 +174,16 @@ class Executor(HubWorker):
 
     def init_lanes(self) -> None:
         on_gpu = any(s.provider == "CUDAExecutionProvider" for s in self.sessions.values())
-        self.lanes = Lanes(1 if on_gpu else self.cfg.executor_lanes)  # one stream on a GPU: one lane
+        idle = self.cfg.load_priority == "idle"  # the background lane is as polite as a run-time load
+        self.lanes = Lanes(1 if on_gpu else self.cfg.executor_lanes,  # one stream on a GPU: one lane
+                           lower=lambda: lower_priority(idle))
+        self.bg_runs: dict[str, int] = {}  # per version: batches run on the background lane
         self.wake_fds.append(self.lanes.wake_fd)
 
     def info(self) -> dict:
         return {"ring": self.ring.seg.name, "runtime": describe_runtime(), "lanes": self.lanes.n,
-                "models": {k: {**s.describe(), "idle_wide_session": k in self.wide}
+                "models": {k: {**s.describe(), "idle_wide_session": k in self.wide,
+                               "background_runs": self.bg_runs.get(k, 0)}
                            for k, s in self.sessions.items()},
                 "failed": dict(self.failed)}
 
@@ -190,16 +195,20 @@ class Executor(HubWorker):
         self.versions.poll()
         for job in self.lanes.finished():
             self.finish_batch(job)
-        for p in self.batcher.expire(now):
+        for p in self.batcher.expire(now) + self.bg_batcher.expire(now):
             self.inputs.release(p.payload.ref)  # the frontend answers TIMEOUT itself
-        wake_at = None
-        while self.lanes.free() > 0:
-            key, batch, wake_at = self.batcher.next_batch(now)
-            if key is None:
-                break
-            self.start_batch(key, batch)
-        if wake_at is not None and self.lanes.free() > 0:
-            return max(0, int((wake_at - now) * 1000) + 1)
+        wake = []
+        for batcher, free in ((self.batcher, self.lanes.free), (self.bg_batcher, self.lanes.bg_free)):
+            wake_at = None
+            while free():
+                key, batch, wake_at = batcher.next_batch(now)
+                if key is None:
+                    break
+                self.start_batch(key, batch, background=batcher is self.bg_batcher)
+            if wake_at is not None and free():
+                wake.append(wake_at)
+        if wake:
+            return max(0, int((min(wake) - now) * 1000) + 1)
         return 200  # a finished lane or a new task wakes the loop
 
     def accept(self, task: m.InferTask) -> None:
@@ -220,7 +229,8 @@ class Executor(HubWorker):
             return
         now = time.monotonic()
         task.trail.exec_arrived = now
-        self.batcher.put(key, Pending(task.rid, task.seq_len, now, task.deadline, task), task.upstream)
+        batcher = self.bg_batcher if task.background else self.batcher
+        batcher.put(key, Pending(task.rid, task.seq_len, now, task.deadline, task), task.upstream)
 
     @staticmethod
     def check_shapes(sess: ModelSession, descs: list) -> str | None:
@@ -241,7 +251,7 @@ class Executor(HubWorker):
                     return f"input '{spec.name}' has an empty dimension"
         return None
 
-    def start_batch(self, key: str, batch: list[Pending]) -> None:
+    def start_batch(self, key: str, batch: list[Pending], background: bool = False) -> None:
         sess = self.sessions[key]
         feeds, sizes, live = self.assemble(sess, batch)
         if not live:
@@ -251,11 +261,13 @@ class Executor(HubWorker):
         # of a long input; under load every lane runs its own batch on one thread.
         wide = self.wide.get(key)
         lone = self.lanes.busy == 0 and self.batcher.pending() == 0 and len(live) <= WIDE_MAX_ROWS
-        runner = wide if wide is not None and lone else sess
-        self.lanes.submit(Job(lambda: runner.run(feeds), (key, sess, sizes, live, runner is sess)))
+        runner = wide if wide is not None and lone and not background else sess
+        # the cost model describes the serving lanes' runs (a background run's time says little)
+        learn = runner is sess and not background
+        self.lanes.submit(Job(lambda: runner.run(feeds), (key, sess, sizes, live, learn), background))
 
     def finish_batch(self, job: Job) -> None:
-        key, sess, sizes, live, on_lane_session = job.context
+        key, sess, sizes, live, learn = job.context
         if job.error is not None:  # a failing run fails its batch, not the executor
             self.log.error("%s: run failed: %s: %s", key, type(job.error).__name__, job.error)
             for p in live:
@@ -263,7 +275,10 @@ class Executor(HubWorker):
             return
         outputs, infer_us = job.result, job.run_ns // 1000
         padded = max((max(s.values(), default=0) for s in sizes), default=0)
-        if on_lane_session:  # the cost model describes the lanes' runs, which carry the load
+        if job.background:  # rare (a load's golden cases): shown at the next heartbeat
+            self.bg_runs[key] = self.bg_runs.get(key, 0) + 1
+            self.versions.refresh()
+        if learn:  # the cost model describes the serving lanes' runs, which carry the load
             self.batcher.observe(key, len(live), padded, infer_us / 1e6)
         done = m.Inferred([], [])
         for row, p in enumerate(live):

@@ -9,9 +9,14 @@ batch on one intra-op thread, every core does useful work and the loop
 assembles the next batch while runs are under way.  ONNX Runtime releases
 the GIL during ``run``, and one session serves concurrent runs.
 
+One more lane, the *background* lane, runs internal verification batches (a
+version's golden cases while it loads: ``InferTask.background``) one at a
+time.  Its thread lowers itself first (``lower``: SCHED_IDLE, as a run-time
+load's build), so that work takes only cores nothing serving wants.
+
 Contract:
   * ``submit`` and ``finished`` are called from the loop thread only;
-    ``submit`` only while ``free() > 0``.
+    ``submit`` only while ``free() > 0`` (``bg_free()`` for the background lane).
   * A lane calls ``job.run()`` (pure compute: no sockets, no rings), puts the
     finished job on the done queue and writes one byte to ``wake_fd``, which
     the loop polls beside its hub socket; the loop does all socket and ring
@@ -30,10 +35,10 @@ from typing import Any, Callable
 class Job:
     """One batch: ``fn()`` computes ``result`` (or ``error``) on a lane; the rest is the loop's."""
 
-    __slots__ = ("fn", "context", "result", "error", "started", "run_ns")
+    __slots__ = ("fn", "context", "result", "error", "started", "run_ns", "background")
 
-    def __init__(self, fn: Callable[[], Any], context: Any):
-        self.fn, self.context = fn, context
+    def __init__(self, fn: Callable[[], Any], context: Any, background: bool = False):
+        self.fn, self.context, self.background = fn, context, background
         self.result: Any = None
         self.error: BaseException | None = None
         self.started = 0.0  # monotonic seconds the run began
@@ -50,20 +55,27 @@ class Job:
 
 
 class Lanes:
-    def __init__(self, n: int):
+    def __init__(self, n: int, lower: Callable[[], None] | None = None):
         self.n = n
         self.busy = 0
+        self.bg_busy = 0
         self.todo: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self.bg_todo: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self.done: queue.SimpleQueue[Job] = queue.SimpleQueue()
         self.wake_fd, self._wake_w = os.pipe()
         os.set_blocking(self.wake_fd, False)
-        self.threads = [threading.Thread(target=self._lane, name=f"lane-{i}", daemon=True) for i in range(n)]
+        self.threads = [threading.Thread(target=self._lane, args=(self.todo,), name=f"lane-{i}", daemon=True)
+                        for i in range(n)]
+        self.threads.append(threading.Thread(target=self._lane, args=(self.bg_todo, lower), name="lane-bg",
+                                             daemon=True))
         for t in self.threads:
             t.start()
 
-    def _lane(self) -> None:
+    def _lane(self, todo: queue.SimpleQueue, lower: Callable[[], None] | None = None) -> None:
+        if lower is not None:
+            lower()
         while True:
-            job = self.todo.get()
+            job = todo.get()
             if job is None:
                 return
             job.run()
@@ -73,9 +85,16 @@ class Lanes:
     def free(self) -> int:
         return self.n - self.busy
 
+    def bg_free(self) -> bool:
+        return self.bg_busy == 0
+
     def submit(self, job: Job) -> None:
-        self.busy += 1
-        self.todo.put(job)
+        if job.background:
+            self.bg_busy += 1
+            self.bg_todo.put(job)
+        else:
+            self.busy += 1
+            self.todo.put(job)
 
     def finished(self) -> list[Job]:
         """Jobs done since the last call (empties the wake pipe)."""
@@ -90,12 +109,15 @@ class Lanes:
                 out.append(self.done.get_nowait())
             except queue.Empty:
                 break
-        self.busy -= len(out)
+        bg = sum(1 for job in out if job.background)
+        self.bg_busy -= bg
+        self.busy -= len(out) - bg
         return out
 
     def close(self, timeout: float = 5.0) -> None:
-        for _ in self.threads:
+        for _ in range(self.n):
             self.todo.put(None)
+        self.bg_todo.put(None)
         deadline = time.monotonic() + timeout
         for t in self.threads:
             t.join(max(0.0, deadline - time.monotonic()))

@@ -373,3 +373,11 @@ def test_only_the_executor_may_hand_requests_to_postprocessing(rig):
     r.peers["pre-0"].send(m.encode(m.Inferred([task.rid], [r.slot("executor")])))
     r.settle()
     assert r.fe.table.get(task.rid).stage == "preprocess"
+
+
+def test_a_client_request_never_reaches_the_executors_background_lane(rig):
+    r = rig()
+    r.hello("pre-0", "executor", "post-0")
+    r.send({"id": "a", "model": "tabular", "inputs": TAB, "route": "golden", "background": True})
+    task = dispatched(r)
+    assert task.background is False  # only the frontend's own golden requests are background work

@@ -141,6 +141,14 @@ def test_load_under_load_serves_without_failures_and_golden_set_gates_routing(ma
     assert (v2["weight"], v2["load"]["state"], v2["load"]["golden_cases"]) == (0.0, "ready", len(PENGUINS))
     built = [line for line in srv.output().splitlines() if "loaded tabular:2 (" in line]
     assert len(built) == 1 and "(beside serving: at idle priority, warm-up paced)" in built[0], built
+    # the golden cases ran on the executor's background lane, at most GOLDEN_WINDOW (2) rows a batch; the
+    # count comes with the executor's heartbeat
+    least, deadline = -(-len(PENGUINS) // 2), time.monotonic() + 10
+    with srv.client(timeout_s=30) as c:
+        while (onnx := c.models()["models"]["tabular"]["versions"]["2"]["onnx"])["background_runs"] < least:
+            assert time.monotonic() < deadline, onnx
+            time.sleep(0.2)
+    assert least <= onnx["background_runs"] <= len(PENGUINS), onnx
     reply = pinned(srv, "2")
     assert (reply["ok"], reply["version"]) == (True, "2")
     code, _, err = cli(srv, "rollout", "set-weights", "tabular", "1=50", "2=50")
