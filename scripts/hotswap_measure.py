@@ -2,15 +2,18 @@
 
 Usage (from the repo root, after scripts/fetch_models.py built the demo versions)::
 
-    python scripts/hotswap_measure.py [--repo models] [--cycles 50] [--swap minilm:2] [--cycle tabular:2]
+    python scripts/hotswap_measure.py [--repo models] [--swap minilm:2] [--swaps 5] [--rate 15]
+                                      [--cycles 50] [--cycle tabular:2] [--load-priority idle|low]
 
 Starts a server on the repository (its own runtime and state dirs under a temp dir), then:
 
 1. *swap under load*: a steady open-loop load of ``--rate`` requests/s alternating ``minilm`` and
-   ``tabular`` (unpinned: version 1 serves; at most 64 in flight) for ``--steady-s`` seconds (the first
-   3 s are not counted: warming), then ``load`` of ``--swap`` over the admin socket (in process: no CLI
-   start-up on the measured machine), waiting until it is routable, then ``--after-s`` more seconds.
-   Prints each model's p99 latency before and during the swap and the failed requests.
+   ``tabular`` (unpinned: version 1 serves; at most 64 in flight; sent from a process of its own) for
+   ``--steady-s`` seconds (the first 3 s are not counted: warming), then ``--swaps`` times: ``load`` of
+   ``--swap`` over the admin socket (in process: no CLI start-up on the measured machine), polled
+   every ``POLL_S`` (0.2 s, as ``aieng models load`` polls) until it is routable, ``--after-s`` more
+   seconds, its unload, 2 s.  Prints each model's steady p99 and the p99 of the requests sent while a
+   load was under way (all swaps pooled), the slowest request of each swap, and the failed requests.
 2. *cycles*: ``--cycles`` load/unload cycles of ``--cycle`` with one client loop running, sampling
    the executor's RSS (psutil) after each unload; prints the first, the 5th and the last samples.
 
@@ -34,6 +37,7 @@ from aieng.client import AsyncClient, build_request  # noqa: E402
 from aieng.rollout_cli import call  # noqa: E402
 from tests.conftest import ServerProcess  # noqa: E402
 
+GAP_S = 2.0  # after each unload, before the next swap
 POLL_S = float(os.environ.get("POLL_S", "0.2"))  # as `aieng models load` polls
 INPUTS = {"minilm": {"text": "a steady stream of sentences to embed, one after another"},
           "tabular": {"island": "Dream", "bill_length_mm": 39.0, "flipper_length_mm": 190.0}}
@@ -110,39 +114,51 @@ def wait_state(admin: str, model: str, version: str, states: tuple, limit_s: flo
     raise TimeoutError(f"{model}:{version} not in {states} within {limit_s}s")
 
 
-def swap_under_load(srv, admin: str, key: str, steady_s: float, after_s: float, rate: float) -> None:
+def swap_under_load(srv, admin: str, key: str, steady_s: float, after_s: float, rate: float,
+                    swaps: int) -> None:
+    """``swaps`` swaps (load until routable, ``after_s``, unload, ``GAP_S``) after ``steady_s`` of steady
+    load; the requests sent while a load was under way are pooled, so their p99 is a p99 (one swap of
+    2.5 s at 20 requests/s per model holds about 50: their "p99" is their maximum)."""
     model, version = key.split(":")
-    traffic = Traffic(srv.addr, ["minilm", "tabular"], rate, steady_s + after_s + 300)
+    traffic = Traffic(srv.addr, ["minilm", "tabular"], rate, steady_s + swaps * (after_s + GAP_S + 30) + 300)
     traffic.start()
     time.sleep(steady_s)
-    t0 = time.monotonic()
-    reply = call(admin, "load", model=model, version=version)
-    assert reply["ok"], reply
-    load = wait_state(admin, model, version, ("ready", "failed"), every_s=POLL_S)
-    t1 = time.monotonic()
-    time.sleep(after_s)
+    windows, loads = [], []
+    for _ in range(swaps):
+        t0 = time.monotonic()
+        reply = call(admin, "load", model=model, version=version)
+        assert reply["ok"], reply
+        loads.append(wait_state(admin, model, version, ("ready", "failed"), every_s=POLL_S))
+        windows.append((t0, time.monotonic()))
+        time.sleep(after_s)
+        assert call(admin, "unload", model=model, version=version)["ok"]
+        wait_state(admin, model, version, ("unloaded",), every_s=POLL_S)
+        time.sleep(GAP_S)
     traffic.join(60)
-    print(f"swap of {key}: {load['state']} after {t1 - t0:.2f}s ({load['golden_cases']} golden cases)")
+    first = windows[0][0]
+    took = ", ".join(f"{t1 - t0:.2f}" for t0, t1 in windows)
+    print(f"{swaps} swaps of {key}: {sorted({ld['state'] for ld in loads})} after {took} s "
+          f"({loads[0]['golden_cases']} golden cases each)")
+
+    def swap_of(t: float) -> int | None:
+        return next((i for i, (t0, t1) in enumerate(windows) if t0 <= t <= t1), None)
+
     for name in ("minilm", "tabular"):
-        before = [lat for t, lat, mdl, ok, _ in traffic.replies if mdl == name and t0 - steady_s + 3 < t < t0]
-        during = [lat for t, lat, mdl, ok, _ in traffic.replies if mdl == name and t0 <= t <= t1]
-        print(f"  {name}: p99 steady {p99(before):.1f} ms ({len(before)} req), during the swap "
-              f"{p99(during):.1f} ms ({len(during)} req): ratio {p99(during) / p99(before):.2f}")
-        # p99 of so few samples is about their maximum: compare it with steady windows of as many requests
-        n = max(1, len(during))
-        windows = [p99(before[i:i + n]) for i in range(0, len(before) - n + 1, n)]
-        if windows:
-            same = sorted(windows)[len(windows) // 2]
-            print(f"    steady windows of {n} requests: median p99 {same:.1f} ms (of {len(windows)} windows, "
-                  f"worst {max(windows):.1f}): during / median window {p99(during) / same:.2f}")
-        slow = sorted(((lat, t - t0) for t, lat, mdl, _, _ in traffic.replies
-                       if mdl == name and t0 <= t <= t1), reverse=True)[:5]
-        print("    slowest during the swap: "
-              + ", ".join(f"{lat * 1000:.1f} ms at +{at:.2f}s" for lat, at in slow))
+        before = [lat for t, lat, mdl, ok, _ in traffic.replies
+                  if mdl == name and first - steady_s + 3 < t < first]
+        during = [(lat, t, swap_of(t)) for t, lat, mdl, ok, _ in traffic.replies
+                  if mdl == name and swap_of(t) is not None]
+        lats = [lat for lat, _, _ in during]
+        print(f"  {name}: p99 steady {p99(before):.1f} ms ({len(before)} req), during the swaps "
+              f"{p99(lats):.1f} ms ({len(lats)} req): ratio {p99(lats) / p99(before):.2f}")
+        per_swap = [max((lat for lat, _, i in during if i == k), default=float("nan")) * 1000
+                    for k in range(swaps)]
+        print("    slowest request of each swap: " + ", ".join(f"{x:.1f}" for x in per_swap) + " ms")
+        slow = sorted(during, reverse=True)[:5]
+        print("    slowest during the swaps: " + ", ".join(
+            f"{lat * 1000:.1f} ms (swap {i + 1} at +{t - windows[i][0]:.2f}s)" for lat, t, i in slow))
     failed = [code for *_, ok, code in traffic.replies if not ok]
     print(f"  failed requests: {len(failed)} of {len(traffic.replies)} {sorted(set(failed))}")
-    assert call(admin, "unload", model=model, version=version)["ok"]
-    wait_state(admin, model, version, ("unloaded",))
 
 
 def cycles(srv, admin: str, key: str, n: int) -> None:
@@ -176,18 +192,21 @@ def main() -> int:
     ap.add_argument("--cycles", type=int, default=50)
     ap.add_argument("--steady-s", type=float, default=10.0)
     ap.add_argument("--after-s", type=float, default=2.0)
+    ap.add_argument("--swaps", type=int, default=5, help="swaps under load, pooled (each: load, unload)")
     ap.add_argument("--rate", type=float, default=15.0, help="requests/s of the steady load")
+    ap.add_argument("--load-priority", default="idle", choices=("idle", "low"), help="AIENG_LOAD_PRIORITY")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="hotswap-")
     os.makedirs(os.path.join(tmp, "run"))
     srv = ServerProcess(tmp, AIENG_MODEL_REPOSITORY=os.path.abspath(args.repo),
-                        AIENG_STATE_DIR=tmp + "/state", AIENG_RUNTIME_DIR=tmp + "/run")
+                        AIENG_STATE_DIR=tmp + "/state", AIENG_RUNTIME_DIR=tmp + "/run",
+                        AIENG_LOAD_PRIORITY=args.load_priority)
     admin = f"ipc://{tmp}/run/admin.sock"
     srv.start()
     try:
         base = psutil.Process(srv.child_pid("aieng::executor")).memory_info().rss / 2**20
         print(f"executor RSS before any run-time load: {base:.1f} MiB")
-        swap_under_load(srv, admin, args.swap, args.steady_s, args.after_s, args.rate)
+        swap_under_load(srv, admin, args.swap, args.steady_s, args.after_s, args.rate, args.swaps)
         if args.cycles:
             cycles(srv, admin, args.cycle, args.cycles)
     finally:
