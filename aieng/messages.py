@@ -109,8 +109,9 @@ class PreTask:
     # it (4 x [x, y], page pixels), ``page`` the parent's rid (the worker keeps the decoded page)
     crop: list | None = None
     page: int = 0
-    # Internal verification traffic (a golden case of a version being loaded, set by the frontend alone):
-    # the executor runs it on its low-priority background lane, so serving keeps the cores
+    # Internal verification traffic (a golden case of a version loaded beside serving; not of a cold load,
+    # which a request waits for), set by the frontend alone: the executor runs it on its low-priority
+    # background lane, so serving keeps the cores
     background: bool = False
 
 

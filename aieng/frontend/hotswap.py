@@ -266,7 +266,8 @@ class HotSwap:
             now = time.monotonic()
             fe.pipeline.start(Request(fe.table.new_rid(), [GOLDEN_CLIENT], rid_client, spec.name,
                                       spec.version, now + timeout_s, now, params,
-                                      trace=f"golden{self.serial}", body=body, route="golden"))
+                                      trace=f"golden{self.serial}", body=body, route="golden",
+                                      background=ld.source != "cold"))  # a cold load: a request waits
             if ld.state != "golden":  # answered at once (refused): the load failed
                 return
 

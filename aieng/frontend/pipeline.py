@@ -120,7 +120,7 @@ class Pipeline:
         self.table.move(req, PRE, worker)
         upstream = 0 if req.degraded >= 2 else self.table.count_stage(req.key, PRE) - 1  # level 2: no waiting
         task = m.PreTask(req.rid, req.model, req.version, req.deadline, req.trace, req.post, upstream,
-                         req.degraded, req.crop, req.parent or 0, background=req.route == "golden")
+                         req.degraded, req.crop, req.parent or 0, background=req.background)
         if not self.send(worker, [m.encode(task), req.body]):  # it never got it: safe to hold
             self.workers.gone(worker)
             self.table.hold(req, PRE)

@@ -78,6 +78,7 @@ class Request:
     padded: int = 0
     timing: dict = field(default_factory=dict)  # stage -> microseconds
     shadow_of: int | None = None  # a shadow copy (``mirror``): its primary's rid; never answered
+    background: bool = False  # internal work for the executor's background lane (a swap's golden case)
     parent: int | None = None  # a pipeline's step request (``fanout``): the page's rid; never answered
     crop: dict | None = None  # a crop step request: the box to cut from the page (PreTask.crop)
 

@@ -127,6 +127,14 @@ def test_a_lazy_version_is_not_built_at_start_and_loads_on_its_first_request(mak
     assert models(srv)["lazy"]["versions"]["1"]["load"]["state"] == "ready"
     built = [line for line in srv.output().splitlines() if "loaded lazy:1 (" in line]
     assert len(built) == 1 and "(cold load, a request waits: at normal priority)" in built[0], built
+    # its golden cases ran on the serving lanes, not the background one: still 0 after a few executor
+    # heartbeats (about one a second), which would have brought a count
+    seen = []
+    with srv.client(timeout_s=30) as c:
+        for _ in range(6):
+            seen.append(c.models()["models"]["lazy"]["versions"]["1"]["onnx"]["background_runs"])
+            time.sleep(0.5)
+    assert seen == [0] * 6, seen
     print(f"cold load of lazy:1: {view['last_cold_load_s']:.2f}s in the server (first answer after "
           f"{took:.2f}s), executor footprint {view['footprint_bytes'] / 2**20:.1f} MiB")
 
