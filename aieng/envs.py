@@ -139,8 +139,8 @@ REGISTRY: tuple[EnvVar, ...] = (
            "load evicts least recently used lazy versions to fit (0: no budget)", "model_memory_budget"),
     EnvVar("AIENG_LOAD_PRIORITY", str, "idle",
            "CPU priority of a run-time load beside serving (the frontend's hashing, the executor's session "
-           "build and warm-up): idle (SCHED_IDLE: spare CPU only; on a saturated server a load takes about "
-           "3 x longer) or low (nice 10; a millisecond neighbour may see a slow request). Preprocess workers "
+           "build and warm-up): idle (SCHED_IDLE: spare CPU only; on a saturated server a load takes 2-3 x "
+           "longer) or low (nice 10; a millisecond neighbour may see a slow request). Preprocess workers "
            "build at nice 10 either way; a cold load (a request waits) at the processes' own priority",
            "load_priority"),
     EnvVar("AIENG_CURVE_SECRET_KEY_FILE", str, "",
