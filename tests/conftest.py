@@ -151,17 +151,17 @@ def make_server(tmp_path):
         assert srv.segments() == [], f"shared memory left behind: {srv.segments()}"
 
 
-def save_tensor_model(repo, name: str, graph) -> None:
-    """Write an ONNX graph as a tensor-in, tensor-out model directory ``<repo>/<name>/1`` (the tests'
-    own small models: no batching, tensor pre- and postprocessing)."""
+def save_tensor_model(repo, name: str, graph, version: str = "1", input_name: str = "x") -> None:
+    """Write an ONNX graph as a tensor-in, tensor-out model directory ``<repo>/<name>/<version>`` (the
+    tests' own small models: no batching, tensor pre- and postprocessing)."""
     import onnx
     from onnx import helper
 
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    d = repo / name / "1"
+    d = repo / name / version
     d.mkdir(parents=True)
     onnx.save(model, str(d / "model.onnx"))
     (d / "model.yaml").write_text(
-        "inputs: [{name: x, kind: tensor}]\noutputs: [{name: y, kind: tensor}]\n"
+        f"inputs: [{{name: {input_name}, kind: tensor}}]\noutputs: [{{name: y, kind: tensor}}]\n"
         "preprocess: {type: tensor}\npostprocess: {type: tensor}\n"
         "batching: {max_batch_size: 1, max_wait_ms: 0}\n")

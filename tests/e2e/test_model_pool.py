@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from aieng.client import AsyncClient, build_request
-from tests.conftest import MODELS
+from tests.conftest import MODELS, save_tensor_model
 from tests.e2e.test_hotswap import PENGUINS, base_repo, copy_version, models, srv_metrics
 from tests.e2e.test_rollout import cli, start
 
@@ -47,22 +47,14 @@ IDX = np.array([[0, 1, 5, 8_000_000]], dtype=np.int64)
 
 def gather_model(repo, name: str, versions: list[str], pinned: bool = False) -> None:
     """A lazy tensor model per version whose session holds a 32 MiB weight: ``y = W[idx]``."""
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     weight = numpy_helper.from_array(np.arange(WEIGHTS, dtype=np.float32), "W")
     graph = helper.make_graph([helper.make_node("Gather", ["W", "idx"], ["y"], axis=0)], "gather",
                               [helper.make_tensor_value_info("idx", TensorProto.INT64, ["batch", 4])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])], [weight])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     for v in versions:
-        d = repo / name / v
-        d.mkdir(parents=True)
-        onnx.save(model, str(d / "model.onnx"))
-        (d / "model.yaml").write_text(
-            "inputs: [{name: idx, kind: tensor}]\noutputs: [{name: y, kind: tensor}]\n"
-            "preprocess: {type: tensor}\npostprocess: {type: tensor}\n"
-            "batching: {max_batch_size: 1, max_wait_ms: 0}\n")
+        save_tensor_model(repo, name, graph, version=v, input_name="idx")
     pool = "{lazy: true, pinned: true}" if pinned else "{lazy: true}"
     (repo / name / "model.yaml").write_text(f'pool: {pool}\nrouting: {{weights: {{"{versions[0]}": 100}}}}\n')
 

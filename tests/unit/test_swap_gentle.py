@@ -9,12 +9,11 @@ import os
 import threading
 from types import SimpleNamespace
 
-import pytest
-
 from aieng import messages as m
 from aieng.config import Config
 from aieng.frontend.workers import Workers
 from aieng.gpu_executor.executor import Executor
+from aieng.gpu_executor.sessions import ModelSession
 from aieng.worker_hotswap import Versions, lower_priority
 from tests.unit.demo import needs_demo_models
 from tests.unit.demo import spec as demo_spec
@@ -53,7 +52,7 @@ def test_a_deferred_load_is_built_after_the_drain_not_when_it_arrives():
     assert sent == []  # nothing built or answered yet
     v.build_deferred()
     assert order == ["tasks of the drain", f"build {spec.key}"]
-    assert [type(x).__name__ for x in sent] == ["VersionLoaded"] and sent[0].key == spec.key
+    assert [(type(x).__name__, x.key) for x in sent] == [("VersionLoaded", spec.key)]
 
 
 def sched(tid: int) -> tuple[int, int]:
@@ -106,17 +105,17 @@ def test_a_deferred_load_builds_on_a_nice_thread_and_a_cold_one_inline_at_the_wo
     worker.handlers[m.LoadVersion](m.LoadVersion(cold.to_dict(), urgent=True), [])
     v.build_deferred()
     urgent, tid, policy, nice = seen[swap.key]
-    assert (urgent, policy, nice) == (False, os.SCHED_OTHER, max(10, mine[2])) and tid != mine[0]
+    assert (urgent, policy, nice) == (False, os.SCHED_OTHER, max(10, mine[2]))
+    assert tid != mine[0]  # a thread of its own: the worker's thread keeps its priority
     assert seen[cold.key] == (True, *mine)  # the worker's own thread: a request waits for it
     assert sorted(x.key for x in sent if isinstance(x, m.VersionLoaded)) == sorted([swap.key, cold.key])
 
 
-@needs_demo_models
-@pytest.mark.parametrize("urgent, policy", [(False, os.SCHED_IDLE), (True, os.SCHED_OTHER)])
-def test_the_executor_builds_a_swap_at_idle_priority_and_a_cold_load_at_its_own(urgent, policy):
-    cfg = Config(intra_op_threads=1, load_priority="idle")
-    fake = SimpleNamespace(cfg=cfg, log=logging.getLogger("t"), wide={})
-    mine = sched(threading.get_native_id())
+def executor_build(urgent: bool) -> dict:
+    """A run-time build of tabular by the executor's own code, on a fresh thread: its session and the
+    thread's (policy, nice) afterwards."""
+    fake = SimpleNamespace(cfg=Config(intra_op_threads=1, load_priority="idle"), log=logging.getLogger("t"),
+                           wide={})
 
     def body(seen: dict) -> None:
         seen["sess"] = Executor.build_session(fake, demo_spec("tabular"), wide=False, background=True,
@@ -124,5 +123,18 @@ def test_the_executor_builds_a_swap_at_idle_priority_and_a_cold_load_at_its_own(
         seen["sched"] = sched(threading.get_native_id())
 
     seen = on_a_thread(body)
-    assert seen["sched"] == ((policy, max(10, mine[1])) if not urgent else mine)
-    assert seen["sess"].run is not None and fake.wide == {}  # a real session, and no wide one at run time
+    assert isinstance(seen["sess"], ModelSession)
+    assert fake.wide == {}  # no wide session at run time
+    return seen
+
+
+@needs_demo_models
+def test_the_executor_builds_a_swap_at_idle_priority():
+    mine = sched(threading.get_native_id())
+    assert executor_build(urgent=False)["sched"] == (os.SCHED_IDLE, max(10, mine[1]))
+
+
+@needs_demo_models
+def test_the_executor_builds_a_cold_load_at_the_threads_own_priority():
+    mine = sched(threading.get_native_id())
+    assert executor_build(urgent=True)["sched"] == mine
