@@ -67,9 +67,10 @@ class ClientOps:
         failed = fe.failed_models()
         w = fe.workers.by_name.get("executor")
         routes = tuple(r.state.serial for r in fe.rollout.models.values())  # a routing change repacks
-        # the executor's session facts arrive with its hello, after its pid may be known: key on them too
+        # the executor's session facts arrive with its hello, after its pid may be known, and change (its
+        # background_runs): key on their value (a dict compare per call; the models op is not a hot path)
         served = tuple((n, tuple(sorted(v))) for n, v in sorted(fe.specs.items()))  # run-time loads change it
-        key = (w.pid if w else None, tuple(sorted(ex)), served, tuple(sorted(failed.items())), routes)
+        key = (w.pid if w else None, ex, served, tuple(sorted(failed.items())), routes)
         if key != self._models_key:
             out = {}
             for name, versions in fe.specs.items():

@@ -381,3 +381,27 @@ def test_a_client_request_never_reaches_the_executors_background_lane(rig):
     r.send({"id": "a", "model": "tabular", "inputs": TAB, "route": "golden", "background": True})
     task = dispatched(r)
     assert task.background is False  # only the frontend's own golden requests are background work
+
+
+def test_the_models_op_shows_the_executors_latest_session_facts(rig):
+    """The reply is cached; a later executor heartbeat whose facts changed (a count of background runs)
+    must show in the next answer, not the cached one."""
+    r = rig()
+    r.hello("pre-0", "executor", "post-0")
+
+    def executor_says(runs: int) -> None:
+        info = {"models": {"tabular:1": {"provider": "CPUExecutionProvider", "background_runs": runs}}}
+        r.peers["executor"].send(m.encode(m.Hello("executor", "executor", 1000 + len("executor"), info)))
+        r.until(lambda: r.fe.workers.info("executor").get("models", {}).get("tabular:1", {})
+                .get("background_runs") == runs)
+
+    def runs_shown(rid: str) -> int:
+        r.send({"op": "models", "id": rid})
+        reply = r.answer()
+        assert reply["id"] == rid
+        return reply["models"]["tabular"]["versions"]["1"]["onnx"]["background_runs"]
+
+    executor_says(0)
+    assert runs_shown("m1") == 0
+    executor_says(3)
+    assert runs_shown("m2") == 3
