@@ -1,10 +1,11 @@
 """A plain single-process server, the baseline ``aieng bench`` compares against.
 
 What a user would write without aieng: one process, one ONNX Runtime session
-(the server's own ``ModelSession`` settings: spinning off, intra-op threads =
-usable CPUs), a ``concurrent.futures`` thread pool (size = usable CPUs) in
-which each request is validated, preprocessed with the same ``PROCESSORS``
-class, run alone (no batching) and postprocessed inline.
+with ONNX Runtime's defaults (intra-op spinning on, intra-op threads = usable
+CPUs; ``--spinning off`` for the variant beside it), a ``concurrent.futures``
+thread pool (size = usable CPUs) in which each request is validated,
+preprocessed with the same ``PROCESSORS`` class, run alone (no batching) and
+postprocessed inline.
 
 It speaks aieng's wire format (docs/protocol.md) on a ZMQ ROUTER so the same
 clients drive it unchanged: one msgpack map per request in, one per response
@@ -38,7 +39,7 @@ DONE_ADDR = "inproc://baseline-done"
 
 
 class Baseline:
-    def __init__(self, model: str, repo: str, threads: int):
+    def __init__(self, model: str, repo: str, threads: int, spinning: bool = True):
         from aieng.bench_limit import load_spec
         from aieng.gpu_executor.sessions import ModelSession
         from aieng.postprocess_workers.ops import OPS
@@ -47,7 +48,7 @@ class Baseline:
         self.spec = load_spec(model, repo)
         self.pre = PROCESSORS[self.spec.preprocess["type"]](self.spec)
         self.post = OPS[self.spec.postprocess["type"]](self.spec)
-        self.sess = ModelSession(self.spec, "auto", threads, False)
+        self.sess = ModelSession(self.spec, "auto", threads, spinning)
         self.sess.warmup()
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="baseline")
         self.ctx = zmq.Context.instance()
@@ -153,8 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--addr", default="tcp://127.0.0.1:5599", help="ZMQ address to bind (ROUTER)")
     ap.add_argument("--threads", type=int, default=0,
                     help="ONNX intra-op threads and pool size (default: usable CPUs)")
+    ap.add_argument("--spinning", choices=("on", "off"), default="on",
+                    help="ONNX Runtime's intra-op spinning (default on: ONNX Runtime's own default)")
     args = ap.parse_args(argv)
-    server = Baseline(args.model, args.repo, args.threads or cpu_count())
+    server = Baseline(args.model, args.repo, args.threads or cpu_count(), args.spinning == "on")
     signal.signal(signal.SIGTERM, server.stop)
     signal.signal(signal.SIGINT, server.stop)
     server.serve(args.addr)

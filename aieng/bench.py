@@ -11,9 +11,11 @@
    and CPU per answered request: ``/proc`` CPU time of the supervisor and all
    its children read around each closed-loop level (``aieng.cpuacct``), total
    and per process.
-3. The baseline (``aieng.baseline``, a subprocess: one process, one session,
-   a thread pool, no batching) driven by the same closed loop; its throughput
-   and CPU per request (skip with ``--skip-baseline``).
+3. The baseline (``aieng.baseline``, a subprocess: one process, one session
+   with ONNX Runtime's defaults, spinning on, a thread pool, no batching), then
+   the same with spinning off, driven by the same closed loop; throughput, p50
+   and CPU per request (skip with ``--skip-baseline``).  At concurrency 1 a
+   per-hop table (p50/p99 us of each hand-off, from the replies' timings).
 4. In-process again (after): the best row of each spinning setting re-run, so
    drift of this shared machine shows (the higher limit is used, which makes
    the ratio conservative), and the in-process CPU per request at each mean
@@ -42,6 +44,8 @@ import tempfile
 import time
 from typing import Any, Callable
 
+import numpy as np
+
 from aieng import cpuacct
 from aieng.bench_limit import InProcess
 from aieng.loadgen import Progress, merge_levels, open_loop, run_level, sample_inputs
@@ -51,7 +55,8 @@ _ROLE_ORDER = ("frontend", "preprocess", "executor", "postprocess", "supervisor"
 # Tuning variables the bench passes to the server it starts (everything else is reset).
 _PASS_THROUGH = {"AIENG_PREPROCESS_WORKERS", "AIENG_POSTPROCESS_WORKERS", "AIENG_MAX_BATCH_SIZE",
                  "AIENG_MAX_WAIT_MS", "AIENG_INTRA_OP_THREADS", "AIENG_ORT_SPINNING", "AIENG_DEVICE",
-                 "AIENG_GATEWAY_WORKERS"}
+                 "AIENG_GATEWAY_WORKERS", "AIENG_EXECUTOR_LANES", "AIENG_IDLE_WIDE_RUNS",
+                 "AIENG_IDLE_WIDE_SPINNING", "AIENG_INLINE_POSTPROCESS_US"}
 TRANSPORTS = ("zmq", "http", "grpc")
 ROUNDS = 3  # interleaved rounds per level in the transport comparison
 
@@ -102,7 +107,7 @@ def _free_addr() -> str:
     return f"tcp://127.0.0.1:{_free_port()}"
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def stop_server(proc: subprocess.Popen) -> None:
     proc.send_signal(signal.SIGTERM)
     try:
         proc.wait(60)
@@ -133,16 +138,17 @@ def closed_levels(addr: str, pid: int, model: str, inputs: list[dict], levels: l
     return out
 
 
-def _start_server(model: str, repo: str, oip: dict[str, str] | None = None
-                  ) -> tuple[subprocess.Popen, str, str]:
+def start_server(model: str, repo: str, extra_env: dict[str, str] | None = None
+                 ) -> tuple[subprocess.Popen, str, str]:
     """The aieng server serving only ``model`` on a free loopback port, ready: ``(proc, addr, log path)``.
-    The OIP gateway is off unless ``oip`` gives its addresses.  Also used by scripts/kill_recovery.py."""
+    The OIP gateway is off unless ``extra_env`` gives its addresses; ``extra_env`` also carries the
+    settings ``aieng tune`` tries.  Also used by scripts/kill_recovery.py."""
     addr = _free_addr()
     env = {k: v for k, v in os.environ.items() if not (k.startswith("AIENG_") and k not in _PASS_THROUGH)}
     env.update({"AIENG_FRONTEND_ADDR": addr, "AIENG_MODEL_REPOSITORY": repo, "AIENG_MODELS": model,
                 "AIENG_LOG_LEVEL": "WARNING", "AIENG_HTTP_ADDR": "", "AIENG_OIP_HTTP_ADDR": "",
                 "AIENG_OIP_GRPC_ADDR": ""})
-    env.update(oip or {})
+    env.update(extra_env or {})
     proc, log = _spawn("server", [sys.executable, "-m", "aieng.cli", "serve"], env, addr,
                        lambda h: bool(h.get("ready")))
     return proc, addr, log
@@ -150,23 +156,27 @@ def _start_server(model: str, repo: str, oip: dict[str, str] | None = None
 
 def server_side(model: str, repo: str, inputs: list[dict], levels: list[int], rates: list[float],
                 duration: float, limit: float, n_requests: int) -> dict[str, Any]:
-    proc, addr, log = _start_server(model, repo)
+    proc, addr, log = start_server(model, repo)
     try:
         closed = closed_levels(addr, proc.pid, model, inputs, levels, n_requests, report=True)
         opened = [asyncio.run(open_loop(addr, model, inputs, f * limit, duration, 60)) for f in rates]
     finally:
-        _stop(proc)
+        stop_server(proc)
     return {"closed": closed, "open": opened, "log": log}
 
 
-def baseline_side(model: str, repo: str, inputs: list[dict], levels: list[int], n_requests: int) -> dict:
+def baseline_side(model: str, repo: str, inputs: list[dict], levels: list[int], n_requests: int,
+                  spinning: bool = True) -> dict:
+    """The plain one-process server (``aieng.baseline``) with ONNX Runtime's intra-op spinning on (its
+    default, what a user's script runs) or off, driven by the same closed loop."""
     addr = _free_addr()
-    argv = [sys.executable, "-m", "aieng.baseline", "--model", model, "--repo", repo, "--addr", addr]
+    argv = [sys.executable, "-m", "aieng.baseline", "--model", model, "--repo", repo, "--addr", addr,
+            "--spinning", "on" if spinning else "off"]
     proc, log = _spawn("baseline", argv, dict(os.environ), addr, lambda h: bool(h.get("ready")))
     try:
         closed = closed_levels(addr, proc.pid, model, inputs, levels, n_requests, report=False)
     finally:
-        _stop(proc)
+        stop_server(proc)
     return {"closed": closed, "log": log}
 
 
@@ -204,19 +214,63 @@ def fmt_inprocess(before: dict, after: dict, limit: float) -> list[str]:
     return lines
 
 
-def fmt_closed(srv: list[dict], base: list[dict] | None, limit: float) -> list[str]:
+def fmt_closed(srv: list[dict], base: list[dict] | None, limit: float,
+               base_off: list[dict] | None = None) -> list[str]:
+    """aieng beside the baseline (spinning on, ONNX Runtime's default) and the spinning-off baseline."""
     lines = ["| concurrency | aieng req/s | ratio to limit | baseline req/s | aieng/baseline | p50 ms "
+             "| baseline p50 ms | p50 - baseline p50 | baseline spinning off req/s | aieng/spinning off "
              "| p95 ms | p99 ms | p99/p50 | mean batch | CPU ms/req | padding waste | errors |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     by_c = {r["concurrency"]: r for r in base or []}
+    off_c = {r["concurrency"]: r for r in base_off or []}
     for r in srv:
-        b = by_c.get(r["concurrency"])
+        b, o = by_c.get(r["concurrency"]), off_c.get(r["concurrency"])
         rep = r.get("report") or {}
         waste = f"{100 * rep['padding_waste']:.1f}%" if "padding_waste" in rep else "-"
+        dp50 = "-" if b is None else f"{r['p50_ms'] - b['p50_ms']:+.2f}"
         lines.append(f"| {r['concurrency']} | {r['rps']:.1f} | {_f(ratio(r['rps'], limit))} | "
                      f"{_f(b and b['rps'], 1)} | {_f(ratio(r['rps'], b and b['rps']))} | {r['p50_ms']:.2f} | "
+                     f"{_f(b and b['p50_ms'])} | {dp50} | {_f(o and o['rps'], 1)} | "
+                     f"{_f(ratio(r['rps'], o and o['rps']))} | "
                      f"{r['p95_ms']:.2f} | {r['p99_ms']:.2f} | {_f(ratio(r['p99_ms'], r['p50_ms']))} | "
                      f"{r['mean_batch']:.2f} | {r['cpu']['total']:.2f} | {waste} | {r['errors'] or '-'} |")
+    return lines
+
+
+# The critical path of one native request, in order: (row, kind, how it is read from a reply's timing_us
+# plus the client's own latency "client").  The rows add up to the client's latency.
+HOPS: tuple[tuple[str, str, Callable[[dict], int]], ...] = (
+    ("client <-> frontend (both transfers, the answer's build, the client's own loop)", "hand-off",
+     lambda t: t["client"] - t["total"]),
+    ("frontend: parse, admit, route", "work", lambda t: t.get("frontend_in", 0)),
+    ("frontend -> preprocess worker", "hand-off", lambda t: t.get("preprocess_queue", 0)),
+    ("preprocess: featurise, write shared memory", "work", lambda t: t.get("preprocess", 0)),
+    ("preprocess worker -> executor", "hand-off", lambda t: t.get("handoff", 0)),
+    ("executor: queue and batch assembly", "work", lambda t: t.get("batch_wait", 0)),
+    ("executor: inference", "work", lambda t: t.get("inference", 0)),
+    ("executor -> postprocess (output write included)", "hand-off", lambda t: t.get("hop.to_postprocess", 0)),
+    ("postprocess", "work", lambda t: t.get("postprocess", 0)),
+    ("postprocess -> frontend", "hand-off", lambda t: t.get("hop.to_frontend", 0)),
+)
+
+
+def fmt_hops(level: dict) -> list[str]:
+    """Per-hop p50/p99 (us) of one closed-loop level (the bench prints concurrency 1's)."""
+    rows = [t for t in level.get("hops", []) if "total" in t]
+    if not rows:
+        return []
+    lines = [f"Where each microsecond goes at concurrency {level['concurrency']} ({len(rows)} answers; the "
+             "frontend's stamps and the Trail's clock readings, CLOCK_MONOTONIC in every process):", "",
+             "| step | kind | p50 us | p99 us |", "|---|---|---:|---:|"]
+    hand = np.zeros(len(rows))
+    for name, kind, get in HOPS:
+        v = np.array([get(t) for t in rows], dtype=float)
+        if kind == "hand-off":
+            hand += v
+        lines.append(f"| {name} | {kind} | {np.percentile(v, 50):.0f} | {np.percentile(v, 99):.0f} |")
+    client = np.array([t["client"] for t in rows], dtype=float)
+    lines.append(f"| all hand-offs | | {np.percentile(hand, 50):.0f} | {np.percentile(hand, 99):.0f} |")
+    lines.append(f"| client latency | | {np.percentile(client, 50):.0f} | {np.percentile(client, 99):.0f} |")
     return lines
 
 
@@ -241,21 +295,29 @@ def fmt_cpu(srv: list[dict], base: list[dict] | None) -> list[str]:
     return lines
 
 
-def fmt_table(model: str, before: dict, after: dict, srv: dict, base: dict | None, limit: float) -> str:
+def fmt_table(model: str, before: dict, after: dict, srv: dict, base: dict | None, limit: float,
+              base_off: dict | None = None) -> str:
     lines = [f"# aieng bench: {model}", ""] + fmt_inprocess(before, after, limit)
-    lines += ["", "Closed loop, aieng server" + (" and baseline (one process, one session, thread pool, no "
-                                                 "batching, same transport)" if base else "")
+    beside = (" and baseline (one process, one session with ONNX Runtime's defaults, intra-op spinning on; "
+              "thread pool, no batching, same transport; and the same with spinning off)")
+    lines += ["", "Closed loop, aieng server" + (beside if base else "")
               + "; latency, mean batch and CPU columns are aieng's:", ""]
-    lines += fmt_closed(srv["closed"], base and base["closed"], limit)
+    lines += fmt_closed(srv["closed"], base and base["closed"], limit, base_off and base_off["closed"])
+    c1 = next((r for r in srv["closed"] if r["concurrency"] == 1), None)
+    hops = fmt_hops(c1) if c1 else []
+    if hops:
+        lines += [""] + hops
     lines += ["", "CPU per answered request (utime+stime from /proc of every server process, read around "
                   "each level; in-process: this process, batches sorted by length, spinning off):", ""]
     lines += fmt_cpu(srv["closed"], base and base["closed"])
-    if base:
-        lines += ["", "Baseline, closed loop:", "", "| concurrency | req/s | p50 ms | p95 ms | p99 ms | "
-                  "CPU ms/req | errors |", "|---:|---:|---:|---:|---:|---:|---|"]
+    for name, b in (("spinning on", base), ("spinning off", base_off)):
+        if not b:
+            continue
+        lines += ["", f"Baseline ({name}), closed loop:", "", "| concurrency | req/s | p50 ms | p95 ms | "
+                  "p99 ms | CPU ms/req | errors |", "|---:|---:|---:|---:|---:|---:|---|"]
         lines += [f"| {r['concurrency']} | {r['rps']:.1f} | {r['p50_ms']:.2f} | {r['p95_ms']:.2f} | "
                   f"{r['p99_ms']:.2f} | {r['cpu']['total']:.2f} | {r['errors'] or '-'} |"
-                  for r in base["closed"]]
+                  for r in b["closed"]]
     lines += ["", "aieng server, open loop (Poisson arrivals):", "",
               "| offered req/s | answered req/s | ratio to limit | p50 ms | p95 ms | p99 ms | errors |",
               "|---:|---:|---:|---:|---:|---:|---|"]
@@ -304,7 +366,7 @@ def transport_side(model: str, repo: str, inputs: list[dict], levels: list[int],
     ``ROUNDS`` interleaved rounds of n / ROUNDS requests (so load from elsewhere on a shared machine falls
     on every transport alike), merged per transport."""
     ports = {"http": f"127.0.0.1:{_free_port()}", "grpc": f"127.0.0.1:{_free_port()}"}
-    proc, addr, _ = _start_server(model, repo, {"AIENG_OIP_HTTP_ADDR": ports["http"],
+    proc, addr, _ = start_server(model, repo, {"AIENG_OIP_HTTP_ADDR": ports["http"],
                                                 "AIENG_OIP_GRPC_ADDR": ports["grpc"]})
     door = {"zmq": addr, **ports}
     rows = []
@@ -331,7 +393,7 @@ def transport_side(model: str, repo: str, inputs: list[dict], levels: list[int],
                       f"errors {r['errors'] or '-'}", flush=True)
                 rows.append(r)
     finally:
-        _stop(proc)
+        stop_server(proc)
     return rows
 
 
@@ -424,6 +486,8 @@ def main_bench(args) -> int:
     srv = server_side(args.model, repo, inputs, levels, rates, duration, before["best"], n_req)
     print("server done", flush=True)
     base = None if args.skip_baseline else baseline_side(args.model, repo, inputs, levels, n_req)
+    base_off = None if args.skip_baseline else baseline_side(args.model, repo, inputs, levels, n_req,
+                                                             spinning=False)
     after = inproc.recheck(before, n_inproc)
     # CPU per request in process at a batch size: the cheapest configuration measured there (lanes
     # when measured: the executor's own way of running), so the gap printed is not flattered.
@@ -434,7 +498,7 @@ def main_bench(args) -> int:
     for r in srv["closed"]:
         r["inprocess_cpu_ms"] = inproc.cpu_at(r["mean_batch"], n_inproc, cache)
     limit = max(before["best"], after["best"])
-    text = fmt_table(args.model, before, after, srv, base, limit)
+    text = fmt_table(args.model, before, after, srv, base, limit, base_off)
     md = write_report(args.out, f"{args.model}.md", text)
     _plot(args.model, srv, base, limit, os.path.join(args.out, f"{args.model}.png"))
     print(text)

@@ -10,7 +10,7 @@ in this process one page at a time as a user would run it, on the same drawn pag
   per step), ``n`` pages in a row after a warm-up; latency includes the PNG decode, as the server's does;
   CPU per page is this process's (``time.process_time``: the package's threads, spinning included).
   The benches run it before and after the server, so drift of a shared machine shows.
-* ``server``: a server subprocess serving ``serve`` (``aieng.bench._start_server``), a closed loop per
+* ``server``: a server subprocess serving ``serve`` (``aieng.bench.start_server``), a closed loop per
   concurrency level; ``steps_of(reply) -> ({step: seconds}, batch)`` reads the server's own timing of
   each answer (``timing_us``), whose means are reported, and ``cpuacct`` the CPU of its processes.
 * ``fmt``: one markdown report: the reference rows, the server rows (pages/s, x the reference, p50/p95,
@@ -134,9 +134,9 @@ def server(serve: str, model: str, repo: str, images: list[bytes], levels: list[
     CPU seconds per answered page of every server process (``cpuacct``; the figure a noisy shared machine
     moves least)."""
     from aieng import cpuacct
-    from aieng.bench import _start_server, _stop
+    from aieng.bench import start_server, stop_server
 
-    proc, addr, _ = _start_server(serve, repo)
+    proc, addr, _ = start_server(serve, repo)
     try:
         out = []
         for c in levels:
@@ -151,7 +151,7 @@ def server(serve: str, model: str, repo: str, images: list[bytes], levels: list[
             print(f"server c={c}: {r['rate']:.2f} pages/s, {r['cpu']['total']:.2f} CPU s/page", flush=True)
         return out
     finally:
-        _stop(proc)
+        stop_server(proc)
 
 
 def _ms(x: float | None) -> str:

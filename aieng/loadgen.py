@@ -194,6 +194,8 @@ async def run_level(addr: str | None, model: str, inputs: list[dict], concurrenc
     latencies: list[float] = []
     errors: dict[str, int] = {}
     batches: list[int] = []
+    # native replies' stage timings with the client's own latency (us), for the bench's per-hop table
+    hops: list[dict[str, int]] = []
     it = iter(range(len(inputs)))
     senders: list[Any] = []
     if transport == "zmq":
@@ -202,9 +204,11 @@ async def run_level(addr: str | None, model: str, inputs: list[dict], concurrenc
         client = AsyncClient(addr, timeout_s=timeout_s)
 
         async def zmq_send(row: dict) -> str | None:
+            t0 = time.perf_counter()
             reply = await client.infer(model, row, raise_on_error=False)
             if reply.get("ok"):
                 batches.append(int(reply.get("batch", 1)))
+                hops.append({**reply.get("timing_us", {}), "client": int((time.perf_counter() - t0) * 1e6)})
                 return None
             return reply["error"]["code"]
 
@@ -236,7 +240,7 @@ async def run_level(addr: str | None, model: str, inputs: list[dict], concurrenc
             "p95_ms": round(float(np.percentile(lat, 95)), 2),
             "p99_ms": round(float(np.percentile(lat, 99)), 2), "transport": transport,
             "mean_batch": round(float(np.mean(batches)), 2) if batches else 0.0, "errors": errors,
-            "latencies_ms": lat}
+            "latencies_ms": lat, "hops": hops}
 
 
 def merge_levels(parts: list[dict]) -> dict[str, Any]:

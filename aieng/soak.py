@@ -79,11 +79,11 @@ async def _sample(srv_pid: int, until: float, interval: float, rows: list[dict[s
 
 
 def soak(model: str, seconds: float, interval: float, concurrency: int, max_rss_mib_per_min: float) -> int:
-    from aieng.bench import _start_server
+    from aieng.bench import start_server
     from aieng.config import load_config
 
     cfg = load_config()
-    proc, addr, log = _start_server(model, cfg.model_repository)
+    proc, addr, log = start_server(model, cfg.model_repository)
     lat: list[tuple[float, float]] = []
     errors: dict[str, int] = {}
     rows: list[dict[str, Any]] = []

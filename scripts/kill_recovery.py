@@ -18,7 +18,7 @@ import psutil
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from aieng.bench import _start_server  # noqa: E402
+from aieng.bench import start_server  # noqa: E402
 from aieng.client import Client  # noqa: E402
 from aieng.config import load_config  # noqa: E402
 
@@ -37,7 +37,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model", default="minilm")
     args = ap.parse_args()
-    proc, addr, _ = _start_server(args.model, load_config().model_repository)
+    proc, addr, _ = start_server(args.model, load_config().model_repository)
     try:
         for title in ("aieng::preprocess[0]", "aieng::postprocess[0]", "aieng::executor", "aieng::frontend"):
             old = child(proc.pid, title)

@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/profile_pages.py --model ocr --concurrency 4 --seconds 25 --out prof-out
 
-Starts a server as ``aieng bench`` does (``bench._start_server``), warms it, then records each of its
+Starts a server as ``aieng bench`` does (``bench.start_server``), warms it, then records each of its
 processes with ``py-spy record --idle -f raw`` (50 samples/s, every thread) while the same closed loop
 as the bench (``bench_pages.closed``) sends ``1.2 x seconds`` pages, and prints for each process the
 share of samples per leaf frame and per aieng frame on the stack.  ``--idle`` keeps waiting threads in
@@ -23,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from aieng import bench_pages, cpuacct  # noqa: E402
-from aieng.bench import _start_server, _stop  # noqa: E402
+from aieng.bench import start_server, stop_server  # noqa: E402
 from aieng.config import load_config  # noqa: E402
 
 
@@ -61,7 +61,7 @@ def main() -> int:
         images = bench_pages.pages(figure=True)
     os.makedirs(args.out, exist_ok=True)
     spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
-    proc, addr, _ = _start_server(REPORT.serve, load_config().model_repository)
+    proc, addr, _ = start_server(REPORT.serve, load_config().model_repository)
     try:
         c = args.concurrency
         asyncio.run(bench_pages.closed(addr, args.model, images, c, 2 * c, steps_of))  # warm
@@ -77,7 +77,7 @@ def main() -> int:
         for s in spies.values():
             s.wait(120)
     finally:
-        _stop(proc)
+        stop_server(proc)
     print(f"c={c}: {r['rate']:.2f} pages/s, p50 {r['p50']:.2f} s, steps "
           + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in r["steps"].items()) + f", batch {r['batch']}")
     print("CPU s while loaded: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(used.items())))

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from aieng import cpuacct
-from aieng.bench import fmt_closed, fmt_cpu, fmt_table, ratio
+from aieng.bench import fmt_closed, fmt_cpu, fmt_hops, fmt_table, ratio
 from aieng.client import Client
 from tests.unit.demo import MODELS, ROOT, needs_demo_models, spec
 
@@ -92,7 +92,13 @@ SRV = [level(1, 50.0, 1.0, {"frontend": 1.0, "executor": 9.0, "preprocess[0]": 0
              inprocess_cpu_ms=9.25, report={"padding_waste": 0.05}),
        level(16, 90.0, 6.0, {"frontend": 0.8, "executor": 6.0, "preprocess[0]": 0.4, "total": 7.2},
              inprocess_cpu_ms=6.7)]
-BASE = [level(1, 40.0, 1.0, {"total": 11.0}), level(16, 60.0, 1.0, {"total": 12.0})]
+BASE = [level(1, 40.0, 1.0, {"total": 11.0}, p50_ms=7.5), level(16, 60.0, 1.0, {"total": 12.0})]
+BASE_OFF = [level(1, 25.0, 1.0, {"total": 10.0}), level(16, 45.0, 1.0, {"total": 11.0})]
+# one c=1 answer: the stages of its timing_us (us) and the client's own latency
+HOP_ROW = {"frontend_in": 50, "preprocess_queue": 300, "preprocess": 250, "handoff": 310, "batch_wait": 90,
+           "inference": 5000, "postprocess_queue": 700, "hop.to_postprocess": 400, "hop.to_frontend": 300,
+           "postprocess": 150, "total": 6850, "client": 8000}
+SRV[0]["hops"] = [HOP_ROW]
 
 
 def cells(line: str) -> list[str]:
@@ -111,6 +117,26 @@ def test_closed_table_puts_aieng_and_baseline_side_by_side():
     assert row["mean batch"] == "6.00"
     assert row["CPU ms/req"] == "7.20"
     assert dict(zip(head, cells(lines[2])))["padding waste"] == "5.0%"
+
+
+def test_closed_table_sets_the_spinning_off_baseline_beside_and_the_p50_gap():
+    lines = fmt_closed(SRV, BASE, 100.0, BASE_OFF)
+    row = dict(zip(cells(lines[0]), cells(lines[2])))
+    assert row["baseline spinning off req/s"] == "25.0"
+    assert row["aieng/spinning off"] == "2.00"
+    assert row["baseline p50 ms"] == "7.50"
+    assert row["p50 - baseline p50"] == "+2.50"
+
+
+def test_hop_table_adds_up_to_the_client_latency():
+    lines = fmt_hops(SRV[0])
+    rows = {cells(x)[0]: cells(x) for x in lines if x.startswith("| ") and not x.startswith("| step")}
+    edge = rows["client <-> frontend (both transfers, the answer's build, the client's own loop)"]
+    assert edge[1:] == ["hand-off", "1150", "1150"]
+    assert rows["executor -> postprocess (output write included)"][2] == "400"
+    # hand-offs: the edge 1150 + 300 + 310 + 400 + 300
+    assert rows["all hand-offs"][2] == "2460"
+    assert rows["client latency"][2] == "8000"
 
 
 def test_closed_table_without_baseline_shows_dashes():
@@ -135,11 +161,13 @@ def test_full_table_has_every_section():
     after = {"best": 95.0, "by_spinning": {False: 95.0, True: 80.0}}
     srv = {"closed": SRV, "open": [{"rate": 50.0, "rps": 49.0, "p50_ms": 12.0, "p95_ms": 20.0,
                                     "p99_ms": 25.0, "errors": {}}]}
-    text = fmt_table("minilm", before, after, srv, {"closed": BASE}, 100.0)
+    text = fmt_table("minilm", before, after, srv, {"closed": BASE}, 100.0, {"closed": BASE_OFF})
     assert "**100.0 req/s**" in text
     assert "best with intra-op spinning off 70.0, on 71.0" in text
     assert "| 1 | 70.0 | - | 71.0 | - | 9.00 |" in text
-    assert "Baseline, closed loop:" in text
+    assert "Baseline (spinning on), closed loop:" in text
+    assert "Baseline (spinning off), closed loop:" in text
+    assert "| client latency | | 8000 | 8000 |" in text
     assert "| 50.0 | 49.0 | 0.49 | 12.00 | 20.00 | 25.00 | - |" in text
     assert "p50 at concurrency 1 minus in-process batch-1 p50: +2.00 ms" in text
 
