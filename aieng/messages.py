@@ -92,6 +92,8 @@ class Hello:
     role: str
     pid: int
     info: dict = field(default_factory=dict)  # what health/models show: ring, models, runtime, failed
+    # the executor's: model versions whose postprocessing it runs itself (route them post="executor")
+    inline_post: list = field(default_factory=list)
 
 
 @dataclass(slots=True)

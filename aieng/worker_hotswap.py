@@ -210,4 +210,4 @@ class Versions:
 
     def refresh(self) -> None:
         w = self.worker
-        w.hello_bytes = m.encode(m.Hello(w.worker, w.role, os.getpid(), w.info()))
+        w.hello_bytes = m.encode(w.hello_msg())

@@ -110,13 +110,17 @@ class HubWorker:
     def ready_info(self) -> dict:
         return self.info()
 
+    def hello_msg(self) -> m.Hello:
+        """This worker's heartbeat (sent again as is until ``hello_bytes`` is rebuilt)."""
+        return m.Hello(self.worker, self.role, os.getpid(), self.info())
+
     def after_drain(self, now: float) -> int | None:
         """Work to do once the waiting messages are read; returns the next poll timeout in ms."""
         return None
 
     # -- the loop ---------------------------------------------------------------
     def run(self, stop: procutil.StopFlag) -> None:
-        self.hello_bytes = m.encode(m.Hello(self.worker, self.role, os.getpid(), self.info()))
+        self.hello_bytes = m.encode(self.hello_msg())
         self.heartbeat()
         poller = zmq.Poller()
         socks = [self.sock] + ([self.inbox] if self.inbox is not None else [])

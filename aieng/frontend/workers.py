@@ -25,6 +25,7 @@ class WorkerState:
     pid: int
     seen: float  # monotonic seconds of its last hello
     info: dict = field(default_factory=dict)  # what it reported of itself (ring, models, failed loads)
+    inline_post: frozenset = frozenset()  # the executor's: versions it postprocesses itself
 
 
 class Workers:
@@ -41,11 +42,18 @@ class Workers:
             return False
         w = self.by_name.get(msg.worker)
         if w is None or w.pid != msg.pid:
-            self.by_name[msg.worker] = WorkerState(msg.worker, msg.role, msg.pid, now, msg.info)
+            self.by_name[msg.worker] = WorkerState(msg.worker, msg.role, msg.pid, now, msg.info,
+                                                   frozenset(msg.inline_post))
             return True
         w.seen = now
         w.info = msg.info  # a run-time load or unload changes what it serves and what failed
+        w.inline_post = frozenset(msg.inline_post)
         return False
+
+    def postprocessed_by_executor(self, key: str) -> bool:
+        """Does the executor run ``key``'s postprocessing itself (so its requests skip the pool)?"""
+        w = self.by_name.get("executor")
+        return w is not None and key in w.inline_post
 
     def down(self, name: str, pid: int, now: float) -> None:
         w = self.by_name.get(name)

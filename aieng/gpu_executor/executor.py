@@ -31,6 +31,7 @@ from aieng.addresses import exec_addr, post_addr
 from aieng.config import Config
 from aieng.envs import cpu_count
 from aieng.gpu_executor.batcher import Batcher, Pending
+from aieng.gpu_executor.inline_post import EXECUTOR, InlinePost
 from aieng.gpu_executor.lanes import Job, Lanes
 from aieng.gpu_executor.sessions import ModelSession, describe_runtime
 from aieng.model_repo import ModelSpec
@@ -89,6 +90,7 @@ class Executor(HubWorker):
         self.sessions: dict[str, ModelSession]
         self.failed: dict[str, str]
         self.wide: dict[str, ModelSession] = {}  # every core on one run: for a lone batch while idle
+        self.inline = InlinePost(self.cfg.inline_postprocess_us)  # cheap chains run here (inline_post)
         self.sessions, self.failed = model_repo.build_each(
             specs, self.build_session, self.log, self.cfg.strict_model_load, path=lambda s: s.onnx_path)
 
@@ -109,6 +111,7 @@ class Executor(HubWorker):
             runs = paced_warmup(sess, idle)
         else:
             runs = sess.warmup(max_rows=BACKGROUND_WARM_ROWS if background else 0)
+        choice = self.inline.consider(spec, sess)  # in force once the version joins the batcher
         if (wide and self.cfg.idle_wide_runs and threads < cpu_count()
                 and sess.provider == "CPUExecutionProvider"):
             try:  # an optional speed-up: the model serves on its lanes without it
@@ -124,8 +127,9 @@ class Executor(HubWorker):
         if background:
             how = (f" (beside serving: at {'idle' if idle else 'low'} priority, warm-up paced)" if polite
                    else " (cold load, a request waits: at normal priority)")
-        self.log.info("loaded %s (%s) on %s, %d warm-up runs in %.2fs%s", spec.key, spec.content_hash[:12],
-                      sess.provider, runs, time.perf_counter() - t0, how)
+        self.log.info("loaded %s (%s) on %s, %d warm-up runs in %.2fs%s; postprocessing in the %s (%s)",
+                      spec.key, spec.content_hash[:12], sess.provider, runs, time.perf_counter() - t0, how,
+                      choice.where, choice.why)
         return sess
 
     # -- run-time load/unload (worker_hotswap.Versions; the frontend drains before an unload) ------
@@ -133,7 +137,7 @@ class Executor(HubWorker):
         # A run-time load builds on a thread, warms up paced and has no wide session: it competes
         # with serving for the cores.
         self.versions = Versions(self, self.sessions, self.failed, self.build_in_background, background=True,
-                                 check=self.check_loaded, on_add=self.add_to_batcher,
+                                 check=self.check_loaded, on_add=self.add_version,
                                  on_remove=self.remove_version)
 
     def build_in_background(self, spec: ModelSpec, urgent: bool) -> ModelSession:
@@ -148,6 +152,12 @@ class Executor(HubWorker):
                              f"{have}-byte slots, sized at start for the versions built then: set "
                              f"AIENG_SHM_SLOT_BYTES >= {need}, or serve it from the start (not lazy)")
 
+    def add_version(self, spec: ModelSpec, sess: ModelSession) -> None:
+        """A built version starts serving (on the loop thread): its batcher queues and where its
+        postprocessing runs."""
+        self.add_to_batcher(spec, sess)
+        self.inline.adopt(spec.key)
+
     def add_to_batcher(self, spec: ModelSpec, sess: ModelSession) -> None:
         b = spec.batching
         for batcher in (self.batcher, self.bg_batcher):
@@ -158,6 +168,7 @@ class Executor(HubWorker):
 
     def remove_version(self, key: str) -> None:
         self.wide.pop(key, None)
+        self.inline.drop(key)
         self.bg_runs.pop(key, None)
         for batcher in (self.batcher, self.bg_batcher):
             batcher.queues.pop(key, None)  # empty: its requests were drained before the unload
@@ -165,7 +176,7 @@ class Executor(HubWorker):
     def init_batcher(self) -> None:
         self.batcher, self.bg_batcher = Batcher(), Batcher()  # serving; internal (background lane)
         for key, sess in self.sessions.items():
-            self.add_to_batcher(sess.spec, sess)
+            self.add_version(sess.spec, sess)
 
     def init_rings(self) -> None:
         self.inputs = shm.RingCache()
@@ -183,9 +194,16 @@ class Executor(HubWorker):
     def info(self) -> dict:
         return {"ring": self.ring.seg.name, "runtime": describe_runtime(), "lanes": self.lanes.n,
                 "models": {k: {**s.describe(), "idle_wide_session": k in self.wide,
-                               "background_runs": self.bg_runs.get(k, 0)}
+                               "background_runs": self.bg_runs.get(k, 0),
+                               "postprocess": self.inline.choices[k].view() if k in self.inline.choices
+                               else None}
                            for k, s in self.sessions.items()},
                 "failed": dict(self.failed)}
+
+    def hello_msg(self) -> m.Hello:
+        hello = super().hello_msg()
+        hello.inline_post = self.inline.advertised()
+        return hello
 
     # -- the loop ---------------------------------------------------------------
     def on_task(self, task: m.InferTask, frames: list) -> None:
@@ -224,7 +242,7 @@ class Executor(HubWorker):
         if problem:
             self.fail(task.rid, INVALID_INPUT, problem, task.ref)
             return
-        if task.post not in self.posts:
+        if task.post not in self.posts and not (task.post == EXECUTOR and self.inline.serves(key)):
             self.fail(task.rid, INTERNAL, f"no postprocess worker named {task.post!r}", task.ref)
             return
         now = time.monotonic()
@@ -283,15 +301,18 @@ class Executor(HubWorker):
         done = m.Inferred([], [])
         for row, p in enumerate(live):
             task = p.payload
+            trail = task.trail
+            trail.batch_started, trail.infer_us = job.started, infer_us
+            trail.batch, trail.padded = len(live), padded
+            if task.post == EXECUTOR:  # a cheap chain: answered from here, no output slot, no hop
+                self.answer_inline(key, task, sess.request_outputs(outputs, row, sizes[row]))
+                continue
             try:
                 tensors = sess.request_outputs(outputs, row, sizes[row])
                 ref = self.publish(self.ring, tensors, p.deadline, INTERNAL)
             except RequestError as exc:
                 self.fail(p.rid, exc.code, exc.message)
                 continue
-            trail = task.trail
-            trail.batch_started, trail.infer_us = job.started, infer_us
-            trail.batch, trail.padded = len(live), padded
             post_task = m.PostTask(p.rid, task.model, task.version, ref, task.params, task.degraded,
                                    task.trace, trail, task.geometry)
             self.post_socket(task.post).send(m.encode(post_task))
@@ -301,6 +322,23 @@ class Executor(HubWorker):
                            extra={"trace": task.trace})
         if done.rids:  # one notice per batch: these output slots are the postprocess workers' now
             self.send(done)
+
+    def answer_inline(self, key: str, task: m.InferTask, tensors: list) -> None:
+        """The request's answer from its chain, run here (``inline_post``): a ``Result`` or a
+        ``Failed``, as a postprocess worker would send it."""
+        try:
+            result = self.inline.answer(key, task, tensors, time.monotonic())
+        except RequestError as exc:
+            self.fail(task.rid, exc.code, exc.message)
+            return
+        except Exception as exc:
+            self.log.exception("postprocess failed for rid %s", task.rid)
+            self.fail(task.rid, INTERNAL, f"postprocessing failed: {type(exc).__name__}")
+            return
+        t = task.trail
+        self.log.debug("inferred in a batch of %d (padded %d, %d us), postprocessed here (%d us)", t.batch,
+                       t.padded, t.infer_us, t.post_us, extra={"trace": task.trace})
+        self.send(result)
 
     def post_socket(self, name: str):
         sock = self.posts[name]

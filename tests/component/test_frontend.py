@@ -217,6 +217,52 @@ def worker_counts(r) -> dict:
             for s in fam.samples if s.name.endswith("_total") and s.value}
 
 
+def inline_running(rig) -> tuple[Rig, m.PreTask]:
+    """Every peer up, the executor advertising tabular:1's postprocessing as its own, "a" dispatched."""
+    r = rig()
+    r.hello("pre-0", "post-0")
+    r.peers["executor"].send(m.encode(m.Hello("executor", "executor", 1000 + len("executor"), {},
+                                              ["tabular:1"])))
+    r.until(lambda: r.fe.workers.postprocessed_by_executor("tabular:1"))
+    r.send({"id": "a", "model": "tabular", "inputs": TAB})
+    task, _ = r.expect("pre-0")
+    return r, task
+
+
+def test_an_inline_model_is_routed_to_the_executor_which_answers(rig):
+    r, task = inline_running(rig)
+    assert task.post == "executor"
+    inp = r.slot("pre-0")
+    r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp], [{}])))
+    r.until(lambda: r.fe.table.get(task.rid).stage == "executor")
+    r.peers["executor"].send(m.encode(result(task.rid)))
+    reply = r.answer()
+    assert (reply["id"], reply["ok"], reply["outputs"]) == ("a", True, {"label": "Gentoo"})
+    assert len(r.fe.table) == 0
+    assert worker_counts(r) == {("preprocess", "pre-0"): 1, ("executor", "executor"): 1,
+                                ("postprocess", "executor"): 1}
+
+
+def test_an_inline_result_from_a_postprocess_worker_is_not_taken(rig):
+    r, task = inline_running(rig)
+    r.peers["post-0"].send(m.encode(result(task.rid)))  # not on this request's route
+    r.settle()
+    assert r.fe.table.get(task.rid) is not None
+    r.peers["executor"].send(m.encode(result(task.rid)))
+    assert r.answer()["id"] == "a"
+
+
+def test_a_dead_executor_fails_the_inline_requests_it_held(rig):
+    r, task = inline_running(rig)
+    inp = r.slot("pre-0")
+    r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp], [{}])))
+    r.until(lambda: r.fe.table.get(task.rid).stage == "executor")
+    r.peers["supervisor"].send(m.encode(m.WorkerDown("executor", -9, 1000 + len("executor"))))
+    reply = r.answer()
+    assert (reply["id"], reply["error"]["code"]) == ("a", "UNAVAILABLE")
+    assert not r.busy(inp)  # the dead holder's input slot is the frontend's to free
+
+
 def test_failure_answers_once_and_frees_a_returned_slot(rig):
     r, task = running(rig)
     back = r.slot("executor")

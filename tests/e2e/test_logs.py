@@ -22,8 +22,9 @@ def lines(srv) -> list[dict]:
 
 
 def test_trace_lines_across_processes_and_runtime_log_level(make_server):
+    # one preprocess worker: the trace goes through pre-0; postprocessing in the pool, so through post-0
     srv = make_server(AIENG_MODELS="minilm", AIENG_LOG_FORMAT="json", AIENG_LOG_LEVEL="INFO",
-                      AIENG_PREPROCESS_WORKERS="1").start()  # one worker: the trace goes through pre-0
+                      AIENG_PREPROCESS_WORKERS="1", AIENG_INLINE_POSTPROCESS_US="0").start()
     with srv.client() as c:
         r = c.call({"op": "infer", "id": 1, "model": "minilm", "inputs": {"text": SECRET},
                     "trace_id": "trace-before"})

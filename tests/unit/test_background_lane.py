@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from aieng import messages as m
 from aieng.config import Config
 from aieng.gpu_executor.executor import Executor
+from aieng.gpu_executor.inline_post import InlinePost
 from aieng.gpu_executor.lanes import Job, Lanes
 from aieng.worker_hotswap import lower_priority
 from tests.unit.demo import needs_demo_models
@@ -58,6 +59,7 @@ def test_the_executor_queues_background_tasks_apart_and_runs_them_on_the_backgro
     ex = Executor.__new__(Executor)  # the batching parts only: no sockets, no rings
     ex.cfg, ex.log = Config(device="cpu", intra_op_threads=1), logging.getLogger("t")
     ex.wide, ex.failed = {}, {}
+    ex.inline = InlinePost(ex.cfg.inline_postprocess_us)
     spec = demo_spec("tabular")
     ex.sessions = {spec.key: Executor.build_session(ex, spec, wide=False)}
     ex.posts = {"post-0": None}

@@ -13,6 +13,7 @@ from aieng import messages as m
 from aieng.config import Config
 from aieng.frontend.workers import Workers
 from aieng.gpu_executor.executor import Executor
+from aieng.gpu_executor.inline_post import InlinePost
 from aieng.gpu_executor.sessions import ModelSession
 from aieng.worker_hotswap import Versions, lower_priority
 from tests.unit.demo import needs_demo_models
@@ -43,7 +44,8 @@ def test_a_deferred_load_is_built_after_the_drain_not_when_it_arrives():
     order: list[str] = []
     sent: list = []
     worker = SimpleNamespace(handlers={}, worker="pre-0", role="preprocess", log=logging.getLogger("t"),
-                             info=dict, send=lambda msg: sent.append(msg))
+                             info=dict, send=lambda msg: sent.append(msg),
+                             hello_msg=lambda: m.Hello("pre-0", "preprocess", 1))
     v = Versions(worker, {}, {}, build=lambda spec, urgent: order.append(f"build {spec.key}") or object(),
                  defer=True)
     spec = demo_spec("tabular")
@@ -98,7 +100,8 @@ def test_a_deferred_load_builds_on_a_nice_thread_and_a_cold_one_inline_at_the_wo
 
     sent: list = []
     worker = SimpleNamespace(handlers={}, worker="pre-0", role="preprocess", log=logging.getLogger("t"),
-                             info=dict, send=lambda msg: sent.append(msg))
+                             info=dict, send=lambda msg: sent.append(msg),
+                             hello_msg=lambda: m.Hello("pre-0", "preprocess", 1))
     v = Versions(worker, {}, {}, build=build, defer=True)
     swap, cold = demo_spec("tabular"), demo_spec("minilm")
     worker.handlers[m.LoadVersion](m.LoadVersion(swap.to_dict()), [])
@@ -115,7 +118,7 @@ def executor_build(urgent: bool) -> dict:
     """A run-time build of tabular by the executor's own code, on a fresh thread: its session and the
     thread's (policy, nice) afterwards."""
     fake = SimpleNamespace(cfg=Config(intra_op_threads=1, load_priority="idle"), log=logging.getLogger("t"),
-                           wide={})
+                           wide={}, inline=InlinePost(200))
 
     def body(seen: dict) -> None:
         seen["sess"] = Executor.build_session(fake, demo_spec("tabular"), wide=False, background=True,

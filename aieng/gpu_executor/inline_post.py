@@ -1,0 +1,141 @@
+"""Postprocessing in the executor, for the models whose chain costs microseconds.
+
+A request's answer normally leaves the executor through its output ring to a
+postprocess worker and from there to the frontend: two hand-offs and a process
+wake-up (about 0.7 ms at concurrency 1 on 2 cores, ``aieng bench``'s per-hop
+table).  For a model whose chain is cheap (pooling, normalising, softmax,
+labels) the executor runs the chain itself on the batch's output rows, right
+after the run, and sends the ``Result`` to the frontend: no output slot, no hop.
+
+Which models: a chain is *eligible* when none of its steps has a time limit or
+needs a helper thread (such steps are what the pool's guard is for: a step
+that may run long must not stall the executor's loop), and *advertised* (sent
+in ``Hello.inline_post``; the frontend then routes the model's requests with
+``post = "executor"``) when its measured cost on a real output of the model, at
+a middle warm-up length, is at most ``AIENG_INLINE_POSTPROCESS_US`` (0: never).
+The executor keeps the chain of every eligible model, so a task routed inline
+is always served, whatever a later measurement says.  ``aieng models`` shows the
+choice per version (``onnx.postprocess``).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from aieng import messages as m
+from aieng.model_repo import ModelSpec
+from aieng.postprocess_workers.chain import Chain
+from aieng.postprocess_workers.worker import to_wire
+from aieng.protocol import pack
+
+EXECUTOR = "executor"  # the ``post`` of a request whose chain runs in the executor
+MEASURE_RUNS = 5  # the decision uses the median of this many chain runs
+
+
+@dataclass(slots=True)
+class Choice:
+    """Where a version's postprocessing runs, and why (what ``aieng models`` shows)."""
+    where: str  # "executor" or "pool"
+    us: int  # the chain's measured median cost (0: not measured)
+    why: str
+
+    def view(self) -> dict[str, Any]:
+        return {"where": self.where, "us": self.us, "why": self.why}
+
+
+def eligible(chain: Chain) -> str:
+    """Why the chain must stay in the pool, or "" when it may run in the executor."""
+    for s, _op in chain.steps:
+        if s["timeout_ms"] > 0:
+            return f"step '{s['name']}' has a time limit"
+        if s["isolate"] != "inline":
+            return f"step '{s['name']}' runs on a helper thread"
+    return ""
+
+
+class InlinePost:
+    """The eligible chains of the executor's versions and the choice for each.  ``consider`` may run on
+    the loader thread (a run-time load): it only files its decision, which ``adopt`` (on the loop
+    thread, when the version joins the batcher) puts in force."""
+
+    def __init__(self, limit_us: int):
+        self.limit_us = limit_us
+        self.chains: dict[str, Chain] = {}
+        self.choices: dict[str, Choice] = {}
+        self.pending: dict[str, tuple[Chain | None, Choice]] = {}  # decided, not yet in force
+
+    def adopt(self, key: str) -> Choice | None:
+        decided = self.pending.pop(key, None)
+        if decided is None:
+            return None
+        chain, choice = decided
+        if chain is None:
+            self.chains.pop(key, None)
+        else:
+            self.chains[key] = chain
+        self.choices[key] = choice
+        return choice
+
+    def consider(self, spec: ModelSpec, sess) -> Choice:
+        """Build ``spec``'s chain if eligible, measure it on one real output of ``sess``, decide (and file
+        the decision for ``adopt``)."""
+        key = spec.key
+        try:
+            chain = Chain(spec)
+        except Exception as exc:  # the pool reports a chain that does not build; keep it there
+            return self._set(key, None, Choice("pool", 0, f"chain does not build: {type(exc).__name__}"))
+        why = eligible(chain)
+        if why:
+            return self._set(key, None, Choice("pool", 0, why))
+        if self.limit_us <= 0:
+            return self._set(key, chain, Choice("pool", 0, "AIENG_INLINE_POSTPROCESS_US is 0"))
+        try:
+            us = measure(chain, sess)
+        except Exception as exc:  # an output the chain cannot take alone: leave it to the pool
+            return self._set(key, None, Choice("pool", 0, f"measuring failed: {type(exc).__name__}"))
+        if us > self.limit_us:
+            return self._set(key, chain, Choice("pool", us, f"{us} us > {self.limit_us} us"))
+        return self._set(key, chain, Choice(EXECUTOR, us, f"{us} us <= {self.limit_us} us"))
+
+    def _set(self, key: str, chain: Chain | None, choice: Choice) -> Choice:
+        self.pending[key] = (chain, choice)
+        return choice
+
+    def drop(self, key: str) -> None:
+        self.chains.pop(key, None)
+        self.choices.pop(key, None)
+        self.pending.pop(key, None)
+
+    def serves(self, key: str) -> bool:
+        return key in self.chains
+
+    def advertised(self) -> list[str]:
+        return sorted(k for k, c in self.choices.items() if c.where == EXECUTOR)
+
+    def answer(self, key: str, task: m.InferTask, tensors: list, started: float) -> m.Result:
+        """Run ``key``'s chain on one request's output rows (views of the batch outputs) and build its
+        ``Result``; raises what the chain raises (``RequestError`` for the request's own fault)."""
+        t0 = time.perf_counter_ns()
+        outcome = self.chains[key].run(dict(tensors), task.params, task.degraded, task.geometry)
+        packed = pack({k: to_wire(v) for k, v in outcome.values.items()})
+        task.trail.post_started, task.trail.post_us = started, (time.perf_counter_ns() - t0) // 1000
+        return m.Result(task.rid, packed, task.trail, outcome.confidence, outcome.steps)
+
+
+def measure(chain: Chain, sess) -> int:
+    """The chain's median cost (us) on one request's outputs at a middle warm-up length, packing
+    included (what the executor's loop would spend per request)."""
+    lengths = sess.warm_lengths()
+    length = lengths[len(lengths) // 2]
+    feeds = sess._feeds(1, length)
+    outs = sess.run(feeds)
+    size = {d: sess._dim(length) for i in sess.inputs for d in i.dims if isinstance(d, str)}
+    tensors = dict(sess.request_outputs(outs, 0, size))
+    costs = []
+    for _ in range(MEASURE_RUNS):
+        t0 = time.perf_counter_ns()
+        outcome = chain.run(dict(tensors), {}, 0, None)
+        pack({k: to_wire(v) for k, v in outcome.values.items()})
+        costs.append((time.perf_counter_ns() - t0) // 1000)
+    return int(sorted(costs)[len(costs) // 2])
