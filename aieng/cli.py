@@ -191,6 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from aieng.quantize import add_parser as add_quantize
     add_quantize(sub)
+    from aieng.tune import add_parser as add_tune
+    add_tune(sub)
 
     for name in ("infer", "health", "models", "load"):
         p = sub.add_parser(name)
