@@ -35,7 +35,7 @@ class Config:
     device: str = "auto"
     executor_lanes: int = 1
     idle_wide_runs: bool = True
-    idle_wide_spinning: bool = True
+    idle_wide_spinning: bool = False
     inline_postprocess_us: int = 200
     intra_op_threads: int = 0
     ort_spinning: bool = False

@@ -105,9 +105,10 @@ REGISTRY: tuple[EnvVar, ...] = (
     EnvVar("AIENG_IDLE_WIDE_RUNS", boolean, True,
            "While the executor is idle, run a lone small batch on a second session using every usable CPU "
            "(lower latency at low load; twice the session memory)", "idle_wide_runs"),
-    EnvVar("AIENG_IDLE_WIDE_SPINNING", boolean, True,
-           "Let the idle-time wide session's intra-op threads spin (it runs only while the executor is "
-           "otherwise idle, where spinning buys latency and costs no one a core)", "idle_wide_spinning"),
+    EnvVar("AIENG_IDLE_WIDE_SPINNING", boolean, False,
+           "Let the idle-time wide session's intra-op threads spin (measured on 2 cores: no gain, the "
+           "spinning thread takes the core the workers need next; aieng tune tries it)",
+           "idle_wide_spinning"),
     EnvVar("AIENG_INLINE_POSTPROCESS_US", int, 200,
            "Run a model's postprocessing in the executor, not the pool, when its chain has no time limits "
            "and measures at most this many microseconds (0: always in the pool)", "inline_postprocess_us"),

@@ -44,7 +44,7 @@ def axes(cpus: int, max_batch: int) -> list[tuple[tuple[str, ...], list[tuple]]]
     return [
         (("executor_lanes", "intra_op_threads"), [(n, max(1, cpus // n)) for n in upto]),
         (("intra_op_threads",), [(n,) for n in upto]),
-        (("idle_wide_spinning",), [(True,), (False,)]),
+        (("idle_wide_spinning",), [(False,), (True,)]),
         (("preprocess_workers",), [(n,) for n in upto]),
         (("max_batch_size",), [(n,) for n in sorted({max_batch, min(8, max_batch)})]),
     ]
@@ -52,8 +52,10 @@ def axes(cpus: int, max_batch: int) -> list[tuple[tuple[str, ...], list[tuple]]]
 
 def defaults(cpus: int, max_batch: int) -> dict[str, Any]:
     lanes = max(1, min(4, cpus))
-    return {"executor_lanes": lanes, "intra_op_threads": max(1, cpus // lanes), "idle_wide_spinning": True,
-            "preprocess_workers": max(1, min(4, cpus)), "max_batch_size": max_batch}
+    spinning = next(v for v in envs.REGISTRY if v.field == "idle_wide_spinning").default_value()
+    return {"executor_lanes": lanes, "intra_op_threads": max(1, cpus // lanes),
+            "idle_wide_spinning": spinning, "preprocess_workers": max(1, min(4, cpus)),
+            "max_batch_size": max_batch}
 
 
 def valid(s: dict[str, Any], cpus: int) -> bool:
