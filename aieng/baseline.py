@@ -32,7 +32,7 @@ from typing import Any
 import zmq
 
 from aieng import protocol as p
-from aieng.postprocess_workers.worker import to_wire
+from aieng.postprocess_workers.answer import to_wire
 
 MAX_MESSAGE_BYTES = 32 * 1024 * 1024  # aieng's default max_message_bytes
 DONE_ADDR = "inproc://baseline-done"

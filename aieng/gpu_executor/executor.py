@@ -331,19 +331,12 @@ class Executor(HubWorker):
     def answer_inline(self, key: str, task: m.InferTask, tensors: list) -> None:
         """The request's answer from its chain, run here (``inline_post``): a ``Result`` or a
         ``Failed``, as a postprocess worker would send it."""
-        try:
-            result = self.inline.answer(key, task, tensors, time.monotonic())
-        except RequestError as exc:
-            self.fail(task.rid, exc.code, exc.message)
-            return
-        except Exception as exc:
-            self.log.exception("postprocess failed for rid %s", task.rid)
-            self.fail(task.rid, INTERNAL, f"postprocessing failed: {type(exc).__name__}")
-            return
-        t = task.trail
-        self.log.debug("inferred in a batch of %d (padded %d, %d us), postprocessed here (%d us)", t.batch,
-                       t.padded, t.infer_us, t.post_us, extra={"trace": task.trace})
-        self.send(result)
+        msg = self.inline.answer(key, task, tensors, self.log)
+        if isinstance(msg, m.Result):
+            t = task.trail
+            self.log.debug("inferred in a batch of %d (padded %d, %d us), postprocessed here (%d us)",
+                           t.batch, t.padded, t.infer_us, t.post_us, extra={"trace": task.trace})
+        self.send(msg)
 
     def post_socket(self, name: str):
         sock = self.posts[name]

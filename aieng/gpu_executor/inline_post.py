@@ -25,8 +25,8 @@ from typing import Any
 
 from aieng import messages as m
 from aieng.model_repo import ModelSpec
+from aieng.postprocess_workers.answer import answer, to_wire
 from aieng.postprocess_workers.chain import Chain
-from aieng.postprocess_workers.worker import to_wire
 from aieng.protocol import pack
 
 EXECUTOR = "executor"  # the ``post`` of a request whose chain runs in the executor
@@ -113,14 +113,10 @@ class InlinePost:
     def advertised(self) -> list[str]:
         return sorted(k for k, c in self.choices.items() if c.where == EXECUTOR)
 
-    def answer(self, key: str, task: m.InferTask, tensors: list, started: float) -> m.Result:
-        """Run ``key``'s chain on one request's output rows (views of the batch outputs) and build its
-        ``Result``; raises what the chain raises (``RequestError`` for the request's own fault)."""
-        t0 = time.perf_counter_ns()
-        outcome = self.chains[key].run(dict(tensors), task.params, task.degraded, task.geometry)
-        packed = pack({k: to_wire(v) for k, v in outcome.values.items()})
-        task.trail.post_started, task.trail.post_us = started, (time.perf_counter_ns() - t0) // 1000
-        return m.Result(task.rid, packed, task.trail, outcome.confidence, outcome.steps)
+    def answer(self, key: str, task: m.InferTask, tensors: list, log) -> m.Result | m.Failed:
+        """``key``'s chain run on one request's output rows (views of the batch outputs): the message the
+        request gets, as a postprocess worker builds it (``postprocess_workers.answer``)."""
+        return answer(self.chains[key], task, dict(tensors), log)
 
 
 def measure(chain: Chain, sess) -> int:

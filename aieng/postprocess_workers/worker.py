@@ -2,36 +2,25 @@
 
 Reads the request's outputs in place from the executor's ring, runs the
 model's chain of steps (``chain``; each step under its own time limit,
-``guard``), frees the slot, and sends the outputs back to the frontend already
-msgpack-packed so the frontend only splices them in, with each step's time.
+``guard``; the message is built by ``answer``), frees the slot, and sends the
+outputs back to the frontend already msgpack-packed so the frontend only
+splices them in, with each step's time.
 A step that runs past its limit is stopped or abandoned and the worker goes
 on serving: the request is answered without that step (``on_timeout: skip``,
 listed in the Result's ``steps``) or fails TIMEOUT naming it (``fail``).
 """
 from __future__ import annotations
 
-import time
-from typing import Any
-
-import numpy as np
-
 from aieng import messages as m
 from aieng import model_repo, shm
 from aieng.addresses import post_addr
 from aieng.config import Config
 from aieng.model_repo import ModelSpec
-from aieng.postprocess_workers.chain import Chain, StepTimedOut
-from aieng.protocol import INTERNAL, UNAVAILABLE, RequestError, encode_tensor, pack
+from aieng.postprocess_workers.answer import answer
+from aieng.postprocess_workers.chain import Chain
+from aieng.protocol import UNAVAILABLE, RequestError
 from aieng.worker_hotswap import Versions
 from aieng.worker_runtime import HubWorker
-
-
-def to_wire(value: Any) -> Any:
-    if isinstance(value, np.ndarray):
-        return encode_tensor(value)
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
 
 
 class PostprocessWorker(HubWorker):
@@ -49,8 +38,6 @@ class PostprocessWorker(HubWorker):
         self.versions = Versions(self, self.ops, self.failed, lambda spec, urgent: Chain(spec))
 
     def handle(self, task: m.PostTask, frames: list) -> None:
-        started = time.monotonic()
-        t0 = time.perf_counter_ns()
         ref = task.ref
         try:
             ring = self.rings.get(ref.seg)
@@ -61,25 +48,18 @@ class PostprocessWorker(HubWorker):
             return
         try:
             chain = self.op(f"{task.model}:{task.version}")
-            outcome = chain.run(ring.views(ref.slot, ref.tensors), task.params, task.degraded, task.geometry)
-            packed = pack({k: to_wire(v) for k, v in outcome.values.items()})
-        except StepTimedOut as exc:
-            self.log.warning("%s:%s: %s", task.model, task.version, exc.message, extra={"trace": task.trace})
-            self.send(m.Failed(task.rid, exc.code, exc.message, None, exc.steps))
-            return
         except RequestError as exc:
+            ring.free(ref.slot, ref.gen)
             self.fail(task.rid, exc.code, exc.message)
             return
-        except Exception as exc:
-            self.log.exception("postprocess failed for rid %s", task.rid)
-            self.fail(task.rid, INTERNAL, f"postprocessing failed: {type(exc).__name__}")
-            return
+        try:
+            msg = answer(chain, task, ring.views(ref.slot, ref.tensors), self.log)
         finally:
             ring.free(ref.slot, ref.gen)  # results are copies now; the slot may be reused
-        task.trail.post_started, task.trail.post_us = started, (time.perf_counter_ns() - t0) // 1000
-        self.log.debug("postprocessed %s:%s (%d us)", task.model, task.version, task.trail.post_us,
-                       extra={"trace": task.trace})
-        self.send(m.Result(task.rid, packed, task.trail, outcome.confidence, outcome.steps))
+        if isinstance(msg, m.Result):
+            self.log.debug("postprocessed %s:%s (%d us)", task.model, task.version, task.trail.post_us,
+                           extra={"trace": task.trace})
+        self.send(msg)
 
     def info(self) -> dict:
         return {"failed": dict(self.failed)}

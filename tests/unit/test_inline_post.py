@@ -4,6 +4,9 @@ Real demo specs and real one-thread ONNX Runtime sessions; no processes.
 """
 from __future__ import annotations
 
+import logging
+import time
+
 import msgpack
 import numpy as np
 
@@ -86,9 +89,11 @@ def test_the_answer_is_what_the_pool_would_send():
     trail = m.Trail()
     task = m.InferTask(rid=7, model="tabular", version="1", deadline=0.0, ref=None, seq_len=0, upstream=0,
                        post=EXECUTOR, params={}, trail=trail)
-    result = inline.answer(s.key, task, tensors, started=123.0)
+    before = time.monotonic()
+    result = inline.answer(s.key, task, tensors, logging.getLogger("t"))
+    assert isinstance(result, m.Result)
     assert result.rid == 7
-    assert result.trail.post_started == 123.0
+    assert before <= result.trail.post_started <= time.monotonic()
     want = Chain(s).run(dict(tensors), {}, 0, None)
     got = msgpack.unpackb(result.outputs)
     assert got["label"] == want.values["label"]
