@@ -26,21 +26,15 @@ Writes ``<out>/<model>.md`` (the tables) and ``<out>/<model>.png`` (latency vs
 throughput, aieng and baseline).  Speed targets live here, never in unit tests.
 
 ``--transport`` naming ``http`` or ``grpc`` (e.g. ``zmq,http,grpc``) runs the
-front-door comparison instead: one server with the OIP gateway on, and at each
-concurrency the same closed loop over each listed transport in turn (so the
-transports are measured minutes apart at most on this noisy machine), with the
-server's CPU per request; writes ``<out>/<model>-transports.md``.  Every
-closed-loop level shows live progress (``loadgen.Progress``).
+front-door comparison instead (``bench_transports``).  The server and the
+baseline are started through ``benchkit``.  Every closed-loop level shows live
+progress (``loadgen.Progress``).
 """
 from __future__ import annotations
 
 import asyncio
 import os
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 from typing import Any, Callable
 
@@ -48,73 +42,13 @@ import numpy as np
 
 from aieng import cpuacct
 from aieng.bench_limit import InProcess
-from aieng.loadgen import Progress, merge_levels, open_loop, run_level, sample_inputs
+from aieng.bench_transports import TRANSPORTS, main_transports
+from aieng.benchkit import answered, free_addr, ratio, spawn, start_server, stop_server, write_report
+from aieng.benchkit import fmt_num as _f
+from aieng.loadgen import Progress, open_loop, run_level, sample_inputs
 
 # Column order of the per-process CPU table; names not listed follow, sorted.
 _ROLE_ORDER = ("frontend", "preprocess", "executor", "postprocess", "supervisor", "other")
-# Tuning variables the bench passes to the server it starts (everything else is reset).
-_PASS_THROUGH = {"AIENG_PREPROCESS_WORKERS", "AIENG_POSTPROCESS_WORKERS", "AIENG_MAX_BATCH_SIZE",
-                 "AIENG_MAX_WAIT_MS", "AIENG_INTRA_OP_THREADS", "AIENG_ORT_SPINNING", "AIENG_DEVICE",
-                 "AIENG_GATEWAY_WORKERS", "AIENG_EXECUTOR_LANES", "AIENG_IDLE_WIDE_RUNS",
-                 "AIENG_IDLE_WIDE_SPINNING", "AIENG_INLINE_POSTPROCESS_US"}
-TRANSPORTS = ("zmq", "http", "grpc")
-ROUNDS = 3  # interleaved rounds per level in the transport comparison
-
-
-def ratio(a: float | None, b: float | None) -> float | None:
-    """``a / b``, or None when either is missing or ``b`` is not positive."""
-    if a is None or b is None or b <= 0:
-        return None
-    return a / b
-
-
-def _f(x: float | None, nd: int = 2) -> str:
-    return "-" if x is None else f"{x:.{nd}f}"
-
-
-def answered(r: dict) -> int:
-    return int(r["requests"]) - sum(r["errors"].values())
-
-
-def _spawn(what: str, argv: list[str], env: dict[str, str], addr: str, ready: Callable[[dict], bool]):
-    """Start ``argv`` with its output in a temp log and wait (bounded) until ``health`` says ready."""
-    from aieng.client import Client
-
-    log = tempfile.NamedTemporaryFile(prefix=f"aieng-bench-{what}-", suffix=".log", delete=False)
-    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=log)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode}; see {log.name}")
-        try:
-            with Client(addr, timeout_s=1.0, dealer=True) as c:
-                if ready(c.health()):
-                    return proc, log.name
-        except Exception:  # not bound yet, or still loading: ask again until the deadline
-            pass
-    proc.kill()
-    proc.wait(10)
-    raise RuntimeError(f"{what} not ready within 120 s; see {log.name}")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _free_addr() -> str:
-    return f"tcp://127.0.0.1:{_free_port()}"
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
-
 
 def closed_levels(addr: str, pid: int, model: str, inputs: list[dict], levels: list[int], n: int,
                   report: bool) -> list[dict]:
@@ -138,22 +72,6 @@ def closed_levels(addr: str, pid: int, model: str, inputs: list[dict], levels: l
     return out
 
 
-def start_server(model: str, repo: str, extra_env: dict[str, str] | None = None
-                 ) -> tuple[subprocess.Popen, str, str]:
-    """The aieng server serving only ``model`` on a free loopback port, ready: ``(proc, addr, log path)``.
-    The OIP gateway is off unless ``extra_env`` gives its addresses; ``extra_env`` also carries the
-    settings ``aieng tune`` tries.  Also used by scripts/kill_recovery.py."""
-    addr = _free_addr()
-    env = {k: v for k, v in os.environ.items() if not (k.startswith("AIENG_") and k not in _PASS_THROUGH)}
-    env.update({"AIENG_FRONTEND_ADDR": addr, "AIENG_MODEL_REPOSITORY": repo, "AIENG_MODELS": model,
-                "AIENG_LOG_LEVEL": "WARNING", "AIENG_HTTP_ADDR": "", "AIENG_OIP_HTTP_ADDR": "",
-                "AIENG_OIP_GRPC_ADDR": ""})
-    env.update(extra_env or {})
-    proc, log = _spawn("server", [sys.executable, "-m", "aieng.cli", "serve"], env, addr,
-                       lambda h: bool(h.get("ready")))
-    return proc, addr, log
-
-
 def server_side(model: str, repo: str, inputs: list[dict], levels: list[int], rates: list[float],
                 duration: float, limit: float, n_requests: int) -> dict[str, Any]:
     proc, addr, log = start_server(model, repo)
@@ -169,10 +87,10 @@ def baseline_side(model: str, repo: str, inputs: list[dict], levels: list[int], 
                   spinning: bool = True) -> dict:
     """The plain one-process server (``aieng.baseline``) with ONNX Runtime's intra-op spinning on (its
     default, what a user's script runs) or off, driven by the same closed loop."""
-    addr = _free_addr()
+    addr = free_addr()
     argv = [sys.executable, "-m", "aieng.baseline", "--model", model, "--repo", repo, "--addr", addr,
             "--spinning", "on" if spinning else "off"]
-    proc, log = _spawn("baseline", argv, dict(os.environ), addr, lambda h: bool(h.get("ready")))
+    proc, log = spawn("baseline", argv, dict(os.environ), addr, lambda h: bool(h.get("ready")))
     try:
         closed = closed_levels(addr, proc.pid, model, inputs, levels, n_requests, report=False)
     finally:
@@ -358,93 +276,6 @@ def _plot(model: str, srv: dict, base: dict | None, limit: float, path: str) -> 
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def transport_side(model: str, repo: str, inputs: list[dict], levels: list[int], n: int,
-                   transports: list[str]) -> list[dict]:
-    """One server with the gateway on; at each level the same closed loop over each transport, in
-    ``ROUNDS`` interleaved rounds of n / ROUNDS requests (so load from elsewhere on a shared machine falls
-    on every transport alike), merged per transport."""
-    ports = {"http": f"127.0.0.1:{_free_port()}", "grpc": f"127.0.0.1:{_free_port()}"}
-    proc, addr, _ = start_server(model, repo, {"AIENG_OIP_HTTP_ADDR": ports["http"],
-                                                "AIENG_OIP_GRPC_ADDR": ports["grpc"]})
-    door = {"zmq": addr, **ports}
-    rows = []
-    per_round = max(1, n // ROUNDS)
-    try:
-        for c in levels:
-            for t in transports:  # warm every door at this level first
-                asyncio.run(run_level(door[t], model, inputs[:min(len(inputs), 4 * c)], c, 60, t))
-            parts: dict[str, list[dict]] = {t: [] for t in transports}
-            cpu: dict[str, dict[str, float]] = {t: {} for t in transports}
-            for k in range(ROUNDS):
-                for t in transports:
-                    before = cpuacct.snapshot(proc.pid)
-                    progress = Progress(f"{t} c={c} round {k + 1}/{ROUNDS}", per_round)
-                    chunk = [inputs[(k * per_round + i) % len(inputs)] for i in range(per_round)]
-                    parts[t].append(asyncio.run(run_level(door[t], model, chunk, c, 60, t, progress)))
-                    progress.close()
-                    for name, secs in cpuacct.delta(before, cpuacct.snapshot(proc.pid)).items():
-                        cpu[t][name] = cpu[t].get(name, 0.0) + secs
-            for t in transports:
-                r = merge_levels(parts[t])
-                r["cpu"] = cpuacct.per_request_ms(cpu[t], answered(r))
-                print(f"{t} c={c}: {r['rps']:.1f} req/s, p50 {r['p50_ms']:.2f} ms, "
-                      f"errors {r['errors'] or '-'}", flush=True)
-                rows.append(r)
-    finally:
-        stop_server(proc)
-    return rows
-
-
-def _cpu_of(r: dict, role: str) -> float:
-    return sum(v for k, v in r["cpu"].items() if k.startswith(role))
-
-
-def fmt_transports(model: str, rows: list[dict], n: int) -> str:
-    lines = [f"# aieng bench --transport: {model}", "",
-             f"One server (the OIP gateway on, {n} requests per row); at each concurrency the same closed "
-             f"loop over each front door, in {ROUNDS} interleaved rounds merged per door. zmq: the native "
-             "protocol (AsyncClient); http: OIP REST with binary tensors both ways (one keep-alive "
-             "connection per client worker); grpc: OIP GRPCInferenceService (one channel). CPU ms/req: the "
-             "server's processes only (the client shares the machine).", "",
-             "| concurrency | transport | req/s | vs zmq | p50 ms | p50 - zmq p50 | p95 ms | p99 ms "
-             "| server CPU ms/req | gateway | frontend | errors |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for r in rows:
-        z = next((x for x in rows if x["concurrency"] == r["concurrency"] and x["transport"] == "zmq"), None)
-        rel = _f(ratio(r["rps"], z and z["rps"]))
-        dp50 = "-" if z is None else f"{r['p50_ms'] - z['p50_ms']:+.2f}"
-        lines.append(f"| {r['concurrency']} | {r['transport']} | {r['rps']:.1f} | {rel} | "
-                     f"{r['p50_ms']:.2f} | {dp50} | {r['p95_ms']:.2f} | {r['p99_ms']:.2f} | "
-                     f"{r['cpu']['total']:.2f} | {_f(_cpu_of(r, 'gateway'))} | "
-                     f"{_f(_cpu_of(r, 'frontend'))} | {r['errors'] or '-'} |")
-    return "\n".join(lines) + "\n"
-
-
-def main_transports(args, transports: list[str]) -> int:
-    from aieng.config import load_config
-
-    levels = [int(x) for x in str(args.concurrency).split(",") if x]
-    n_req = min(args.requests, 60) if args.quick else args.requests
-    inputs = sample_inputs(args.model, max(n_req, 64))
-    print(f"bench {args.model} over {', '.join(transports)}: levels {levels}, {n_req} requests per row",
-          flush=True)
-    rows = transport_side(args.model, load_config().model_repository, inputs, levels, n_req, transports)
-    text = fmt_transports(args.model, rows, n_req)
-    md = write_report(args.out, f"{args.model}-transports.md", text)
-    print(text)
-    print(f"wrote {md}")
-    return 0
-
-
-def write_report(out: str, name: str, text: str) -> str:
-    """Write a bench's markdown as ``<out>/<name>``; returns the path."""
-    os.makedirs(out, exist_ok=True)
-    md = os.path.join(out, name)
-    with open(md, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    return md
 
 
 def main_bench(args) -> int:

@@ -79,7 +79,7 @@ async def _sample(srv_pid: int, until: float, interval: float, rows: list[dict[s
 
 
 def soak(model: str, seconds: float, interval: float, concurrency: int, max_rss_mib_per_min: float) -> int:
-    from aieng.bench import start_server
+    from aieng.benchkit import start_server
     from aieng.config import load_config
 
     cfg = load_config()

@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/profile_pages.py --model ocr --concurrency 4 --seconds 25 --out prof-out
 
-Starts a server as ``aieng bench`` does (``bench.start_server``), warms it, then records each of its
+Starts a server as ``aieng bench`` does (``benchkit.start_server``), warms it, then records each of its
 processes with ``py-spy record --idle -f raw`` (50 samples/s, every thread) while the same closed loop
 as the bench (``bench_pages.closed``) sends ``1.2 x seconds`` pages, and prints for each process the
 share of samples per leaf frame and per aieng frame on the stack.  ``--idle`` keeps waiting threads in
@@ -23,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from aieng import bench_pages, cpuacct  # noqa: E402
-from aieng.bench import start_server, stop_server  # noqa: E402
+from aieng.benchkit import start_server, stop_server  # noqa: E402
 from aieng.config import load_config  # noqa: E402
 
 

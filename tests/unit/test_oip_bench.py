@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import struct
 
-from aieng import bench, loadgen
+from aieng import bench_transports, loadgen
 
 
 def _row(c: int, t: str, rps: float, p50: float) -> dict:
@@ -13,7 +13,7 @@ def _row(c: int, t: str, rps: float, p50: float) -> dict:
 
 
 def test_transport_table_compares_with_zmq_at_each_level():
-    text = bench.fmt_transports("minilm", [_row(1, "zmq", 100, 10), _row(1, "http", 95, 10.5),
+    text = bench_transports.fmt_transports("minilm", [_row(1, "zmq", 100, 10), _row(1, "http", 95, 10.5),
                                            _row(64, "zmq", 200, 300), _row(64, "grpc", 190, 320)], 10)
     assert "| 1 | http | 95.0 | 0.95 | 10.50 | +0.50 | 10.50 | 10.50 | 10.00 | 0.00 | 0.00 | - |" in text
     assert "| 64 | grpc | 190.0 | 0.95 | 320.00 | +20.00 |" in text

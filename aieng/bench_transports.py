@@ -1,0 +1,95 @@
+"""``aieng bench --transport zmq,http,grpc``: the same closed loop over each front door of one server.
+
+One server with the OIP gateway on; at each concurrency the closed loop runs over each listed
+transport in ``ROUNDS`` interleaved rounds (so load from elsewhere on a shared machine falls on every
+transport alike), merged per transport, with the server's CPU per request per process; writes
+``<out>/<model>-transports.md``.
+"""
+from __future__ import annotations
+
+import asyncio
+
+from aieng import cpuacct
+from aieng.benchkit import answered, fmt_num, free_port, ratio, start_server, stop_server, write_report
+from aieng.loadgen import Progress, merge_levels, run_level, sample_inputs
+
+TRANSPORTS = ("zmq", "http", "grpc")
+ROUNDS = 3  # interleaved rounds per level in the transport comparison
+
+
+def transport_side(model: str, repo: str, inputs: list[dict], levels: list[int], n: int,
+                   transports: list[str]) -> list[dict]:
+    """One server with the gateway on; at each level the same closed loop over each transport, in
+    ``ROUNDS`` interleaved rounds of n / ROUNDS requests (so load from elsewhere on a shared machine falls
+    on every transport alike), merged per transport."""
+    ports = {"http": f"127.0.0.1:{free_port()}", "grpc": f"127.0.0.1:{free_port()}"}
+    proc, addr, _ = start_server(model, repo, {"AIENG_OIP_HTTP_ADDR": ports["http"],
+                                                "AIENG_OIP_GRPC_ADDR": ports["grpc"]})
+    door = {"zmq": addr, **ports}
+    rows = []
+    per_round = max(1, n // ROUNDS)
+    try:
+        for c in levels:
+            for t in transports:  # warm every door at this level first
+                asyncio.run(run_level(door[t], model, inputs[:min(len(inputs), 4 * c)], c, 60, t))
+            parts: dict[str, list[dict]] = {t: [] for t in transports}
+            cpu: dict[str, dict[str, float]] = {t: {} for t in transports}
+            for k in range(ROUNDS):
+                for t in transports:
+                    before = cpuacct.snapshot(proc.pid)
+                    progress = Progress(f"{t} c={c} round {k + 1}/{ROUNDS}", per_round)
+                    chunk = [inputs[(k * per_round + i) % len(inputs)] for i in range(per_round)]
+                    parts[t].append(asyncio.run(run_level(door[t], model, chunk, c, 60, t, progress)))
+                    progress.close()
+                    for name, secs in cpuacct.delta(before, cpuacct.snapshot(proc.pid)).items():
+                        cpu[t][name] = cpu[t].get(name, 0.0) + secs
+            for t in transports:
+                r = merge_levels(parts[t])
+                r["cpu"] = cpuacct.per_request_ms(cpu[t], answered(r))
+                print(f"{t} c={c}: {r['rps']:.1f} req/s, p50 {r['p50_ms']:.2f} ms, "
+                      f"errors {r['errors'] or '-'}", flush=True)
+                rows.append(r)
+    finally:
+        stop_server(proc)
+    return rows
+
+
+def _cpu_of(r: dict, role: str) -> float:
+    return sum(v for k, v in r["cpu"].items() if k.startswith(role))
+
+
+def fmt_transports(model: str, rows: list[dict], n: int) -> str:
+    lines = [f"# aieng bench --transport: {model}", "",
+             f"One server (the OIP gateway on, {n} requests per row); at each concurrency the same closed "
+             f"loop over each front door, in {ROUNDS} interleaved rounds merged per door. zmq: the native "
+             "protocol (AsyncClient); http: OIP REST with binary tensors both ways (one keep-alive "
+             "connection per client worker); grpc: OIP GRPCInferenceService (one channel). CPU ms/req: the "
+             "server's processes only (the client shares the machine).", "",
+             "| concurrency | transport | req/s | vs zmq | p50 ms | p50 - zmq p50 | p95 ms | p99 ms "
+             "| server CPU ms/req | gateway | frontend | errors |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        z = next((x for x in rows if x["concurrency"] == r["concurrency"] and x["transport"] == "zmq"), None)
+        rel = fmt_num(ratio(r["rps"], z and z["rps"]))
+        dp50 = "-" if z is None else f"{r['p50_ms'] - z['p50_ms']:+.2f}"
+        lines.append(f"| {r['concurrency']} | {r['transport']} | {r['rps']:.1f} | {rel} | "
+                     f"{r['p50_ms']:.2f} | {dp50} | {r['p95_ms']:.2f} | {r['p99_ms']:.2f} | "
+                     f"{r['cpu']['total']:.2f} | {fmt_num(_cpu_of(r, 'gateway'))} | "
+                     f"{fmt_num(_cpu_of(r, 'frontend'))} | {r['errors'] or '-'} |")
+    return "\n".join(lines) + "\n"
+
+
+def main_transports(args, transports: list[str]) -> int:
+    from aieng.config import load_config
+
+    levels = [int(x) for x in str(args.concurrency).split(",") if x]
+    n_req = min(args.requests, 60) if args.quick else args.requests
+    inputs = sample_inputs(args.model, max(n_req, 64))
+    print(f"bench {args.model} over {', '.join(transports)}: levels {levels}, {n_req} requests per row",
+          flush=True)
+    rows = transport_side(args.model, load_config().model_repository, inputs, levels, n_req, transports)
+    text = fmt_transports(args.model, rows, n_req)
+    md = write_report(args.out, f"{args.model}-transports.md", text)
+    print(text)
+    print(f"wrote {md}")
+    return 0

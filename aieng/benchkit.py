@@ -1,0 +1,105 @@
+"""What every benchmark shares: a server to measure, the formatting of its figures, the report file.
+
+``start_server(model, repo, extra_env)`` starts ``aieng serve`` serving one model on a free loopback
+port with a clean environment (only the tuning variables in ``PASS_THROUGH`` pass, plus ``extra_env``:
+the OIP addresses of the front-door comparison, the settings ``aieng tune`` tries) and waits, bounded,
+until it is ready; ``stop_server`` stops it (SIGTERM, then kill).  ``spawn`` is the same for any
+process answering the native ``health`` op (the baseline).  Used by ``aieng bench`` and its
+``--transport`` and page variants, ``aieng soak``, ``aieng tune`` and scripts/.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Callable
+
+# Tuning variables the bench passes to the server it starts (everything else is reset).
+PASS_THROUGH = {"AIENG_PREPROCESS_WORKERS", "AIENG_POSTPROCESS_WORKERS", "AIENG_MAX_BATCH_SIZE",
+                 "AIENG_MAX_WAIT_MS", "AIENG_INTRA_OP_THREADS", "AIENG_ORT_SPINNING", "AIENG_DEVICE",
+                 "AIENG_GATEWAY_WORKERS", "AIENG_EXECUTOR_LANES", "AIENG_IDLE_WIDE_RUNS",
+                 "AIENG_IDLE_WIDE_SPINNING", "AIENG_INLINE_POSTPROCESS_US"}
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    """``a / b``, or None when either is missing or ``b`` is not positive."""
+    if a is None or b is None or b <= 0:
+        return None
+    return a / b
+
+
+def fmt_num(x: float | None, nd: int = 2) -> str:
+    return "-" if x is None else f"{x:.{nd}f}"
+
+
+def answered(r: dict) -> int:
+    return int(r["requests"]) - sum(r["errors"].values())
+
+
+def spawn(what: str, argv: list[str], env: dict[str, str], addr: str, ready: Callable[[dict], bool]):
+    """Start ``argv`` with its output in a temp log and wait (bounded) until ``health`` says ready."""
+    from aieng.client import Client
+
+    log = tempfile.NamedTemporaryFile(prefix=f"aieng-bench-{what}-", suffix=".log", delete=False)
+    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=log)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}; see {log.name}")
+        try:
+            with Client(addr, timeout_s=1.0, dealer=True) as c:
+                if ready(c.health()):
+                    return proc, log.name
+        except Exception:  # not bound yet, or still loading: ask again until the deadline
+            pass
+    proc.kill()
+    proc.wait(10)
+    raise RuntimeError(f"{what} not ready within 120 s; see {log.name}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def free_addr() -> str:
+    return f"tcp://127.0.0.1:{free_port()}"
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
+def start_server(model: str, repo: str, extra_env: dict[str, str] | None = None
+                 ) -> tuple[subprocess.Popen, str, str]:
+    """The aieng server serving only ``model`` on a free loopback port, ready: ``(proc, addr, log path)``.
+    The OIP gateway is off unless ``extra_env`` gives its addresses; ``extra_env`` also carries the
+    settings ``aieng tune`` tries.  Also used by scripts/kill_recovery.py."""
+    addr = free_addr()
+    env = {k: v for k, v in os.environ.items() if not (k.startswith("AIENG_") and k not in PASS_THROUGH)}
+    env.update({"AIENG_FRONTEND_ADDR": addr, "AIENG_MODEL_REPOSITORY": repo, "AIENG_MODELS": model,
+                "AIENG_LOG_LEVEL": "WARNING", "AIENG_HTTP_ADDR": "", "AIENG_OIP_HTTP_ADDR": "",
+                "AIENG_OIP_GRPC_ADDR": ""})
+    env.update(extra_env or {})
+    proc, log = spawn("server", [sys.executable, "-m", "aieng.cli", "serve"], env, addr,
+                       lambda h: bool(h.get("ready")))
+    return proc, addr, log
+
+
+def write_report(out: str, name: str, text: str) -> str:
+    """Write a bench's markdown as ``<out>/<name>``; returns the path."""
+    os.makedirs(out, exist_ok=True)
+    md = os.path.join(out, name)
+    with open(md, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    return md
