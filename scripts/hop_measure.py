@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import select
 import socket
 import tempfile
 import time
@@ -46,8 +47,6 @@ def zmq_child(kind: str, a: str, b: str, n: int) -> None:
 def seq_child(path: str, n: int) -> None:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     s.connect(path)
-    import select
-
     p = select.poll()
     p.register(s, select.POLLIN)
     for _ in range(n):
@@ -78,17 +77,10 @@ def run_zmq(kind: str, n: int, gap: float) -> np.ndarray:
             rx.send_multipart([ident, data])
     poller = zmq.Poller()
     poller.register(rx, zmq.POLLIN)
-    out = []
-    for _ in range(n):
-        time.sleep(gap)
-        t0 = time.perf_counter_ns()
-        send(PAYLOAD)
-        poller.poll(10_000)
-        rx.recv_multipart()
-        out.append((time.perf_counter_ns() - t0) / 2000)
+    out = ping_pong(send, lambda: (poller.poll(10_000), rx.recv_multipart()), n, gap)
     child.join(10)
     ctx.destroy(0)
-    return np.array(out)
+    return out
 
 
 def run_seq(n: int, gap: float) -> np.ndarray:
@@ -99,21 +91,24 @@ def run_seq(n: int, gap: float) -> np.ndarray:
     child = mp.get_context("spawn").Process(target=seq_child, args=(path, n))
     child.start()
     conn, _ = srv.accept()
-    import select
-
     p = select.poll()
     p.register(conn, select.POLLIN)
+    out = ping_pong(conn.send, lambda: (p.poll(10_000), conn.recv(65536)), n, gap)
+    child.join(10)
+    conn.close()
+    srv.close()
+    return out
+
+
+def ping_pong(send, wait_answer, n: int, gap: float) -> np.ndarray:
+    """``n`` round trips ``gap`` seconds apart (both sides idle in between): one-way us each."""
     out = []
     for _ in range(n):
         time.sleep(gap)
         t0 = time.perf_counter_ns()
-        conn.send(PAYLOAD)
-        p.poll(10_000)
-        conn.recv(65536)
+        send(PAYLOAD)
+        wait_answer()
         out.append((time.perf_counter_ns() - t0) / 2000)
-    child.join(10)
-    conn.close()
-    srv.close()
     return np.array(out)
 
 
