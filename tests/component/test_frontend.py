@@ -245,11 +245,18 @@ def test_an_inline_model_is_routed_to_the_executor_which_answers(rig):
 
 def test_an_inline_result_from_a_postprocess_worker_is_not_taken(rig):
     r, task = inline_running(rig)
-    r.peers["post-0"].send(m.encode(result(task.rid)))  # not on this request's route
-    r.settle()
+    stray = result(task.rid)
+    stray.outputs = msgpack.packb({"label": "Adelie"})
+    r.peers["post-0"].send(m.encode(stray))  # not on this request's route
+    # post-0's messages are read in order: once its next heartbeat is seen, the stray result was handled
+    seen = r.fe.workers.by_name["post-0"].seen
+    r.peers["post-0"].send(m.encode(m.Hello("post-0", "postprocess", 1000 + len("post-0"))))
+    r.until(lambda: r.fe.workers.by_name["post-0"].seen > seen)
+    assert r.fe.workers.by_name["post-0"].seen > seen
     assert r.fe.table.get(task.rid) is not None
     r.peers["executor"].send(m.encode(result(task.rid)))
-    assert r.answer()["id"] == "a"
+    reply = r.answer()
+    assert (reply["id"], reply["outputs"]) == ("a", {"label": "Gentoo"})
 
 
 def test_a_dead_executor_fails_the_inline_requests_it_held(rig):
