@@ -37,6 +37,7 @@ class Config:
     idle_wide_runs: bool = True
     idle_wide_spinning: bool = False
     inline_postprocess_us: int = 200
+    inline_preprocess_bytes: int = 4096
     intra_op_threads: int = 0
     ort_spinning: bool = False
     worker_nice: int = 0
@@ -132,7 +133,8 @@ class Config:
         need(0 <= self.gateway_workers <= 64, "gateway_workers must be in 0..64")
         for name in ("oip_http_addr", "oip_grpc_addr"):
             host, sep, port = getattr(self, name).rpartition(":")
-            need(not getattr(self, name) or (bool(sep and host) and port.isdigit() and int(port) < 65536),
+            ok_port = port.isascii() and port.isdigit() and int(port) < 65536
+            need(not getattr(self, name) or (bool(sep and host) and ok_port),
                  f"{name} must be host:port or empty")
 
     @property

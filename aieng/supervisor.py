@@ -115,7 +115,7 @@ class Supervisor:
         self.pulse: m.Pulse | None = None
         self.pulse_at = 0.0
         usec = os.environ.get("WATCHDOG_USEC", "")
-        self.watchdog_s = int(usec) / 2e6 if usec.isdigit() and int(usec) > 0 else None
+        self.watchdog_s = int(usec) / 2e6 if usec.isascii() and usec.isdigit() and int(usec) > 0 else None
         self.next_watchdog = 0.0
         self.reload_asked = False  # SIGHUP seen, not yet passed on
         self.reload_deadline: float | None = None  # a reload is under way until the frontend answers

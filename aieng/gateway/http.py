@@ -44,7 +44,7 @@ def parse_infer(body: bytes, headers: dict) -> tuple[dict, list[codec.Tensor]]:
     """The request's JSON header and its input tensors (JSON data or binary), fully checked."""
     hlen = headers.get(HEADER_LEN)
     if hlen is not None:
-        if not hlen.isdigit() or int(hlen) > len(body):
+        if not (hlen.isascii() and hlen.isdigit()) or int(hlen) > len(body):  # isdigit() alone takes "²"
             raise p.RequestError(p.INVALID_REQUEST, f"Inference-Header-Content-Length {hlen[:20]!r} is not a "
                                                     f"length within the body of {len(body)} bytes")
         head, binary = body[:int(hlen)], memoryview(body)[int(hlen):]

@@ -143,7 +143,7 @@ class HttpServer:
                 if "chunked" in headers.get("transfer-encoding", "").lower():
                     raise HttpError(411, "chunked bodies are not accepted: send Content-Length")
                 length = headers.get("content-length", "0")
-                if not length.isdigit():
+                if not (length.isascii() and length.isdigit()):  # "²".isdigit() is True, int("²") fails
                     raise HttpError(400, "invalid Content-Length")
                 n = int(length)
                 if n > self.max_body:

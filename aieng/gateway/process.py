@@ -45,7 +45,7 @@ IDLE_FACTOR = 12  # an idle keep-alive connection may stay 12 x AIENG_HTTP_TIMEO
 
 def split_addr(addr: str, what: str) -> tuple[str, int]:
     host, sep, port = addr.rpartition(":")
-    if not sep or not port.isdigit() or not host:
+    if not sep or not (port.isascii() and port.isdigit()) or not host:
         raise ValueError(f"{what} must be host:port, got {addr!r}")
     return host.strip("[]"), int(port)
 

@@ -156,3 +156,11 @@ def test_a_model_that_does_not_batch_has_no_batch_dimension():
     assert decode_tensor(row["x"]).shape == (2, 3) and row["n"] == 2.0
     with pytest.raises(RequestError):
         codec.split_rows(view.kinds, [codec.Tensor("n", "FP64", [2], np.zeros(2))], 1, False)
+
+
+@pytest.mark.parametrize("value", ["\u00b2", "-1", "1e3", "99999"])
+def test_a_bad_inference_header_length_is_a_clear_invalid_request(value):
+    body = b'{"inputs": []}'
+    with pytest.raises(RequestError) as err:
+        parse_infer(body, {"inference-header-content-length": value})
+    assert err.value.code == INVALID_REQUEST and "Inference-Header-Content-Length" in err.value.message

@@ -98,6 +98,7 @@ def test_connections_over_the_cap_are_closed_at_once():
     (b"BROKEN\r\n\r\n", 400), (b"GET /x HTTP/2.0\r\n\r\n", 505),
     (b"POST /x HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", 400),
     (b"POST /x HTTP/1.1\r\nContent-Length: -1\r\n\r\n", 400),
+    (b"POST /x HTTP/1.1\r\nContent-Length: \xb2\r\n\r\n", 400),  # latin-1 "²": isdigit() is True
     (b"POST /x HTTP/1.1\r\nContent-Length: 1001\r\n\r\n", 413)])
 def test_bad_heads(head, status):
     async def go():
