@@ -8,7 +8,9 @@ their name as ZMQ identity.  Clients reach the frontend's client ROUTER at
 Data path (descriptors only, straight from one stage to the next): the
 executor binds a PULL at ``exec_addr`` that every preprocess worker connects
 a PUSH to; each postprocess worker binds a PULL at ``post_addr(name)`` that
-the executor connects a PUSH to when it first sends there.  A PUSH queues
+the executor connects a PUSH to when it first sends there.  The executor also
+listens at ``express_path`` (a SOCK_SEQPACKET socket, ``express``) and the
+frontend connects to it for the requests it sends straight there while idle.  A PUSH queues
 while its peer restarts, so a restart holds requests instead of losing them.
 
 One instance per runtime directory: the supervisor holds ``RuntimeDirLock``
@@ -103,13 +105,18 @@ def exec_addr(rdir: str) -> str:
     return f"ipc://{os.path.join(rdir, 'executor.sock')}"
 
 
+def express_path(rdir: str) -> str:
+    """The executor's SOCK_SEQPACKET listener for the frontend's direct requests (``express``)."""
+    return os.path.join(rdir, "express.sock")
+
+
 def post_addr(rdir: str, name: str) -> str:
     return f"ipc://{os.path.join(rdir, name + '.sock')}"
 
 
 def socket_files(rdir: str, n_post: int) -> list[str]:
     """Every ipc socket file an instance makes in its runtime dir (removed on a clean stop)."""
-    names = ["hub.sock", "executor.sock"] + [f"post-{j}.sock" for j in range(n_post)]
+    names = ["hub.sock", "executor.sock", "express.sock"] + [f"post-{j}.sock" for j in range(n_post)]
     return [os.path.join(rdir, n) for n in names]
 
 

@@ -48,7 +48,7 @@ class Baseline:
         self.spec = load_spec(model, repo)
         self.pre = PROCESSORS[self.spec.preprocess["type"]](self.spec)
         self.post = OPS[self.spec.postprocess["type"]](self.spec)
-        self.sess = ModelSession(self.spec, "auto", threads, spinning)
+        self.sess = ModelSession(self.spec, "auto", threads, spinning, stop_spinning=False)  # ORT's defaults
         self.sess.warmup()
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="baseline")
         self.ctx = zmq.Context.instance()

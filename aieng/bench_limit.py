@@ -61,7 +61,7 @@ class InProcess:
 
         key = (threads, spinning)
         if key not in self.sessions:
-            sess = ModelSession(self.spec, "auto", threads, spinning)
+            sess = ModelSession(self.spec, "auto", threads, spinning, stop_spinning=False)
             sess.warmup()
             self.sessions[key] = sess
         return self.sessions[key]

@@ -112,6 +112,11 @@ REGISTRY: tuple[EnvVar, ...] = (
     EnvVar("AIENG_INLINE_POSTPROCESS_US", int, 200,
            "Run a model's postprocessing in the executor, not the pool, when its chain has no time limits "
            "and measures at most this many microseconds (0: always in the pool)", "inline_postprocess_us"),
+    EnvVar("AIENG_INLINE_PREPROCESS_BYTES", int, 4096,
+           "While nothing is in preprocessing or in the executor, send a text or tabular request whose body "
+           "is at most this many bytes straight to the executor, which encodes it itself (two hand-offs "
+           "fewer; only for models postprocessed in the executor; 0: always through the pool)",
+           "inline_preprocess_bytes"),
     EnvVar("AIENG_INTRA_OP_THREADS", int, 0,
            "ONNX Runtime intra-op threads per run (0: usable CPUs / AIENG_EXECUTOR_LANES)",
            "intra_op_threads"),

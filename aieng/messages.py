@@ -10,6 +10,7 @@ has the sockets)::
 
     client -> FE            request (protocol.py)
     FE -> pre[i]            PreTask + the client's raw request frame
+    FE -> executor          the same, for a small request while idle (its Result then carries features)
     pre[i] -> executor      InferTask (slot in pre[i]'s ring)      | pre[i] -> FE: Failed
     pre[i] -> FE            Preprocessed: who now holds which rows (a notice)
     executor -> post[j]     PostTask (slot in the executor's ring) | executor -> FE: Failed
@@ -94,6 +95,8 @@ class Hello:
     info: dict = field(default_factory=dict)  # what health/models show: ring, models, runtime, failed
     # the executor's: model versions whose postprocessing it runs itself (route them post="executor")
     inline_post: list = field(default_factory=list)
+    # the executor's: versions it may also preprocess, for a small request while idle (inline_pre)
+    inline_pre: list = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -125,7 +128,7 @@ class InferTask:
     model: str
     version: str
     deadline: float
-    ref: Ref
+    ref: Optional[Ref]  # None only inside the executor: a request it preprocessed itself (inline_pre)
     seq_len: int  # batching key: longest variable dimension (0: fixed shapes)
     upstream: int
     post: str
@@ -180,6 +183,8 @@ class Result:
     # postprocess steps: [name, microseconds, "ok" | "skipped"]; skipped ones (a timeout with
     # ``on_timeout: skip``, or an input a skipped step should have made) are missing from the answer
     steps: list = field(default_factory=list)
+    # a request the executor preprocessed itself (inline_pre): its drift facts, as Preprocessed carries them
+    features: dict = field(default_factory=dict)
 
 
 @dataclass(slots=True)

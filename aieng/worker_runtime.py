@@ -55,7 +55,7 @@ def role_class(role: str) -> type:
 def run_process(role: str, cfg_dict: dict, spec_dicts: dict, worker: str, ready_conn) -> None:
     """The entry point of every child process (see the module docstring)."""
     cfg = Config.from_dict(cfg_dict)
-    if role == "preprocess":
+    if role in ("preprocess", "executor"):  # the executor tokenises a lone request itself (inline_pre)
         # The tokenizers library hands even one text to its own thread pool: a cross-thread wake-up
         # per batch, and threads competing with the executor's for the same few cores (profile).
         # The pool is the parallelism here.
@@ -100,6 +100,7 @@ class HubWorker:
         self.next_hello = 0.0
         self.hello_bytes = b""
         self.wake_fds: list[int] = []  # more file descriptors the loop waits on (the executor's lanes)
+        self.poller: zmq.Poller | None = None  # the loop's; a role may watch more fds while it runs
         self.inbox: zmq.Socket | None = None  # the data-path PULL socket, for roles that have one
 
     # -- what a role provides -------------------------------------------------
@@ -122,7 +123,7 @@ class HubWorker:
     def run(self, stop: procutil.StopFlag) -> None:
         self.hello_bytes = m.encode(self.hello_msg())
         self.heartbeat()
-        poller = zmq.Poller()
+        poller = self.poller = zmq.Poller()
         socks = [self.sock] + ([self.inbox] if self.inbox is not None else [])
         for sock in socks:
             poller.register(sock, zmq.POLLIN)

@@ -28,6 +28,12 @@ instead of a client, and none of the model's counts, stats, cache, breaker,
 drift or degradation see it.  A primary's end is told to the mirror after its
 answer was sent.
 
+Idle, small, cheap: a request of a version the executor both pre- and postprocesses itself
+(``gpu_executor/inline_pre``), whose body is at most ``direct_bytes``, sent while nothing else is in
+preprocessing or in the executor, goes straight to the executor (``direct``): no preprocess worker, no
+notice, two hand-offs in all.  It is the executor's from the start (its death answers it UNAVAILABLE);
+its ``Result`` carries the drift facts a ``Preprocessed`` notice would have.
+
 A pipeline model (``kind: pipeline``) is started by ``fanout`` instead: its entry is never sent to a
 worker; its steps are internal requests (``Request.parent``) that take the paths above, and whose
 ends (answer, error, deadline, a dead holder) go to ``fanout``, which answers the page once.
@@ -87,8 +93,12 @@ class Pipeline:
     def __init__(self, table: RequestTable, workers: Workers, post_names: list[str],
                  send: Callable[[str, list], bool], reply: Callable[[list, bytes], None], metrics: Metrics,
                  stats: StageStats, breakers: Breakers, cache: ResponseCache, drift: DriftMonitor,
-                 degrader: Degrader):
+                 degrader: Degrader, direct_bytes: int = 0,
+                 send_direct: Callable[[list], bool] | None = None):
         self.table, self.workers, self.send, self.reply = table, workers, send, reply
+        self.direct_bytes = direct_bytes  # AIENG_INLINE_PREPROCESS_BYTES (0: never straight to the executor)
+        # how a direct request reaches the executor (the server's: the express lane, else the hub)
+        self.send_direct = send_direct or (lambda frames: self.send("executor", frames))
         self.post_names = post_names  # every postprocess worker, live or restarting
         self.metrics, self.stats, self.breakers = metrics, stats, breakers
         self.cache, self.drift, self.degrader = cache, drift, degrader
@@ -111,6 +121,8 @@ class Pipeline:
 
     def dispatch(self, req: Request) -> None:
         now = time.monotonic()
+        if self.direct(req, now):
+            return
         worker = self.workers.pick(PRE, now, self.table.load)
         if worker is None:
             self.table.hold(req, PRE)
@@ -130,6 +142,24 @@ class Pipeline:
             self.table.hold(req, PRE)
             return
         req.pre, req.dispatched, req.body = worker, now, None
+
+    def direct(self, req: Request, now: float) -> bool:
+        """Send ``req`` straight to the executor when the module's doc says so; False: it was not."""
+        totals = self.table.stage_totals
+        if not (self.direct_bytes > 0 and req.parent is None and req.crop is None and not req.background
+                and req.body is not None and len(req.body) <= self.direct_bytes
+                and totals[PRE] == 1 and totals[EXEC] == 0  # itself alone: the server is idle
+                and self.workers.preprocessed_by_executor(req.key, now)):
+            return False
+        if not req.post:
+            self.table.route(req, EXEC)
+        task = m.PreTask(req.rid, req.model, req.version, req.deadline, req.trace, req.post, 0, req.degraded)
+        if not self.send_direct([m.encode(task), req.body]):  # it never got it: the pool's way then
+            self.workers.gone("executor")
+            return False
+        self.table.move(req, EXEC, "executor")
+        req.pre, req.dispatched, req.body = "executor", now, None
+        return True
 
     def release_waiting(self, role: str) -> None:
         """A worker of ``role`` said hello: send it what waited for one."""
@@ -178,7 +208,7 @@ class Pipeline:
         """Count the stages from ``req.stage`` up to postprocessing as finished by their workers.
         Notices travel on different sockets and may overtake each other or the result; a late one is
         skipped, so whoever moves the request past a stage credits it."""
-        if req.stage == PRE:
+        if req.stage == PRE or req.pre == EXEC:  # the executor preprocessed it itself (``direct``)
             self.metrics.worker.labels(PRE, req.pre).inc()
         if req.stage in (PRE, EXEC):
             self.metrics.worker.labels(EXEC, "executor").inc()
@@ -200,6 +230,8 @@ class Pipeline:
             return
         now = time.monotonic()
         self.table.finish(msg.rid)
+        if msg.features:  # preprocessed in the executor: no Preprocessed notice brought these
+            req.features = msg.features
         if req.shadow_of is not None:  # a shadow copy: compared, never answered or counted
             return self.mirror.shadow_end(req, msg.outputs, "OK", now)
         if req.parent is not None:  # a pipeline's step: its page goes on

@@ -25,10 +25,10 @@ from typing import Any
 
 import zmq
 
+from aieng import express, model_repo, procutil, shm
 from aieng import messages as m
-from aieng import model_repo, procutil, shm
 from aieng import protocol as p
-from aieng.addresses import hub_addr
+from aieng.addresses import express_path, hub_addr
 from aieng.config import Config
 from aieng.frontend.admin import AdminOps, AdminServer
 from aieng.frontend.admission import Admission, Immediate
@@ -83,7 +83,8 @@ class Frontend:
                                    self.cache, self.degrader)
         posts = [f"post-{j}" for j in range(cfg.postprocess_workers)]
         self.pipeline = Pipeline(self.table, self.workers, posts, self.send_hub, self.reply, self.metrics,
-                                 self.stats, self.breakers, self.cache, self.drift, self.degrader)
+                                 self.stats, self.breakers, self.cache, self.drift, self.degrader,
+                                 cfg.inline_preprocess_bytes, self.send_direct)
         self.pipeline.outcome = self.rollout.observe  # auto-rollback watches every answer
         self.mirror = self.pipeline.mirror = Mirror(self)  # shadow copies and their comparison
         self.pipeline.fanout = Fanout(self.pipeline, self.specs)  # pipeline models' steps
@@ -106,6 +107,8 @@ class Frontend:
         self.hub.setsockopt(zmq.SNDHWM, 0)
         self.hub.setsockopt(zmq.RCVHWM, 0)
         self.hub.bind(hub_addr(self.cfg.runtime_dir))
+        self.express = express.FrontendEnd(express_path(self.cfg.runtime_dir))  # to the executor, when up
+        self.poller = zmq.Poller()
         self.admin = AdminServer(self.cfg, AdminOps(self), self.log)
         self.http = HttpServer(self.cfg.http_addr, lambda: self.snapshot, self.metrics.render,
                                self.cfg.http_token_file, self.cfg.http_threads, self.cfg.http_timeout_s,
@@ -117,7 +120,7 @@ class Frontend:
 
     # -- main loop ----------------------------------------------------------------
     def run(self, stop: procutil.StopFlag) -> None:
-        poller = zmq.Poller()
+        poller = self.poller
         poller.register(self.clients, zmq.POLLIN)
         poller.register(self.hub, zmq.POLLIN)
         poller.register(self.admin.sock, zmq.POLLIN)
@@ -138,6 +141,8 @@ class Frontend:
             events = dict(poller.poll(timeout))
             if self.hub in events:
                 self.drain_hub()
+            if any(self.express.watches(fd) for fd in events):
+                self.drain_express()
             if self.clients in events:
                 self.drain_clients()
             if self.admin.sock in events:
@@ -158,20 +163,26 @@ class Frontend:
                 frames = self.hub.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            ident = frames[0].bytes
-            try:
-                msg = m.decode(frames[1].buffer)
-            except Exception as exc:
-                self.log.error("undecodable hub message from %r: %s: %s", ident, type(exc).__name__, exc)
-                continue
-            handler = self.handlers.get(type(msg))
-            if handler is None:
-                self.log.warning("no handler for %s from %r", type(msg).__name__, ident)
-                continue
-            try:
-                handler(msg, ident)
-            except Exception:  # one bad message must not take the frontend (and every client) down
-                self.log.exception("%s handler failed (from %r)", type(msg).__name__, ident)
+            self.dispatch(frames[1].buffer, frames[0].bytes)
+
+    def drain_express(self) -> None:
+        for data in self.express.drain(self.poller):  # the executor's answers to direct requests
+            self.dispatch(data, b"executor")
+
+    def dispatch(self, data, ident: bytes) -> None:
+        try:
+            msg = m.decode(data)
+        except Exception as exc:
+            self.log.error("undecodable hub message from %r: %s: %s", ident, type(exc).__name__, exc)
+            return
+        handler = self.handlers.get(type(msg))
+        if handler is None:
+            self.log.warning("no handler for %s from %r", type(msg).__name__, ident)
+            return
+        try:
+            handler(msg, ident)
+        except Exception:  # one bad message must not take the frontend (and every client) down
+            self.log.exception("%s handler failed (from %r)", type(msg).__name__, ident)
 
     def drain_clients(self) -> None:
         for _ in range(1000):
@@ -257,6 +268,12 @@ class Frontend:
         except zmq.ZMQError:  # EHOSTUNREACH: not connected (dead or restarting)
             return False
 
+    def send_direct(self, frames: list) -> bool:
+        """A request sent straight to the executor (``pipeline.direct``): express lane, else hub."""
+        body = frames[1]
+        return (self.express.send(frames[0], getattr(body, "buffer", body))
+                or self.send_hub("executor", frames))
+
     def failed_models(self) -> dict[str, str]:
         """Model versions some worker could not load, with the error it reported."""
         out: dict[str, str] = {}
@@ -266,6 +283,8 @@ class Frontend:
 
     def on_hello(self, msg: m.Hello, ident: bytes) -> None:
         now = time.monotonic()
+        if msg.role == "executor":  # (re)connect the express lane to this executor process
+            self.express.executor_seen(msg.pid, self.poller)
         if self.workers.hello(msg, now):
             self.log.info("%s (pid %d) is up", msg.worker, msg.pid)
             self.admission.failed_models = self.failed_models()
@@ -274,6 +293,8 @@ class Frontend:
             self.pipeline.release_waiting(msg.role)
 
     def on_worker_down(self, msg: m.WorkerDown, ident: bytes) -> None:
+        if msg.worker == "executor":
+            self.express.drop(self.poller)
         held = self.pipeline.on_worker_down(msg.worker, msg.pid, msg.exitcode)
         self.hotswap.on_worker_down(msg.worker)
         self.table.rings.forget(f"{shm.PREFIX}{self.cfg.instance}.{msg.worker}.")
@@ -327,5 +348,6 @@ class Frontend:
         if self.auth is not None:
             self.auth.stop()
         self.hub.close(0)
+        self.express.close()
         self.admin.close()
         self.table.close()

@@ -118,6 +118,7 @@ class RequestTable:
         self.by_client: dict[bytes, int] = {}
         self.by_post: dict[str, int] = {}  # requests routed to each postprocess worker
         self.stage_counts: dict[tuple[str, str], int] = {}  # (model key, stage) -> requests there
+        self.stage_totals: dict[str, int] = {PRE: 0, EXEC: 0, POST: 0}  # stage -> requests there, all models
         self.waiting: dict[str, deque[int]] = {PRE: deque()}  # later stages queue in their inboxes
         self.rings = shm.RingCache()
         self.ghosts: dict[int, Ghost] = {}  # rid -> an answered request's slot still on its route
@@ -146,6 +147,7 @@ class RequestTable:
     def _count(self, req: Request, delta: int) -> None:
         k = (req.key, req.stage)
         self.stage_counts[k] = self.stage_counts.get(k, 0) + delta
+        self.stage_totals[req.stage] += delta
 
     def move(self, req: Request, stage: str, holder: str) -> None:
         if req.holder:

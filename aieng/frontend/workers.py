@@ -26,6 +26,7 @@ class WorkerState:
     seen: float  # monotonic seconds of its last hello
     info: dict = field(default_factory=dict)  # what it reported of itself (ring, models, failed loads)
     inline_post: frozenset = frozenset()  # the executor's: versions it postprocesses itself
+    inline_pre: frozenset = frozenset()  # the executor's: versions it may also preprocess (while idle)
 
 
 class Workers:
@@ -43,17 +44,25 @@ class Workers:
         w = self.by_name.get(msg.worker)
         if w is None or w.pid != msg.pid:
             self.by_name[msg.worker] = WorkerState(msg.worker, msg.role, msg.pid, now, msg.info,
-                                                   frozenset(msg.inline_post))
+                                                   frozenset(msg.inline_post), frozenset(msg.inline_pre))
             return True
         w.seen = now
         w.info = msg.info  # a run-time load or unload changes what it serves and what failed
         w.inline_post = frozenset(msg.inline_post)
+        w.inline_pre = frozenset(msg.inline_pre)
         return False
 
     def postprocessed_by_executor(self, key: str) -> bool:
         """Does the executor run ``key``'s postprocessing itself (so its requests skip the pool)?"""
         w = self.by_name.get("executor")
         return w is not None and key in w.inline_post
+
+    def preprocessed_by_executor(self, key: str, now: float) -> bool:
+        """May ``key``'s request go straight to the executor, which then runs its whole path (a live,
+        not resting executor that advertises both ends)?"""
+        w = self.by_name.get("executor")
+        return (w is not None and key in w.inline_pre and key in w.inline_post
+                and now - w.seen <= SILENCE_S and "executor" not in self.resting)
 
     def down(self, name: str, pid: int, now: float) -> None:
         w = self.by_name.get(name)

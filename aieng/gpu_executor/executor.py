@@ -2,14 +2,15 @@
 
 One loop (the shared ``HubWorker`` runtime) and a few lanes (``lanes``): the
 loop drains ``InferTask`` messages that preprocess workers push to its inbox,
-hands them to the batcher,
-and while a lane is free and the batcher says so, assembles a padded batch
+hands them to the batcher, and while a lane is free and the batcher says so, assembles a padded batch
 straight from the preprocess workers' shared-memory slots (freeing each slot
 as soon as its rows are copied) and gives the run to a lane.  When a lane is
 done the loop writes each request's own rows into a slot of this process's
 output ring, pushes each descriptor to the postprocess worker the frontend
 chose for the request, and tells the frontend with one ``Inferred`` notice per
 batch.
+A small request that finds the server idle may come straight from the frontend (a ``PreTask``, on
+the ``express`` lane): the loop encodes it and queues it alike, its tensors in this process (``inline_pre``).
 All socket and ring work stays on the loop thread.  Internal verification
 requests (``InferTask.background``: a loading version's golden cases) queue
 apart (``bg_batcher``) and run on the lanes' low-priority background lane.
@@ -23,50 +24,22 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
-
+from aieng import express, model_repo, shm
 from aieng import messages as m
-from aieng import model_repo, shm
-from aieng.addresses import exec_addr, post_addr
+from aieng.addresses import exec_addr, express_path, post_addr
 from aieng.config import Config
 from aieng.envs import cpu_count
 from aieng.gpu_executor.batcher import Batcher, Pending
 from aieng.gpu_executor.inline_post import EXECUTOR, InlinePost
+from aieng.gpu_executor.inline_pre import InlinePre, Prepared
 from aieng.gpu_executor.lanes import Job, Lanes
-from aieng.gpu_executor.sessions import ModelSession, describe_runtime
+from aieng.gpu_executor.sessions import BACKGROUND_WARM_ROWS, ModelSession, describe_runtime, paced_warmup
 from aieng.model_repo import ModelSpec
 from aieng.protocol import INTERNAL, INVALID_INPUT, UNAVAILABLE, RequestError
 from aieng.worker_hotswap import Versions, lower_priority
 from aieng.worker_runtime import HubWorker, own_ring, push_socket
 
 WIDE_MAX_ROWS = 4  # the most rows a lone batch may have to run on the wide session
-
-
-BACKGROUND_WARM_ROWS = 8  # a run-time load warms batches up to this many rows (see ModelSession.warmup)
-WARM_DUTY = 0.5  # a background warm-up runs at most this share of the time: serving keeps the cores
-
-
-def paced_warmup(sess: ModelSession, idle: bool) -> int:
-    """A run-time load's ``sess.warmup()`` on the loader thread (batches of at most
-    ``BACKGROUND_WARM_ROWS``), made polite: the thread drops to low priority (its own; the session's
-    pool threads, made earlier, keep their priority for serving later: ``lower_priority``) and sleeps
-    after each warm-up run for as long as the run took.  A swap takes longer; the models serving
-    meanwhile keep their latency (measured: scripts/hotswap_measure.py)."""
-    lower_priority(idle)
-    run = sess.run
-
-    def paced(feeds):
-        t0 = time.perf_counter()
-        try:
-            return run(feeds)
-        finally:
-            time.sleep((time.perf_counter() - t0) * (1 - WARM_DUTY) / WARM_DUTY)
-
-    sess.run = paced  # this instance only, for the warm-up
-    try:
-        return sess.warmup(max_rows=BACKGROUND_WARM_ROWS)
-    finally:
-        del sess.run
 
 
 class Executor(HubWorker):
@@ -81,7 +54,9 @@ class Executor(HubWorker):
         self.init_hotswap()
         self.bind_inbox(exec_addr(cfg.runtime_dir))  # preprocess workers push InferTasks here
         self.posts = {f"post-{j}": None for j in range(cfg.postprocess_workers)}  # name -> PUSH, on first use
-        self.handlers[m.InferTask] = self.on_task
+        self.handlers[m.InferTask] = lambda task, frames: self.accept(task)
+        self.handlers[m.PreTask] = lambda task, frames: self.on_direct(task, frames[1].buffer)
+        self.init_express()
 
     def init_sessions(self, specs: dict[str, ModelSpec]) -> None:
         """One session per model, each built on its own: a model that fails (a corrupt file, a file
@@ -91,6 +66,8 @@ class Executor(HubWorker):
         self.failed: dict[str, str]
         self.wide: dict[str, ModelSession] = {}  # every core on one run: for a lone batch while idle
         self.inline = InlinePost(self.cfg.inline_postprocess_us)  # cheap chains run here (inline_post)
+        self.inline_pre = InlinePre(self.cfg.inline_preprocess_bytes, self.cfg.max_message_bytes)
+        self.direct: dict[int, Prepared] = {}  # rid -> a queued inline-preprocessed request's input
         self.sessions, self.failed = model_repo.build_each(
             specs, self.build_session, self.log, self.cfg.strict_model_load, path=lambda s: s.onnx_path)
 
@@ -112,6 +89,7 @@ class Executor(HubWorker):
         else:
             runs = sess.warmup(max_rows=BACKGROUND_WARM_ROWS if background else 0)
         choice = self.inline.consider(spec, sess)  # in force once the version joins the batcher
+        self.inline_pre.consider(spec)  # likewise
         if (wide and self.cfg.idle_wide_runs and threads < cpu_count()
                 and sess.provider == "CPUExecutionProvider"):
             try:  # an optional speed-up: the model serves on its lanes without it
@@ -131,6 +109,23 @@ class Executor(HubWorker):
                       spec.key, spec.content_hash[:12], sess.provider, runs, time.perf_counter() - t0, how,
                       choice.where, choice.why)
         return sess
+
+    def init_express(self) -> None:
+        """The frontend's direct requests come on the express lane (``express``) or, while it is down,
+        on the hub; each answer goes back the way its request came (``send``)."""
+        self.express = express.ExecutorEnd(express_path(self.cfg.runtime_dir), m.decode)
+        self.wake_fds.append(self.express.fileno())
+
+    def poll_express(self) -> None:
+        for msg, body in self.express.poll(self.poller):
+            if isinstance(msg, m.PreTask):
+                self.on_direct(msg, body)
+            else:
+                self.log.warning("unexpected express message %s", type(msg).__name__)
+
+    def send(self, msg) -> None:
+        if not self.express.reply(getattr(msg, "rid", None), lambda: m.encode(msg)):
+            super().send(msg)
 
     # -- run-time load/unload (worker_hotswap.Versions; the frontend drains before an unload) ------
     def init_hotswap(self) -> None:
@@ -157,6 +152,7 @@ class Executor(HubWorker):
         postprocessing runs."""
         self.add_to_batcher(spec, sess)
         self.inline.adopt(spec.key)
+        self.inline_pre.adopt(spec.key)
 
     def add_to_batcher(self, spec: ModelSpec, sess: ModelSession) -> None:
         b = spec.batching
@@ -169,6 +165,7 @@ class Executor(HubWorker):
     def remove_version(self, key: str) -> None:
         self.wide.pop(key, None)
         self.inline.drop(key)
+        self.inline_pre.drop(key)
         self.bg_runs.pop(key, None)
         for batcher in (self.batcher, self.bg_batcher):
             batcher.queues.pop(key, None)  # empty: its requests were drained before the unload
@@ -192,29 +189,56 @@ class Executor(HubWorker):
         self.wake_fds.append(self.lanes.wake_fd)
 
     def info(self) -> dict:
+        direct = set(self.inline_pre.advertised(self.inline.advertised()))
         return {"ring": self.ring.seg.name, "runtime": describe_runtime(), "lanes": self.lanes.n,
                 "models": {k: {**s.describe(), "idle_wide_session": k in self.wide,
                                "background_runs": self.bg_runs.get(k, 0),
                                "postprocess": self.inline.choices[k].view() if k in self.inline.choices
-                               else None}
+                               else None,
+                               "preprocess": self.inline_pre.view(k, k in direct)}
                            for k, s in self.sessions.items()},
                 "failed": dict(self.failed)}
 
     def hello_msg(self) -> m.Hello:
         hello = super().hello_msg()
         hello.inline_post = self.inline.advertised()
+        hello.inline_pre = self.inline_pre.advertised(hello.inline_post)
         return hello
 
     # -- the loop ---------------------------------------------------------------
-    def on_task(self, task: m.InferTask, frames: list) -> None:
-        self.accept(task)
+    def on_direct(self, task: m.PreTask, body) -> None:
+        """A request the frontend sent straight here while the server was idle (``inline_pre``):
+        validated and encoded on this thread (a failure is this request's alone, as in the pool), then
+        queued like a preprocessed task with its tensors in this process."""
+        key = f"{task.model}:{task.version}"
+        started = time.monotonic()
+        if not (self.inline_pre.serves(key) and task.post == EXECUTOR and self.inline.serves(key)):
+            self.fail(task.rid, INTERNAL, f"the executor does not preprocess {key}")
+            return
+        try:
+            infer, prep = self.inline_pre.task(key, task, body, started)
+        except RequestError as exc:
+            self.fail(task.rid, exc.code, exc.message)
+            return
+        except Exception as exc:  # a processor bug or an unreadable body fails its request, not the loop
+            self.log.exception("preprocess failed for rid %s", task.rid)
+            self.fail(task.rid, INTERNAL, f"preprocessing failed: {type(exc).__name__}")
+            return
+        self.direct[task.rid] = prep
+        if not self.accept(infer, prep.descs()):
+            self.direct.pop(task.rid, None)
 
     def after_drain(self, now: float) -> int:
+        self.poll_express()
         self.versions.poll()
         for job in self.lanes.finished():
             self.finish_batch(job)
         for p in self.batcher.expire(now) + self.bg_batcher.expire(now):
-            self.inputs.release(p.payload.ref)  # the frontend answers TIMEOUT itself
+            if p.payload.ref is None:  # inline-preprocessed: its input is ours alone, and no answer follows
+                self.direct.pop(p.rid, None)
+                self.express.forget(p.rid)
+            else:
+                self.inputs.release(p.payload.ref)  # the frontend answers TIMEOUT itself
         wake = []
         for batcher, free in ((self.batcher, self.lanes.free), (self.bg_batcher, self.lanes.bg_free)):
             wake_at = None
@@ -229,7 +253,9 @@ class Executor(HubWorker):
             return max(0, int((min(wake) - now) * 1000) + 1)
         return 200  # a finished lane or a new task wakes the loop
 
-    def accept(self, task: m.InferTask) -> None:
+    def accept(self, task: m.InferTask, descs: list | None = None) -> bool:
+        """Queue ``task`` for a batch (``descs``: its tensors, when not in a ring slot); False when it
+        was failed."""
         key = f"{task.model}:{task.version}"
         sess = self.sessions.get(key)
         if sess is None:  # a model that failed to load is unavailable, not an internal error
@@ -237,37 +263,19 @@ class Executor(HubWorker):
                 self.fail(task.rid, UNAVAILABLE, self.failed[key], task.ref)
             else:
                 self.fail(task.rid, INTERNAL, f"executor does not serve {key}", task.ref)
-            return
-        problem = self.check_shapes(sess, task.ref.tensors)
+            return False
+        problem = sess.check_shapes(task.ref.tensors if descs is None else descs)
         if problem:
             self.fail(task.rid, INVALID_INPUT, problem, task.ref)
-            return
+            return False
         if task.post not in self.posts and not (task.post == EXECUTOR and self.inline.serves(key)):
             self.fail(task.rid, INTERNAL, f"no postprocess worker named {task.post!r}", task.ref)
-            return
+            return False
         now = time.monotonic()
         task.trail.exec_arrived = now
         batcher = self.bg_batcher if task.background else self.batcher
         batcher.put(key, Pending(task.rid, task.seq_len, now, task.deadline, task), task.upstream)
-
-    @staticmethod
-    def check_shapes(sess: ModelSession, descs: list) -> str | None:
-        got = {d[0]: d for d in descs}
-        for spec in sess.inputs:
-            d = got.get(spec.name)
-            if d is None:
-                return f"model input '{spec.name}' was not provided"
-            if np.dtype(d[1]) != spec.dtype:
-                return f"input '{spec.name}' must be {spec.dtype.name}, got {np.dtype(d[1]).name}"
-            shape = d[2]
-            if len(shape) != len(spec.dims):
-                return f"input '{spec.name}' must have {len(spec.dims)} dims per request, got {len(shape)}"
-            for have, want in zip(shape, spec.dims):
-                if isinstance(want, int) and want >= 0 and have != want:
-                    return f"input '{spec.name}' must have shape {spec.dims}, got {shape}"
-                if have == 0:
-                    return f"input '{spec.name}' has an empty dimension"
-        return None
+        return True
 
     def start_batch(self, key: str, batch: list[Pending], background: bool = False) -> None:
         sess = self.sessions[key]
@@ -291,6 +299,7 @@ class Executor(HubWorker):
 
     def finish_batch(self, job: Job) -> None:
         key, sess, sizes, live, learn = job.context
+        direct = {p.rid: self.direct.pop(p.rid, None) for p in live if p.payload.ref is None}
         if job.error is not None:  # a failing run fails its batch, not the executor
             self.log.error("%s: run failed: %s: %s", key, type(job.error).__name__, job.error)
             for p in live:
@@ -310,7 +319,9 @@ class Executor(HubWorker):
             trail.batch_started, trail.infer_us = job.started, infer_us
             trail.batch, trail.padded = len(live), padded
             if task.post == EXECUTOR:  # a cheap chain: answered from here, no output slot, no hop
-                self.answer_inline(key, task, sess.request_outputs(outputs, row, sizes[row]))
+                prep = direct.get(p.rid)
+                self.answer_inline(key, task, sess.request_outputs(outputs, row, sizes[row]),
+                                   prep.features if prep is not None else None)
                 continue
             try:
                 tensors = sess.request_outputs(outputs, row, sizes[row])
@@ -328,11 +339,13 @@ class Executor(HubWorker):
         if done.rids:  # one notice per batch: these output slots are the postprocess workers' now
             self.send(done)
 
-    def answer_inline(self, key: str, task: m.InferTask, tensors: list) -> None:
+    def answer_inline(self, key: str, task: m.InferTask, tensors: list, features: dict | None) -> None:
         """The request's answer from its chain, run here (``inline_post``): a ``Result`` or a
-        ``Failed``, as a postprocess worker would send it."""
+        ``Failed``, as a postprocess worker would send it; ``features``: an inline-preprocessed
+        request's drift facts, which no ``Preprocessed`` notice told the frontend."""
         msg = self.inline.answer(key, task, tensors, self.log)
         if isinstance(msg, m.Result):
+            msg.features = features or {}
             t = task.trail
             self.log.debug("inferred in a batch of %d (padded %d, %d us), postprocessed here (%d us)",
                            t.batch, t.padded, t.infer_us, t.post_us, extra={"trace": task.trace})
@@ -349,6 +362,10 @@ class Executor(HubWorker):
         views, live = [], []
         for p in batch:
             ref = p.payload.ref
+            if ref is None:  # preprocessed here (inline_pre): its tensors are in this process
+                views.append((None, None, self.direct[p.rid].tensors))
+                live.append(p)
+                continue
             try:
                 ring = self.inputs.get(ref.seg)
             except (FileNotFoundError, ValueError):
@@ -360,7 +377,8 @@ class Executor(HubWorker):
             live.append(p)
         feeds, sizes = sess.feeds_from([v[2] for v in views]) if views else ({}, [])
         for ring, ref, _ in views:
-            ring.free(ref.slot, ref.gen)  # the rows are copied into the batch: the slot may be reused
+            if ring is not None:
+                ring.free(ref.slot, ref.gen)  # the rows are copied into the batch: the slot may be reused
         return feeds, sizes, live
 
     def fail(self, rid: int, code: str, message: str, ref: m.Ref | None = None) -> None:
@@ -369,6 +387,7 @@ class Executor(HubWorker):
         self.send(m.Failed(rid, code, message))
 
     def close(self) -> None:
+        self.express.close()
         self.lanes.close()
         for sock in self.posts.values():
             if sock is not None:

@@ -17,6 +17,7 @@ import onnxruntime as ort
 
 from aieng.envs import cpu_count
 from aieng.model_repo import ModelSpec
+from aieng.worker_hotswap import lower_priority
 
 log = logging.getLogger("aieng.executor.sessions")
 
@@ -56,7 +57,8 @@ class OutputSpec:
 
 
 class ModelSession:
-    def __init__(self, spec: ModelSpec, device: str, intra_op_threads: int, spinning: bool = False):
+    def __init__(self, spec: ModelSpec, device: str, intra_op_threads: int, spinning: bool = False,
+                 stop_spinning: bool = True):
         self.spec = spec
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -67,6 +69,10 @@ class ModelSession:
         # Spinning threads keep a core busy after every run; on a small machine that core is
         # the one the preprocess/postprocess workers and the frontend need.
         opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+        # ``stop_spinning``: a spinning session spins only while a run is under way (between its ops, where
+        # it saves a thread wake-up per parallel op) and its threads stop when the run returns, leaving the
+        # core to the next process on the request's path.  False: ONNX Runtime's default (they spin on).
+        opts.add_session_config_entry("session.force_spinning_stop", "1" if stop_spinning else "0")
         want_cuda = device == "cuda" or (device == "auto"
                                          and "CUDAExecutionProvider" in ort.get_available_providers()
                                          and gpu_count() > 0)
@@ -114,6 +120,26 @@ class ModelSession:
         sizes = [{d: t[spec.name].shape[k] for spec in self.inputs for k, d in enumerate(spec.dims)
                   if isinstance(d, str)} for t in per_request]
         return feeds, sizes
+
+    def check_shapes(self, descs: list) -> str | None:
+        """What is wrong with one request's tensors (``[name, dtype, shape, ...]`` each) for this
+        session's inputs, or None."""
+        got = {d[0]: d for d in descs}
+        for spec in self.inputs:
+            d = got.get(spec.name)
+            if d is None:
+                return f"model input '{spec.name}' was not provided"
+            if np.dtype(d[1]) != spec.dtype:
+                return f"input '{spec.name}' must be {spec.dtype.name}, got {np.dtype(d[1]).name}"
+            shape = d[2]
+            if len(shape) != len(spec.dims):
+                return f"input '{spec.name}' must have {len(spec.dims)} dims per request, got {len(shape)}"
+            for have, want in zip(shape, spec.dims):
+                if isinstance(want, int) and want >= 0 and have != want:
+                    return f"input '{spec.name}' must have shape {spec.dims}, got {shape}"
+                if have == 0:
+                    return f"input '{spec.name}' has an empty dimension"
+        return None
 
     def request_outputs(self, outputs: list[np.ndarray], row: int,
                         size: dict) -> list[tuple[str, np.ndarray]]:
@@ -242,3 +268,30 @@ class ModelSession:
 def describe_runtime() -> dict:
     return {"onnxruntime": ort.__version__, "available_providers": ort.get_available_providers(),
             "gpus": gpu_count(), "pid": os.getpid()}
+
+
+BACKGROUND_WARM_ROWS = 8  # a run-time load warms batches up to this many rows (see ModelSession.warmup)
+WARM_DUTY = 0.5  # a background warm-up runs at most this share of the time: serving keeps the cores
+
+
+def paced_warmup(sess: ModelSession, idle: bool) -> int:
+    """A run-time load's ``sess.warmup()`` on the loader thread (batches of at most
+    ``BACKGROUND_WARM_ROWS``), made polite: the thread drops to low priority (its own; the session's
+    pool threads, made earlier, keep their priority for serving later: ``lower_priority``) and sleeps
+    after each warm-up run for as long as the run took.  A swap takes longer; the models serving
+    meanwhile keep their latency (measured: scripts/hotswap_measure.py)."""
+    lower_priority(idle)
+    run = sess.run
+
+    def paced(feeds):
+        t0 = time.perf_counter()
+        try:
+            return run(feeds)
+        finally:
+            time.sleep((time.perf_counter() - t0) * (1 - WARM_DUTY) / WARM_DUTY)
+
+    sess.run = paced  # this instance only, for the warm-up
+    try:
+        return sess.warmup(max_rows=BACKGROUND_WARM_ROWS)
+    finally:
+        del sess.run

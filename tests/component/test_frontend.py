@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import socket
 import threading
 import time
@@ -20,9 +21,9 @@ import msgpack
 import pytest
 import zmq
 
+from aieng import express, shm
 from aieng import messages as m
-from aieng import shm
-from aieng.addresses import hub_addr
+from aieng.addresses import express_path, hub_addr
 from aieng.client import decode_reply
 from aieng.config import Config
 from aieng.frontend.server import Frontend
@@ -268,6 +269,75 @@ def test_a_dead_executor_fails_the_inline_requests_it_held(rig):
     reply = r.answer()
     assert (reply["id"], reply["error"]["code"]) == ("a", "UNAVAILABLE")
     assert not r.busy(inp)  # the dead holder's input slot is the frontend's to free
+
+
+def direct_ready(r: Rig) -> Rig:
+    """Every peer up, the executor advertising tabular:1 as pre- and postprocessed by itself."""
+    r.hello("pre-0", "post-0")
+    r.peers["executor"].send(m.encode(m.Hello("executor", "executor", 1000 + len("executor"), {},
+                                              ["tabular:1"], ["tabular:1"])))
+    r.until(lambda: r.fe.workers.preprocessed_by_executor("tabular:1", time.monotonic()))
+    return r
+
+
+def test_an_idle_small_request_goes_straight_to_the_executor_and_a_second_through_the_pool(rig):
+    r = direct_ready(rig())
+    r.send({"id": "a", "model": "tabular", "inputs": TAB})
+    task, frames = r.expect("executor")
+    assert (type(task), task.post, msgpack.unpackb(frames[1])["id"]) == (m.PreTask, "executor", "a")
+    r.until(lambda: r.fe.table.get(task.rid).stage == "executor")
+    assert r.fe.table.get(task.rid).holder == "executor"
+    r.send({"id": "b", "model": "tabular", "inputs": TAB})  # "a" is in the executor: not idle
+    second, frames = r.expect("pre-0")
+    assert (type(second), second.post, msgpack.unpackb(frames[1])["id"]) == (m.PreTask, "executor", "b")
+    answer = result(task.rid)
+    answer.features = {"features": {"island": "Dream"}}  # what a Preprocessed notice would have carried
+    r.peers["executor"].send(m.encode(answer))
+    reply = r.answer()
+    assert (reply["id"], reply["ok"], reply["outputs"]) == ("a", True, {"label": "Gentoo"})
+    assert list(r.fe.drift.features[("tabular", "1")]["island"].recent) == [
+        r.fe.drift.features[("tabular", "1")]["island"].index["Dream"]]
+    assert worker_counts(r) == {("preprocess", "executor"): 1, ("executor", "executor"): 1,
+                                ("postprocess", "executor"): 1}
+
+
+def test_a_direct_request_and_its_answer_take_the_express_lane_when_the_executor_listens(rig):
+    r = rig()
+    lane = express.ExecutorEnd(express_path(r.cfg.runtime_dir), m.decode)  # the executor listens first
+    poller = select.poll()
+    try:
+        direct_ready(r)
+        r.until(lambda: r.fe.express.chan is not None)
+        r.send({"id": "a", "model": "tabular", "inputs": TAB})
+        deadline, got = time.monotonic() + 5, []
+        while not got and time.monotonic() < deadline:
+            got = lane.poll(poller)
+        assert [(type(t), t.post, msgpack.unpackb(body)["id"]) for t, body in got] == [
+            (m.PreTask, "executor", "a")]
+        assert not r.peers["executor"].poll(100)  # nothing on the hub
+        assert lane.reply(got[0][0].rid, lambda: m.encode(result(got[0][0].rid)))
+        reply = r.answer()
+        assert (reply["id"], reply["ok"], reply["outputs"]) == ("a", True, {"label": "Gentoo"})
+    finally:
+        lane.close()
+
+
+def test_a_body_over_the_limit_goes_through_the_pool_while_idle(rig):
+    r = direct_ready(rig(inline_preprocess_bytes=32))  # the tabular request's body is about 150 bytes
+    r.send({"id": "a", "model": "tabular", "inputs": TAB})
+    task, frames = r.expect("pre-0")
+    assert (type(task), task.post, msgpack.unpackb(frames[1])["id"]) == (m.PreTask, "executor", "a")
+
+
+def test_a_dead_executor_fails_the_request_sent_straight_to_it(rig):
+    r = direct_ready(rig())
+    r.send({"id": "a", "model": "tabular", "inputs": TAB})
+    task, _ = r.expect("executor")
+    r.until(lambda: r.fe.table.get(task.rid).stage == "executor")
+    r.peers["supervisor"].send(m.encode(m.WorkerDown("executor", -9, 1000 + len("executor"))))
+    reply = r.answer()
+    assert (reply["id"], reply["error"]["code"]) == ("a", "UNAVAILABLE")
+    assert len(r.fe.table) == 0
 
 
 def test_failure_answers_once_and_frees_a_returned_slot(rig):

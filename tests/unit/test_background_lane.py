@@ -13,6 +13,7 @@ from aieng import messages as m
 from aieng.config import Config
 from aieng.gpu_executor.executor import Executor
 from aieng.gpu_executor.inline_post import InlinePost
+from aieng.gpu_executor.inline_pre import InlinePre
 from aieng.gpu_executor.lanes import Job, Lanes
 from aieng.worker_hotswap import lower_priority
 from tests.unit.demo import needs_demo_models
@@ -60,6 +61,7 @@ def test_the_executor_queues_background_tasks_apart_and_runs_them_on_the_backgro
     ex.cfg, ex.log = Config(device="cpu", intra_op_threads=1), logging.getLogger("t")
     ex.wide, ex.failed = {}, {}
     ex.inline = InlinePost(ex.cfg.inline_postprocess_us)
+    ex.inline_pre = InlinePre(0, ex.cfg.max_message_bytes)
     spec = demo_spec("tabular")
     ex.sessions = {spec.key: Executor.build_session(ex, spec, wide=False)}
     ex.posts = {"post-0": None}
@@ -79,6 +81,7 @@ def test_the_executor_queues_background_tasks_apart_and_runs_them_on_the_backgro
 
     ex.assemble = lambda sess, batch: ({}, [{}] * len(batch), batch)  # no rings here: nothing to copy
     ex.versions = SimpleNamespace(poll=lambda: None)
+    ex.express, ex.poller = SimpleNamespace(poll=lambda poller: []), None  # no frontend connected
     ex.lanes = OneFreeLaneEach()
     ex.after_drain(time.monotonic() + 1.0)  # both batches are due
     assert ex.lanes.submitted == [([1], False), ([2], True)]

@@ -14,6 +14,7 @@ from aieng.config import Config
 from aieng.frontend.workers import Workers
 from aieng.gpu_executor.executor import Executor
 from aieng.gpu_executor.inline_post import InlinePost
+from aieng.gpu_executor.inline_pre import InlinePre
 from aieng.gpu_executor.sessions import ModelSession
 from aieng.worker_hotswap import Versions, lower_priority
 from tests.unit.demo import needs_demo_models
@@ -118,7 +119,7 @@ def executor_build(urgent: bool) -> dict:
     """A run-time build of tabular by the executor's own code, on a fresh thread: its session and the
     thread's (policy, nice) afterwards."""
     fake = SimpleNamespace(cfg=Config(intra_op_threads=1, load_priority="idle"), log=logging.getLogger("t"),
-                           wide={}, inline=InlinePost(200))
+                           wide={}, inline=InlinePost(200), inline_pre=InlinePre(4096, 1 << 20))
 
     def body(seen: dict) -> None:
         seen["sess"] = Executor.build_session(fake, demo_spec("tabular"), wide=False, background=True,

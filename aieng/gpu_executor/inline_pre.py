@@ -1,0 +1,124 @@
+"""Preprocessing in the executor, for a small request that finds the server idle.
+
+At concurrency 1 a request's way through a preprocess worker is two hand-offs
+and a third process to wake (frontend -> pre-i -> executor, plus the worker's
+``Preprocessed`` notice waking the frontend again: about 1 ms on 2 cores,
+``aieng bench``'s per-hop table) while the pool has nothing else to do.  So the
+executor keeps its own processor for the versions whose preprocessing is cheap
+and bounded (``INLINE_KINDS``: tokenising a short text, reading a few tabular
+features), and the frontend may send such a request (a ``PreTask`` with the
+client's frame, on the hub) straight to it; the executor validates and encodes
+it on its loop thread and queues it like a preprocessed task, its tensors in its
+own memory (no ring slot: nothing to free, nothing to leak).
+
+When the frontend does it (``frontend/pipeline.Pipeline.direct``): the version is
+advertised here, its postprocessing also runs in the executor (``inline_post``:
+the whole request is the executor's, two hand-offs in all), the body is at most
+``AIENG_INLINE_PREPROCESS_BYTES`` (0: never) and nothing else is in
+preprocessing or in the executor.  Under load the pool does this work beside
+the executor's runs, as before; the executor's loop never tokenises while a
+batch waits.  ``aieng models`` shows the choice (``onnx.preprocess``).
+
+Processors are built with the session (on the loader thread for a run-time load)
+and put in force by ``adopt`` on the loop thread, like ``inline_post``'s chains.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from aieng import messages as m
+from aieng.model_repo import ModelSpec
+from aieng.protocol import unpack_limited
+
+INLINE_KINDS = ("text", "tabular")  # processors with a small, bounded cost per small request
+
+
+@dataclass(slots=True)
+class Prepared:
+    """One request's input, encoded in the executor: its tensors and what the frontend learns of it."""
+    tensors: dict  # input name -> array (the request's own rows, no batch axis)
+    seq_len: int
+    features: dict  # the small facts drift monitoring keeps (token count, feature values)
+    params: dict  # the client's params, as sent, for postprocessing
+
+    def descs(self) -> list:
+        """The tensors as a ring slot's ``Ref`` lists them (``[name, dtype, shape]``), for the shape check."""
+        return [[name, a.dtype.str, list(a.shape)] for name, a in self.tensors.items()]
+
+
+class InlinePre:
+    """The executor's own processors for the versions it may preprocess, and why each is or is not."""
+
+    def __init__(self, limit_bytes: int, max_message_bytes: int):
+        self.limit_bytes = limit_bytes
+        self.max_message_bytes = max_message_bytes
+        self.procs: dict[str, Any] = {}
+        self.specs: dict[str, ModelSpec] = {}
+        self.why: dict[str, str] = {}  # key -> why it is (not) preprocessed here
+        self.pending: dict[str, tuple[ModelSpec, Any, str]] = {}  # decided, not yet in force
+
+    def consider(self, spec: ModelSpec) -> str:
+        """Build ``spec``'s processor when it may run here; file the decision for ``adopt``."""
+        from aieng.preprocess_workers import PROCESSORS
+
+        kind = spec.preprocess.get("type", "")
+        if self.limit_bytes <= 0:
+            return self._set(spec, None, "AIENG_INLINE_PREPROCESS_BYTES is 0")
+        if kind not in INLINE_KINDS:
+            return self._set(spec, None, f"'{kind}' preprocessing stays in the pool")
+        try:
+            proc = PROCESSORS[kind](spec)
+        except Exception as exc:  # the pool reports a processor that does not build; leave it there
+            return self._set(spec, None, f"processor does not build: {type(exc).__name__}")
+        return self._set(spec, proc, f"'{kind}' requests up to {self.limit_bytes} bytes, while idle")
+
+    def _set(self, spec: ModelSpec, proc: Any, why: str) -> str:
+        self.pending[spec.key] = (spec, proc, why)
+        return why
+
+    def adopt(self, key: str) -> None:
+        decided = self.pending.pop(key, None)
+        if decided is None:
+            return
+        spec, proc, why = decided
+        self.why[key] = why
+        if proc is None:
+            self.procs.pop(key, None)
+            self.specs.pop(key, None)
+        else:
+            self.procs[key], self.specs[key] = proc, spec
+
+    def drop(self, key: str) -> None:
+        for d in (self.procs, self.specs, self.why, self.pending):
+            d.pop(key, None)
+
+    def serves(self, key: str) -> bool:
+        return key in self.procs
+
+    def advertised(self, inline_post: list[str]) -> list[str]:
+        """What the frontend may send here: versions preprocessed *and* postprocessed in the executor."""
+        return sorted(k for k in inline_post if k in self.procs)
+
+    def view(self, key: str, advertised: bool) -> dict[str, Any] | None:
+        if key not in self.why:
+            return None
+        return {"where": "executor when idle" if advertised else "pool", "why": self.why[key]}
+
+    def task(self, key: str, task: m.PreTask, body, started: float) -> tuple[m.InferTask, Prepared]:
+        """``prepare``, and the ``InferTask`` the request then queues as (no slot: ``ref`` is None)."""
+        prep = self.prepare(key, body)
+        trail = m.Trail(pre_started=started, pre_sent=time.monotonic(), seq_len=prep.seq_len)
+        return m.InferTask(task.rid, task.model, task.version, task.deadline, None, prep.seq_len, 0,
+                           task.post, prep.params, task.degraded, task.trace, trail), prep
+
+    def prepare(self, key: str, body) -> Prepared:
+        """Validate and encode one request's frame; raises ``RequestError`` for a bad one (the same
+        checks and messages as a preprocess worker's)."""
+        from aieng.preprocess_workers.worker import validate_inputs
+
+        req = unpack_limited(body, self.max_message_bytes)
+        inputs = validate_inputs(self.specs[key], req.get("inputs"))
+        tensors, seq_len, features = self.procs[key].process(inputs)
+        return Prepared(dict(tensors), int(seq_len), features, req.get("params") or {})

@@ -1,0 +1,82 @@
+"""Preprocessing in the executor for a small request that finds the server idle
+(``gpu_executor/inline_pre``), on the real server.
+
+One request at a time, a short text or a tabular row goes straight to the executor, which encodes it,
+runs it and answers: the preprocess pool never sees it.  A body over ``AIENG_INLINE_PREPROCESS_BYTES``
+goes through the pool as before, and with the setting at 0 everything does; the answers and the
+errors are the same either way.  (Which requests find the server idle is the frontend's rule, tested
+against fake peers in tests/component: there the second request in flight provably takes the pool.)
+"""
+from __future__ import annotations
+
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+pytestmark = pytest.mark.e2e
+
+TEXTS = ["a man is eating food", "the executor encodes this one itself", "short"]
+LONG = " ".join(["a much longer text that is over the limit and goes through the pool"] * 4)  # > 200 bytes
+PENGUINS = [{"island": "Biscoe", "bill_length_mm": 45.1 + i, "sex": "female"} for i in range(3)]
+BAD = [{"text": "   "}, {"txt": "x"}]
+
+
+def run(srv) -> tuple[dict, list, list, list]:
+    """One request at a time: models' view, embeddings (short texts, then the long one), tabular outputs,
+    the bad inputs' errors."""
+    with srv.client() as c:
+        models = c.call({"op": "models"})["models"]
+        emb = [c.infer("minilm", {"text": t})["outputs"]["embedding"] for t in TEXTS + [LONG]]
+        tab = [c.infer("tabular", row)["outputs"] for row in PENGUINS]
+        errors = []
+        for inputs in BAD:
+            request = {"op": "infer", "id": "bad", "model": "minilm", "inputs": inputs}
+            reply = c.call(request, raise_on_error=False)
+            errors.append((reply["id"], reply["ok"], reply["error"]["code"], reply["error"]["message"]))
+    return models, emb, tab, errors
+
+
+def pre_counts(srv, n: int) -> dict:
+    """aieng_worker_requests_total of the preprocess role, per worker, once /metrics counts ``n`` (it is
+    rendered at most every AIENG_SNAPSHOT_MS: a bounded wait)."""
+    deadline = time.monotonic() + 5
+    while True:
+        with urllib.request.urlopen(srv.http + "/metrics", timeout=5) as r:
+            text = r.read().decode()
+        got = {s.labels["worker"]: s.value for fam in text_string_to_metric_families(text)
+               for s in fam.samples if s.name == "aieng_worker_requests_total"
+               and s.labels.get("role") == "preprocess" and s.value}
+        if sum(got.values()) >= n or time.monotonic() > deadline:
+            return got
+        time.sleep(0.1)
+
+
+def test_an_idle_servers_small_requests_skip_the_pool_and_answer_as_the_pool_does(make_server):
+    direct = make_server(AIENG_MODELS="minilm,tabular", AIENG_PREPROCESS_WORKERS="1",
+                         AIENG_INLINE_PREPROCESS_BYTES="200").start()
+    models, emb, tab, errors = run(direct)
+    for name in ("minilm", "tabular"):
+        assert models[name]["versions"]["1"]["onnx"]["preprocess"]["where"] == "executor when idle"
+    small = len(TEXTS) + len(PENGUINS)
+    # the long text's body is over 200 bytes: the pool encodes it; everything else the executor did (the
+    # bad inputs too, which count where they failed: the executor, as a preprocess worker's count there)
+    assert pre_counts(direct, small + 1) == {"executor": small, "pre-0": 1}
+    direct.stop()
+
+    pool = make_server(AIENG_MODELS="minilm,tabular", AIENG_PREPROCESS_WORKERS="1",
+                         AIENG_INLINE_PREPROCESS_BYTES="0").start()
+    models, emb_pool, tab_pool, errors_pool = run(pool)
+    assert models["minilm"]["versions"]["1"]["onnx"]["preprocess"] == {
+        "where": "pool", "why": "AIENG_INLINE_PREPROCESS_BYTES is 0"}
+    assert pre_counts(pool, small + 1 + len(BAD)) == {"pre-0": small + 1 + len(BAD)}
+    for a, b in zip(emb, emb_pool, strict=True):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(tab, tab_pool, strict=True):
+        assert a["label"] == b["label"]
+        np.testing.assert_array_equal(a["probabilities"], b["probabilities"])
+    assert errors == errors_pool
+    assert errors[0] == ("bad", False, "INVALID_INPUT", "input 'text' is empty")
+

@@ -1,0 +1,70 @@
+"""Which versions the executor may preprocess itself (``gpu_executor/inline_pre``), and that its encoding and
+its errors are the pool's.  Real demo specs, real tokenizer and tabular state; no processes."""
+from __future__ import annotations
+
+import msgpack
+import numpy as np
+import pytest
+
+from aieng.gpu_executor.inline_pre import InlinePre
+from aieng.preprocess_workers import PROCESSORS
+from aieng.protocol import INVALID_INPUT, RequestError
+from tests.unit.demo import needs_demo_models, spec
+
+pytestmark = needs_demo_models
+
+
+def adopted(*names: str, limit: int = 4096) -> InlinePre:
+    pre = InlinePre(limit, 1 << 20)
+    for name in names:
+        pre.consider(spec(name))
+        pre.adopt(spec(name).key)
+    return pre
+
+
+def test_text_and_tabular_are_kept_images_stay_in_the_pool_and_0_turns_it_off():
+    pre = adopted("minilm", "tabular", "orientation")
+    served = [pre.serves(k) for k in ("minilm:1", "tabular:1", "orientation:1")]
+    assert served == [True, True, False]
+    assert pre.view("orientation:1", False) == {"where": "pool",
+                                                "why": "'image' preprocessing stays in the pool"}
+    # only what the executor also postprocesses is advertised: the whole request is then its own
+    assert pre.advertised(["tabular:1", "orientation:1"]) == ["tabular:1"]
+    assert pre.view("tabular:1", True)["where"] == "executor when idle"
+    off = adopted("minilm", limit=0)
+    assert not off.serves("minilm:1")
+    assert off.view("minilm:1", False)["why"] == "AIENG_INLINE_PREPROCESS_BYTES is 0"
+
+
+def test_nothing_is_in_force_before_adopt_and_drop_forgets():
+    pre = InlinePre(4096, 1 << 20)
+    pre.consider(spec("tabular"))
+    assert not pre.serves("tabular:1")  # built on the loader thread, in force on the loop thread
+    pre.adopt("tabular:1")
+    assert pre.serves("tabular:1")
+    pre.drop("tabular:1")
+    assert (pre.serves("tabular:1"), pre.view("tabular:1", False)) == (False, None)
+
+
+def test_a_text_is_encoded_as_the_pool_encodes_it_with_its_params_and_drift_facts():
+    pre = adopted("minilm")
+    body = msgpack.packb({"id": 1, "model": "minilm", "inputs": {"text": "a man is eating food"},
+                          "params": {"normalize": False}})
+    got = pre.prepare("minilm:1", body)
+    tensors, seq_len, info = PROCESSORS["text"](spec("minilm")).process({"text": "a man is eating food"})
+    assert sorted(got.tensors) == sorted(name for name, _ in tensors)
+    for name, arr in tensors:
+        np.testing.assert_array_equal(got.tensors[name], arr)
+    assert (got.seq_len, got.features, got.params) == (seq_len, info, {"normalize": False})
+
+
+@pytest.mark.parametrize("inputs, message", [
+    ({"text": "  "}, "input 'text' is empty"),
+    ({"txt": "x"}, "model 'minilm' has no input 'txt'; it takes text"),
+    ({"text": 5}, "input 'text' must be of kind text, got int"),
+])
+def test_a_bad_input_gets_the_pools_error(inputs, message):
+    pre = adopted("minilm")
+    with pytest.raises(RequestError) as err:
+        pre.prepare("minilm:1", msgpack.packb({"id": 1, "model": "minilm", "inputs": inputs}))
+    assert (err.value.code, err.value.message) == (INVALID_INPUT, message)
