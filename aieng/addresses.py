@@ -85,6 +85,22 @@ class RuntimeDirLock:
         self.fd = None
 
 
+def unsafe_dir(path: str) -> str | None:
+    """Why ``path`` must not hold this instance's sockets (None: it may): it must be a real directory (not a
+    link) owned by this user and not writable by every user.  Otherwise another local user could have made it
+    first (the default name is predictable), and could replace the admin socket and answer the operator."""
+    import stat
+
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        return "it is not a directory (a link or a file)"
+    if st.st_uid != os.getuid():
+        return f"it is owned by uid {st.st_uid}, not by this user (uid {os.getuid()})"
+    if st.st_mode & 0o002:  # group-writable is the group's choice (a service group); world-writable never
+        return f"it is writable by every user (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
 def _read_pid(fd: int) -> int | None:
     try:
         text = os.pread(fd, 32, 0).decode(errors="replace").strip()

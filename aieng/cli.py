@@ -1,7 +1,8 @@
 """``aieng`` command line: serve, infer, health, models, config, load, quantize, rollout (``rollout_cli``).
 
 ``aieng serve`` with no arguments, run from the repository root, serves every
-model under ./models (fetched by scripts/fetch_models.py).
+model under ./models (fetched by scripts/fetch_models.py).  A user's mistake (a bad address, a file that
+is not there, a server that does not answer) is one line and exit code 2 (``cli_checks``).
 """
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import sys
 from typing import Any
 
 import numpy as np
+
+from aieng.cli_checks import UsageError, input_pairs, reachable
 
 
 def _jsonable(obj: Any) -> Any:
@@ -40,6 +43,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"aieng: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # --config names a file that is not there or not readable
+        print(f"aieng: {file_problem(exc)}", file=sys.stderr)
+        return 2
     procutil.setup_logging("supervisor", cfg.log_level, cfg.log_format)
     logging.getLogger("aieng.supervisor").info("effective configuration: %s", json.dumps(
         {k: v for k, v in cfg.to_dict().items() if k not in INTERNAL}, sort_keys=True))
@@ -54,6 +60,9 @@ def cmd_config(args: argparse.Namespace) -> int:
         cfg = load_config(args.config)
     except ValueError as exc:
         print(f"aieng: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"aieng: {file_problem(exc)}", file=sys.stderr)
         return 2
     for k, v in cfg.to_dict().items():
         if k not in INTERNAL:
@@ -75,12 +84,13 @@ def cmd_infer(args: argparse.Namespace) -> int:
     inputs: dict[str, Any] = {}
     if args.text is not None:
         inputs["text"] = args.text
+    pairs = input_pairs(args.input)
     if args.image is not None:
         with open(args.image, "rb") as fh:
             inputs["image"] = fh.read()
-    for item in args.input or []:
-        key, _, value = item.partition("=")
+    for key, value in pairs:
         inputs[key] = _parse_value(value)
+    reachable(args.addr)
     with Client(args.addr, timeout_s=args.timeout) as client:
         try:
             reply = client.infer(args.model, inputs, version=args.version)
@@ -94,6 +104,7 @@ def cmd_infer(args: argparse.Namespace) -> int:
 def cmd_health(args: argparse.Namespace) -> int:
     from aieng.client import Client
 
+    reachable(args.addr)
     with Client(args.addr, timeout_s=args.timeout) as client:
         reply = client.health() if args.cmd == "health" else client.models()
     print(json.dumps(_jsonable(reply), indent=2))
@@ -219,9 +230,27 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def file_problem(exc: OSError) -> str:
+    return f"{exc.filename}: {exc.strerror}" if exc.filename else str(exc)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    if args.cmd == "serve":  # a running server's own failures keep their tracebacks in its log
+        return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as exc:
+        print(f"aieng: {exc}", file=sys.stderr)
+        return 2
+    except TimeoutError as exc:  # (an OSError too) the server took the connection, not the request in time
+        print(f"aieng: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a file the command was told to read or write
+        if exc.filename is None:
+            raise
+        print(f"aieng: {file_problem(exc)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from aieng import cli_checks
+
 WORDS = ("the model serves requests over sockets while workers tokenize text and the executor runs "
          "batches of padded sequences through onnx runtime on two small cores shared with everyone").split()
 
@@ -301,7 +303,8 @@ async def open_loop(addr: str, model: str, inputs: list[dict], rate: float, dura
 
 
 def main_load(args) -> int:
-    levels = [int(x) for x in str(args.concurrency).split(",") if x]
+    levels = cli_checks.levels(args.concurrency)
+    cli_checks.reachable(args.addr)
     inputs = sample_inputs(args.model, args.requests)
     print(f"model={args.model} requests/level={args.requests}")
     print("| concurrency | req/s | p50 ms | p95 ms | p99 ms | mean batch | errors |")

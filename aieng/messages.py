@@ -268,6 +268,9 @@ class LoadVersion:
     # A request waits for it (the model pool's cold load): built at the worker's own priority and warmed
     # up unpaced; otherwise (a swap beside serving) at low priority (worker_hotswap.lower_priority).
     urgent: bool = False
+    # FE -> supervisor once the load passed (built everywhere, golden set): the version is the server's.
+    # Until then it is pending: a worker that dies meanwhile drops it (never rebuilt at that restart).
+    ready: bool = False
 
 
 @dataclass(slots=True)

@@ -11,9 +11,11 @@ stacked bar per model (mean microseconds per stage).
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
+from aieng.cli_checks import reachable
 from aieng.client import Client
 
 
@@ -90,6 +92,9 @@ def plot(stats: dict, path: str) -> None:
 
 
 def main_report(args) -> int:
+    if args.png and not os.path.isdir(os.path.dirname(os.path.abspath(args.png))):
+        raise FileNotFoundError(2, "no such directory for the PNG", args.png)
+    reachable(args.addr)
     stats = fetch(args.addr, args.since, args.reset, args.timeout)
     if args.json:
         print(json.dumps(stats, indent=2))

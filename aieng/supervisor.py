@@ -145,6 +145,10 @@ class Supervisor:
         lock = addresses.RuntimeDirLock(cfg.runtime_dir)
         try:  # before anything binds or spawns: a second instance must not join our hub
             os.makedirs(cfg.runtime_dir, mode=0o700, exist_ok=True)
+            unsafe = addresses.unsafe_dir(cfg.runtime_dir)
+            if unsafe is not None:
+                raise ConfigError(f"invalid configuration: runtime directory {cfg.runtime_dir!r} is not safe "
+                                  f"to use: {unsafe}; remove it or set AIENG_RUNTIME_DIR to a private one")
             lock.acquire()
         except OSError as exc:
             src = ("default, under the temp dir" if self.own_runtime_dir
@@ -161,6 +165,8 @@ class Supervisor:
         # Lazy versions (model-wide ``pool: {lazy: true}``) are not built at start: the frontend loads
         # each on its first request.  ``cold`` is what no worker builds now (eviction adds back).
         self.cold = {k for k, s in self.specs.items() if (s.extra.get("pool") or {}).get("lazy")}
+        # run-time loads not yet passed: key -> (the spec before it, was it cold) (drop_pending)
+        self.pending: dict[str, tuple[Any, bool]] = {}
         for s in self.specs.values():
             log.info("model %s from %s (sha256 %s)%s", s.key, s.path, s.content_hash[:16],
                      " (lazy: loaded on first use)" if s.key in self.cold else "")
@@ -250,6 +256,10 @@ class Supervisor:
                 sd_notify("READY=1\nSTATUS=" + msg.message)
             elif isinstance(msg, m.LoadVersion):  # a run-time load: restarted workers come up with it
                 spec = model_repo.ModelSpec.from_dict(msg.spec)
+                if msg.ready:
+                    self.pending.pop(spec.key, None)
+                elif spec.key not in self.pending:  # pending until the frontend says it passed
+                    self.pending[spec.key] = (self.specs.get(spec.key), spec.key in self.cold)
                 self.specs[spec.key] = spec
                 self.cold.discard(spec.key)
             elif isinstance(msg, m.UnloadVersion) and msg.evict and msg.key in self.specs:
@@ -257,6 +267,7 @@ class Supervisor:
             elif isinstance(msg, m.UnloadVersion):
                 self.specs.pop(msg.key, None)
                 self.cold.discard(msg.key)
+                self.pending.pop(msg.key, None)
             elif isinstance(msg, m.LogLevel):
                 procutil.set_level(msg.level)
                 self.cfg.log_level = msg.level  # restarted children start at the new level
@@ -347,6 +358,8 @@ class Supervisor:
         log.error("%s (pid %s) died with code %s after %.1fs; restart in %.1fs",
                   c.name, pid, code, lived, delay)
         shm.unlink_prefix(f"{shm.PREFIX}{self.cfg.instance}.{c.name}.")
+        if c.role in BUILDERS:
+            self.drop_pending(c.name, code)
         if c.conn is not None:
             c.conn.close()
         c.ready = False
@@ -358,6 +371,21 @@ class Supervisor:
             pass
         self.publish_state()
         sd_notify(f"STATUS={c.name} died (code {code}); restarting")
+
+    def drop_pending(self, name: str, code: Any) -> None:
+        """A worker died while run-time loads were pending (not yet passed): the load may be what killed it
+        (a session that does not fit the memory limit), so it is not rebuilt at the restart; the version
+        is as it was before the load (gone, or cold).  The frontend fails the load on ``WorkerDown``."""
+        for key, (before, was_cold) in self.pending.items():
+            log.error("run-time load of %s dropped: %s died (code %s) while it was pending; it is not "
+                      "rebuilt at restart", key, name, code)
+            if before is None:
+                self.specs.pop(key, None)
+            else:
+                self.specs[key] = before
+                if was_cold:
+                    self.cold.add(key)
+        self.pending.clear()
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.stopping = True

@@ -143,13 +143,15 @@ class AdminOps:
                 raise AdminError(p.INVALID_REQUEST, f"version {v} of {m.name!r} is not loaded "
                                                     f"({failed[f'{m.name}:{v}']}); nothing changed")
         before = m.state
+        if new.routes_as(before):  # nothing to change, save or log: no history entry either
+            return {"model": m.name, "routing": routing_view(before), "moved_buckets": 0, "changed": False}
         err = self.fe.rollout.change(m, new)
         if err is not None:
             raise AdminError(p.INTERNAL, err + "; nothing changed")
         moved = sum(1 for a, b in zip(before.owner, new.owner) if a != b)
         self.fe.log.warning("routing of %s changed by %s: weights %s, %d rules, %d buckets moved", m.name,
                             what, new.weights, len(new.rules), moved)
-        return {"model": m.name, "routing": routing_view(new), "moved_buckets": moved}
+        return {"model": m.name, "routing": routing_view(new), "moved_buckets": moved, "changed": True}
 
     # -- ops -------------------------------------------------------------------------------
     def status(self, req: dict) -> dict:

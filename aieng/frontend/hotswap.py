@@ -229,13 +229,16 @@ class HotSwap:
         if ld is not None and ld.state == "loading":
             self.fail(ld, f"{msg.worker}: {msg.error}")
 
-    def on_worker_down(self, worker: str) -> None:
-        """A worker that died mid-load comes back with the version (the supervisor has the spec)."""
-        for ld in self.loads.values():
-            if ld.state == "loading" and worker in ld.waiting:
-                ld.waiting.discard(worker)
-                self.rested(ld, worker)
-                self.advance(ld)
+    def on_worker_down(self, worker: str, code: int) -> None:
+        """A worker died while a load was under way (building, or running its golden set): the load may be
+        what killed it (a session over the memory limit), so it fails, and the supervisor has dropped it
+        from the restart (``Supervisor.drop_pending``): never rebuilt, never reported ready."""
+        if not (worker == "executor" or worker.startswith(("pre-", "post-"))):  # not a builder (gateway)
+            return
+        for ld in list(self.loads.values()):
+            if ld.state in ("loading", "golden"):
+                self.fail(ld, f"{worker} exited (code {code}) during the load; it is not rebuilt: load it "
+                          "again once the cause is fixed")
 
     def advance(self, ld: Load) -> None:
         if ld.waiting or ld.pre_queue or ld.state != "loading":
@@ -295,6 +298,7 @@ class HotSwap:
         model = fe.rollout.models[spec.name]
         model.versions.add(spec.version)  # routable: weights and rules may name it (weight 0 until then)
         ld.state, ld.seconds = "ready", time.monotonic() - ld.started
+        fe.send_hub("supervisor", [m.encode(m.LoadVersion(spec.to_dict(), ready=True))])  # no longer pending
         model.event("loaded", version=spec.version, reason=f"loaded ({ld.source}), golden set "
                     + (f"passed ({len(ld.golden['cases'])} cases)" if ld.golden else "absent")
                     + f" in {ld.seconds:.1f}s")

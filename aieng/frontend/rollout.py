@@ -62,6 +62,11 @@ def load(raw: dict, versions: set[str]) -> routing.RoutingState:
                                 shadow.parse_config(raw.get("shadow"), versions))
 
 
+def as_list(value: Any) -> list:
+    """A saved list, or empty when the file holds something else there (logged and ignored, never fatal)."""
+    return value if isinstance(value, list) else []
+
+
 class Model:
     def __init__(self, name: str, specs: dict[str, ModelSpec], config: dict | None):
         self.name, self.specs = name, specs
@@ -101,7 +106,7 @@ class Model:
         try:
             current = load(saved["current"], self.versions)
             history = []
-            for raw in saved.get("history") or []:
+            for raw in as_list(saved.get("history")):
                 try:
                     history.append(load(raw, self.versions))
                 except (routing.RoutingError, ValueError, KeyError, TypeError, AttributeError):
@@ -110,7 +115,7 @@ class Model:
             log.warning("saved routing of %s not restored (%s); using model.yaml", self.name, exc)
             return False
         self.state, self.history = current, history[-HISTORY:]
-        self.events = [e for e in saved.get("events") or [] if isinstance(e, dict)][-EVENTS:]
+        self.events = [e for e in as_list(saved.get("events")) if isinstance(e, dict)][-EVENTS:]
         return True
 
 
@@ -205,7 +210,11 @@ class Rollout:
             return f"could not save routing state to {self.store.path}: {exc.strerror or exc}"
 
     def change(self, m: Model, new: routing.RoutingState) -> str | None:
-        """Swap in ``new``, then save; on a failed save swap back.  Returns the error, if any."""
+        """Swap in ``new``, then save; on a failed save swap back.  Returns the error, if any.  A change that
+        routes as the current state does (a retried script, an idempotent reconciler) is no change: no
+        history entry, so ``rollback`` still reaches the real previous routing."""
+        if new.routes_as(m.state):
+            return None
         old_state, old_history = m.state, m.history
         m.push(new)
         err = self.save()

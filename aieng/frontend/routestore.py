@@ -48,8 +48,9 @@ class RouteStore:
                 data = json.load(fh)
         except FileNotFoundError:
             return {}
-        except (OSError, ValueError) as exc:
-            log.error("routing state %s is unreadable (%s); using model.yaml routing", self.path, exc)
+        except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nesting thousands deep
+            log.error("routing state %s is unreadable (%s); using model.yaml routing", self.path,
+                      type(exc).__name__ if isinstance(exc, RecursionError) else exc)
             return {}
         if (not isinstance(data, dict) or data.get("format") != FORMAT
                 or not isinstance(data.get("models"), dict)):

@@ -39,7 +39,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import operator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 BUCKETS = 10_000
@@ -246,6 +246,10 @@ class RoutingState:
     reason: str = ""  # what made this state (config, set_weights, rollback, auto-rollback, ...)
     shadow: Any = None  # shadow.ShadowConfig: requests mirrored to a candidate (None: none)
     serial: int = field(default_factory=lambda: next(_SERIALS), compare=False)  # unique per state built
+
+    def routes_as(self, other: "RoutingState") -> bool:
+        """Does ``other`` route every request as this state does (its ``reason`` aside)?"""
+        return replace(self, reason="") == replace(other, reason="")
 
     def public(self) -> dict:
         return {"weights": dict(self.weights), "ranges": self.ranges,

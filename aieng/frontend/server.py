@@ -296,7 +296,7 @@ class Frontend:
         if msg.worker == "executor":
             self.express.drop(self.poller)
         held = self.pipeline.on_worker_down(msg.worker, msg.pid, msg.exitcode)
-        self.hotswap.on_worker_down(msg.worker)
+        self.hotswap.on_worker_down(msg.worker, msg.exitcode)
         self.table.rings.forget(f"{shm.PREFIX}{self.cfg.instance}.{msg.worker}.")
         publish_snapshot(self, time.monotonic(), full=False)
         if held:

@@ -13,6 +13,8 @@ Errors map to status codes by ``service.GRPC_STATUS``; the call's deadline bound
 """
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
@@ -67,7 +69,16 @@ class Servicer(pbg.GRPCInferenceServiceServicer):
         self.svc = service
 
     async def _fail(self, context: grpc.aio.ServicerContext, exc: p.RequestError):
-        await context.abort(getattr(grpc.StatusCode, GRPC_STATUS.get(exc.code, "INTERNAL")), exc.message)
+        """Abort with ``exc``'s status.  Called *after* the ``except`` block: ``abort`` raises, and raised
+        inside the block its exception chained the ``RequestError``, whose traceback held the handler's frame
+        and so the request (tens of MB) in a reference cycle until a full collection (issue 20, finding 5)."""
+        code, message = GRPC_STATUS.get(exc.code, "INTERNAL"), exc.message
+        seen: Any = exc
+        while seen is not None:  # the chain (a codec error raised while handling another) held frames too
+            seen.__traceback__, seen = None, seen.__context__ or seen.__cause__
+        exc.__context__ = exc.__cause__ = None
+        del exc, seen
+        await context.abort(getattr(grpc.StatusCode, code), message)
 
     async def ServerLive(self, request, context):
         return pb.ServerLiveResponse(live=await self.svc.up.is_live())
@@ -137,6 +148,7 @@ class Servicer(pbg.GRPCInferenceServiceServicer):
         return pb.RepositoryModelUnloadResponse()
 
     async def ModelInfer(self, request, context):
+        failure = None
         try:
             params = {k: _param(v) for k, v in request.parameters.items()}
             tensors = tensors_of(request)
@@ -144,7 +156,11 @@ class Servicer(pbg.GRPCInferenceServiceServicer):
             ans = await self.svc.infer(request.model_name, request.model_version or None, tensors, params,
                                        names, context.time_remaining())
         except p.RequestError as exc:
-            return await self._fail(context, exc)
+            failure = exc
+        if failure is not None:  # outside the except block (``_fail``); the request is not needed any more
+            del request
+            tensors = None
+            return await self._fail(context, failure)
         resp = pb.ModelInferResponse(model_name=ans.view.name, model_version=ans.view.version, id=request.id)
         for name, dt, arr in ans.outputs:
             resp.outputs.add(name=name, datatype=dt, shape=list(arr.shape))
@@ -173,7 +189,10 @@ def _handlers(servicer: Servicer) -> grpc.GenericRpcHandler:
         async def behave(request, context):
             if request is UNDECODABLE:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"undecodable {req_cls.__name__}")
-            return await fn(request, context)
+            try:
+                return await fn(request, context)
+            finally:  # an abort's traceback keeps this frame: it must not keep the request (tens of MB)
+                del request
 
         return grpc.unary_unary_rpc_method_handler(behave, request_deserializer=parse,
                                                    response_serializer=resp_cls.SerializeToString)

@@ -1,0 +1,209 @@
+"""Reliability v3 (issue 20) findings, each against the real server: the attack or mistake, and the right
+behaviour after it.
+
+- 7: a length header with a non-ASCII digit ("²", which ``str.isdigit`` accepts) is a 400, not a 431 or a
+  500 with a traceback.
+- 11: identical ``set_weights`` after a real change push no history: ``rollback`` reaches the real previous
+  routing.
+- 8: a run-time load whose build kills the executor fails, is not rebuilt at the restart, and every model
+  serves again.
+- 13: a state file of valid JSON with a wrong type, or nested 100,000 deep, is logged and ignored: the server
+  starts and serves.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+
+import msgpack
+import pytest
+import zmq
+
+from aieng.frontend.routestore import store_path
+from tests.e2e.test_hotswap import base_repo, copy_version, executor_pid
+from tests.e2e.test_rollout import PENGUIN, cli, start, status, tabular_repo
+
+pytestmark = pytest.mark.e2e
+
+
+def http_status(addr: str, head: bytes, body: bytes = b"") -> int:
+    host, port = addr.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(head + body)
+        data = b""
+        while b"\r\n" not in data:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+    return int(data.split(b" ", 2)[1])
+
+
+def test_a_length_header_with_a_non_ascii_digit_is_a_400(make_server):
+    srv = make_server(AIENG_MODELS="tabular").start()
+    post = b"POST /v2/models/tabular/infer HTTP/1.1\r\nHost: t\r\n"
+    assert http_status(srv.oip_http, post + b"Content-Length: \xb2\r\n\r\n") == 400
+    body = b'{"inputs": []}'
+    head = (post + b"Content-Type: application/json\r\nInference-Header-Content-Length: \xb2\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+    assert http_status(srv.oip_http, head, body) == 400
+    assert "Traceback" not in srv.output()
+
+
+def admin_call(sock, op: str, **fields) -> dict:
+    sock.send(msgpack.packb({"op": op, "id": op, **fields}))
+    assert sock.poll(10_000), f"no answer to {op}"
+    return msgpack.unpackb(sock.recv(), raw=False)
+
+
+def test_identical_weight_changes_do_not_erase_the_rollback(make_server, tmp_path):
+    repo = tmp_path / "repo"
+    tabular_repo(repo, "routing:\n  weights: {'1': 100}\n")
+    srv = start(make_server, tmp_path, repo)
+    admin = zmq.Context.instance().socket(zmq.DEALER)
+    admin.setsockopt(zmq.LINGER, 0)
+    admin.connect(srv.admin)
+    try:
+        real = admin_call(admin, "set_weights", model="tabular", weights={"1": 50, "2": 50})
+        assert (real["ok"], real["changed"]) == (True, True)
+        for _ in range(20):  # a retried script, an idempotent reconciler
+            again = admin_call(admin, "set_weights", model="tabular", weights={"1": 50, "2": 50})
+            assert (again["ok"], again["changed"], again["moved_buckets"]) == (True, False, 0)
+        back = admin_call(admin, "rollback", model="tabular")
+        assert (back["ok"], back["routing"]["weights"]) == (True, {"1": 100.0})  # the real previous one
+    finally:
+        admin.close(0)
+
+
+@pytest.mark.parametrize("damage", ["wrong_type", "deep"])
+def test_a_damaged_state_file_is_logged_and_ignored(make_server, tmp_path, damage):
+    repo = tmp_path / "repo"
+    tabular_repo(repo, "routing:\n  weights: {'1': 100}\n")
+    srv = start(make_server, tmp_path, repo)
+    assert cli(srv, "rollout", "set-weights", "tabular", "1=70", "2=30")[0] == 0  # a real state file
+    srv.stop()
+    path = store_path(str(tmp_path / "state"), str(repo))
+    if damage == "wrong_type":
+        data = json.load(open(path))
+        data["models"]["tabular"]["events"] = 5
+        data["models"]["tabular"]["history"] = "not a list"
+        text = json.dumps(data)
+    else:
+        text = '{"format": 1, "models": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    with open(path, "w") as fh:
+        fh.write(text)
+    srv = start(make_server, tmp_path, repo)
+    with srv.client() as c:
+        assert c.infer("tabular", PENGUIN)["ok"]
+    if damage == "deep":  # unreadable: model.yaml's routing
+        assert "is unreadable (RecursionError); using model.yaml routing" in srv.output()
+        assert status(srv, "tabular")["weights"] == {"1": 100.0}
+    else:  # the good parts kept, the bad ones dropped
+        got = status(srv, "tabular")
+        assert (got["weights"], got["history"], got["events"]) == ({"1": 70.0, "2": 30.0}, 0, [])
+
+
+def load_state(admin, model: str, version: str) -> dict:
+    reply = admin_call(admin, "models")
+    return (reply["models"][model]["versions"].get(version, {}).get("load")) or {}
+
+
+def wait_for(what, timeout_s: float, step_s: float = 0.05):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = what()
+        if got or time.monotonic() > deadline:
+            return got
+        time.sleep(step_s)
+
+
+def test_a_load_whose_build_kills_the_executor_fails_and_is_not_rebuilt(make_server, tmp_path):
+    """Finding 8: the executor dies (kill -9, as the OOM killer would) while it builds a run-time load."""
+    repo = tmp_path / "repo"
+    base_repo(repo, with_minilm=True)
+    srv = start(make_server, tmp_path, repo)
+    copy_version(repo, "minilm", "2", src_version="2")  # a 90 MB model: its build takes seconds
+    old = srv.child_pid("aieng::executor")
+    admin = zmq.Context.instance().socket(zmq.DEALER)
+    admin.setsockopt(zmq.LINGER, 0)
+    admin.connect(srv.admin)
+    try:
+        started = admin_call(admin, "load", model="minilm", version="2")
+        assert started["ok"], started
+        building = wait_for(lambda: "executor" in load_state(admin, "minilm", "2").get("waiting_for", []), 60)
+        assert building, load_state(admin, "minilm", "2")
+        os.kill(old, signal.SIGKILL)
+        failed = wait_for(lambda: load_state(admin, "minilm", "2").get("state") == "failed", 30)
+        ld = load_state(admin, "minilm", "2")
+        assert failed, ld
+        assert ld["error"].startswith("executor exited (code -9) during the load; it is not rebuilt")
+        # the restarted executor comes up without it, and every model serves
+        assert wait_for(lambda: executor_pid(srv) not in (None, old)
+                        and (srv.health() or {}).get("ready"), 60, 0.2)
+        with srv.client() as c:
+            assert c.infer("tabular", PENGUIN)["ok"]
+            assert c.infer("minilm", {"text": "still served"})["ok"]
+            pinned = c.call({"op": "infer", "id": "p", "model": "minilm", "version": "2",
+                             "inputs": {"text": "x"}}, raise_on_error=False)
+        assert pinned["error"]["code"] == "MODEL_NOT_FOUND"
+        assert load_state(admin, "minilm", "2")["state"] == "failed"  # still failed: never reported ready
+    finally:
+        admin.close(0)
+    executor_lines = [json.loads(line)["msg"] for line in srv.output().splitlines()
+                      if line.startswith("{") and json.loads(line).get("role") == "executor"]
+    assert executor_lines and not [x for x in executor_lines if x.startswith("loaded minilm:2")]  # not built
+
+
+@pytest.mark.parametrize("how", ["world_writable", "foreign_owner", "symlink"])
+def test_a_runtime_dir_someone_else_could_control_is_refused_in_one_line(make_server, tmp_path, how):
+    """Finding 9: another local user creating the runtime directory first must not own the sockets."""
+    rdir = tmp_path / "rt"
+    if how == "symlink":
+        (tmp_path / "elsewhere").mkdir()
+        rdir.symlink_to(tmp_path / "elsewhere")
+    else:
+        rdir.mkdir()
+        if how == "world_writable":
+            os.chmod(rdir, 0o777)
+        else:
+            os.chown(rdir, 65534, 65534)  # nobody (the tests run as root, as CI does)
+    srv = make_server(AIENG_MODELS="tabular", AIENG_RUNTIME_DIR=str(rdir)).start(wait=False)
+    assert srv.proc.wait(60) == 2
+    why = {"world_writable": "it is writable by every user (mode 777)",
+           "foreign_owner": f"it is owned by uid 65534, not by this user (uid {os.getuid()})",
+           "symlink": "it is not a directory (a link or a file)"}[how]
+    lines = [json.loads(line)["msg"] for line in srv.output().splitlines() if line.startswith("{")]
+    assert lines[-1] == (f"invalid configuration: runtime directory {str(rdir)!r} is not safe to use: {why}; "
+                         "remove it or set AIENG_RUNTIME_DIR to a private one")
+    assert not os.path.exists(rdir / "admin.sock")
+
+
+def test_rejected_near_limit_grpc_requests_do_not_hold_memory(make_server):
+    """Finding 5: each rejected 30 MiB request kept about 650 MB in the gateway until a full collection."""
+    import grpc
+    import psutil
+    from tritonclient.grpc import service_pb2 as pb
+    from tritonclient.grpc import service_pb2_grpc as pbg
+
+    srv = make_server(AIENG_MODELS="tabular").start()
+    gateway = psutil.Process(srv.child_pid("aieng::gateway"))
+    big = pb.ModelInferRequest(model_name="tabular")
+    big.inputs.add(name="island", datatype="BYTES", shape=[1])
+    big.raw_input_contents.append(b"\0" * (30 << 20))  # millions of empty elements, not one: refused
+    options = [("grpc.max_send_message_length", 64 << 20)]
+    with grpc.insecure_channel(srv.oip_grpc, options=options) as ch:
+        stub = pbg.GRPCInferenceServiceStub(ch)
+
+        def refused() -> grpc.StatusCode:
+            with pytest.raises(grpc.RpcError) as info:
+                stub.ModelInfer(big, timeout=60)
+            return info.value.code()
+
+        assert refused() == grpc.StatusCode.INVALID_ARGUMENT  # the allocator's high-water mark, once
+        base = gateway.memory_info().rss
+        assert [refused() for _ in range(5)] == [grpc.StatusCode.INVALID_ARGUMENT] * 5
+        grown = gateway.memory_info().rss - base
+    assert grown < 200 << 20, f"the gateway grew {grown >> 20} MiB over five refused requests"
