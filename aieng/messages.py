@@ -196,6 +196,7 @@ class Failed:
     message: str
     ref: Optional[Ref] = None
     steps: list = field(default_factory=list)  # from postprocessing: the steps run, the last "timeout"
+    stage: str = ""  # the failing stage, where the sender runs several ("preprocess": the idle route)
 
 
 # -- supervisor <-> frontend control ------------------------------------------

@@ -45,12 +45,13 @@ class ServerProcess:
                          "AIENG_OIP_HTTP_ADDR": self.oip_http, "AIENG_OIP_GRPC_ADDR": self.oip_grpc})
         self.env.update(env)
         self.proc: subprocess.Popen | None = None
+        self.prefix: list[str] = []  # a command the server runs under (e.g. prlimit), set before start
         self.curve: tuple | None = None  # (client public, client secret, server public) when CURVE is on
 
     def start(self, wait: bool = True, timeout: float = 90.0) -> "ServerProcess":
         self.log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "aieng.cli", "serve"], cwd=ROOT, env=self.env,
-                                     stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(self.prefix + [sys.executable, "-m", "aieng.cli", "serve"], cwd=ROOT,
+                                     env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
         if wait:
             self.wait_ready(timeout)
         return self

@@ -295,7 +295,7 @@ class Pipeline:
             self.table.take(req, msg.ref)
         if msg.steps and req.shadow_of is None:  # a step ran past its limit: the report counts it
             self.stats.add_steps(req.model, msg.steps)
-        self.metrics.worker.labels(req.stage, ident.decode()).inc()
+        self.metrics.worker.labels(msg.stage or req.stage, ident.decode()).inc()
         self.fail(msg.rid, msg.code, msg.message, model_fault=ident == b"executor" and msg.code == p.INTERNAL,
                   ghost=False)
 

@@ -203,11 +203,18 @@ def _handlers(servicer: Servicer) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(service.full_name, table)
 
 
-async def start_grpc(service: Service, addr: str, max_bytes: int) -> grpc.aio.Server:
-    """Bind and start; every gateway process binds the same address (SO_REUSEPORT, grpc's default)."""
+async def start_grpc(service: Service, addr: str, max_bytes: int, max_conns: int = 4096,
+                     handshake_s: float = 5.0, idle_s: float = 60.0) -> grpc.aio.Server:
+    """Bind and start; every gateway process binds the same address (SO_REUSEPORT, grpc's default).
+    Connections are bounded like the HTTP door's: at most ``max_conns`` (grpc's connection quota), a
+    connection that has not finished its HTTP/2 handshake within ``handshake_s`` is closed, and so is one
+    idle for ``idle_s``."""
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", max_bytes),
                                       ("grpc.max_send_message_length", max_bytes),
-                                      ("grpc.so_reuseport", 1)])
+                                      ("grpc.so_reuseport", 1),
+                                      ("grpc.max_allowed_incoming_connections", max_conns),
+                                      ("grpc.server_handshake_timeout_ms", int(handshake_s * 1000)),
+                                      ("grpc.max_connection_idle_ms", int(idle_s * 1000))])
     server.add_generic_rpc_handlers((_handlers(Servicer(service)),))
     try:
         port = server.add_insecure_port(addr)

@@ -9,9 +9,11 @@ never a thread, and every way of holding one is bounded:
                          ``head_s`` of its first byte (408), else the connection is closed
     body                 ``Content-Length`` only (chunked: 411), at most ``max_body`` bytes (413, before
                          reading it), arriving at ``MIN_RATE`` bytes/s or better after ``head_s`` (408)
-    bodies in memory     at most ``BODY_BUDGET`` x ``max_body`` bytes being read or answered at once per
-                         process; a body that does not fit is 503 before it is read
-    connections          at most ``max_conns`` per process; more are closed at once
+    bodies in memory     at most ``BODY_BUDGET`` x ``max_body`` bytes received and not yet answered per
+                         process, counted as the bytes arrive (an announced length holds nothing): a
+                         body whose next chunk does not fit is 503
+    connections          at most ``max_conns`` per process; at the cap a new connection closes the one
+                         idle longest (no request under way), and is closed at once only when none is idle
     answers              one at a time per connection, in order (pipelined requests wait their turn)
 
 Each refusal is one DEBUG log line and a count in ``dropped`` (by reason), never a traceback.  The
@@ -31,6 +33,7 @@ from urllib.parse import unquote
 HEAD_BYTES = 64 * 1024
 MIN_RATE = 1 << 20
 BODY_BUDGET = 4
+BODY_CHUNK = 1 << 20  # a body is read, and counted against the budget, this much at a time
 REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout",
            411: "Length Required", 413: "Payload Too Large", 431: "Request Header Fields Too Large",
            500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable",
@@ -103,6 +106,12 @@ class HttpServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
+        if len(self.conns) >= self.max_conns and not self.closing:
+            idle = next((t for t, busy in self.conns.items() if not busy), None)  # the oldest idle one
+            if idle is not None:  # idle connections cannot lock everyone else out
+                self.conns.pop(idle)
+                idle.cancel()
+                self.drop("idle, closed for a new connection", peer)
         if len(self.conns) >= self.max_conns or self.closing:
             self.drop("too many connections", peer)
             writer.transport.abort()
@@ -162,24 +171,38 @@ class HttpServer:
             self.drop(f"bad request head ({exc.status})", peer)
             await self._reply(writer, *error_response(exc.status, exc.message), False)
             return False
-        if self.body_bytes + n > BODY_BUDGET * self.max_body:
-            self.drop("bodies over the memory budget", peer)
-            await self._reply(writer, *error_response(503, "too many large requests at once"), False)
-            return False
-        self.body_bytes += n
+        held = [0]  # body bytes of this request counted in ``body_bytes`` (released when it is answered)
         try:
-            return await self._answer(reader, writer, n, method, path, query, version, headers, peer)
+            return await self._answer(reader, writer, n, method, path, query, version, headers, peer, held)
         finally:
-            self.body_bytes -= n
+            self.body_bytes -= held[0]
+
+    async def _read_body(self, reader: asyncio.StreamReader, n: int, held: list) -> bytes | None:
+        """The body, counted against the budget as its bytes arrive; None when a chunk does not fit."""
+        chunks = []
+        while held[0] < n:
+            chunk = await reader.read(min(BODY_CHUNK, n - held[0]))
+            if not chunk:
+                raise asyncio.IncompleteReadError(b"", n)
+            if self.body_bytes + len(chunk) > BODY_BUDGET * self.max_body:
+                return None
+            self.body_bytes += len(chunk)
+            held[0] += len(chunk)
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     async def _answer(self, reader, writer, n: int, method: str, path: str, query: str, version: str,
-                      headers: dict, peer: object) -> bool:
+                      headers: dict, peer: object, held: list) -> bool:
         try:
             async with asyncio.timeout(self.head_s + n / MIN_RATE):
-                body = await reader.readexactly(n) if n else b""
+                body = await self._read_body(reader, n, held) if n else b""
         except asyncio.TimeoutError:
             self.drop("slow request body", peer)
             await self._reply(writer, *error_response(408, "request body not received in time"), False)
+            return False
+        if body is None:
+            self.drop("bodies over the memory budget", peer)
+            await self._reply(writer, *error_response(503, "too many large requests at once"), False)
             return False
         keep = headers.get("connection", "").lower() != "close" and (
             version == "HTTP/1.1" or headers.get("connection", "").lower() == "keep-alive")

@@ -60,6 +60,21 @@ def curve_keys(cfg: Config) -> tuple[bytes, bytes, bytes] | None:
     return zmq.curve_public(secret), secret, server_public
 
 
+def connection_cap(doors: int) -> int:
+    """Connections each front door may hold: the process's file descriptors (its soft limit, raised to the
+    hard one where allowed), less 128 for everything else, shared by the doors; 16..4096 each.  Neither door
+    can then take the descriptors the other needs (issue 20, finding 3: silent gRPC connections had taken
+    every descriptor, HTTP's too)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    return max(16, min(4096, (soft - 128) // max(1, doors)))
+
+
 class Gateway:
     role = "gateway"
 
@@ -81,18 +96,19 @@ class Gateway:
         self.repository = Repository(cfg, bool(cfg.admin_curve_secret_key_file), self.log) \
             if cfg.oip_repository_control else None
         self.service = Service(self.upstream, self.repository)
+        cap = connection_cap(bool(cfg.oip_http_addr) + bool(cfg.oip_grpc_addr))
         if cfg.oip_http_addr:
             host, port = split_addr(cfg.oip_http_addr, "AIENG_OIP_HTTP_ADDR")
-            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
             self.http = HttpServer(OipHttp(self.service).handle, cfg.max_message_bytes, cfg.http_timeout_s,
-                                   cfg.http_timeout_s * IDLE_FACTOR, max(16, min(4096, soft - 128)), self.log)
+                                   cfg.http_timeout_s * IDLE_FACTOR, cap, self.log)
             try:
                 await self.http.start(host, port)
             except OSError as exc:
                 raise OSError(f"cannot bind the OIP HTTP address {cfg.oip_http_addr!r} "
                               f"(AIENG_OIP_HTTP_ADDR): {exc.strerror or exc}") from None
         if cfg.oip_grpc_addr:
-            self.grpc = await start_grpc(self.service, cfg.oip_grpc_addr, cfg.max_message_bytes)
+            self.grpc = await start_grpc(self.service, cfg.oip_grpc_addr, cfg.max_message_bytes, cap,
+                                         cfg.http_timeout_s, cfg.http_timeout_s * IDLE_FACTOR)
         self.upstream.start()
 
     def info(self) -> dict:

@@ -22,6 +22,11 @@ Per model version a queue of pending requests, each with its sequence length
   that says "run now"; on a GPU, where a bigger batch is nearly free, "wait".
   Otherwise the caller sleeps until the earliest such deadline.
 * Among models with a runnable batch, the one with the oldest anchor goes.
+* Lanes are shared (``crowded``): with two lanes or more, a model that holds all but one of them takes no
+  further lane while a model whose batches run shorter (``run_s``) had a request within ``SHARE_WINDOW_S``.
+  A flood of one model's long batches (a page's 500 textrec crops) then never holds every lane from a 5 ms
+  model; alone, or beside only longer-running models (textrec beside its own pipeline's textdet), a model
+  uses every lane.
 
 Expired requests are removed (and returned) before a batch is formed, so the
 model never runs a request whose client has already been told TIMEOUT.
@@ -96,6 +101,7 @@ class ModelQueue:
     gap: float | None = None  # EMA of seconds between arrivals
     last_arrival: float | None = None
     capped: bool = False
+    run_s: float | None = None  # EMA of a batch's measured run, whatever its rows (``crowded``)
 
 
 def padding_waste(lengths: list[int]) -> float:
@@ -105,6 +111,9 @@ def padding_waste(lengths: list[int]) -> float:
     if top == 0:
         return 0.0
     return 1.0 - sum(lengths) / (len(lengths) * top)
+
+
+SHARE_WINDOW_S = 2.0  # a model with a request this recent keeps a lane open to it (``crowded``)
 
 
 class Batcher:
@@ -127,6 +136,7 @@ class Batcher:
         q = self.queues.get(key)
         if q is not None:  # a run that ends after its version was unloaded teaches nothing
             q.cost.observe(rows, length, seconds)
+            q.run_s = seconds if q.run_s is None else q.run_s + 0.2 * (seconds - q.run_s)
 
     @staticmethod
     def worth_waiting(q: ModelQueue, batch: list[Pending]) -> bool:
@@ -202,12 +212,28 @@ class Batcher:
         cheapest = min(per_row.values())
         return min(n for n, cost in per_row.items() if cost <= cheapest / 0.95)
 
-    def next_batch(self, now: float) -> tuple[str | None, list[Pending], float | None]:
-        """``(model key, batch, None)`` to run now, or ``(None, [], wake_at)``."""
+    def crowded(self, now: float, running: dict[str, int], lanes: int) -> set[str]:
+        """Models that may not take another of ``lanes`` now, given the lanes each runs (module doc)."""
+        if lanes < 2:
+            return set()
+        recent = [q.run_s for q in self.queues.values() if q.run_s is not None
+                  and q.last_arrival is not None and now - q.last_arrival <= SHARE_WINDOW_S]
+        out = set()
+        for k, n in running.items():
+            q = self.queues.get(k)
+            if n >= lanes - 1 and q is not None and q.run_s is not None and any(r < q.run_s for r in recent):
+                out.add(k)
+        return out
+
+    def next_batch(self, now: float, running: dict[str, int] | None = None,
+                   lanes: int = 0) -> tuple[str | None, list[Pending], float | None]:
+        """``(model key, batch, None)`` to run now, or ``(None, [], wake_at)``.  ``running``/``lanes``: the
+        serving lanes in use per model and their number, for sharing them (``crowded``)."""
         best_key, best_batch, best_age = None, [], None
         wake_at = None
+        skip = self.crowded(now, running or {}, lanes)
         for key, q in self.queues.items():
-            if not q.items:
+            if not q.items or key in skip:
                 continue
             batch = self.select(q)
             anchor = q.items[0]

@@ -213,16 +213,16 @@ class Executor(HubWorker):
         key = f"{task.model}:{task.version}"
         started = time.monotonic()
         if not (self.inline_pre.serves(key) and task.post == EXECUTOR and self.inline.serves(key)):
-            self.fail(task.rid, INTERNAL, f"the executor does not preprocess {key}")
+            self.fail(task.rid, INTERNAL, f"the executor does not preprocess {key}", stage="preprocess")
             return
         try:
             infer, prep = self.inline_pre.task(key, task, body, started)
         except RequestError as exc:
-            self.fail(task.rid, exc.code, exc.message)
+            self.fail(task.rid, exc.code, exc.message, stage="preprocess")
             return
         except Exception as exc:  # a processor bug or an unreadable body fails its request, not the loop
             self.log.exception("preprocess failed for rid %s", task.rid)
-            self.fail(task.rid, INTERNAL, f"preprocessing failed: {type(exc).__name__}")
+            self.fail(task.rid, INTERNAL, f"preprocessing failed: {type(exc).__name__}", stage="preprocess")
             return
         self.direct[task.rid] = prep
         if not self.accept(infer, prep.descs()):
@@ -243,7 +243,8 @@ class Executor(HubWorker):
         for batcher, free in ((self.batcher, self.lanes.free), (self.bg_batcher, self.lanes.bg_free)):
             wake_at = None
             while free():
-                key, batch, wake_at = batcher.next_batch(now)
+                key, batch, wake_at = (batcher.next_batch(now, self.lanes.running, self.lanes.n)
+                                       if batcher is self.batcher else batcher.next_batch(now))
                 if key is None:
                     break
                 self.start_batch(key, batch, background=batcher is self.bg_batcher)
@@ -290,7 +291,7 @@ class Executor(HubWorker):
         runner = wide if wide is not None and lone and not background else sess
         # the cost model describes the serving lanes' runs (a background run's time says little)
         learn = runner is sess and not background
-        job = Job(lambda: runner.run(feeds), (key, sess, sizes, live, learn), background)
+        job = Job(lambda: runner.run(feeds), (key, sess, sizes, live, learn), background, key)
         if runner is wide:  # the loop would only wait for it: run it here, no hand-off to a lane and back
             job.run()  # (measured: about 0.5 ms of two thread wake-ups at concurrency 1)
             self.finish_batch(job)
@@ -381,10 +382,10 @@ class Executor(HubWorker):
                 ring.free(ref.slot, ref.gen)  # the rows are copied into the batch: the slot may be reused
         return feeds, sizes, live
 
-    def fail(self, rid: int, code: str, message: str, ref: m.Ref | None = None) -> None:
+    def fail(self, rid: int, code: str, message: str, ref: m.Ref | None = None, stage: str = "") -> None:
         if ref is not None:
             self.inputs.release(ref)  # an input slot: ours to free once we took the task
-        self.send(m.Failed(rid, code, message))
+        self.send(m.Failed(rid, code, message, stage=stage))
 
     def close(self) -> None:
         self.express.close()

@@ -29,16 +29,17 @@ import os
 import queue
 import threading
 import time
+from collections import Counter
 from typing import Any, Callable
 
 
 class Job:
     """One batch: ``fn()`` computes ``result`` (or ``error``) on a lane; the rest is the loop's."""
 
-    __slots__ = ("fn", "context", "result", "error", "started", "run_ns", "background")
+    __slots__ = ("fn", "context", "result", "error", "started", "run_ns", "background", "key")
 
-    def __init__(self, fn: Callable[[], Any], context: Any, background: bool = False):
-        self.fn, self.context, self.background = fn, context, background
+    def __init__(self, fn: Callable[[], Any], context: Any, background: bool = False, key: str = ""):
+        self.fn, self.context, self.background, self.key = fn, context, background, key  # key: its model
         self.result: Any = None
         self.error: BaseException | None = None
         self.started = 0.0  # monotonic seconds the run began
@@ -59,6 +60,7 @@ class Lanes:
         self.n = n
         self.busy = 0
         self.bg_busy = 0
+        self.running: Counter = Counter()  # model key -> serving lanes running its batches now
         self.todo: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self.bg_todo: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self.done: queue.SimpleQueue[Job] = queue.SimpleQueue()
@@ -94,6 +96,7 @@ class Lanes:
             self.bg_todo.put(job)
         else:
             self.busy += 1
+            self.running[job.key] += 1
             self.todo.put(job)
 
     def finished(self) -> list[Job]:
@@ -112,6 +115,11 @@ class Lanes:
         bg = sum(1 for job in out if job.background)
         self.bg_busy -= bg
         self.busy -= len(out) - bg
+        for job in out:
+            if not job.background:
+                self.running[job.key] -= 1
+                if not self.running[job.key]:
+                    del self.running[job.key]
         return out
 
     def close(self, timeout: float = 5.0) -> None:

@@ -68,10 +68,11 @@ def test_health_endpoints_and_metrics_add_up(server):
     assert delta("aieng_stage_duration_seconds_count", model="tabular", version="1", stage="preprocess") == 7
     assert delta("aieng_batch_size_count", model="tabular", version="1") == 7
     assert delta("aieng_output_confidence_count", model="tabular", version="1") == 7
-    # per-worker counts: every preprocess worker took part, and they add up to what was sent
+    # per-worker counts add up to what was sent: one request at a time on an idle server, the executor
+    # preprocesses them itself (the idle route), a pool worker whatever came while the server was busy
     pre = {dict(k[1])["worker"]: delta(k[0], **dict(k[1])) for k in after
            if k[0] == "aieng_worker_requests_total" and dict(k[1])["role"] == "preprocess"}
-    assert set(pre) == {"pre-0", "pre-1"} and all(v > 0 for v in pre.values()), pre
+    assert set(pre) <= {"pre-0", "pre-1", "executor"}, pre
     assert sum(pre.values()) == 10  # 7 answered + 3 refused by preprocessing; MODEL_NOT_FOUND never got there
     assert delta("aieng_worker_requests_total", role="executor", worker="executor") == 7
     # tabular's chain is microseconds: the executor postprocesses it itself (gpu_executor/inline_post)

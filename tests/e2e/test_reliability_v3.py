@@ -207,3 +207,72 @@ def test_rejected_near_limit_grpc_requests_do_not_hold_memory(make_server):
         assert [refused() for _ in range(5)] == [grpc.StatusCode.INVALID_ARGUMENT] * 5
         grown = gateway.memory_info().rss - base
     assert grown < 200 << 20, f"the gateway grew {grown >> 20} MiB over five refused requests"
+
+
+def oip_infer(addr: str) -> int:
+    body = json.dumps({"inputs": [{"name": "bill_length_mm", "datatype": "FP32", "shape": [1],
+                                   "data": [40.0]}]}).encode()
+    head = (b"POST /v2/models/tabular/infer HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+    return http_status(addr, head, body)
+
+
+def test_announced_bodies_do_not_hold_the_body_budget(make_server):
+    """Finding 1: heads announcing 32 MiB bodies that never come made every other POST a 503."""
+    srv = make_server(AIENG_MODELS="tabular").start()
+    host, port = srv.oip_http.rsplit(":", 1)
+    holders = []
+    try:
+        for _ in range(6):  # more than the budget of four full-size bodies
+            s = socket.create_connection((host, int(port)), timeout=10)
+            s.sendall(b"POST /v2/models/tabular/infer HTTP/1.1\r\nHost: t\r\n"
+                      b"Content-Length: 33554432\r\n\r\n")
+            holders.append(s)
+        assert [oip_infer(srv.oip_http) for _ in range(5)] == [200] * 5
+    finally:
+        for s in holders:
+            s.close()
+
+
+def test_idle_connections_cannot_fill_the_cap(make_server):
+    """Finding 2: one client's idle connections at the cap locked everyone else out."""
+    srv = make_server(AIENG_MODELS="tabular")
+    srv.prefix = ["prlimit", "--nofile=256:256"]  # each door's cap is then (256 - 128) / 2 = 64 connections
+    srv.start()
+    host, port = srv.oip_http.rsplit(":", 1)
+    idle = []
+    try:
+        for _ in range(140):
+            idle.append(socket.create_connection((host, int(port)), timeout=10))
+        assert [oip_infer(srv.oip_http) for _ in range(5)] == [200] * 5
+    finally:
+        for s in idle:
+            s.close()
+
+
+def test_silent_grpc_connections_take_neither_door_down(make_server):
+    """Finding 3: silent TCP connections to the gRPC port took every file descriptor, HTTP's too."""
+    import grpc
+    from tritonclient.grpc import service_pb2 as pb
+    from tritonclient.grpc import service_pb2_grpc as pbg
+
+    srv = make_server(AIENG_MODELS="tabular")
+    srv.prefix = ["prlimit", "--nofile=256:256"]  # each door: (256 - 128) / 2 = 64 connections
+    srv.start()
+    host, port = srv.oip_grpc.rsplit(":", 1)
+    silent = []
+    try:
+        for _ in range(400):  # more than the whole process has descriptors for
+            try:
+                silent.append(socket.create_connection((host, int(port)), timeout=5))
+            except OSError:
+                break
+        assert [oip_infer(srv.oip_http) for _ in range(3)] == [200] * 3  # HTTP keeps its descriptors
+        with grpc.insecure_channel(srv.oip_grpc) as ch:  # served once the silent ones' handshakes time out
+            live = pbg.GRPCInferenceServiceStub(ch).ServerLive(pb.ServerLiveRequest(), timeout=30,
+                                                               wait_for_ready=True)
+        assert live.live
+    finally:
+        for s in silent:
+            s.close()
+    assert "Too many open files" not in srv.output()

@@ -93,6 +93,7 @@ class OneFreeLaneEach:
 
     def __init__(self):
         self.busy, self.submitted = 0, []
+        self.n, self.running = 1, {}
 
     def finished(self) -> list:
         return []

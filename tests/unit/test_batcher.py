@@ -311,3 +311,56 @@ def test_rising_cost_per_row_runs_one():
     """Long sequences, where attention makes a row dearer in a bigger batch: one at a time."""
     b = _queue_with_costs(lambda rows: 0.0175 * rows * (1 + rows / 100))
     assert Batcher.best_rows(b.queues["m:1"], [32] * 32) == 1
+
+
+# ------------------------------------------------------------ sharing the lanes (issue 20, finding 16)
+def two_models() -> Batcher:
+    b = Batcher()
+    b.add_model("textrec:1", 8, 5.0, 0.3)
+    b.add_model("tabular:1", 8, 5.0, 0.3)
+    b.observe("textrec:1", 8, 0, 0.080)  # measured runs: textrec's batches are the long ones
+    b.observe("tabular:1", 1, 0, 0.0002)
+    return b
+
+
+def test_a_flood_holding_all_lanes_but_one_leaves_the_last_to_a_model_active_lately():
+    b = two_models()
+    for i in range(20):  # the flood: older than anything the other model sends
+        b.put("textrec:1", P(i, 0, arrived=0.0), upstream=0)
+    b.put("tabular:1", P(100, 0, arrived=9.0), upstream=0)
+    key, batch, _ = b.next_batch(now=10.0, running={"textrec:1": 1}, lanes=2)
+    assert (key, rids(batch)) == ("tabular:1", [100])  # not the older textrec batch
+    key, batch, wake = b.next_batch(now=10.0, running={"textrec:1": 1}, lanes=2)
+    assert (key, batch) == (None, [])  # textrec waits for its own lane; the last one stays free
+
+
+def test_alone_a_model_takes_every_lane():
+    b = two_models()
+    for i in range(16):  # two batches of 8
+        b.put("textrec:1", P(i, 0, arrived=0.0), upstream=0)
+    b.put("tabular:1", P(100, 0, arrived=1.0), upstream=0)
+    assert b.next_batch(now=1.5)[0] == "textrec:1"  # oldest first, as ever (no lanes in use)
+    assert b.next_batch(now=1.5, running={"textrec:1": 1}, lanes=2)[0] == "tabular:1"  # tabular is active
+    # tabular's last request is older than SHARE_WINDOW_S: textrec may hold both lanes
+    key, _, _ = b.next_batch(now=1.0 + 2.5, running={"textrec:1": 1}, lanes=2)
+    assert key == "textrec:1"
+
+
+def test_one_lane_is_never_withheld():
+    b = two_models()
+    b.put("textrec:1", P(0, 0, arrived=0.0), upstream=0)
+    b.put("tabular:1", P(1, 0, arrived=0.5), upstream=0)
+    assert b.crowded(1.0, {"textrec:1": 1}, lanes=1) == set()
+    assert b.crowded(1.0, {"textrec:1": 1}, lanes=2) == {"textrec:1"}
+    assert b.crowded(1.0, {"textrec:1": 1, "tabular:1": 1}, lanes=3) == set()
+
+
+def test_a_longer_running_model_keeps_no_lane_from_a_shorter_one():
+    """textrec beside its own pipeline's textdet (whose batches run longer) may take every lane."""
+    b = two_models()
+    b.add_model("textdet:1", 1, 5.0, 0.3)
+    b.observe("textdet:1", 1, 0, 0.300)
+    b.put("textdet:1", P(0, 0, arrived=0.5), upstream=0)
+    b.put("textrec:1", P(1, 0, arrived=0.6), upstream=0)
+    assert b.crowded(1.0, {"textrec:1": 1}, lanes=2) == set()  # textdet is slower: no lane kept for it
+    assert b.crowded(1.0, {"textdet:1": 1}, lanes=2) == {"textdet:1"}  # textrec is faster: one lane kept

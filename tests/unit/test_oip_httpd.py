@@ -49,49 +49,89 @@ def test_keep_alive_pipelined_in_order_and_head():
     assert head.startswith(b"HTTP/1.1 200 ") and b"Content-Length: 9" in head  # "HEAD /c 0", not sent
 
 
-def test_bodies_over_the_memory_budget_are_503():
+def test_announced_bodies_hold_no_budget_received_bytes_do():
+    """Issue 20, finding 1: a head announcing a full-size body and sending none of it holds nothing; bytes
+    that arrived and are not answered yet count, so the next body that does not fit is 503."""
     async def go():
         srv, port = await start(max_body=1000)
-        held = []
-        for _ in range(httpd.BODY_BUDGET):  # each announces a full-size body and sends none of it yet
+        announced = []
+        for _ in range(httpd.BODY_BUDGET + 2):  # more announcers than the budget has room for
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(b"POST /x HTTP/1.1\r\nContent-Length: 1000\r\n\r\n")
             await writer.drain()
-            held.append((reader, writer))
-        while srv.body_bytes < httpd.BODY_BUDGET * 1000:
-            await asyncio.sleep(0.01)
+            announced.append((reader, writer))
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"POST /x HTTP/1.1\r\nContent-Length: 10\r\n\r\n0123456789")
+        served_beside_announcers = await read_response(reader)
+        for _, w in announced[:httpd.BODY_BUDGET]:  # now they send most of their bodies: those bytes are held
+            w.write(b"x" * 999)
+            await w.drain()
+        while srv.body_bytes < httpd.BODY_BUDGET * 999:
+            await asyncio.sleep(0.01)
+        writer.write(b"POST /x HTTP/1.1\r\nContent-Length: 10\r\n\r\n0123456789")
         refused = await read_response(reader)
-        held[0][1].write(b"x" * 1000)  # a held one completes normally
-        served = await read_response(held[0][0])
-        for _, w in held + [(reader, writer)]:
+        announced[0][1].write(b"x")  # a held one completes normally
+        completed = await read_response(announced[0][0])
+        for _, w in announced + [(reader, writer)]:
             w.close()
         await srv.close(1)
-        return refused, served, dict(srv.dropped)
+        return served_beside_announcers, refused, completed, dict(srv.dropped)
 
-    refused, served, dropped = run(go())
-    assert refused[0] == 503 and served == (200, b"POST /x 1000")
+    served, refused, completed, dropped = run(go())
+    assert served == (200, b"POST /x 10")
+    assert refused[0] == 503 and completed == (200, b"POST /x 1000")
     assert dropped["bodies over the memory budget"] == 1
 
 
-def test_connections_over_the_cap_are_closed_at_once():
+def test_at_the_cap_a_new_connection_closes_the_oldest_idle_one():
+    """Issue 20, finding 2: idle connections cannot lock everyone else out."""
     async def go():
         srv, port = await start(max_conns=2)
         conns = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
         while len(srv.conns) < 2:
             await asyncio.sleep(0.01)
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        extra = await asyncio.wait_for(reader.read(), 5)
-        conns[0][1].write(b"GET /ok HTTP/1.1\r\n\r\n")
-        ok = await read_response(conns[0][0])
+        writer.write(b"GET /new HTTP/1.1\r\n\r\n")
+        new = await read_response(reader)
+        oldest_closed = await asyncio.wait_for(conns[0][0].read(), 5)  # EOF: it was the idle one closed
+        conns[1][1].write(b"GET /kept HTTP/1.1\r\n\r\n")
+        kept = await read_response(conns[1][0])
         for _, w in conns + [(reader, writer)]:
             w.close()
         await srv.close(1)
-        return extra, ok
+        return new, oldest_closed, kept, dict(srv.dropped)
 
-    extra, ok = run(go())
-    assert extra == b"" and ok == (200, b"GET /ok 0")
+    new, oldest_closed, kept, dropped = run(go())
+    assert new == (200, b"GET /new 0") and oldest_closed == b"" and kept == (200, b"GET /kept 0")
+    assert dropped["idle, closed for a new connection"] == 1
+
+
+def test_at_the_cap_with_every_connection_busy_a_new_one_is_closed_at_once():
+    gate = asyncio.Event()
+
+    async def slow(method, path, query, headers, body):
+        await gate.wait()
+        return 200, {}, b"done"
+
+    async def go():
+        srv = httpd.HttpServer(slow, 1000, head_s=5.0, idle_s=5.0, max_conns=1, log=logging.getLogger("test"))
+        await srv.start("127.0.0.1", 0)
+        port = srv.server.sockets[0].getsockname()[1]
+        busy_r, busy_w = await asyncio.open_connection("127.0.0.1", port)
+        busy_w.write(b"GET /busy HTTP/1.1\r\n\r\n")
+        while not any(srv.conns.values()):
+            await asyncio.sleep(0.01)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        extra = await asyncio.wait_for(reader.read(), 5)
+        gate.set()
+        done = await read_response(busy_r)
+        for w in (busy_w, writer):
+            w.close()
+        await srv.close(1)
+        return extra, done, dict(srv.dropped)
+
+    extra, done, dropped = run(go())
+    assert extra == b"" and done == (200, b"done") and dropped["too many connections"] == 1
 
 
 @pytest.mark.parametrize("head, status", [
