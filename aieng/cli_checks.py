@@ -11,7 +11,6 @@ nothing useful.  A probe takes at most ``PROBE_S``.
 """
 from __future__ import annotations
 
-import os
 import socket
 
 from aieng.replicas import parse_tcp, split_addrs
@@ -38,9 +37,9 @@ def levels(text: str, what: str = "--concurrency") -> list[int]:
 def server_addrs(addr: str | None) -> list[str]:
     """The address(es) a client command would use (``--addr``, else ``$AIENG_FRONTEND_ADDR``, else the
     default), each checked for its form."""
-    from aieng.client import DEFAULT_ADDR
+    from aieng.client import server_addr
 
-    given = addr or os.environ.get("AIENG_FRONTEND_ADDR", DEFAULT_ADDR)
+    given = server_addr(addr)
     try:
         many = split_addrs(given)
     except ValueError as exc:

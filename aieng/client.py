@@ -33,6 +33,11 @@ from aieng.protocol import decode_tensor, encode_tensor
 DEFAULT_ADDR = "tcp://127.0.0.1:5555"
 
 
+def server_addr(addr: Any = None) -> Any:
+    """The address a client uses: the one given, else ``$AIENG_FRONTEND_ADDR``, else ``DEFAULT_ADDR``."""
+    return addr or os.environ.get("AIENG_FRONTEND_ADDR", DEFAULT_ADDR)
+
+
 class ServerError(Exception):
     def __init__(self, code: str, message: str, reply: dict):
         super().__init__(f"{code}: {message}")
@@ -77,7 +82,7 @@ def apply_curve(sock: zmq.Socket, curve: tuple[bytes, bytes, bytes] | None) -> N
 def _replicas(addr: Any) -> bool:
     from aieng.replicas import split_addrs
 
-    return split_addrs(addr or os.environ.get("AIENG_FRONTEND_ADDR", DEFAULT_ADDR)) is not None
+    return split_addrs(server_addr(addr)) is not None
 
 
 class Client:
@@ -90,7 +95,7 @@ class Client:
 
     def __init__(self, addr: str | None = None, timeout_s: float = 30.0, dealer: bool = False,
                  curve: tuple[bytes, bytes, bytes] | None = None):
-        self.addr = addr or os.environ.get("AIENG_FRONTEND_ADDR", DEFAULT_ADDR)
+        self.addr = server_addr(addr)
         self.timeout_s = timeout_s
         self.ctx = zmq.Context.instance()
         self.dealer = dealer
@@ -157,7 +162,7 @@ class AsyncClient:
 
     def __init__(self, addr: str | None = None, timeout_s: float = 30.0,
                  curve: tuple[bytes, bytes, bytes] | None = None):
-        self.addr = addr or os.environ.get("AIENG_FRONTEND_ADDR", DEFAULT_ADDR)
+        self.addr = server_addr(addr)
         self.timeout_s = timeout_s
         self.ctx = zmq.asyncio.Context.instance()
         self.sock = self.ctx.socket(zmq.DEALER)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 import socket
 import time
 from typing import Any
@@ -34,7 +33,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from aieng.client import DEFAULT_ADDR, AsyncClient, ServerError, apply_curve, decode_reply
+from aieng.client import AsyncClient, ServerError, apply_curve, decode_reply, server_addr
 from aieng.replicas import Backoff, EndpointSet, client_error, expand, should_retry, split_addrs
 
 EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
@@ -47,7 +46,7 @@ class _Replicas:
                margin_s: float = 1.0, probe_timeout_s: float = 1.0, probe_every_s: float = 2.0,
                resolve_every_s: float = 30.0, backoff: Backoff | None = None, ipv6: bool = False,
                resolver: Any = socket.getaddrinfo) -> None:
-        addr = addr or os.environ.get("AIENG_FRONTEND_ADDR", DEFAULT_ADDR)
+        addr = server_addr(addr)
         self.configured = split_addrs(addr) or [addr]
         self.addr = ",".join(self.configured)
         self.timeout_s, self.curve, self.ctx = timeout_s, curve, ctx
