@@ -58,11 +58,11 @@ class Workers:
         return w is not None and key in w.inline_post
 
     def preprocessed_by_executor(self, key: str, now: float) -> bool:
-        """May ``key``'s request go straight to the executor, which then runs its whole path (a live,
-        not resting executor that advertises both ends)?"""
+        """May ``key``'s request go straight to the executor, which then runs its whole path (a live, not
+        resting executor that advertises it: ``inline_pre`` only names versions it also postprocesses)?"""
         w = self.by_name.get("executor")
-        return (w is not None and key in w.inline_pre and key in w.inline_post
-                and now - w.seen <= SILENCE_S and "executor" not in self.resting)
+        return (w is not None and key in w.inline_pre and now - w.seen <= SILENCE_S
+                and "executor" not in self.resting)
 
     def down(self, name: str, pid: int, now: float) -> None:
         w = self.by_name.get(name)

@@ -30,7 +30,6 @@ from typing import Any
 
 from aieng import messages as m
 from aieng.model_repo import ModelSpec
-from aieng.protocol import unpack_limited
 
 INLINE_KINDS = ("text", "tabular")  # processors with a small, bounded cost per small request
 
@@ -116,9 +115,8 @@ class InlinePre:
     def prepare(self, key: str, body) -> Prepared:
         """Validate and encode one request's frame; raises ``RequestError`` for a bad one (the same
         checks and messages as a preprocess worker's)."""
-        from aieng.preprocess_workers.worker import validate_inputs
+        from aieng.preprocess_workers.worker import read_request
 
-        req = unpack_limited(body, self.max_message_bytes)
-        inputs = validate_inputs(self.specs[key], req.get("inputs"))
+        inputs, params = read_request(self.specs[key], body, self.max_message_bytes)
         tensors, seq_len, features = self.procs[key].process(inputs)
-        return Prepared(dict(tensors), int(seq_len), features, req.get("params") or {})
+        return Prepared(dict(tensors), int(seq_len), features, params)

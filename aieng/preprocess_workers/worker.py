@@ -57,6 +57,13 @@ def validate_inputs(spec: ModelSpec, inputs: Any) -> dict[str, Any]:
     return inputs
 
 
+def read_request(spec: ModelSpec, body, max_bytes: int) -> tuple[dict[str, Any], dict]:
+    """A client's request frame as preprocessing reads it (here and in the executor's ``inline_pre``):
+    ``(inputs, params)``, the inputs checked against the model's declared ones (``RequestError``)."""
+    req = unpack_limited(body, max_bytes)
+    return validate_inputs(spec, req.get("inputs")), req.get("params") or {}
+
+
 class PreprocessWorker(HubWorker):
     role = "preprocess"
 
@@ -123,9 +130,8 @@ class PreprocessWorker(HubWorker):
                     raise RequestError(UNAVAILABLE, self.failed[key])
                 if key not in self.procs:
                     raise RequestError(INTERNAL, f"this worker does not serve {key}")
-                req = unpack_limited(body.buffer, self.cfg.max_message_bytes)
-                inputs = validate_inputs(self.specs[key], req.get("inputs"))
-                jobs.append((task, key, inputs, req.get("params") or {}))
+                inputs, params = read_request(self.specs[key], body.buffer, self.cfg.max_message_bytes)
+                jobs.append((task, key, inputs, params))
             except RequestError as exc:
                 self.fail(task.rid, exc.code, exc.message)
             except Exception as exc:  # the frontend parsed this body already; never die of one request
