@@ -152,14 +152,16 @@ class ExecutorEnd:
     def fileno(self) -> int:
         return self.listener.fileno()
 
-    def poll(self, poller) -> list[tuple[Any, memoryview]]:
-        """Take a new connection (registered in ``poller``), then the ``(message, frame)`` records waiting."""
-        conn = self.listener.accept()
+    def poll(self, poller, ready=None) -> list[tuple[Any, memoryview]]:
+        """Take a new connection (registered in ``poller``), then the ``(message, frame)`` records waiting.
+        ``ready``: the fds the caller's poll found readable (None: look at both); the executor's loop passes
+        it, so a wake-up for anything else costs no system call here."""
+        conn = self.listener.accept() if ready is None or self.listener.fileno() in ready else None
         if conn is not None:  # a (restarted) frontend: the newest connection is the one
             self.drop(poller)
             self.chan = conn
             poller.register(conn.fileno(), 1)  # POLLIN, for zmq.Poller and select.poll alike
-        if self.chan is None:
+        if self.chan is None or (ready is not None and self.chan.fileno() not in ready):
             return []
         out = []
         for head, body in self.chan.recv():

@@ -101,6 +101,7 @@ class HubWorker:
         self.hello_bytes = b""
         self.wake_fds: list[int] = []  # more file descriptors the loop waits on (the executor's lanes)
         self.poller: zmq.Poller | None = None  # the loop's; a role may watch more fds while it runs
+        self.ready: dict = {}  # the sockets and fds the last poll found readable
         self.inbox: zmq.Socket | None = None  # the data-path PULL socket, for roles that have one
 
     # -- what a role provides -------------------------------------------------
@@ -131,7 +132,8 @@ class HubWorker:
             poller.register(fd, zmq.POLLIN)
         timeout_ms = 200
         while not stop.stop:
-            if poller.poll(timeout_ms):
+            self.ready = dict(poller.poll(timeout_ms))  # what woke the loop (a role's own fds too)
+            if self.ready:
                 for sock in socks:
                     self.drain(sock)
             nxt = self.after_drain(time.monotonic())

@@ -117,7 +117,7 @@ class Executor(HubWorker):
         self.wake_fds.append(self.express.fileno())
 
     def poll_express(self) -> None:
-        for msg, body in self.express.poll(self.poller):
+        for msg, body in self.express.poll(self.poller, self.ready):
             if isinstance(msg, m.PreTask):
                 self.on_direct(msg, body)
             else:

@@ -81,7 +81,7 @@ def test_the_executor_queues_background_tasks_apart_and_runs_them_on_the_backgro
 
     ex.assemble = lambda sess, batch: ({}, [{}] * len(batch), batch)  # no rings here: nothing to copy
     ex.versions = SimpleNamespace(poll=lambda: None)
-    ex.express, ex.poller = SimpleNamespace(poll=lambda poller: []), None  # no frontend connected
+    ex.express, ex.poller, ex.ready = SimpleNamespace(poll=lambda poller, ready: []), None, {}  # no frontend
     ex.lanes = OneFreeLaneEach()
     ex.after_drain(time.monotonic() + 1.0)  # both batches are due
     assert ex.lanes.submitted == [([1], False), ([2], True)]
