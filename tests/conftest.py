@@ -12,12 +12,14 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 
 import psutil
 import pytest
 
 from aieng import shm
 from aieng.client import Client
+from tests.waits import until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = os.path.join(ROOT, "models")
@@ -100,6 +102,28 @@ class ServerProcess:
             if cmd.startswith(title):
                 return proc.pid
         raise KeyError(f"no child titled {title!r} in {list(self.children())}")
+
+    def worker_counts(self, role: str, n: int) -> dict:
+        """``aieng_worker_requests_total`` of ``role`` per worker from /metrics, once they add up to ``n``
+        (it is rendered at most every AIENG_SNAPSHOT_MS: a bounded wait; the last reading after 5 s)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        def read() -> dict:
+            with urllib.request.urlopen(self.http + "/metrics", timeout=5) as r:
+                text = r.read().decode()
+            return {s.labels["worker"]: s.value for fam in text_string_to_metric_families(text)
+                    for s in fam.samples if s.name == "aieng_worker_requests_total"
+                    and s.labels.get("role") == role and s.value}
+
+        last: dict = {}
+
+        def added_up() -> bool:
+            last.clear()
+            last.update(read())
+            return sum(last.values()) >= n
+
+        until(added_up, 5, 0.1)
+        return last
 
     def segments(self) -> list[str]:
         return shm.list_segments(str(self.pid))

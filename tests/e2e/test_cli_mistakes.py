@@ -1,8 +1,8 @@
 """A user's mistake on the command line is one line naming the problem and exit code 2, never a traceback
 (issue 20, finding 17).  Each case runs the real ``aieng`` command in a subprocess; no server is needed,
 except that one answering address (a plain listening socket: the probe only connects) tells the probes apart
-from the address checks.  Against an address nobody listens on, the answer comes within seconds, not after
-the 30 s request timeout.
+from the address checks.  Against an address nobody listens on, the answer is the probe's ("no aieng server
+answers at ..."), which only the probe says: the request's own timeout would say "no reply from ...".
 """
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -21,13 +20,11 @@ pytestmark = pytest.mark.e2e
 NOBODY = f"tcp://127.0.0.1:{free_port()}"  # a port no one listens on
 
 
-def aieng(*args: str) -> tuple[subprocess.CompletedProcess, float]:
+def aieng(*args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIENG_")}
     env["AIENG_MODEL_REPOSITORY"] = MODELS
-    t0 = time.monotonic()
-    run = subprocess.run([sys.executable, "-m", "aieng.cli", *args], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=60)
-    return run, time.monotonic() - t0
+    return subprocess.run([sys.executable, "-m", "aieng.cli", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
 
 
 BAD_ADDR = "aieng: bad address {!r}: it must start with tcp:// or ipc://"
@@ -56,9 +53,8 @@ CASES = [
 
 @pytest.mark.parametrize("args, line", CASES, ids=[" ".join(c[0][:3]) for c in CASES])
 def test_a_mistake_is_one_line_and_exit_2(args, line):
-    run, seconds = aieng(*args)
+    run = aieng(*args)
     assert (run.returncode, run.stderr.strip().splitlines()) == (2, [line]), run.stderr[-2000:]
-    assert seconds < 20  # not the 30 s request timeout
 
 
 def test_an_address_that_answers_is_not_refused_by_the_probe():
@@ -68,6 +64,6 @@ def test_an_address_that_answers_is_not_refused_by_the_probe():
         srv.bind(("127.0.0.1", 0))
         srv.listen(4)
         addr = f"tcp://127.0.0.1:{srv.getsockname()[1]}"
-        run, _ = aieng("health", "--addr", addr, "--timeout", "1")
+        run = aieng("health", "--addr", addr, "--timeout", "1")
     assert run.returncode == 1
     assert run.stderr.strip().splitlines() == [f"aieng: no reply from {addr} within 1.0s"]

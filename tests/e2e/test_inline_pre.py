@@ -9,12 +9,8 @@ against fake peers in tests/component: there the second request in flight provab
 """
 from __future__ import annotations
 
-import time
-import urllib.request
-
 import numpy as np
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.e2e
 
@@ -39,31 +35,17 @@ def run(srv) -> tuple[dict, list, list, list]:
     return models, emb, tab, errors
 
 
-def pre_counts(srv, n: int) -> dict:
-    """aieng_worker_requests_total of the preprocess role, per worker, once /metrics counts ``n`` (it is
-    rendered at most every AIENG_SNAPSHOT_MS: a bounded wait)."""
-    deadline = time.monotonic() + 5
-    while True:
-        with urllib.request.urlopen(srv.http + "/metrics", timeout=5) as r:
-            text = r.read().decode()
-        got = {s.labels["worker"]: s.value for fam in text_string_to_metric_families(text)
-               for s in fam.samples if s.name == "aieng_worker_requests_total"
-               and s.labels.get("role") == "preprocess" and s.value}
-        if sum(got.values()) >= n or time.monotonic() > deadline:
-            return got
-        time.sleep(0.1)
-
-
 def test_an_idle_servers_small_requests_skip_the_pool_and_answer_as_the_pool_does(make_server):
     direct = make_server(AIENG_MODELS="minilm,tabular", AIENG_PREPROCESS_WORKERS="1",
-                         AIENG_INLINE_PREPROCESS_BYTES="200").start()
+                         AIENG_INLINE_PREPROCESS_BYTES="200",
+                         AIENG_INLINE_POSTPROCESS_US="5000").start()  # postprocessed here whatever the load
     models, emb, tab, errors = run(direct)
     for name in ("minilm", "tabular"):
         assert models[name]["versions"]["1"]["onnx"]["preprocess"]["where"] == "executor when idle"
     small = len(TEXTS) + len(PENGUINS) + len(BAD)
     # the long text's body is over 200 bytes: the pool encodes it; everything else the executor did (the bad
     # inputs failed there, counted as its preprocessing: Failed.stage)
-    assert pre_counts(direct, small + 1) == {"executor": small, "pre-0": 1}
+    assert direct.worker_counts("preprocess", small + 1) == {"executor": small, "pre-0": 1}
     direct.stop()
 
     pool = make_server(AIENG_MODELS="minilm,tabular", AIENG_PREPROCESS_WORKERS="1",
@@ -71,7 +53,7 @@ def test_an_idle_servers_small_requests_skip_the_pool_and_answer_as_the_pool_doe
     models, emb_pool, tab_pool, errors_pool = run(pool)
     assert models["minilm"]["versions"]["1"]["onnx"]["preprocess"] == {
         "where": "pool", "why": "AIENG_INLINE_PREPROCESS_BYTES is 0"}
-    assert pre_counts(pool, small + 1) == {"pre-0": small + 1}
+    assert pool.worker_counts("preprocess", small + 1) == {"pre-0": small + 1}
     for a, b in zip(emb, emb_pool, strict=True):
         np.testing.assert_array_equal(a, b)
     for a, b in zip(tab, tab_pool, strict=True):

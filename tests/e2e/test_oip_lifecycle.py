@@ -15,6 +15,8 @@ import urllib.request
 
 import pytest
 
+from tests.waits import until
+
 pytestmark = pytest.mark.e2e
 TABULAR = json.dumps({"inputs": [{"name": "bill_length_mm", "datatype": "FP32", "shape": [1],
                                   "data": [40.0]}]}).encode()
@@ -33,13 +35,9 @@ def oip_post(addr: str, body: bytes = TABULAR, timeout: float = 10.0) -> int:
 
 
 def wait_for(cond, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"{what} within {timeout_s}s")
+    value = until(cond, timeout_s, 0.1)
+    assert value, f"{what} within {timeout_s}s"
+    return value
 
 
 def test_gateway_is_restarted_and_counted(make_server):

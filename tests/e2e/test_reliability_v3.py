@@ -12,11 +12,11 @@ behaviour after it.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
-import time
 
 import msgpack
 import pytest
@@ -25,6 +25,7 @@ import zmq
 from aieng.frontend.routestore import store_path
 from tests.e2e.test_hotswap import base_repo, copy_version, executor_pid
 from tests.e2e.test_rollout import PENGUIN, cli, start, status, tabular_repo
+from tests.waits import until
 
 pytestmark = pytest.mark.e2e
 
@@ -78,46 +79,47 @@ def test_identical_weight_changes_do_not_erase_the_rollback(make_server, tmp_pat
         admin.close(0)
 
 
-@pytest.mark.parametrize("damage", ["wrong_type", "deep"])
-def test_a_damaged_state_file_is_logged_and_ignored(make_server, tmp_path, damage):
+def restart_with_damaged_state(make_server, tmp_path, damage) -> object:
+    """A server that saved real routing state (70/30), stopped; ``damage(text)`` rewrites the file; the
+    server started again over it (it must start: the file is logged and ignored, never fatal)."""
     repo = tmp_path / "repo"
     tabular_repo(repo, "routing:\n  weights: {'1': 100}\n")
     srv = start(make_server, tmp_path, repo)
     assert cli(srv, "rollout", "set-weights", "tabular", "1=70", "2=30")[0] == 0  # a real state file
     srv.stop()
     path = store_path(str(tmp_path / "state"), str(repo))
-    if damage == "wrong_type":
-        data = json.load(open(path))
-        data["models"]["tabular"]["events"] = 5
-        data["models"]["tabular"]["history"] = "not a list"
-        text = json.dumps(data)
-    else:
-        text = '{"format": 1, "models": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    with open(path) as fh:
+        text = damage(fh.read())
     with open(path, "w") as fh:
         fh.write(text)
     srv = start(make_server, tmp_path, repo)
     with srv.client() as c:
         assert c.infer("tabular", PENGUIN)["ok"]
-    if damage == "deep":  # unreadable: model.yaml's routing
-        assert "is unreadable (RecursionError); using model.yaml routing" in srv.output()
-        assert status(srv, "tabular")["weights"] == {"1": 100.0}
-    else:  # the good parts kept, the bad ones dropped
-        got = status(srv, "tabular")
-        assert (got["weights"], got["history"], got["events"]) == ({"1": 70.0, "2": 30.0}, 0, [])
+    return srv
+
+
+def test_a_state_file_with_wrong_types_keeps_its_good_parts(make_server, tmp_path):
+    def wrong_types(text: str) -> str:
+        data = json.loads(text)
+        data["models"]["tabular"]["events"] = 5
+        data["models"]["tabular"]["history"] = "not a list"
+        return json.dumps(data)
+
+    srv = restart_with_damaged_state(make_server, tmp_path, wrong_types)
+    got = status(srv, "tabular")
+    assert (got["weights"], got["history"], got["events"]) == ({"1": 70.0, "2": 30.0}, 0, [])
+
+
+def test_a_state_file_nested_too_deep_is_unreadable_and_model_yaml_routes(make_server, tmp_path):
+    srv = restart_with_damaged_state(
+        make_server, tmp_path, lambda text: '{"format": 1, "models": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    assert "is unreadable (RecursionError); using model.yaml routing" in srv.output()
+    assert status(srv, "tabular")["weights"] == {"1": 100.0}
 
 
 def load_state(admin, model: str, version: str) -> dict:
     reply = admin_call(admin, "models")
     return (reply["models"][model]["versions"].get(version, {}).get("load")) or {}
-
-
-def wait_for(what, timeout_s: float, step_s: float = 0.05):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = what()
-        if got or time.monotonic() > deadline:
-            return got
-        time.sleep(step_s)
 
 
 def test_a_load_whose_build_kills_the_executor_fails_and_is_not_rebuilt(make_server, tmp_path):
@@ -133,15 +135,15 @@ def test_a_load_whose_build_kills_the_executor_fails_and_is_not_rebuilt(make_ser
     try:
         started = admin_call(admin, "load", model="minilm", version="2")
         assert started["ok"], started
-        building = wait_for(lambda: "executor" in load_state(admin, "minilm", "2").get("waiting_for", []), 60)
+        building = until(lambda: "executor" in load_state(admin, "minilm", "2").get("waiting_for", []), 60)
         assert building, load_state(admin, "minilm", "2")
         os.kill(old, signal.SIGKILL)
-        failed = wait_for(lambda: load_state(admin, "minilm", "2").get("state") == "failed", 30)
+        failed = until(lambda: load_state(admin, "minilm", "2").get("state") == "failed", 30)
         ld = load_state(admin, "minilm", "2")
         assert failed, ld
         assert ld["error"].startswith("executor exited (code -9) during the load; it is not rebuilt")
         # the restarted executor comes up without it, and every model serves
-        assert wait_for(lambda: executor_pid(srv) not in (None, old)
+        assert until(lambda: executor_pid(srv) not in (None, old)
                         and (srv.health() or {}).get("ready"), 60, 0.2)
         with srv.client() as c:
             assert c.infer("tabular", PENGUIN)["ok"]
@@ -217,37 +219,49 @@ def oip_infer(addr: str) -> int:
     return http_status(addr, head, body)
 
 
+@contextlib.contextmanager
+def connections(addr: str, n: int, first: bytes = b""):
+    """Up to ``n`` TCP connections to ``addr`` (fewer once the server stops accepting), each having sent
+    ``first``; all closed afterwards."""
+    host, port = addr.rsplit(":", 1)
+    held = []
+    try:
+        for _ in range(n):
+            try:
+                s = socket.create_connection((host, int(port)), timeout=5)
+            except OSError:
+                break
+            held.append(s)
+            if first:
+                s.sendall(first)
+        yield held
+    finally:
+        for s in held:
+            s.close()
+
+
+def fd_limited(make_server):
+    """A tabular server whose processes have 256 descriptors: each OIP door's cap is (256 - 128) / 2 = 64."""
+    srv = make_server(AIENG_MODELS="tabular")
+    srv.prefix = ["prlimit", "--nofile=256:256"]
+    return srv.start()
+
+
 def test_announced_bodies_do_not_hold_the_body_budget(make_server):
     """Finding 1: heads announcing 32 MiB bodies that never come made every other POST a 503."""
     srv = make_server(AIENG_MODELS="tabular").start()
-    host, port = srv.oip_http.rsplit(":", 1)
-    holders = []
-    try:
-        for _ in range(6):  # more than the budget of four full-size bodies
-            s = socket.create_connection((host, int(port)), timeout=10)
-            s.sendall(b"POST /v2/models/tabular/infer HTTP/1.1\r\nHost: t\r\n"
-                      b"Content-Length: 33554432\r\n\r\n")
-            holders.append(s)
+    head = b"POST /v2/models/tabular/infer HTTP/1.1\r\nHost: t\r\nContent-Length: 33554432\r\n\r\n"
+    with connections(srv.oip_http, 6, head) as held:  # more than the budget of four full-size bodies
+        assert len(held) == 6
         assert [oip_infer(srv.oip_http) for _ in range(5)] == [200] * 5
-    finally:
-        for s in holders:
-            s.close()
 
 
 def test_idle_connections_cannot_fill_the_cap(make_server):
     """Finding 2: one client's idle connections at the cap locked everyone else out."""
-    srv = make_server(AIENG_MODELS="tabular")
-    srv.prefix = ["prlimit", "--nofile=256:256"]  # each door's cap is then (256 - 128) / 2 = 64 connections
-    srv.start()
-    host, port = srv.oip_http.rsplit(":", 1)
-    idle = []
-    try:
-        for _ in range(140):
-            idle.append(socket.create_connection((host, int(port)), timeout=10))
+    srv = fd_limited(make_server)
+    with connections(srv.oip_http, 140) as idle:  # more than the cap of 64
+        assert len(idle) == 140  # accepted by the kernel; the gateway closes the oldest idle ones
         assert [oip_infer(srv.oip_http) for _ in range(5)] == [200] * 5
-    finally:
-        for s in idle:
-            s.close()
 
 
 def test_silent_grpc_connections_take_neither_door_down(make_server):
@@ -256,23 +270,11 @@ def test_silent_grpc_connections_take_neither_door_down(make_server):
     from tritonclient.grpc import service_pb2 as pb
     from tritonclient.grpc import service_pb2_grpc as pbg
 
-    srv = make_server(AIENG_MODELS="tabular")
-    srv.prefix = ["prlimit", "--nofile=256:256"]  # each door: (256 - 128) / 2 = 64 connections
-    srv.start()
-    host, port = srv.oip_grpc.rsplit(":", 1)
-    silent = []
-    try:
-        for _ in range(400):  # more than the whole process has descriptors for
-            try:
-                silent.append(socket.create_connection((host, int(port)), timeout=5))
-            except OSError:
-                break
+    srv = fd_limited(make_server)
+    with connections(srv.oip_grpc, 400):  # more than the whole process has descriptors for
         assert [oip_infer(srv.oip_http) for _ in range(3)] == [200] * 3  # HTTP keeps its descriptors
         with grpc.insecure_channel(srv.oip_grpc) as ch:  # served once the silent ones' handshakes time out
             live = pbg.GRPCInferenceServiceStub(ch).ServerLive(pb.ServerLiveRequest(), timeout=30,
                                                                wait_for_ready=True)
         assert live.live
-    finally:
-        for s in silent:
-            s.close()
     assert "Too many open files" not in srv.output()

@@ -15,17 +15,7 @@ import pytest
 
 from aieng import express
 from aieng import messages as m
-
-
-def poll_until(what, timeout_s: float = 2.0):
-    """A bounded wait for a record to arrive: ``what()`` until it returns something truthy."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = what()
-        if got:
-            return got
-        time.sleep(0.001)
-    return what()
+from tests.waits import until
 
 
 @pytest.fixture
@@ -48,12 +38,12 @@ def task(rid: int) -> m.PreTask:
 def test_a_request_and_its_answer_travel_on_the_lane(lane):
     ex, fe, ex_poll, fe_poll = lane
     assert fe.send(m.encode(task(7)), memoryview(b"client body"))
-    got = poll_until(lambda: ex.poll(ex_poll))
+    got = until(lambda: ex.poll(ex_poll), 2)
     assert [(type(msg), msg.rid, bytes(body)) for msg, body in got] == [(m.PreTask, 7, b"client body")]
     assert [fd for fd, _ in ex_poll.poll(0)] == []  # its connection is registered, nothing more waits
     result = m.Result(7, b"\x80")
     assert ex.reply(7, lambda: m.encode(result))
-    answers = poll_until(lambda: fe.drain(fe_poll))
+    answers = until(lambda: fe.drain(fe_poll), 2)
     assert [m.decode(a).rid for a in answers] == [7]
     assert not ex.reply(7, lambda: m.encode(result))  # answered once: a second answer would take the hub
 
@@ -83,7 +73,7 @@ def test_a_gone_executor_is_noticed_and_the_lane_is_dropped(lane):
     ex, fe, ex_poll, fe_poll = lane
     assert ex.poll(ex_poll) == [] and ex.chan is not None
     ex.close()
-    assert poll_until(lambda: fe.drain(fe_poll) == [] and fe.chan is None)
+    assert until(lambda: fe.drain(fe_poll) == [] and fe.chan is None, 2)
     assert not fe.send(m.encode(task(1)), b"")
 
 
@@ -91,7 +81,7 @@ def test_a_malformed_record_is_skipped_and_the_next_one_read(lane, caplog):
     ex, fe, ex_poll, _ = lane
     fe.chan.sock.send(b"\xff\xff\x00\x00junk")  # claims a 65,535-byte message in 4 bytes
     assert fe.send(m.encode(task(3)), b"")
-    got = poll_until(lambda: ex.poll(ex_poll))
+    got = until(lambda: ex.poll(ex_poll), 2)
     assert [msg.rid for msg, _ in got] == [3]
     assert "malformed express record skipped" in caplog.text
 
@@ -103,7 +93,7 @@ def test_a_restarted_frontend_replaces_the_old_connection(lane, tmp_path):
     again = express.FrontendEnd(str(tmp_path / "express.sock"))
     again.executor_seen(4242, select.poll())
     assert again.send(m.encode(task(5)), b"")
-    got = poll_until(lambda: ex.poll(ex_poll))
+    got = until(lambda: ex.poll(ex_poll), 2)
     assert [msg.rid for msg, _ in got] == [5] and ex.chan is not first and first.closed
     again.close()
 
@@ -118,7 +108,7 @@ def test_records_are_whole_messages(tmp_path):
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     left, right = express.Channel(a), express.Channel(b)
     assert left.send(b"one", b"body-1") and left.send(b"two", None)
-    got = poll_until(lambda: right.recv())
+    got = until(lambda: right.recv(), 2)
     assert [(bytes(h), bytes(body)) for h, body in got] == [(b"one", b"body-1"), (b"two", b"")]
     left.close()
     right.close()

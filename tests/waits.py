@@ -1,0 +1,16 @@
+"""A bounded wait for a state, shared by the tests (never a fixed sleep)."""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+
+def until(cond: Callable[[], Any], timeout_s: float, step_s: float = 0.05) -> Any:
+    """``cond()`` again every ``step_s`` until it returns something truthy or ``timeout_s`` passes; returns
+    its last value, so the caller asserts on it (and shows it when it failed)."""
+    deadline = time.monotonic() + timeout_s
+    value = cond()
+    while not value and time.monotonic() < deadline:
+        time.sleep(step_s)
+        value = cond()
+    return value
