@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import select
-import socket
 import threading
 import time
 from types import SimpleNamespace
@@ -27,17 +26,12 @@ from aieng.addresses import express_path, hub_addr
 from aieng.client import decode_reply
 from aieng.config import Config
 from aieng.frontend.server import Frontend
+from tests.conftest import free_port
 from tests.unit.demo import needs_demo_models, spec
 
 pytestmark = needs_demo_models
 TAB = {"island": "Biscoe", "bill_length_mm": 45.1, "bill_depth_mm": 14.5, "flipper_length_mm": 215.0,
        "body_mass_g": 5000.0, "sex": "female"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Rig:

@@ -208,7 +208,9 @@ def test_rejected_near_limit_grpc_requests_do_not_hold_memory(make_server):
         base = gateway.memory_info().rss
         assert [refused() for _ in range(5)] == [grpc.StatusCode.INVALID_ARGUMENT] * 5
         grown = gateway.memory_info().rss - base
-    assert grown < 200 << 20, f"the gateway grew {grown >> 20} MiB over five refused requests"
+    # Measured here: 440-510 MiB with the fix undone, 75-205 MiB with it (the allocator keeps
+    # freed blocks). tests/unit/test_oip_grpc_refusal.py finds the cycle itself, without RSS noise.
+    assert grown < 400 << 20, f"the gateway grew {grown >> 20} MiB over five refused requests"
 
 
 def oip_infer(addr: str) -> int:

@@ -11,12 +11,7 @@ import pytest
 from aieng.frontend import httpserver
 from aieng.frontend.http import HttpServer, authorized, bind, parse_addr, read_token, response
 from aieng.frontend.httpserver import HeadError, parse_head
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.conftest import free_port
 
 
 def http_get(port: int, path: str, headers: dict[str, str] | None = None) -> tuple[int, dict, bytes]:
