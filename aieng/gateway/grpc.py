@@ -14,6 +14,7 @@ Errors map to status codes by ``service.GRPC_STATUS``; the call's deadline bound
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import unquote
 
 import grpc
 from google.protobuf import json_format
@@ -62,6 +63,14 @@ def tensors_of(request: pb.ModelInferRequest) -> list[codec.Tensor]:
         else:  # typed contents: checked like JSON data (counts, ranges)
             out.append(codec.from_json(t.name, t.datatype, shape, values))
     return out
+
+
+def peer_host(peer: str) -> str:
+    """The client's address from grpc's ``context.peer()`` (``ipv4:1.2.3.4:5``, ``ipv6:%5B::1%5D:5``)."""
+    kind, _, rest = peer.partition(":")
+    if kind in ("ipv4", "ipv6"):
+        return unquote(rest).rpartition(":")[0].strip("[]")
+    return peer
 
 
 class Servicer(pbg.GRPCInferenceServiceServicer):
@@ -151,10 +160,10 @@ class Servicer(pbg.GRPCInferenceServiceServicer):
         failure = None
         try:
             params = {k: _param(v) for k, v in request.parameters.items()}
-            tensors = tensors_of(request)
+            tensors = await self.svc.decoder.run(request.ByteSize(), tensors_of, request)
             names = [o.name for o in request.outputs] or None
             ans = await self.svc.infer(request.model_name, request.model_version or None, tensors, params,
-                                       names, context.time_remaining())
+                                       names, peer_host(context.peer()), context.time_remaining())
         except p.RequestError as exc:
             failure = exc
         if failure is not None:  # outside the except block (``_fail``); the request is not needed any more

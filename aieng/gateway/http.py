@@ -117,16 +117,16 @@ class OipHttp:
     def __init__(self, service: Service):
         self.svc = service
 
-    async def handle(self, method: str, path: str, query: str, headers: dict, body: bytes):
+    async def handle(self, method: str, path: str, query: str, headers: dict, body: bytes, peer: str):
         parts = [s for s in path.split("/") if s]
         try:
             if parts[:2] == ["v2", "repository"]:
                 return await self.repository(method, parts[2:], query, body)
-            return await self.route(method, parts, headers, body)
+            return await self.route(method, parts, headers, body, peer)
         except p.RequestError as exc:
             return error_response(HTTP_STATUS.get(exc.code, 500), exc.message)
 
-    async def route(self, method: str, parts: list[str], headers: dict, body: bytes):
+    async def route(self, method: str, parts: list[str], headers: dict, body: bytes, peer: str):
         svc, up = self.svc, self.svc.up
         if not parts or parts[0] != "v2":
             raise HttpError(404, "not found (the OIP endpoints are under /v2)")
@@ -147,7 +147,7 @@ class OipHttp:
         if tail == ["infer"]:
             if method != "POST":
                 raise HttpError(405, "infer takes POST")
-            return await self.infer(name, version, headers, body)
+            return await self.infer(name, version, headers, body, peer)
         view = await svc.view(name, version)
         if not tail:
             return _json(models.metadata(view))
@@ -159,14 +159,14 @@ class OipHttp:
             return _json({"model_stats": await self.stats(name, version)})
         raise HttpError(404, "not found")
 
-    async def infer(self, name: str, version: str | None, headers: dict, body: bytes):
+    async def infer(self, name: str, version: str | None, headers: dict, body: bytes, peer: str):
         await self.svc.view(name, version)  # an unknown model is 404 whatever the body holds
-        req, tensors = parse_infer(body, headers)
+        req, tensors = await self.svc.decoder.run(len(body), parse_infer, body, headers)
         params = req.get("parameters") or {}
         if not isinstance(params, dict):
             raise p.RequestError(p.INVALID_REQUEST, "'parameters' must be an object")
         names, binary = requested_outputs(req)
-        ans = await self.svc.infer(name, version, tensors, params, names)
+        ans = await self.svc.infer(name, version, tensors, params, names, peer)
         req_id = req.get("id")
         return render(ans, req_id if isinstance(req_id, str) else None, binary)
 

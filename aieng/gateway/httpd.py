@@ -17,8 +17,8 @@ never a thread, and every way of holding one is bounded:
     answers              one at a time per connection, in order (pipelined requests wait their turn)
 
 Each refusal is one DEBUG log line and a count in ``dropped`` (by reason), never a traceback.  The
-handler gets ``(method, path, query, headers, body)`` and returns ``(status, headers, body)``; an
-exception from it is a 500 with ``{"error": ...}``.
+handler gets ``(method, path, query, headers, body, peer)`` (peer: the client's IP address) and returns
+``(status, headers, body)``; an exception from it is a 500 with ``{"error": ...}``.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not All
            411: "Length Required", 413: "Payload Too Large", 431: "Request Header Fields Too Large",
            500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable",
            504: "Gateway Timeout", 505: "HTTP Version Not Supported"}
-Handler = Callable[[str, str, str, dict, bytes], Awaitable[tuple[int, dict, bytes]]]
+Handler = Callable[[str, str, str, dict, bytes, str], Awaitable[tuple[int, dict, bytes]]]
 
 
 class HttpError(Exception):
@@ -207,7 +207,8 @@ class HttpServer:
         keep = headers.get("connection", "").lower() != "close" and (
             version == "HTTP/1.1" or headers.get("connection", "").lower() == "keep-alive")
         try:
-            status, rheaders, rbody = await self.handler(method, path, query, headers, body)
+            host = peer[0] if isinstance(peer, tuple) and peer else str(peer)
+            status, rheaders, rbody = await self.handler(method, path, query, headers, body, host)
         except HttpError as exc:
             status, rheaders, rbody = error_response(exc.status, exc.message)
         except Exception as exc:  # a bug answers 500; the connection and the gateway go on

@@ -5,7 +5,9 @@
 (``AIENG_OIP_GRPC_ADDR``) on the same addresses (SO_REUSEPORT: the kernel spreads connections).  A
 gateway is a client of the frontend like any other (``upstream.Upstream``: one DEALER, many requests
 in flight), so the frontend's loop never parses HTTP or protobuf, and its admission, per-client limits,
-deadlines, counts and stage timings apply to these requests as to native ones.
+deadlines, counts and stage timings apply to these requests as to native ones.  Within the gateway
+each OIP peer has its own budget of rows in flight, and the gateways together hold at most half of
+``AIENG_MAX_INFLIGHT`` (``budget.py``).
 
 Startup binds both listeners before reporting ready (a busy address fails the start naming the
 variable); the frontend need not be up yet (health and metadata follow within a second of it).
@@ -28,6 +30,8 @@ from aieng import messages as m
 from aieng import procutil
 from aieng.addresses import hub_addr
 from aieng.config import Config
+from aieng.gateway.budget import PeerBudget, gateway_share
+from aieng.gateway.decode import Decoder
 from aieng.gateway.grpc import start_grpc
 from aieng.gateway.http import OipHttp
 from aieng.gateway.httpd import HttpServer
@@ -95,7 +99,8 @@ class Gateway:
         # repository load/unload go to the admin socket, and only when turned on (repository.py)
         self.repository = Repository(cfg, bool(cfg.admin_curve_secret_key_file), self.log) \
             if cfg.oip_repository_control else None
-        self.service = Service(self.upstream, self.repository)
+        share = gateway_share(cfg.max_inflight, cfg.per_client_inflight, cfg.gateways)
+        self.service = Service(self.upstream, PeerBudget(share), Decoder(), self.repository)
         cap = connection_cap(bool(cfg.oip_http_addr) + bool(cfg.oip_grpc_addr))
         if cfg.oip_http_addr:
             host, port = split_addr(cfg.oip_http_addr, "AIENG_OIP_HTTP_ADDR")
@@ -114,6 +119,8 @@ class Gateway:
     def info(self) -> dict:
         return {"http": self.cfg.oip_http_addr, "grpc": self.cfg.oip_grpc_addr,
                 "requests": self.upstream.requests, "in_flight": len(self.upstream.waiting),
+                "rows_held": self.service.budget.total, "peers": len(self.service.budget.held),
+                "decoded_off_loop": self.service.decoder.off_loop,
                 "http_dropped": dict(self.http.dropped) if self.http else {}}
 
     def ready_info(self) -> dict:
@@ -153,6 +160,7 @@ class Gateway:
 
     def close(self) -> None:
         self.upstream.close()
+        self.service.decoder.close()
         if self.repository is not None:
             self.repository.close()
         self.hub.close(0)

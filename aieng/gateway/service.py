@@ -1,8 +1,10 @@
 """The transport-independent core of the OIP front door: one infer, the status mapping, the parameters.
 
-Both the HTTP and the gRPC side parse their request into ``Tensor``s and call ``Service.infer``: it
-finds the model version, splits the rows (``codec.split_rows``), sends one native request per row to
-the frontend at once (batched there like any others) and waits for all of them; the first failing
+Both the HTTP and the gRPC side parse their request into ``Tensor``s (a large one on the decoder
+thread, ``decode.py``) and call ``Service.infer``: it finds the model version, splits the rows
+(``codec.split_rows``), takes them all from the peer's budget (``budget.py``) or refuses the request,
+sends one native request per row to the frontend at once (batched there like any others) and waits for
+all of them; the first failing
 row's error (in row order) is the request's error, otherwise the rows are stacked per output.  The
 per-request ``timeout`` parameter (microseconds, as Triton's clients send it) becomes the native
 ``timeout_ms``; a gRPC deadline does the same when it is shorter.
@@ -21,6 +23,8 @@ import numpy as np
 
 from aieng import protocol as p
 from aieng.gateway import codec
+from aieng.gateway.budget import PeerBudget
+from aieng.gateway.decode import Decoder
 from aieng.gateway.models import ModelView
 from aieng.gateway.repository import DEFAULT_WAIT_S, Repository, denied
 from aieng.gateway.upstream import Upstream
@@ -65,8 +69,9 @@ def model_params(params: dict) -> dict:
 
 
 class Service:
-    def __init__(self, upstream: Upstream, repository: Repository | None = None):
-        self.up = upstream
+    def __init__(self, upstream: Upstream, budget: PeerBudget, decoder: Decoder,
+                 repository: Repository | None = None):
+        self.up, self.budget, self.decoder = upstream, budget, decoder
         self.repo = repository  # None: AIENG_OIP_REPOSITORY_CONTROL off
 
     async def view(self, name: str, version: str | None) -> ModelView:
@@ -79,12 +84,21 @@ class Service:
         return view
 
     async def infer(self, name: str, version: str | None, tensors: list[codec.Tensor], params: dict,
-                    requested: list[str] | None, deadline_s: float | None = None) -> Answer:
+                    requested: list[str] | None, peer: str, deadline_s: float | None = None) -> Answer:
+        """One OIP request of ``peer`` (its address): all its rows admitted (``budget``) or none."""
         view = await self.view(name, version)
         timeout_ms = timeout_ms_of(params, deadline_s)
         rows = codec.split_rows(view.kinds, tensors, view.max_batch_size, view.batched)
         mparams = model_params(params)
-        calls = [self.up.infer(name, view.version, row, mparams, timeout_ms, view.timeout_ms) for row in rows]
+        self.budget.take(peer, len(rows))
+
+        async def one(row: dict) -> dict:
+            try:
+                return await self.up.infer(name, view.version, row, mparams, timeout_ms, view.timeout_ms)
+            finally:
+                self.budget.give(peer)
+
+        calls = [one(row) for row in rows]
         replies = await asyncio.gather(*calls) if len(calls) > 1 else [await calls[0]]
         for reply in replies:
             if not reply.get("ok"):

@@ -12,6 +12,7 @@ import types
 
 import grpc
 
+from aieng.gateway.decode import Decoder
 from aieng.gateway.grpc import Servicer, _handlers, pb
 
 
@@ -31,6 +32,10 @@ class Context:
     async def abort(self, code, message):
         self.status = (code, message)
         raise Aborted(message)
+
+
+def servicer() -> Servicer:
+    return Servicer(service=types.SimpleNamespace(decoder=Decoder()))  # decoding is all it reaches
 
 
 def refused_request() -> pb.ModelInferRequest:
@@ -61,7 +66,7 @@ def test_a_refused_infer_leaves_no_frame_in_a_cycle():
 
     def call():
         try:
-            asyncio.run(Servicer(service=None).ModelInfer(refused_request(), ctx))
+            asyncio.run(servicer().ModelInfer(refused_request(), ctx))
         except Aborted:
             pass
 
@@ -71,7 +76,7 @@ def test_a_refused_infer_leaves_no_frame_in_a_cycle():
 
 def test_the_registered_method_drops_the_request_too():
     ctx = Context()
-    handler = _handlers(Servicer(service=None)).service(
+    handler = _handlers(servicer()).service(
         types.SimpleNamespace(method="/inference.GRPCInferenceService/ModelInfer"))
 
     def call():

@@ -10,7 +10,7 @@ import pytest
 from aieng.gateway import httpd
 
 
-async def echo(method, path, query, headers, body):
+async def echo(method, path, query, headers, body, peer):
     return 200, {"Content-Type": "text/plain"}, f"{method} {path} {len(body)}".encode()
 
 
@@ -109,7 +109,7 @@ def test_at_the_cap_a_new_connection_closes_the_oldest_idle_one():
 def test_at_the_cap_with_every_connection_busy_a_new_one_is_closed_at_once():
     gate = asyncio.Event()
 
-    async def slow(method, path, query, headers, body):
+    async def slow(method, path, query, headers, body, peer):
         await gate.wait()
         return 200, {}, b"done"
 
