@@ -22,11 +22,11 @@ Per model version a queue of pending requests, each with its sequence length
   that says "run now"; on a GPU, where a bigger batch is nearly free, "wait".
   Otherwise the caller sleeps until the earliest such deadline.
 * Among models with a runnable batch, the one with the oldest anchor goes.
-* Lanes are shared (``crowded``): with two lanes or more, a model that holds all but one of them takes no
-  further lane while a model whose batches run shorter (``run_s``) had a request within ``SHARE_WINDOW_S``.
-  A flood of one model's long batches (a page's 500 textrec crops) then never holds every lane from a 5 ms
-  model; alone, or beside only longer-running models (textrec beside its own pipeline's textdet), a model
-  uses every lane.
+* Lanes are shared (``crowded``): with two lanes or more, the last free lane goes only to a model with no
+  model whose batches run shorter (``run_s``; a model not measured yet counts as shortest) that had a
+  request within ``SHARE_WINDOW_S``.  A flood of long batches (a page's 500 textrec crops beside its
+  textdet) then never holds every lane from a 5 ms model, whichever models the flood is made of; alone, or
+  beside only longer-running models, a model uses every lane.
 
 Expired requests are removed (and returned) before a batch is formed, so the
 model never runs a request whose client has already been told TIMEOUT.
@@ -213,17 +213,14 @@ class Batcher:
         return min(n for n, cost in per_row.items() if cost <= cheapest / 0.95)
 
     def crowded(self, now: float, running: dict[str, int], lanes: int) -> set[str]:
-        """Models that may not take another of ``lanes`` now, given the lanes each runs (module doc)."""
-        if lanes < 2:
+        """Models that may not take the last free one of ``lanes`` now, given the lanes each runs (module
+        doc): those with a model whose batches run shorter, or are not measured yet, recently active."""
+        if lanes < 2 or lanes - sum(running.values()) != 1:
             return set()
-        recent = [q.run_s for q in self.queues.values() if q.run_s is not None
-                  and q.last_arrival is not None and now - q.last_arrival <= SHARE_WINDOW_S]
-        out = set()
-        for k, n in running.items():
-            q = self.queues.get(k)
-            if n >= lanes - 1 and q is not None and q.run_s is not None and any(r < q.run_s for r in recent):
-                out.add(k)
-        return out
+        recent = {k: q.run_s or 0.0 for k, q in self.queues.items()
+                  if q.last_arrival is not None and now - q.last_arrival <= SHARE_WINDOW_S}
+        return {k for k, q in self.queues.items() if q.run_s is not None
+                and any(r < q.run_s for other, r in recent.items() if other != k)}
 
     def next_batch(self, now: float, running: dict[str, int] | None = None,
                    lanes: int = 0) -> tuple[str | None, list[Pending], float | None]:

@@ -352,7 +352,27 @@ def test_one_lane_is_never_withheld():
     b.put("tabular:1", P(1, 0, arrived=0.5), upstream=0)
     assert b.crowded(1.0, {"textrec:1": 1}, lanes=1) == set()
     assert b.crowded(1.0, {"textrec:1": 1}, lanes=2) == {"textrec:1"}
-    assert b.crowded(1.0, {"textrec:1": 1, "tabular:1": 1}, lanes=3) == set()
+    assert b.crowded(1.0, {"textrec:1": 1, "tabular:1": 1}, lanes=3) == {"textrec:1"}  # the last is kept
+    assert b.crowded(1.0, {"textrec:1": 1}, lanes=3) == set()  # two are free: anyone may take one
+
+
+def test_two_longer_running_models_together_keep_the_last_lane_free():
+    """Before, textdet on one lane and textrec on the other held both from tabular (each held only one)."""
+    b = two_models()
+    b.add_model("textdet:1", 1, 5.0, 0.3)
+    b.observe("textdet:1", 1, 0, 0.300)
+    b.put("textrec:1", P(0, 0, arrived=0.5), upstream=0)
+    b.put("tabular:1", P(1, 0, arrived=0.6), upstream=0)
+    assert b.crowded(1.0, {"textdet:1": 1}, lanes=2) == {"textdet:1", "textrec:1"}
+    key, batch, _ = b.next_batch(now=1.0, running={"textdet:1": 1}, lanes=2)
+    assert (key, rids(batch)) == ("tabular:1", [1])
+
+
+def test_a_model_not_measured_yet_counts_as_the_shortest():
+    b = two_models()
+    b.add_model("fresh:1", 1, 5.0, 0.3)  # no run observed yet
+    b.put("fresh:1", P(0, 0, arrived=0.5), upstream=0)
+    assert b.crowded(1.0, {"textrec:1": 1}, lanes=2) == {"textrec:1", "tabular:1"}
 
 
 def test_a_longer_running_model_keeps_no_lane_from_a_shorter_one():
@@ -362,5 +382,5 @@ def test_a_longer_running_model_keeps_no_lane_from_a_shorter_one():
     b.observe("textdet:1", 1, 0, 0.300)
     b.put("textdet:1", P(0, 0, arrived=0.5), upstream=0)
     b.put("textrec:1", P(1, 0, arrived=0.6), upstream=0)
-    assert b.crowded(1.0, {"textrec:1": 1}, lanes=2) == set()  # textdet is slower: no lane kept for it
-    assert b.crowded(1.0, {"textdet:1": 1}, lanes=2) == {"textdet:1"}  # textrec is faster: one lane kept
+    assert b.crowded(1.0, {"textrec:1": 1}, lanes=2) == {"textdet:1"}  # textrec may take the last one
+    assert b.crowded(1.0, {"textdet:1": 1}, lanes=2) == {"textdet:1"}  # textrec is faster: the last is kept
