@@ -42,12 +42,12 @@ class Baseline:
     def __init__(self, model: str, repo: str, threads: int, spinning: bool = True):
         from aieng.bench_limit import load_spec
         from aieng.gpu_executor.sessions import ModelSession
-        from aieng.postprocess_workers.ops import OPS
-        from aieng.preprocess_workers import PROCESSORS
+        from aieng.postprocess_workers.chain import Chain
+        from aieng.preprocess_workers.processors import PROCESSORS
 
         self.spec = load_spec(model, repo)
         self.pre = PROCESSORS[self.spec.preprocess["type"]](self.spec)
-        self.post = OPS[self.spec.postprocess["type"]](self.spec)
+        self.post = Chain(self.spec)
         self.sess = ModelSession(self.spec, "auto", threads, spinning, stop_spinning=False)  # ORT's defaults
         self.sess.warmup()
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="baseline")

@@ -41,12 +41,12 @@ def load_spec(model: str, repo: str):
 
 class InProcess:
     def __init__(self, model: str, repo: str, inputs: list[dict], threads: int, row_seconds: float = 5.0):
-        from aieng.postprocess_workers.ops import OPS
-        from aieng.preprocess_workers import PROCESSORS
+        from aieng.postprocess_workers.chain import Chain
+        from aieng.preprocess_workers.processors import PROCESSORS
 
         self.spec = load_spec(model, repo)
         self.pre = PROCESSORS[self.spec.preprocess["type"]](self.spec)
-        self.post = OPS[self.spec.postprocess["type"]](self.spec)
+        self.post = Chain(self.spec)
         self.inputs = inputs
         self.threads = threads
         self.row_seconds = row_seconds

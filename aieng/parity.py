@@ -137,7 +137,7 @@ def sample_requests(spec: ModelSpec, n: int, start: int = 0) -> list[dict[str, A
 
 
 def sample_feeds(spec: ModelSpec, requests: list[dict]) -> list[dict[str, np.ndarray]]:
-    from aieng.preprocess_workers import PROCESSORS
+    from aieng.preprocess_workers.processors import PROCESSORS
 
     if spec.preprocess["type"] == "tensor":  # the server passes client tensors through unchanged
         return [dict(r) for r in requests]

@@ -60,7 +60,7 @@ class InlinePre:
 
     def consider(self, spec: ModelSpec) -> str:
         """Build ``spec``'s processor when it may run here; file the decision for ``adopt``."""
-        from aieng.preprocess_workers import PROCESSORS
+        from aieng.preprocess_workers.processors import PROCESSORS
 
         kind = spec.preprocess.get("type", "")
         if self.limit_bytes <= 0:

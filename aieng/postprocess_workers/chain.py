@@ -31,12 +31,12 @@ from typing import Any
 
 import numpy as np
 
+from aieng.postprocess_workers import ctc, detection, ops  # noqa: F401  (they fill the registry)
 from aieng.postprocess_workers.guard import Guard
-from aieng.postprocess_workers.schema import REGISTRY, check_params
+from aieng.postprocess_workers.schema import GEOMETRY, REGISTRY, check_params
 from aieng.protocol import TIMEOUT, RequestError
 
 STEP_KEYS = ("op", "name", "timeout_ms", "on_timeout", "isolate")
-GEOMETRY = "geometry"  # the state key of an image request's Geometry (never part of the answer)
 MAX_STEPS = 32
 
 
@@ -46,8 +46,6 @@ def parse(post: Any) -> dict[str, Any]:
     Each step is ``{name, op, timeout_ms, on_timeout, isolate, params}`` with ``params`` checked
     against the op's declaration.  Raises ValueError naming the step.
     """
-    from aieng.postprocess_workers import ops  # noqa: F401  (fills the registry)
-
     answer = None
     if isinstance(post, dict) and "type" in post:  # the single-op form
         if not isinstance(post["type"], str):

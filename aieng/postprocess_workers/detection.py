@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from aieng.postprocess_workers.chain import GEOMETRY
 from aieng.postprocess_workers.ops import SOURCE, softmax
-from aieng.postprocess_workers.schema import Op, Param, register
+from aieng.postprocess_workers.schema import GEOMETRY, Op, Param, register
 
 
 @register

@@ -241,8 +241,3 @@ class Passthrough(Op):
     def __call__(self, state, params, degraded=0):
         return {k: np.array(v) for k, v in state.items()}
 
-
-from aieng.postprocess_workers import ctc, detection  # noqa: E402,F401  (they register their ops)
-from aieng.postprocess_workers.chain import Chain  # noqa: E402
-
-OPS = {"mean_pool": Chain, "classify": Chain, "tensor": Chain}  # the single-op form, built as a chain

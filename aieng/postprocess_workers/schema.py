@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 REQUIRED = object()
+GEOMETRY = "geometry"  # the state key of an image request's Geometry (never part of the answer)
 KINDS = ("str", "int", "float", "bool", "names", "ints", "floats", "any")
 
 

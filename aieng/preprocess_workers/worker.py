@@ -22,7 +22,7 @@ from aieng import model_repo
 from aieng.addresses import exec_addr
 from aieng.config import Config
 from aieng.model_repo import ModelSpec
-from aieng.preprocess_workers import PROCESSORS
+from aieng.preprocess_workers.processors import PROCESSORS
 from aieng.protocol import INTERNAL, INVALID_INPUT, INVALID_REQUEST, UNAVAILABLE, RequestError, unpack_limited
 from aieng.worker_hotswap import Versions
 from aieng.worker_runtime import HubWorker, own_ring, push_socket

@@ -175,15 +175,15 @@ def test_full_table_has_every_section():
 # ------------------------------------------------------------ the baseline server, for real
 def in_process_answer(inputs: dict) -> dict:
     from aieng.gpu_executor.sessions import ModelSession
-    from aieng.postprocess_workers.ops import OPS
-    from aieng.preprocess_workers import PROCESSORS
+    from aieng.postprocess_workers.chain import Chain
+    from aieng.preprocess_workers.processors import PROCESSORS
 
     s = spec("tabular")
     tensors, _, _ = PROCESSORS[s.preprocess["type"]](s).process(inputs)
     sess = ModelSession(s, "cpu", 1, False)
     feeds, sizes = sess.feeds_from([dict(tensors)])
     outs = sess.run(feeds)
-    return OPS[s.postprocess["type"]](s)(dict(sess.request_outputs(outs, 0, sizes[0])), {})
+    return Chain(s)(dict(sess.request_outputs(outs, 0, sizes[0])), {})
 
 
 @needs_demo_models

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from aieng.gpu_executor.inline_pre import InlinePre
-from aieng.preprocess_workers import PROCESSORS
+from aieng.preprocess_workers.processors import PROCESSORS
 from aieng.protocol import INVALID_INPUT, RequestError
 from tests.unit.demo import needs_demo_models, spec
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aieng.preprocess_workers import PROCESSORS
 from aieng.preprocess_workers.image import ImagePreprocessor, image_size
+from aieng.preprocess_workers.processors import PROCESSORS
 from aieng.preprocess_workers.tabular import TabularPreprocessor
 from aieng.preprocess_workers.tensor import TensorPreprocessor
 from aieng.preprocess_workers.text import TextPreprocessor

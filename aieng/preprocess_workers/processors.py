@@ -1,0 +1,23 @@
+"""``PROCESSORS``: a model.yaml ``preprocess.type`` -> its implementation.
+
+Each has ``process(inputs) -> (tensors, seq_len, info)`` (image ones with a ``geometry`` attribute, a
+``messages.Geometry`` carried to postprocessing) and raises ``RequestError`` for bad input;
+``batchable`` ones also offer ``check(inputs)`` and ``process_many(checked)``.  Importing this module
+loads OpenCV and the tokenizers: the supervisor and ``model_repo`` never do (``image_config`` checks an
+image model's section without them).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from aieng.preprocess_workers.image import ImagePreprocessor
+from aieng.preprocess_workers.tabular import TabularPreprocessor
+from aieng.preprocess_workers.tensor import TensorPreprocessor
+from aieng.preprocess_workers.text import TextPreprocessor
+
+PROCESSORS: dict[str, Any] = {
+    "text": TextPreprocessor,
+    "image": ImagePreprocessor,
+    "tabular": TabularPreprocessor,
+    "tensor": TensorPreprocessor,
+}
