@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import socket
 
-from aieng.replicas import parse_tcp, split_addrs
+from aieng.client.endpoints import parse_tcp, split_addrs
 
 PROBE_S = 3.0
 SCHEMES = ("tcp://", "ipc://")

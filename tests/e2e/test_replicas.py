@@ -13,9 +13,7 @@ import psutil
 import pytest
 
 from aieng import addresses, shm
-from aieng.client import AsyncClient, Client
-from aieng.replica_client import AsyncReplicaClient
-from aieng.replica_sync import ReplicaClient
+from aieng.client import AsyncClient, AsyncReplicaClient, Client, ReplicaClient
 
 pytestmark = pytest.mark.e2e
 

@@ -12,10 +12,8 @@ import msgpack
 import pytest
 import zmq
 
-from aieng.client import AsyncClient, Client
-from aieng.replica_client import AsyncReplicaClient
-from aieng.replica_sync import ReplicaClient
-from aieng.replicas import Backoff, EndpointSet, expand, parse_tcp, should_retry, split_addrs
+from aieng.client import AsyncClient, AsyncReplicaClient, Client, ReplicaClient
+from aieng.client.endpoints import Backoff, EndpointSet, expand, parse_tcp, should_retry, split_addrs
 
 
 def test_split_addrs_list_or_commas_only():

@@ -1,6 +1,6 @@
 """Endpoint set, health state and replica selection for the multi-endpoint clients (pure logic: no sockets).
 
-Contract (the ZeroMQ side is ``aieng/replica_client.py``; user docs: docs/replicas.md):
+Contract (the ZeroMQ side is ``replica_async.py``; user docs: docs/replicas.md):
 
 * ``split_addrs``: a list/tuple of addresses, or one string with commas, is a replica list; a plain string
   without a comma is not (``Client("tcp://a:5555")`` keeps the single-address client).

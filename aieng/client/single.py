@@ -6,7 +6,7 @@
 replies matched by ``id``.
 
 Given several endpoints (a list, or one string with commas: ``Client(["tcp://a:5555", "tcp://b:5555"])``),
-both become replica clients (``aieng/replica_sync.py``, ``aieng/replica_client.py``; docs/replicas.md):
+both become replica clients (``replica_sync.py``, ``replica_async.py``; docs/replicas.md):
 DNS names expand to every address, requests go to the ready replica with the fewest in flight, a replica
 that stops answering is skipped until a health probe finds it ready again, every request gets exactly one
 reply (a lost replica's in-flight requests get ``UNAVAILABLE`` naming it) and is retried once on another
@@ -28,6 +28,7 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
+from aieng.client.endpoints import split_addrs
 from aieng.protocol import decode_tensor, encode_tensor
 
 DEFAULT_ADDR = "tcp://127.0.0.1:5555"
@@ -80,17 +81,18 @@ def apply_curve(sock: zmq.Socket, curve: tuple[bytes, bytes, bytes] | None) -> N
 
 
 def _replicas(addr: Any) -> bool:
-    from aieng.replicas import split_addrs
-
     return split_addrs(server_addr(addr)) is not None
+
+
+# The replica classes, by the single-address class they extend; filled by ``replica_sync.py`` and
+# ``replica_async.py`` (the package imports both), so this module never imports them.
+REPLICA_CLASSES: dict[type, type] = {}
 
 
 class Client:
     def __new__(cls, addr: Any = None, *args: Any, **kw: Any) -> "Client":
         if cls is Client and _replicas(addr):
-            from aieng.replica_sync import ReplicaClient
-
-            return super().__new__(ReplicaClient)
+            return super().__new__(REPLICA_CLASSES[Client])
         return super().__new__(cls)
 
     def __init__(self, addr: str | None = None, timeout_s: float = 30.0, dealer: bool = False,
@@ -155,9 +157,7 @@ class AsyncClient:
 
     def __new__(cls, addr: Any = None, *args: Any, **kw: Any) -> "AsyncClient":
         if cls is AsyncClient and _replicas(addr):
-            from aieng.replica_client import AsyncReplicaClient
-
-            return super().__new__(AsyncReplicaClient)
+            return super().__new__(REPLICA_CLASSES[AsyncClient])
         return super().__new__(cls)
 
     def __init__(self, addr: str | None = None, timeout_s: float = 30.0,

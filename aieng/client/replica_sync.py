@@ -1,6 +1,6 @@
 """The blocking ``Client`` over several replicas: ``Client([...])`` becomes ``ReplicaClient``.
 
-Contract: as ``aieng/replica_client.py`` (one DEALER per endpoint, probes, deadlines, exactly one reply per
+Contract: as ``replica_async.py`` (one DEALER per endpoint, probes, deadlines, exactly one reply per
 request, the same retry rule), with one request at a time, so selection is round robin. Nothing runs in the
 background: socket events are read, and due probes of down endpoints sent, inside ``call``. So a call may
 spend up to ``probe_timeout_s`` waiting on a probe of a replica that is connected but hung; a replica that
@@ -16,12 +16,12 @@ import msgpack
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from aieng.client import Client, decode_reply
-from aieng.replica_client import _judge, _Replicas
-from aieng.replicas import client_error, expand
+from aieng.client.endpoints import client_error, expand
+from aieng.client.replica_base import ReplicaBase, judge
+from aieng.client.single import REPLICA_CLASSES, Client, decode_reply
 
 
-class ReplicaClient(_Replicas, Client):
+class ReplicaClient(ReplicaBase, Client):
     def __init__(self, addr: Any = None, timeout_s: float = 30.0, dealer: bool = True, curve: Any = None,
                  **opts: Any):
         self._setup(addr, timeout_s, curve, zmq.Context.instance(), **opts)
@@ -95,7 +95,7 @@ class ReplicaClient(_Replicas, Client):
         until = time.monotonic() + self.probe_timeout_s
         self._pump(until, lambda: all(p in self.replies for p in sent))
         for pid, addr in sent.items():
-            why = _judge(self._take(pid), self.probe_timeout_s)
+            why = judge(self._take(pid), self.probe_timeout_s)
             if why is None:
                 self.set.probe_ok(addr, time.monotonic())
             else:
@@ -168,8 +168,11 @@ class ReplicaClient(_Replicas, Client):
         eps = {a: None for a in self.socks}
         for hid, a in sent.items():
             eps[a] = self._take(hid)
-        return {"ok": any(_judge(r, 0) is None for r in eps.values()), "endpoints": eps}
+        return {"ok": any(judge(r, 0) is None for r in eps.values()), "endpoints": eps}
 
     def close(self) -> None:
         for a in list(self.socks):
             self.close_endpoint(a)
+
+
+REPLICA_CLASSES[Client] = ReplicaClient
