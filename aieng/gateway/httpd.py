@@ -1,20 +1,20 @@
-"""A small asyncio HTTP/1.1 server for the OIP REST side: keep-alive, Content-Length bodies, hard limits.
-
-Written here rather than taken from a framework so that every limit is explicit and cheap (the
-frontend's ``httpserver.py`` ideas, on asyncio): a connection costs a file descriptor and a coroutine,
-never a thread, and every way of holding one is bounded:
+"""An asyncio HTTP/1.1 server for the OIP REST side: ``httptools`` (llhttp, Node's parser) reads the
+messages, this module holds the limits.  A connection costs a file descriptor and a coroutine, never a
+thread, and every way of holding one is bounded:
 
     idle                 an open connection with no request started: closed after ``idle_s``
     head                 the request line and headers: at most ``HEAD_BYTES`` (431), complete within
                          ``head_s`` of its first byte (408), else the connection is closed
-    body                 ``Content-Length`` only (chunked: 411), at most ``max_body`` bytes (413, before
-                         reading it), arriving at ``MIN_RATE`` bytes/s or better after ``head_s`` (408)
+    body                 Content-Length or chunked, at most ``max_body`` bytes (413; before reading when
+                         announced), arriving at ``MIN_RATE`` bytes/s or better after ``head_s`` (408)
+    framing              Transfer-Encoding with Content-Length: 400 (request smuggling behind a proxy);
+                         a transfer coding other than chunked: 501; HTTP other than 1.0/1.1: 505
     bodies in memory     at most ``BODY_BUDGET`` x ``max_body`` bytes received and not yet answered per
-                         process, counted as the bytes arrive (an announced length holds nothing): a
-                         body whose next chunk does not fit is 503
+                         process, counted as the bytes arrive: a body whose next bytes do not fit is 503
     connections          at most ``max_conns`` per process; at the cap a new connection closes the one
                          idle longest (no request under way), and is closed at once only when none is idle
-    answers              one at a time per connection, in order (pipelined requests wait their turn)
+    answers              one at a time per connection, in order (pipelined requests wait their turn),
+                         each with ``Date``; HTTP/1.0 keeps the connection only when asked (and says so)
 
 Each refusal is one DEBUG log line and a count in ``dropped`` (by reason), never a traceback.  The
 handler gets ``(method, path, query, headers, body, peer)`` (peer: the client's IP address) and returns
@@ -26,18 +26,23 @@ import asyncio
 import json
 import logging
 import socket
-from collections import Counter
+import time
+from collections import Counter, deque
+from dataclasses import dataclass
+from email.utils import formatdate
 from typing import Awaitable, Callable
 from urllib.parse import unquote
+
+import httptools
 
 HEAD_BYTES = 64 * 1024
 MIN_RATE = 1 << 20
 BODY_BUDGET = 4
 BODY_CHUNK = 1 << 20  # a body is read, and counted against the budget, this much at a time
-REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout",
-           411: "Length Required", 413: "Payload Too Large", 431: "Request Header Fields Too Large",
-           500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable",
-           504: "Gateway Timeout", 505: "HTTP Version Not Supported"}
+REASONS = {100: "Continue", 200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
+           405: "Method Not Allowed", 408: "Request Timeout", 413: "Payload Too Large",
+           431: "Request Header Fields Too Large", 500: "Internal Server Error", 501: "Not Implemented",
+           503: "Service Unavailable", 504: "Gateway Timeout", 505: "HTTP Version Not Supported"}
 Handler = Callable[[str, str, str, dict, bytes, str], Awaitable[tuple[int, dict, bytes]]]
 
 
@@ -51,33 +56,94 @@ def error_response(status: int, message: str) -> tuple[int, dict, bytes]:
     return status, {"Content-Type": "application/json"}, json.dumps({"error": message}).encode()
 
 
-def parse_head(head: bytes) -> tuple[str, str, str, str, dict[str, str]]:
-    """``(method, path, query, version, headers)``; header names lower-cased, repeats joined by ', '."""
-    try:
-        text = head.decode("latin-1")
-    except UnicodeDecodeError:  # pragma: no cover - latin-1 decodes any byte
-        raise HttpError(400, "undecodable request head") from None
-    lines = text.split("\r\n")
-    parts = lines[0].split(" ")
-    if len(parts) != 3 or not parts[0].isalpha() or not parts[1].startswith("/"):
-        raise HttpError(400, "malformed request line")
-    method, target, version = parts
-    if version not in ("HTTP/1.1", "HTTP/1.0"):
-        raise HttpError(505, f"unsupported protocol version {version[:16]!r}")
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        if not line:
-            continue
-        name, sep, value = line.partition(":")
-        if not sep or not name or name != name.strip():
-            raise HttpError(400, "malformed header line")
-        key = name.lower()
-        value = value.strip()
-        if key == "content-length" and key in headers and headers[key] != value:
-            raise HttpError(400, "conflicting Content-Length headers")
-        headers[key] = f"{headers[key]}, {value}" if key in headers and key != "content-length" else value
-    path, _, query = target.partition("?")
-    return method, unquote(path), query, version, headers
+@dataclass
+class Request:
+    method: str
+    path: str
+    query: str
+    headers: dict[str, str]
+    body: bytes
+    keep: bool
+    http10: bool
+    held: int  # body bytes counted in the server's ``body_bytes`` until answered
+
+
+class _Reader:
+    """The parser's callbacks for one connection: builds ``Request``s, checks them as they arrive."""
+
+    def __init__(self, server: "HttpServer", writer: asyncio.StreamWriter):
+        self.server, self.writer = server, writer
+        self.parser = httptools.HttpRequestParser(self)
+        self.ready: deque[Request] = deque()
+        self.state = "idle"  # idle -> head -> body -> idle
+        self.url, self.headers, self.chunks, self.size = bytearray(), {}, [], 0
+        self.deadline = 0.0  # the head's, from its first byte; then the body's base, from its start
+        self.head_bytes = 0  # the head's size, from the parser's callbacks
+        self.raw_head = 0  # bytes read while the head is incomplete (what the parser may be holding)
+
+    def on_message_begin(self) -> None:
+        self.state, self.url, self.headers, self.chunks, self.size = "head", bytearray(), {}, [], 0
+        self.deadline, self.head_bytes, self.raw_head = time.monotonic() + self.server.head_s, 0, 0
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+        self.count_head(len(url))
+
+    def count_head(self, n: int) -> None:
+        self.head_bytes += n
+        if self.head_bytes > HEAD_BYTES:
+            raise HttpError(431, f"request head over {HEAD_BYTES} bytes")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.count_head(len(name) + len(value) + 4)
+        key, val = name.decode("latin-1").lower(), value.decode("latin-1").strip()
+        self.headers[key] = f"{self.headers[key]}, {val}" if key in self.headers else val
+
+    def on_headers_complete(self) -> None:
+        self.state, self.deadline = "body", time.monotonic() + self.server.head_s
+        if self.parser.get_http_version() not in ("1.0", "1.1"):
+            raise HttpError(505, f"unsupported protocol version {self.parser.get_http_version()[:16]!r}")
+        coding = self.headers.get("transfer-encoding")
+        if coding is not None and coding.lower() != "chunked":
+            raise HttpError(501, f"transfer coding {coding[:40]!r} is not supported (only chunked)")
+        announced = int(self.headers.get("content-length", "0")) if coding is None else 0  # digits: llhttp's
+        if announced > self.server.max_body:
+            raise HttpError(413, f"body of {announced} bytes is over the limit of {self.server.max_body}")
+        if (announced or coding) and self.headers.get("expect", "").lower() == "100-continue":
+            self.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body: bytes) -> None:
+        srv = self.server
+        if self.size + len(body) > srv.max_body:
+            raise HttpError(413, f"body over the limit of {srv.max_body} bytes")
+        if srv.body_bytes + len(body) > BODY_BUDGET * srv.max_body:
+            raise HttpError(503, "too many large requests at once")
+        srv.body_bytes += len(body)
+        self.size += len(body)
+        self.chunks.append(body)
+
+    def on_message_complete(self) -> None:
+        http10 = self.parser.get_http_version() == "1.0"
+        conn = self.headers.get("connection", "").lower()
+        keep = conn == "keep-alive" if http10 else conn != "close"
+        path, _, query = self.url.decode("latin-1").partition("?")
+        method = self.parser.get_method().decode("latin-1")
+        body = b"".join(self.chunks)
+        self.ready.append(Request(method, unquote(path), query, self.headers, body, keep, http10, self.size))
+        self.state, self.chunks, self.size = "idle", [], 0
+
+    def release(self) -> None:
+        """Give back the body bytes of everything parsed and not answered (the connection is ending)."""
+        self.server.body_bytes -= self.size + sum(r.held for r in self.ready)
+        self.size = 0
+        self.ready.clear()
+
+
+def _parser_error(exc: Exception) -> HttpError:
+    cause = exc.__cause__ or exc.__context__
+    if isinstance(cause, HttpError):
+        return cause
+    return HttpError(400, f"malformed request: {str(exc)[:120]}")
 
 
 class HttpServer:
@@ -90,6 +156,7 @@ class HttpServer:
         self.server: asyncio.AbstractServer | None = None
         self.closing = False
         self.body_bytes = 0  # bytes of request bodies held now (read, or being read)
+        self._date = (0, "")
 
     async def start(self, host: str, port: int) -> None:
         # SO_REUSEPORT: every gateway process binds the same address and the kernel spreads connections.
@@ -121,8 +188,10 @@ class HttpServer:
         sock = writer.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn = _Reader(self, writer)
+        host = peer[0] if isinstance(peer, tuple) and peer else str(peer)
         try:
-            while not self.closing and await self._one(reader, writer, peer):
+            while not self.closing and await self._next(conn, reader, writer, peer, host):
                 pass
         except (ConnectionError, asyncio.IncompleteReadError):
             self.drop("closed by the client", peer)
@@ -130,92 +199,68 @@ class HttpServer:
             pass
         finally:
             self.conns.pop(task, None)
+            conn.release()
             await self._close(reader, writer)
 
-    async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: object) -> bool:
-        """Read, answer one request; False when the connection is to close."""
+    async def _next(self, conn: _Reader, reader, writer, peer: object, host: str) -> bool:
+        """Answer one parsed request, or read more; False when the connection is to close."""
         task = asyncio.current_task()
-        self.conns[task] = False
+        if conn.ready:
+            self.conns[task] = True
+            return await self._answer(conn, conn.ready.popleft(), writer, host)
+        self.conns[task] = conn.state != "idle"
+        if conn.state == "idle":
+            what, budget = "idle", self.idle_s
+        elif conn.state == "head":
+            what, budget = "slow request head", max(0.0, conn.deadline - time.monotonic())
+        else:
+            what = "slow request body"
+            budget = max(0.0, conn.deadline + (conn.size + BODY_CHUNK) / MIN_RATE - time.monotonic())
         try:  # asyncio.timeout, not wait_for: no task per read (a measurable cost per request)
-            async with asyncio.timeout(self.idle_s):
-                first = await reader.read(1)
+            async with asyncio.timeout(budget):
+                data = await reader.read(BODY_CHUNK if conn.state == "body" else HEAD_BYTES)
         except asyncio.TimeoutError:
-            self.drop("idle", peer)
+            self.drop(what, peer)
+            if what != "idle":
+                part = "head" if conn.state == "head" else "body"
+                await self._reply(writer, *error_response(408, f"request {part} not received in time"), False)
             return False
-        if not first:
+        if not data:
             return False
-        self.conns[task] = True
         try:
-            async with asyncio.timeout(self.head_s):
-                rest = await reader.readuntil(b"\r\n\r\n")
-                method, path, query, version, headers = parse_head(first + rest)
-                if "chunked" in headers.get("transfer-encoding", "").lower():
-                    raise HttpError(411, "chunked bodies are not accepted: send Content-Length")
-                length = headers.get("content-length", "0")
-                if not (length.isascii() and length.isdigit()):  # "²".isdigit() is True, int("²") fails
-                    raise HttpError(400, "invalid Content-Length")
-                n = int(length)
-                if n > self.max_body:
-                    raise HttpError(413, f"body of {n} bytes is over the limit of {self.max_body}")
-                if n and headers.get("expect", "").lower() == "100-continue":
-                    writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        except asyncio.TimeoutError:
-            self.drop("slow request head", peer)
-            await self._reply(writer, *error_response(408, "request head not received in time"), False)
-            return False
-        except (asyncio.LimitOverrunError, ValueError):
-            self.drop("request head too large", peer)
-            await self._reply(writer, *error_response(431, f"request head over {HEAD_BYTES} bytes"), False)
-            return False
-        except HttpError as exc:
-            self.drop(f"bad request head ({exc.status})", peer)
-            await self._reply(writer, *error_response(exc.status, exc.message), False)
-            return False
-        held = [0]  # body bytes of this request counted in ``body_bytes`` (released when it is answered)
-        try:
-            return await self._answer(reader, writer, n, method, path, query, version, headers, peer, held)
-        finally:
-            self.body_bytes -= held[0]
+            conn.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            return await self._refuse(writer, peer, HttpError(400, "protocol upgrades are not served"))
+        except httptools.HttpParserError as exc:
+            return await self._refuse(writer, peer, _parser_error(exc))
+        if conn.state == "head":  # a head still incomplete: the bytes the parser holds of it
+            conn.raw_head += len(data)
+            if conn.raw_head > HEAD_BYTES:
+                too_big = HttpError(431, f"request head over {HEAD_BYTES} bytes")
+                return await self._refuse(writer, peer, too_big)
+        return True
 
-    async def _read_body(self, reader: asyncio.StreamReader, n: int, held: list) -> bytes | None:
-        """The body, counted against the budget as its bytes arrive; None when a chunk does not fit."""
-        chunks = []
-        while held[0] < n:
-            chunk = await reader.read(min(BODY_CHUNK, n - held[0]))
-            if not chunk:
-                raise asyncio.IncompleteReadError(b"", n)
-            if self.body_bytes + len(chunk) > BODY_BUDGET * self.max_body:
-                return None
-            self.body_bytes += len(chunk)
-            held[0] += len(chunk)
-            chunks.append(chunk)
-        return b"".join(chunks)
+    async def _refuse(self, writer, peer: object, exc: HttpError) -> bool:
+        reason = {413: "body over the limit", 503: "bodies over the memory budget",
+                  431: "request head too large"}.get(exc.status, f"bad request ({exc.status})")
+        self.drop(reason, peer)
+        await self._reply(writer, *error_response(exc.status, exc.message), False)
+        return False
 
-    async def _answer(self, reader, writer, n: int, method: str, path: str, query: str, version: str,
-                      headers: dict, peer: object, held: list) -> bool:
+    async def _answer(self, conn: _Reader, req: Request, writer, host: str) -> bool:
         try:
-            async with asyncio.timeout(self.head_s + n / MIN_RATE):
-                body = await self._read_body(reader, n, held) if n else b""
-        except asyncio.TimeoutError:
-            self.drop("slow request body", peer)
-            await self._reply(writer, *error_response(408, "request body not received in time"), False)
-            return False
-        if body is None:
-            self.drop("bodies over the memory budget", peer)
-            await self._reply(writer, *error_response(503, "too many large requests at once"), False)
-            return False
-        keep = headers.get("connection", "").lower() != "close" and (
-            version == "HTTP/1.1" or headers.get("connection", "").lower() == "keep-alive")
-        try:
-            host = peer[0] if isinstance(peer, tuple) and peer else str(peer)
-            status, rheaders, rbody = await self.handler(method, path, query, headers, body, host)
+            status, rheaders, rbody = await self.handler(req.method, req.path, req.query, req.headers,
+                                                         req.body, host)
         except HttpError as exc:
             status, rheaders, rbody = error_response(exc.status, exc.message)
         except Exception as exc:  # a bug answers 500; the connection and the gateway go on
-            self.log.exception("http handler failed on %s %s", method, path)
+            self.log.exception("http handler failed on %s %s", req.method, req.path)
             status, rheaders, rbody = error_response(500, f"internal error: {type(exc).__name__}")
-        await self._reply(writer, status, rheaders, rbody, keep, head_only=method == "HEAD")
-        return keep
+        finally:
+            self.body_bytes -= req.held
+        await self._reply(writer, status, rheaders, rbody, req.keep, head_only=req.method == "HEAD",
+                          announce_keep=req.http10)
+        return req.keep
 
     async def _close(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Close so that the client reads our last answer: flush it, half-close, then discard what the
@@ -233,12 +278,21 @@ class HttpServer:
             pass
         writer.transport.abort()
 
+    def date(self) -> str:
+        now = int(time.time())
+        if self._date[0] != now:
+            self._date = (now, formatdate(now, usegmt=True))
+        return self._date[1]
+
     async def _reply(self, writer: asyncio.StreamWriter, status: int, headers: dict, body: bytes, keep: bool,
-                     head_only: bool = False) -> None:
-        lines = [f"HTTP/1.1 {status} {REASONS.get(status, 'Unknown')}", f"Content-Length: {len(body)}"]
+                     head_only: bool = False, announce_keep: bool = False) -> None:
+        lines = [f"HTTP/1.1 {status} {REASONS.get(status, 'Unknown')}", f"Date: {self.date()}",
+                 f"Content-Length: {len(body)}"]
         lines += [f"{k}: {v}" for k, v in headers.items()]
         if not keep:
             lines.append("Connection: close")
+        elif announce_keep:
+            lines.append("Connection: keep-alive")
         writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (b"" if head_only else body))
         if writer.transport.get_write_buffer_size() > 1 << 16:
             await writer.drain()

@@ -13,7 +13,6 @@ import json
 import os
 import socket
 import struct
-import time
 
 import grpc
 import numpy as np
@@ -106,16 +105,15 @@ def test_slow_and_half_open_connections_are_closed(make_server):
     srv = make_server(AIENG_MODELS="tabular", AIENG_HTTP_TIMEOUT_S="0.5", AIENG_PREPROCESS_WORKERS="1",
                       AIENG_MAX_MESSAGE_BYTES="65536").start()
     a = srv.oip_http
-    t0 = time.monotonic()
     slow_head = raw_exchange(a, b"POST /v2/models/tabular/infer HTTP/1.1\r\nHost: x\r\n")  # never finished
     assert slow_head.startswith(b"HTTP/1.1 408 "), slow_head[:80]
     slow_body = raw_exchange(a, b"POST /v2/models/tabular/infer HTTP/1.1\r\nContent-Length: 1000\r\n\r\n{")
     assert slow_body.startswith(b"HTTP/1.1 408 "), slow_body[:80]
-    assert time.monotonic() - t0 < 8
     idle = raw_exchange(a, b"", wait_s=20)  # connects and says nothing: closed after 12 x 0.5 s
     assert idle == b""
-    chunked = raw_exchange(a, b"POST /v2/models/tabular/infer HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n")
-    assert chunked.startswith(b"HTTP/1.1 411 ")
+    chunked = raw_exchange(a, b"POST /v2/models/tabular/infer HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+                              b"5\r\n{")
+    assert chunked.startswith(b"HTTP/1.1 408 ")  # a chunked body that stops coming, like a slow one
     huge_head = raw_exchange(a, b"GET /v2 HTTP/1.1\r\nX: " + b"a" * 70000 + b"\r\n\r\n")
     assert huge_head.startswith(b"HTTP/1.1 431 ")
     body, hdr = infer_body([{"name": "island", "datatype": "BYTES", "shape": [1], "data": ["x" * 70000]}])

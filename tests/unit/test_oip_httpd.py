@@ -151,3 +151,22 @@ def test_bad_heads(head, status):
         return got
 
     assert run(go())[0] == status
+
+
+def test_a_head_under_the_limit_sent_in_pieces_is_served_and_one_over_it_is_431():
+    async def go():
+        srv, port = await start()
+        got = []
+        for size in (40_000, httpd.HEAD_BYTES + 10):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            head = b"GET /h HTTP/1.1\r\nX: " + b"a" * size + b"\r\n\r\n"
+            for i in range(0, len(head), 9_000):  # the parser sees the head in several pieces
+                writer.write(head[i:i + 9_000])
+                await writer.drain()
+                await asyncio.sleep(0.01)
+            got.append((await read_response(reader))[0])
+            writer.close()
+        await srv.close(1)
+        return got
+
+    assert run(go()) == [200, 431]
