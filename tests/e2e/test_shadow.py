@@ -154,7 +154,7 @@ def test_shadow_pairs_are_compared_and_reported_and_primaries_are_untouched(make
     (a50, a99), (b50, b99) = pct(plain_s), pct(shadowed_s)
     print(f"tabular primary latency, {n} sequential requests a side: no shadow p50 {a50 * 1e3:.2f} ms "
           f"p99 {a99 * 1e3:.2f} ms; with 100% shadow p50 {b50 * 1e3:.2f} ms p99 {b99 * 1e3:.2f} ms")
-    assert b50 < 3 * a50 + 0.010  # generous: a shared 2-core machine; the numbers above are the report
+    # no speed threshold in a test: the line above is the report of what the shadow costs the primaries
 
     # the primaries: the same answers as without a shadow, served by version 1 and routed by weight
     assert [(r["version"], r["route"]) for r in shadowed] == [("1", "weight")] * n
