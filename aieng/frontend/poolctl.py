@@ -10,9 +10,12 @@ States of a version of a lazy model (``pool: {lazy: true}`` in ``<model>/model.y
       ^                  | load failed / refused                                      |
       +------------------+               evicted --request--> loading  <--------------+
 
-* ``start(req)``: an admitted request.  A resident version (every eager one) is touched (LRU)
-  and dispatched now.  A cold or evicted one waits here in ``ColdStarts`` (bounded per version by
-  ``AIENG_MAX_INFLIGHT``; full: OVERLOADED) and, unless one is under way, a hot swap load starts.
+* ``start(req, inputs)``: an admitted request.  A resident version (every eager one) is touched
+  (LRU) and dispatched now.  A request for a cold, evicted or loading one is first checked
+  (``inputs.precheck``: the workers' own checks that need neither processor nor session), so one
+  that would fail INVALID_INPUT is answered so at once and never loads or evicts anything; then it
+  waits here in ``ColdStarts`` (bounded per version by ``AIENG_MAX_INFLIGHT``; full: OVERLOADED)
+  and, unless one is under way, a hot swap load starts.
 * ``make_room`` (called by ``HotSwap.load`` for any cold version, ``aieng models load`` too):
   ``Pool.plan`` picks the least recently used evictable versions with nothing in flight and no
   request in the last ``AIENG_POOL_WARM_S`` (30 s), they are evicted (released in every worker:
@@ -47,6 +50,7 @@ from aieng import protocol as p
 from aieng.frontend.hotswap import HotSwapError, Load
 from aieng.frontend.pool import ColdStarts, Pool, PoolSetting, cold_start_message, refusal
 from aieng.frontend.table import Request
+from aieng.inputs import precheck
 
 if TYPE_CHECKING:  # pragma: no cover
     from aieng.frontend.server import Frontend
@@ -111,13 +115,19 @@ class PoolControl:
         return sum(self.waiting.waiting(k) for k in self.cold)
 
     # -- requests -----------------------------------------------------------------------------
-    def start(self, req: Request) -> bool:
-        """Dispatch ``req`` now (True), or hold it for its version's cold load (False)."""
+    def start(self, req: Request, inputs: Any) -> bool:
+        """Dispatch ``req`` now (True), or hold it for its version's cold load (False); ``inputs`` is
+        the request's ``inputs`` map, checked before it may start a load."""
         key = req.key
         if key not in self.cold:
             self.pool.touch(_pair(key), time.monotonic())
             self.fe.pipeline.start(req)
             return True
+        try:
+            precheck(self.fe.specs[req.model][req.version], inputs)
+        except p.RequestError as exc:
+            self.answer(req, exc.code, exc.message)
+            return False
         if not self.waiting.add(key, req.deadline, req):
             self.answer(req, p.OVERLOADED, f"model {key} is loading (cold start) and "
                                            f"{self.waiting.max_waiting} requests wait for it already")

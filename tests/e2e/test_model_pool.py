@@ -63,7 +63,7 @@ def gather_model(repo, name: str, versions: list[str], pinned: bool = False) -> 
 
 def ask(srv, rid: str, model: str, version: str, timeout_ms: int = LOAD_TIMEOUT_MS) -> dict:
     """One pinned request (a penguin for tabular copies, ``IDX`` for gather models), matched to its id."""
-    inputs = PENGUINS[0] if model in ("tabular", "lazy") else {"idx": IDX[0]}
+    inputs = PENGUINS[0] if model in ("tabular", "lazy", "broken") else {"idx": IDX[0]}
     with srv.client(timeout_s=timeout_ms / 1000 + 30) as c:
         reply = c.call(build_request(rid, model, inputs, version=version, timeout_ms=timeout_ms),
                        raise_on_error=False)

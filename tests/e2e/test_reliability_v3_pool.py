@@ -1,7 +1,7 @@
 """Reliability v3 (issue 20), the model pool's findings, each against the real server.
 
 - 14: one client cycling cold versions no longer evicts a warm version in steady use (its cold loads are
-  refused instead, naming AIENG_POOL_WARM_S).
+  refused instead, naming AIENG_POOL_WARM_S), and a request that fails INVALID_INPUT never loads a version.
 - 15: concurrent cold loads no longer record each other's growth as a footprint, and a version measured
   above the whole budget is loaded and measured again after AIENG_POOL_REMEASURE_S, not refused until a
   restart.
@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from aieng.client import AsyncClient, build_request
+from aieng.protocol import encode_tensor
 from tests.conftest import save_tensor_model
 from tests.e2e.test_hotswap import base_repo
 from tests.e2e.test_model_pool import (
@@ -25,8 +26,10 @@ from tests.e2e.test_model_pool import (
     WEIGHTS,
     ask,
     gather_model,
+    lazy_model,
     metric,
     pool_view,
+    providers,
 )
 from tests.e2e.test_rollout import start
 from tests.waits import until
@@ -83,6 +86,40 @@ def test_a_client_cycling_cold_versions_does_not_evict_a_warm_one(make_server, t
         message = a["error"]["message"]
         assert "cannot be loaded (cold start)" in message and "AIENG_POOL_WARM_S" in message, message
     assert metric(srv, "aieng_model_evictions_total", 0.0, model="big", version=loaded) == 0.0
+
+
+def test_a_request_that_fails_validation_loads_no_cold_version(make_server, tmp_path):
+    """Finding 14: requests that fail INVALID_INPUT still started cold loads (and evictions)."""
+    repo = tmp_path / "repo"
+    base_repo(repo)
+    lazy_model(repo, "lazy", ["1"])  # the demo tabular model, lazy
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "tiny",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])])
+    save_tensor_model(repo, "tiny", graph)  # a lazy tensor-in model
+    (repo / "tiny" / "model.yaml").write_text('pool: {lazy: true}\nrouting: {weights: {"1": 100}}\n')
+    srv = start(make_server, tmp_path, repo)
+    bad = encode_tensor(np.zeros(1, dtype=np.float32))
+    bad["shape"] = [4]  # 4 elements announced, 1 sent
+    requests = [build_request("tab", "lazy", {"colour": "blue"}, version="1"),
+                build_request("kind", "lazy", {"island": 2}, version="1"),
+                build_request("tensor", "tiny", {"x": bad}, version="1")]
+    early = answers(srv, requests)
+    assert [a["error"]["code"] for a in early.values()] == ["INVALID_INPUT"] * 3, early
+    view = pool_view(srv)["versions"]
+    assert (view["lazy:1"]["state"], view["tiny:1"]["state"]) == ("cold", "cold"), view
+    assert "lazy:1" not in providers(srv) and "tiny:1" not in providers(srv)
+    assert metric(srv, "aieng_version_loads_total", 0.0, model="lazy", version="1", outcome="ok") == 0.0
+
+    # once loaded, the same requests get the same answers from the workers themselves
+    assert ask(srv, "good", "lazy", "1")["ok"]
+    with srv.client(timeout_s=60) as c:
+        assert c.call(build_request("warm", "tiny", {"x": encode_tensor(np.ones(4, np.float32))},
+                                    version="1"), raise_on_error=False)["ok"]
+    late = answers(srv, requests)
+    assert {rid: a["error"] for rid, a in late.items()} == {rid: a["error"] for rid, a in early.items()}
 
 
 def test_concurrent_cold_loads_record_each_versions_own_footprint(make_server, tmp_path):
