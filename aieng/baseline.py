@@ -57,7 +57,7 @@ class Baseline:
 
     def answer(self, req: dict) -> bytes:
         """One request, start to end, on a pool thread; every failure is an error reply."""
-        from aieng.preprocess_workers.worker import validate_inputs
+        from aieng.inputs import validate_inputs
 
         req_id = req.get("id")
         try:

@@ -51,6 +51,8 @@ class Config:
     breaker_cooldown_s: float = 5.0
     cache_bytes: int = 0
     model_memory_budget: int = 0
+    pool_warm_s: float = 30.0
+    pool_remeasure_s: float = 60.0
     load_priority: str = "idle"
     curve_secret_key_file: str = ""
     curve_client_keys_dir: str = ""
@@ -108,6 +110,8 @@ class Config:
         need(self.shm_slot_bytes >= 4096, "shm_slot_bytes must be >= 4096")
         need(self.shm_slots >= 0, "shm_slots must be >= 0")
         need(self.model_memory_budget >= 0, "model_memory_budget must be >= 0 (0: no budget)")
+        need(0 <= self.pool_warm_s <= 86400, "pool_warm_s must be in 0..86400")
+        need(0 <= self.pool_remeasure_s <= 86400, "pool_remeasure_s must be in 0..86400")
         need(self.load_priority in ("idle", "low"), "load_priority must be idle or low")
         need(self.device in ("auto", "cpu", "cuda"), "device must be auto, cpu or cuda")
         need(self.log_format in ("text", "json"), "log_format must be text or json")

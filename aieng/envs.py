@@ -149,6 +149,12 @@ REGISTRY: tuple[EnvVar, ...] = (
     EnvVar("AIENG_MODEL_MEMORY_BUDGET", int, 0,
            "Bytes the model pool may hold (host RAM; GPU memory when the executor runs CUDA): a lazy model's "
            "load evicts least recently used lazy versions to fit (0: no budget)", "model_memory_budget"),
+    EnvVar("AIENG_POOL_WARM_S", float, 30.0,
+           "Seconds after a lazy version's last request during which it is not evicted for another's cold "
+           "load (that load is refused UNAVAILABLE instead; 0: plain LRU)", "pool_warm_s"),
+    EnvVar("AIENG_POOL_REMEASURE_S", float, 60.0,
+           "Seconds a version whose measured footprint is above the whole AIENG_MODEL_MEMORY_BUDGET is "
+           "refused before a load of it is tried (and measured) again", "pool_remeasure_s"),
     EnvVar("AIENG_LOAD_PRIORITY", str, "idle",
            "CPU priority of a run-time load beside serving (the frontend's hashing, the executor's session "
            "build and warm-up): idle (SCHED_IDLE: spare CPU only; on a saturated server a load takes 2-3 x "

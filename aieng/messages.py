@@ -291,11 +291,13 @@ class VersionLoaded:
     worker: str
     key: str
     seconds: float = 0.0
-    # The worker's RSS growth across the build (bytes; 0 when not measured): the executor's is the
-    # session's footprint, which the model pool (frontend/pool.py) budgets.  Best effort: the process
-    # is shared with other threads, so it is an estimate, not an exact count.
+    # The worker's RSS growth across the build (bytes): the executor's is the session's footprint,
+    # which the model pool (frontend/pool.py) budgets.  0 when not measured, which includes a build
+    # that another build or an unload overlapped (aieng/footprint.py: its growth was not its own).
+    # Serving threads still allocate meanwhile: an estimate, not an exact count.
     footprint_bytes: int = 0
-    # GPU memory this process gained across the build (NVML, per process; 0 without a CUDA session).
+    # GPU memory this process gained across the build (NVML, per process; 0 without a CUDA session, or
+    # when not quiet, as above).
     gpu_footprint_bytes: int = 0
 
 

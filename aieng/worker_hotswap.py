@@ -23,14 +23,16 @@ use (e.g. outputs larger than its ring's slots) with a ``ValueError``.
 The footprint a ``VersionLoaded`` reports is the process's RSS growth across
 the build, and, when the built session runs on CUDA, its GPU memory growth read
 from NVML for this process (``gpu_bytes``; best effort, never exercised on the
-CPU-only machine the tests run on): the model pool budgets it.
+CPU-only machine the tests run on): the model pool budgets it.  It is reported
+only when the build was quiet (``footprint.Quiet``: no other build and no unload
+overlapped it), else 0, "not measured": concurrent builds each read the others'
+growth too.
 
 Each change refreshes the worker's heartbeat, so the frontend's view of its
 ``failed`` loads (``Hello.info``) follows.
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import threading
 import time
@@ -38,50 +40,8 @@ from typing import Any, Callable
 
 from aieng import messages as m
 from aieng import model_repo
+from aieng.footprint import Quiet, gpu_bytes, on_cuda, release_free_memory, rss_bytes
 from aieng.model_repo import ModelSpec
-
-
-def rss_bytes() -> int:
-    """This process's resident set size from /proc (0 where there is none): no dependency, ~10 us."""
-    try:
-        with open("/proc/self/statm", "rb") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-def gpu_bytes() -> int:
-    """GPU memory this process holds on every device (NVML), 0 when there is no NVML or no GPU."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            pid, total = os.getpid(), 0
-            for i in range(pynvml.nvmlDeviceGetCount()):
-                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-                for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                    if proc.pid == pid and proc.usedGpuMemory:
-                        total += int(proc.usedGpuMemory)
-            return total
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # no library, no driver, no permission: not measured
-        return 0
-
-
-def on_cuda(built: Any) -> bool:
-    """Whether a built version is an ONNX Runtime session on CUDA (the executor's ``ModelSession``)."""
-    return getattr(built, "provider", "") == "CUDAExecutionProvider"
-
-
-def release_free_memory() -> bool:
-    """glibc keeps freed heap (a session's weights, the loader thread's arena) for reuse; ``malloc_trim``
-    hands it back, so an unload shows in RSS.  False where there is no glibc."""
-    try:
-        return bool(ctypes.CDLL("libc.so.6").malloc_trim(0))
-    except (OSError, AttributeError):
-        return False
 
 
 def lower_priority(idle: bool = False) -> None:
@@ -116,9 +76,10 @@ class Versions:
         self.defer, self.deferred = defer, []  # (spec, urgent)
         self.on_add, self.on_remove = on_add, on_remove
         self.building: set[str] = set()
-        # (spec, built, error, seconds, footprint bytes, GPU footprint bytes), appended by build threads
-        self.done: list[tuple[ModelSpec, Any, BaseException | None, float, int, int]] = []
+        # (spec, built, error, seconds, RSS growth, GPU growth, quiet), appended by build threads
+        self.done: list[tuple[ModelSpec, Any, BaseException | None, float, int, int, bool]] = []
         self.lock = threading.Lock()
+        self.quiet = Quiet()  # was a build's growth its own (no other build or unload meanwhile)?
         worker.handlers[m.LoadVersion] = self.on_load
         worker.handlers[m.UnloadVersion] = self.on_unload
 
@@ -159,6 +120,7 @@ class Versions:
         self._build(spec, False)
 
     def _build(self, spec: ModelSpec, urgent: bool) -> None:
+        ticket = self.quiet.begin()
         t0, rss0 = time.perf_counter(), rss_bytes()
         gpu0 = gpu_bytes() if self.worker.role == "executor" else 0
         built, error = None, None
@@ -168,8 +130,9 @@ class Versions:
             error = exc
         footprint = max(0, rss_bytes() - rss0) if rss0 else 0
         gpu = max(0, gpu_bytes() - gpu0) if on_cuda(built) else 0
+        quiet = self.quiet.end(ticket)
         with self.lock:
-            self.done.append((spec, built, error, time.perf_counter() - t0, footprint, gpu))
+            self.done.append((spec, built, error, time.perf_counter() - t0, footprint, gpu, quiet))
 
     def poll(self) -> None:
         """Install finished builds (on the worker's loop thread) and answer the frontend."""
@@ -177,13 +140,15 @@ class Versions:
             return
         with self.lock:
             done, self.done = self.done, []
-        for spec, built, error, seconds, footprint, gpu in done:
+        refused = []  # built but refused by ``check``: released together, as an unload is
+        for spec, built, error, seconds, footprint, gpu, quiet in done:
             self.building.discard(spec.key)
             if error is None and self.check is not None:
                 try:
                     self.check(spec.key, built)
                 except ValueError as exc:
                     error = exc
+                    refused.append(built)
             if error is not None:
                 why = model_repo.failure_message(spec, error)
                 self.worker.log.error("run-time load failed: %s", why)
@@ -193,18 +158,25 @@ class Versions:
             self.failed.pop(spec.key, None)
             if self.on_add is not None:
                 self.on_add(spec, built)
-            self.worker.log.info("loaded %s at run time in %.2fs (RSS +%.1f MiB)", spec.key, seconds,
-                                 footprint / 2**20)
+            self.worker.log.info("loaded %s at run time in %.2fs (RSS +%.1f MiB%s)", spec.key, seconds,
+                                 footprint / 2**20, "" if quiet else " while another load or an unload ran: "
+                                 "not its footprint, reported as not measured")
+            if not quiet:
+                footprint = gpu = 0
             self.worker.send(m.VersionLoaded(self.worker.worker, spec.key, round(seconds, 3), footprint, gpu))
+        if refused:
+            with self.quiet.moving():
+                del refused, done, built
         self.refresh()
 
     def on_unload(self, msg: m.UnloadVersion, frames: list) -> None:
-        gone = self.store.pop(msg.key, None)
-        self.failed.pop(msg.key, None)
-        if self.on_remove is not None:
-            self.on_remove(msg.key)
-        del gone  # the last reference: the session (or state) is released here
-        trimmed = release_free_memory()
+        with self.quiet.moving():  # a build meanwhile would read less than its own growth
+            gone = self.store.pop(msg.key, None)
+            self.failed.pop(msg.key, None)
+            if self.on_remove is not None:
+                self.on_remove(msg.key)
+            del gone  # the last reference: the session (or state) is released here
+            trimmed = release_free_memory()
         self.worker.log.info("unloaded %s%s", msg.key, " (free heap returned to the OS)" if trimmed else "")
         self.refresh()
 

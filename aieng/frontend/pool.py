@@ -1,24 +1,33 @@
 """Model pool: the pure bookkeeping behind lazy loading and LRU eviction under a memory budget.
 
 No I/O, no clock, no event loop: the frontend (hot swap, admission) feeds it events and asks it
-questions, so every rule here is unit-tested without a server (tests/unit/test_pool.py).
+questions, passing ``now`` (monotonic seconds) where time matters, so every rule here is unit-tested
+without a server (tests/unit/test_pool.py).
 
 Contract:
 - ``parse_setting`` reads a model-wide ``pool:`` section (``{lazy: bool, pinned: bool}``, both
   default false) and refuses anything else with a ``ValueError`` naming ``where``.  A model that is
   not lazy is pinned whatever it says: only lazy, unpinned models are *evictable*, because an
   evicted version must be able to come back by itself on its next request (the lazy load path).
-- ``Pool`` tracks the resident versions (``loaded``/``unloaded``), their footprint in bytes (the
-  largest measured for that version: a reload after an eviction reuses memory the allocator kept
-  and measures less than the version holds; an estimate until one is measured), their recency
-  (``touch`` on every request routed to them) and their requests in flight (``begin``/``end``, or
-  ``set_inflight`` from the request table).  ``reserve`` holds a loading version's estimate: it
-  counts against the budget and is never evicted until ``loaded``/``unloaded`` replaces it.
-- ``Pool.plan(key, need)`` answers which versions to evict, least recently used first, so that a
-  load of ``need`` bytes fits the budget: never a pinned version, never one with a request in
-  flight, never ``key`` itself.  ``[]`` when it fits already (or the budget is 0: no budget);
-  ``None`` when it cannot fit even after every eligible eviction (the caller refuses the load and
-  says why with ``refusal``).
+- ``Pool`` tracks the resident versions (``loaded``/``unloaded``), their footprint in bytes, their
+  recency (``touch`` on every request routed to them; a load counts as one) and their requests in
+  flight (``begin``/``end``, or ``set_inflight`` from the request table).  ``reserve`` holds a
+  loading version's estimate: it counts against the budget and is never evicted until
+  ``loaded``/``unloaded`` replaces it.
+- **Footprint**: a version's last *measured* footprint (the executor's quiet growth across its build,
+  aieng/footprint.py; 0 from a load means "not measured" and changes nothing).  Each new reading
+  replaces the one before: an unload trims the heap, so a reload measures the version again, and a bad
+  reading is not kept for good.  ``need(key, default, now)`` is what a load will take: the measured
+  footprint, else ``default`` (the caller's estimate).  A measurement above the whole budget is
+  suspect (nothing that big could ever load again to be measured again): the version is refused for
+  ``remeasure_s`` after it, then ``need`` is ``default`` once more, so a load is tried and measured.
+- ``Pool.plan(key, need, now)`` answers which versions to evict, least recently used first, so that
+  a load of ``need`` bytes fits the budget: never a pinned version, never one with a request in
+  flight, never ``key`` itself, and never a *warm* one (a request routed to it, or its load, within
+  the last ``warm_s`` seconds): a version in steady use keeps serving while someone else cycles cold
+  versions; the cold load is refused instead.  ``[]`` when it fits already (or the budget is 0: no
+  budget); ``None`` when it cannot fit even after every eligible eviction (the caller refuses the
+  load and says why with ``refusal``).
 - ``ColdStarts`` holds the requests that arrive for a version while it loads: bounded per version
   (``add`` returns False when full: the caller answers OVERLOADED), released all at once by
   ``ready``/``failed``, and ``expired(now)`` hands back the ones whose deadline passed, which the
@@ -60,9 +69,20 @@ def cold_start_message(model: str) -> str:
     return f"model {model} is loading (cold start), not ready within the deadline"
 
 
-def refusal(model: str, version: str, need: int, budget: int, used: int) -> str:
+def refusal(model: str, version: str, need: int, budget: int, used: int, warm_s: float,
+            retry_in: float | None = None) -> str:
+    """Why a load of ``need`` bytes cannot fit: more than the whole budget (``retry_in``: seconds until a
+    measurement that said so is tried again), or ``used`` bytes held by versions it may not evict."""
+    if need > budget:
+        why = (f"model {model} version {version} needs {need} bytes, more than the whole memory budget of "
+               f"{budget} bytes (AIENG_MODEL_MEMORY_BUDGET)")
+        if retry_in is not None:
+            why += (f"; that was measured, and it is loaded and measured again {retry_in:.0f}s from now "
+                    "(AIENG_POOL_REMEASURE_S)")
+        return why
     return (f"model {model} version {version} needs {need} bytes; the memory budget is {budget} bytes, "
-            f"{used} in use by pinned or busy versions (AIENG_MODEL_MEMORY_BUDGET)")
+            f"{used} in use by pinned, busy or warm versions (a version that served a request in the last "
+            f"{warm_s:g}s is not evicted: AIENG_POOL_WARM_S) (AIENG_MODEL_MEMORY_BUDGET)")
 
 
 @dataclass
@@ -70,20 +90,25 @@ class _Entry:
     footprint: int
     evictable: bool
     inflight: int = 0
+    used_at: float = float("-inf")  # ``now`` of its last request routed to it, or of its load
 
 
 class Pool:
-    def __init__(self, budget: int):
+    def __init__(self, budget: int, warm_s: float = 0.0, remeasure_s: float = 0.0):
         if budget < 0:
             raise ValueError("the memory budget must be >= 0 (0: no budget)")
-        self.budget = budget
+        self.budget, self.warm_s, self.remeasure_s = budget, warm_s, remeasure_s
         self._resident: OrderedDict[Key, _Entry] = OrderedDict()  # least recently used first
-        self._measured: dict[Key, int] = {}  # survives an unload: the estimate for the next load
+        # key -> (bytes, ``now`` of the reading): survives an unload, the estimate for the next load
+        self._measured: dict[Key, tuple[int, float]] = {}
 
-    def loaded(self, key: Key, footprint: int, evictable: bool) -> None:
-        """A version is resident everywhere; ``footprint`` is its measured size in bytes (0: none)."""
-        size = self._measured[key] = max(self._measured.get(key, 0), footprint)
-        self._resident[key] = _Entry(size, evictable)
+    def loaded(self, key: Key, footprint: int, evictable: bool, now: float, default: int = 0) -> None:
+        """A version is resident everywhere; ``footprint`` is its measured size in bytes (0: not measured:
+        its last measurement stands, else ``default``).  ``now`` -inf: not a use (resident at start)."""
+        if footprint > 0:
+            self._measured[key] = (footprint, now)
+        size = self._measured[key][0] if key in self._measured else default
+        self._resident[key] = _Entry(size, evictable, used_at=now)
         self._resident.move_to_end(key)  # a fresh load counts as a use: it was loaded for a request
 
     def reserve(self, key: Key, need: int) -> None:
@@ -98,12 +123,48 @@ class Pool:
         return key in self._resident
 
     def estimate(self, key: Key, default: int) -> int:
-        """What a load of ``key`` will take: its last measured footprint, else ``default``."""
-        return self._measured.get(key, default)
+        """``key``'s last measured footprint, else ``default`` (what ``models`` shows)."""
+        return self._measured[key][0] if key in self._measured else default
 
-    def touch(self, key: Key) -> None:
-        if key in self._resident:
+    def footprint(self, key: Key) -> int:
+        """The bytes ``key`` counts for: as resident (measured, else estimated), else its last measurement."""
+        entry = self._resident.get(key)
+        return entry.footprint if entry is not None else self.estimate(key, 0)
+
+    def is_measured(self, key: Key) -> bool:
+        return key in self._measured
+
+    def measured(self, key: Key) -> int:
+        """``key``'s last measured footprint when it is within the budget, else 0 (for sibling estimates)."""
+        size = self.estimate(key, 0)
+        return size if not self.budget or size <= self.budget else 0
+
+    def need(self, key: Key, default: int, now: float) -> int:
+        """What a load of ``key`` will take: its last measured footprint, else ``default``; a measurement
+        above the whole budget counts only for ``remeasure_s`` after it was taken."""
+        if key not in self._measured:
+            return default
+        size, at = self._measured[key]
+        if self.budget and size > self.budget and now - at >= self.remeasure_s:
+            return default
+        return size
+
+    def retry_in(self, key: Key, now: float) -> float | None:
+        """Seconds until a measurement of ``key`` above the whole budget stops counting (None: none)."""
+        size, at = self._measured.get(key, (0, 0.0))
+        if not self.budget or size <= self.budget:
+            return None
+        return max(0.0, at + self.remeasure_s - now)
+
+    def touch(self, key: Key, now: float) -> None:
+        entry = self._resident.get(key)
+        if entry is not None:
+            entry.used_at = now
             self._resident.move_to_end(key)
+
+    def warm(self, key: Key, now: float) -> bool:
+        entry = self._resident.get(key)
+        return entry is not None and now - entry.used_at < self.warm_s
 
     def begin(self, key: Key) -> None:
         if key in self._resident:
@@ -126,7 +187,10 @@ class Pool:
         """Resident versions, least recently used first (for ``models`` and tests)."""
         return list(self._resident)
 
-    def plan(self, key: Key, need: int) -> list[Key] | None:
+    def _may_evict(self, entry: _Entry, now: float) -> bool:
+        return entry.evictable and entry.inflight == 0 and now - entry.used_at >= self.warm_s
+
+    def plan(self, key: Key, need: int, now: float) -> list[Key] | None:
         """Versions to evict (LRU first) so a load of ``need`` bytes fits; None if it cannot fit."""
         if self.budget == 0:
             return []
@@ -135,16 +199,15 @@ class Pool:
         for k, entry in self._resident.items():
             if used + need <= self.budget:
                 break
-            if k == key or not entry.evictable or entry.inflight > 0:
+            if k == key or not self._may_evict(entry, now):
                 continue
             victims.append(k)
             used -= entry.footprint
         return victims if used + need <= self.budget else None
 
-    def stuck(self, key: Key) -> int:
-        """Bytes that ``plan`` may not free for ``key``: pinned, busy (for ``refusal``)."""
-        return sum(e.footprint for k, e in self._resident.items()
-                   if k != key and (not e.evictable or e.inflight > 0))
+    def stuck(self, key: Key, now: float) -> int:
+        """Bytes that ``plan`` may not free for ``key``: pinned, busy, warm (for ``refusal``)."""
+        return sum(e.footprint for k, e in self._resident.items() if k != key and not self._may_evict(e, now))
 
 
 class ColdStarts(Generic[T]):

@@ -10,14 +10,20 @@ States of a version of a lazy model (``pool: {lazy: true}`` in ``<model>/model.y
       ^                  | load failed / refused                                      |
       +------------------+               evicted --request--> loading  <--------------+
 
-* ``start(req)``: an admitted request.  A resident version (every eager one) is touched (LRU)
-  and dispatched now.  A cold or evicted one waits here in ``ColdStarts`` (bounded per version by
-  ``AIENG_MAX_INFLIGHT``; full: OVERLOADED) and, unless one is under way, a hot swap load starts.
+* ``start(req, inputs)``: an admitted request.  A resident version (every eager one) is touched
+  (LRU) and dispatched now.  A request for a cold, evicted or loading one is first checked
+  (``inputs.precheck``: the workers' own checks that need neither processor nor session), so one
+  that would fail INVALID_INPUT is answered so at once and never loads or evicts anything; then it
+  waits here in ``ColdStarts`` (bounded per version by ``AIENG_MAX_INFLIGHT``; full: OVERLOADED)
+  and, unless one is under way, a hot swap load starts.
 * ``make_room`` (called by ``HotSwap.load`` for any cold version, ``aieng models load`` too):
-  ``Pool.plan`` picks the least recently used evictable versions with nothing in flight, they are
-  evicted (released in every worker: their drain is empty, ``plan`` takes only idle ones), and the
-  version's estimated footprint is reserved.  When the load cannot fit (pinned or busy versions
-  hold the rest) the load is refused: the waiters get UNAVAILABLE naming the budget.
+  ``Pool.plan`` picks the least recently used evictable versions with nothing in flight and no
+  request in the last ``AIENG_POOL_WARM_S`` (30 s), they are evicted (released in every worker:
+  their drain is empty, ``plan`` takes only idle ones), and the version's estimated footprint is
+  reserved.  When the load cannot fit (pinned, busy or warm versions hold the rest, or it is bigger
+  than the whole budget) the load is refused at once: the waiters get UNAVAILABLE naming the budget.
+  So a warm version in steady use is never evicted by someone cycling cold versions: their loads
+  are refused until it has been idle for ``AIENG_POOL_WARM_S``.
 * ``on_ready``: every waiter still within its deadline is dispatched; the measured footprint
   replaces the reservation; ``aieng_model_cold_load_seconds`` observes the load.  ``on_failed``:
   every waiter gets UNAVAILABLE with the load's error; the version stays cold (a later request
@@ -25,12 +31,13 @@ States of a version of a lazy model (``pool: {lazy: true}`` in ``<model>/model.y
 * Waiters are answered here (they are not in the request table), each exactly once: by dispatch,
   by an error above, or by ``fail_all`` on the way down.
 
-Footprint: the executor's measured growth across the build (``VersionLoaded``; its GPU growth from
-NVML when its session runs on CUDA), the largest seen for that version (a reload after an eviction
-reuses memory the allocator kept, so it measures less than the version really holds).  Until a first
-measurement, the largest measured of the model's other versions, else the model file's size.
-Preprocess/postprocess state is shown per worker, not budgeted.  Eager models are pinned; versions
-built at start are not measured (they are outside the budget).
+Footprint: the executor's growth across the build (``VersionLoaded``; its GPU growth from NVML when
+its session runs on CUDA), reported only when no other build or unload overlapped it
+(aieng/footprint.py); each such reading replaces the last (``Pool.loaded``).  Until a first
+measurement, the largest measured within the budget of the model's other versions, else the model
+file's size.  A measurement above the whole budget is retried after ``AIENG_POOL_REMEASURE_S`` (60 s)
+rather than refused for good.  Preprocess/postprocess state is shown per worker, not budgeted.  Eager
+models are pinned; versions built at start are not measured (they are outside the budget).
 """
 from __future__ import annotations
 
@@ -43,11 +50,13 @@ from aieng import protocol as p
 from aieng.frontend.hotswap import HotSwapError, Load
 from aieng.frontend.pool import ColdStarts, Pool, PoolSetting, cold_start_message, refusal
 from aieng.frontend.table import Request
+from aieng.inputs import precheck
 
 if TYPE_CHECKING:  # pragma: no cover
     from aieng.frontend.server import Frontend
 
 log = logging.getLogger("aieng.frontend.poolctl")
+REFUSAL_LOG_S = 10.0  # a version's refused loads are logged once per this many seconds (a thrashing client)
 
 
 def _pair(key: str) -> tuple[str, str]:
@@ -67,19 +76,20 @@ def footprint_of(footprints: dict[str, int]) -> int:
 class PoolControl:
     def __init__(self, fe: "Frontend"):
         self.fe = fe
-        self.pool = Pool(fe.cfg.model_memory_budget)
+        self.pool = Pool(fe.cfg.model_memory_budget, fe.cfg.pool_warm_s, fe.cfg.pool_remeasure_s)
         self.waiting: ColdStarts[Request] = ColdStarts(fe.cfg.max_inflight)
         self.settings = {name: PoolSetting(**(next(iter(vs.values())).extra.get("pool") or {}))
                          for name, vs in fe.specs.items()}
         self.cold = {k for k in fe.cfg.cold_versions if _pair(k)[1] in fe.specs.get(_pair(k)[0], {})}
         self.evictions: dict[str, int] = {}
         self.cold_loads: dict[str, float] = {}  # key -> seconds of its last cold load
+        self.refused: dict[str, tuple[float, int]] = {}  # key -> (when last logged, refusals since)
         for key in sorted(self.cold):
             fe.hotswap.loads[key] = Load(*_pair(key), "pool", state="cold")
         for name, vs in fe.specs.items():  # resident now (eager, or lazy and loaded before a restart)
             for v in vs:
                 if f"{name}:{v}" not in self.cold:
-                    self.pool.loaded((name, v), 0, self.settings[name].evictable)
+                    self.pool.loaded((name, v), 0, self.settings[name].evictable, float("-inf"))
 
     # -- queries ------------------------------------------------------------------------------
     def is_cold(self, key: str) -> bool:
@@ -94,23 +104,30 @@ class PoolControl:
         ld = self.fe.hotswap.loads.get(key)
         return "evicted" if ld is not None and ld.state == "evicted" else "cold"
 
-    def estimate(self, pk: tuple[str, str]) -> int:
-        """A load's bytes before it is measured: its largest measured footprint, else the largest of
-        its model's other versions (usually one architecture), else its model file's size."""
-        siblings = [self.pool.estimate((pk[0], v), 0) for v in self.fe.specs.get(pk[0], {})]
-        return self.pool.estimate(pk, max([_file_size(self.fe.specs[pk[0]][pk[1]].onnx_path)] + siblings))
+    def estimate(self, pk: tuple[str, str], now: float) -> int:
+        """A load's bytes: its last measured footprint (``Pool.need``), else the largest measured within
+        the budget of its model's other versions (usually one architecture), else its model file's size."""
+        siblings = [self.pool.measured((pk[0], v)) for v in self.fe.specs.get(pk[0], {}) if v != pk[1]]
+        default = max([_file_size(self.fe.specs[pk[0]][pk[1]].onnx_path)] + siblings)
+        return self.pool.need(pk, default, now)
 
     def waiters(self) -> int:
         return sum(self.waiting.waiting(k) for k in self.cold)
 
     # -- requests -----------------------------------------------------------------------------
-    def start(self, req: Request) -> bool:
-        """Dispatch ``req`` now (True), or hold it for its version's cold load (False)."""
+    def start(self, req: Request, inputs: Any) -> bool:
+        """Dispatch ``req`` now (True), or hold it for its version's cold load (False); ``inputs`` is
+        the request's ``inputs`` map, checked before it may start a load."""
         key = req.key
         if key not in self.cold:
-            self.pool.touch(_pair(key))
+            self.pool.touch(_pair(key), time.monotonic())
             self.fe.pipeline.start(req)
             return True
+        try:
+            precheck(self.fe.specs[req.model][req.version], inputs)
+        except p.RequestError as exc:
+            self.answer(req, exc.code, exc.message)
+            return False
         if not self.waiting.add(key, req.deadline, req):
             self.answer(req, p.OVERLOADED, f"model {key} is loading (cold start) and "
                                            f"{self.waiting.max_waiting} requests wait for it already")
@@ -129,17 +146,27 @@ class PoolControl:
     def make_room(self, key: str) -> None:
         """Before any load of a cold version (a request's, or ``aieng models load``): evict what the
         plan says and reserve the load's estimate, or raise ``HotSwapError`` naming the budget."""
-        fe, pk = self.fe, _pair(key)
-        need = self.estimate(pk)
+        fe, pk, now = self.fe, _pair(key), time.monotonic()
+        need = self.estimate(pk, now)
         self.pool.set_inflight({_pair(k): n for k, n in fe.table.per_model().items()})
-        victims = self.pool.plan(pk, need)
+        victims = self.pool.plan(pk, need, now)
         if victims is None:
-            why = refusal(pk[0], pk[1], need, self.pool.budget, self.pool.stuck(pk))
-            log.error("load of %s refused: %s", key, why)
+            why = refusal(pk[0], pk[1], need, self.pool.budget, self.pool.stuck(pk, now), self.pool.warm_s,
+                          self.pool.retry_in(pk, now))
+            self.log_refusal(key, why, now)
             raise HotSwapError(p.UNAVAILABLE, why)
         for victim in victims:
             self.evict(f"{victim[0]}:{victim[1]}", for_key=key)
         self.pool.reserve(pk, need)
+
+    def log_refusal(self, key: str, why: str, now: float) -> None:
+        last, since = self.refused.get(key, (float("-inf"), 0))
+        if now - last < REFUSAL_LOG_S:
+            self.refused[key] = (last, since + 1)
+            return
+        self.refused[key] = (now, 0)
+        more = f" (and {since} more since the last line)" if since else ""
+        log.warning("load of %s refused%s: %s", key, more, why)
 
     def evict(self, key: str, for_key: str) -> None:
         """Release an idle resident version everywhere; it stays routable and comes back on use."""
@@ -157,9 +184,9 @@ class PoolControl:
 
     # -- hot swap outcomes --------------------------------------------------------------------
     def on_ready(self, ld: Load) -> None:
-        key, pk = f"{ld.name}:{ld.version}", (ld.name, ld.version)
-        measured = footprint_of(ld.footprint) or self.estimate(pk)
-        self.pool.loaded(pk, measured, self.settings.get(ld.name, PoolSetting()).evictable)
+        key, pk, now = f"{ld.name}:{ld.version}", (ld.name, ld.version), time.monotonic()
+        self.pool.loaded(pk, footprint_of(ld.footprint), self.settings.get(ld.name, PoolSetting()).evictable,
+                         now, default=self.estimate(pk, now))
         if key not in self.cold:
             return
         self.cold.discard(key)
@@ -171,7 +198,7 @@ class PoolControl:
             if req.deadline <= now:
                 self.answer(req, p.UNAVAILABLE, cold_start_message(key))
             else:
-                self.pool.touch(pk)
+                self.pool.touch(pk, now)
                 self.fe.pipeline.start(req)
 
     def on_failed(self, ld: Load) -> None:
@@ -214,19 +241,24 @@ class PoolControl:
 
     def view(self) -> dict[str, Any]:
         """``models``/``stats``/``/debug``: the budget, what is resident (LRU first) and each version's
-        state, last footprint, cold loads and evictions."""
+        state, footprint (what it counts for while resident, else its last measurement; 0 until one)
+        and whether it was measured, whether it is warm (not evicted for a cold load), cold loads and
+        evictions."""
         versions: dict[str, dict] = {}
+        now = time.monotonic()
         for name, vs in self.fe.specs.items():
             if not self.settings.get(name, PoolSetting()).lazy:
                 continue
             for v in vs:
                 key = f"{name}:{v}"
                 versions[key] = {"state": self.state(key),
-                                 "footprint_bytes": self.pool.estimate((name, v), 0),
+                                 "footprint_bytes": self.pool.footprint((name, v)),
+                                 "footprint_measured": self.pool.is_measured((name, v)),
+                                 "warm": self.pool.warm((name, v), now),
                                  "waiting": self.waiting.waiting(key),
                                  "evictions": self.evictions.get(key, 0),
                                  "last_cold_load_s": round(self.cold_loads.get(key, 0.0), 3)}
-        return {"budget_bytes": self.pool.budget, "used_bytes": self.pool.used(),
+        return {"budget_bytes": self.pool.budget, "used_bytes": self.pool.used(), "warm_s": self.pool.warm_s,
                 "resident_lru": [f"{n}:{v}" for n, v in self.pool.order()], "versions": versions}
 
 

@@ -242,7 +242,7 @@ class Frontend:
                     a.params, trace=a.trace, probe=a.probe, cache_key=a.cache_key, degraded=a.degraded,
                     body=body, route=a.route)
         self.log.debug("admitted %s:%s", a.model, a.version, extra={"trace": a.trace})
-        if self.poolctl.start(r):  # else it waits for its version's cold load (no shadow copy then)
+        if self.poolctl.start(r, req["inputs"]):  # else it waits for its cold load (no shadow copy then)
             self.mirror.after_admit(r, body)  # after the primary is on its way: a shadow never delays it
 
     def refuse(self, envelope: list, message: str, req_id: Any = None) -> None:

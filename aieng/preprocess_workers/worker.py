@@ -13,7 +13,6 @@ sets it) carries the page: the image processor cuts the box out of it first.
 """
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
@@ -21,40 +20,14 @@ from aieng import messages as m
 from aieng import model_repo
 from aieng.addresses import exec_addr
 from aieng.config import Config
+from aieng.inputs import validate_inputs
 from aieng.model_repo import ModelSpec
 from aieng.preprocess_workers.processors import PROCESSORS
 from aieng.protocol import INTERNAL, INVALID_INPUT, INVALID_REQUEST, UNAVAILABLE, RequestError, unpack_limited
 from aieng.worker_hotswap import Versions
 from aieng.worker_runtime import HubWorker, own_ring, push_socket
 
-_KIND_CHECKS = {
-    "text": lambda v: isinstance(v, str),
-    "image": lambda v: isinstance(v, (bytes, bytearray)),
-    "number": lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)),
-    "category": lambda v: v is None or isinstance(v, str),
-    "tensor": lambda v: isinstance(v, dict),
-}
 MAX_DRAIN = 64
-
-
-def validate_inputs(spec: ModelSpec, inputs: Any) -> dict[str, Any]:
-    if not isinstance(inputs, dict):
-        raise RequestError(INVALID_INPUT, "'inputs' must be a map")
-    declared = {i["name"]: i for i in spec.inputs}
-    for name, value in inputs.items():
-        decl = declared.get(name)
-        if decl is None:
-            raise RequestError(INVALID_INPUT, f"model '{spec.name}' has no input {name!r}; "
-                                              f"it takes {', '.join(declared)}")
-        if not _KIND_CHECKS[decl["kind"]](value):
-            raise RequestError(INVALID_INPUT, f"input '{name}' must be of kind {decl['kind']}, "
-                                              f"got {type(value).__name__}")
-        if isinstance(value, float) and math.isinf(value):
-            raise RequestError(INVALID_INPUT, f"input '{name}' is infinite")
-    for name, decl in declared.items():
-        if not decl.get("optional", False) and name not in inputs:
-            raise RequestError(INVALID_INPUT, f"missing input '{name}'")
-    return inputs
 
 
 def read_request(spec: ModelSpec, body, max_bytes: int) -> tuple[dict[str, Any], dict]:

@@ -5,7 +5,9 @@ Each test builds its own repository under tmp_path: ``tabular`` version 1 (eager
 of the demo tabular model's files, golden set included, so its cold loads run it.  The demo tabular
 session costs the executor ~0.2 MiB, under the noise of an RSS measurement, so the eviction test
 uses its own model: a Gather from a 32 MiB weight (``y = W[idx]``, W = 0, 1, 2, ...), whose
-footprint is the weight.  Its budget is set from footprints measured by a first server without one.
+footprint is the weight.  Its budget is set from footprints measured by a first server without one,
+and it runs with ``AIENG_POOL_WARM_S=0`` (plain LRU: the protection of warm versions is tested in
+tests/e2e/test_reliability_v3_pool.py).
 """
 from __future__ import annotations
 
@@ -61,7 +63,7 @@ def gather_model(repo, name: str, versions: list[str], pinned: bool = False) -> 
 
 def ask(srv, rid: str, model: str, version: str, timeout_ms: int = LOAD_TIMEOUT_MS) -> dict:
     """One pinned request (a penguin for tabular copies, ``IDX`` for gather models), matched to its id."""
-    inputs = PENGUINS[0] if model in ("tabular", "lazy") else {"idx": IDX[0]}
+    inputs = PENGUINS[0] if model in ("tabular", "lazy", "broken") else {"idx": IDX[0]}
     with srv.client(timeout_s=timeout_ms / 1000 + 30) as c:
         reply = c.call(build_request(rid, model, inputs, version=version, timeout_ms=timeout_ms),
                        raise_on_error=False)
@@ -242,7 +244,8 @@ def test_a_budget_evicts_the_least_recently_used_version_and_never_a_pinned_one(
           f"budget {budget / 2**20:.1f} MiB")
     assert smallest * 2 > budget, f"footprints too uneven for a one-version budget: {sizes}"
 
-    srv = start(make_server, tmp_path, repo, AIENG_MODEL_MEMORY_BUDGET=str(budget))
+    # plain LRU (no warm protection): each request evicts the version used just before it
+    srv = start(make_server, tmp_path, repo, AIENG_MODEL_MEMORY_BUDGET=str(budget), AIENG_POOL_WARM_S="0")
     executor = psutil.Process(srv.child_pid("aieng::executor"))
     rss, evictions = [], {"1": 0, "2": 0}
     for cycle in range(10):

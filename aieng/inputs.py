@@ -1,0 +1,56 @@
+"""A request's inputs checked against a model version's declared ones, without its processor or session.
+
+``validate_inputs`` is the check every preprocessing path runs first (the preprocess worker, the
+executor's idle route, the baseline): each input is declared, of its declared kind and finite; every
+required one is there.  ``precheck`` adds what a tensor-in model's processor would refuse from the
+tensor map's header alone (dtype, shape, byte count: ``protocol.decode_tensor``, O(1), no copy); the
+frontend runs it before a request may start a cold load (frontend/poolctl.py), so a request that would
+fail INVALID_INPUT never loads or evicts a version.  Same codes and messages as the workers' (one code
+path).  Not checked here: anything that needs the data read (NaN in a tensor, an image's decoding) or
+the session (shapes against the model's inputs): those stay in the workers.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from aieng.model_repo import ModelSpec
+from aieng.protocol import INVALID_INPUT, RequestError, decode_tensor
+
+_KIND_CHECKS = {
+    "text": lambda v: isinstance(v, str),
+    "image": lambda v: isinstance(v, (bytes, bytearray)),
+    "number": lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)),
+    "category": lambda v: v is None or isinstance(v, str),
+    "tensor": lambda v: isinstance(v, dict),
+}
+
+
+def validate_inputs(spec: ModelSpec, inputs: Any) -> dict[str, Any]:
+    if not isinstance(inputs, dict):
+        raise RequestError(INVALID_INPUT, "'inputs' must be a map")
+    declared = {i["name"]: i for i in spec.inputs}
+    for name, value in inputs.items():
+        decl = declared.get(name)
+        if decl is None:
+            raise RequestError(INVALID_INPUT, f"model '{spec.name}' has no input {name!r}; "
+                                              f"it takes {', '.join(declared)}")
+        if not _KIND_CHECKS[decl["kind"]](value):
+            raise RequestError(INVALID_INPUT, f"input '{name}' must be of kind {decl['kind']}, "
+                                              f"got {type(value).__name__}")
+        if isinstance(value, float) and math.isinf(value):
+            raise RequestError(INVALID_INPUT, f"input '{name}' is infinite")
+    for name, decl in declared.items():
+        if not decl.get("optional", False) and name not in inputs:
+            raise RequestError(INVALID_INPUT, f"missing input '{name}'")
+    return inputs
+
+
+def precheck(spec: ModelSpec, inputs: Any) -> None:
+    """``RequestError`` (INVALID_INPUT) for inputs that the version's preprocessing would refuse whatever
+    its state: ``validate_inputs``, then, for tensor preprocessing, each tensor map's header."""
+    validate_inputs(spec, inputs)
+    if (spec.preprocess or {}).get("type") == "tensor":
+        for decl in spec.inputs:
+            if decl["name"] in inputs:
+                decode_tensor(inputs[decl["name"]], f"input '{decl['name']}'")
