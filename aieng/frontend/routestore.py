@@ -32,6 +32,10 @@ the GIL between them) and reused while a state names it.
 Read: a missing file is "nothing saved"; an unreadable or malformed one is
 logged and ignored (the model.yaml routing applies), never fatal.
 
+The state dir is checked at start (``state_dir_problem``: created 0700 if
+missing, a probe file written, synced and removed); the supervisor refuses to
+start when it cannot be written, so a change (an automatic rollback too) is
+never kept only in memory without anyone being told.
 """
 from __future__ import annotations
 
@@ -54,6 +58,23 @@ log = logging.getLogger("aieng.frontend.routestore")
 def store_path(state_dir: str, model_repository: str) -> str:
     tag = hashlib.sha256(os.path.realpath(model_repository).encode()).hexdigest()[:12]
     return os.path.join(state_dir, f"routing-{tag}.json")
+
+
+def state_dir_problem(path: str) -> str | None:
+    """Why the routing state cannot be written in ``path`` (None: it can).  Creates it (0700) if missing and
+    writes, syncs and removes a probe file, as a save would."""
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".probe-", dir=path)
+        try:
+            os.write(fd, b"aieng")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            os.unlink(probe)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
 
 
 @dataclass(frozen=True)

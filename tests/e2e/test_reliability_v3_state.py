@@ -1,10 +1,13 @@
-"""Reliability v3 (issue 20), the routing state file, against the real server.
+"""Reliability v3 (issue 20), the routing state file, each against the real server.
 
 - 10: admin changes are persisted off the loop, each group stored once, the file bounded: after a
   100,000-key group and 16 weight changes the file holds the group once, a restart restores the routing
   exactly, and a routing over the group limit is refused.  A change whose write fails is in force, says so,
   and is saved by the writer's retry once the disk is back; serving goes on meanwhile.  (That the loop
   does not wait for the write is shown without timing in tests/unit/test_state_writer.py.)
+- 12: a state directory that cannot be written refuses the start in one line naming AIENG_STATE_DIR, so
+  an automatic rollback is never kept in memory only; tests/e2e/test_rollout.py checks that one survives a
+  restart.
 """
 from __future__ import annotations
 
@@ -126,3 +129,19 @@ def test_a_change_whose_write_fails_is_in_force_says_so_and_is_saved_once_the_di
         admin.close(0)
     assert "routing state saved to" in srv.output() and "again, after" in srv.output()
 
+
+def test_a_state_dir_that_cannot_be_written_is_refused_in_one_line(make_server, tmp_path):
+    """Finding 12: with an unwritable state dir an automatic rollback was only logged as not saved, and a
+    restart gave the bad canary its weight back.  A path under a regular file cannot be created by anyone,
+    root included (the tests run as root, where a mode-0500 directory would not stop a write)."""
+    afile = tmp_path / "afile"
+    afile.write_text("not a directory")
+    state = afile / "state"
+    srv = make_server(AIENG_MODELS="tabular", AIENG_STATE_DIR=str(state)).start(wait=False)
+    assert srv.proc.wait(60) == 2
+    lines = [json.loads(line)["msg"] for line in srv.output().splitlines() if line.startswith("{")]
+    assert lines[-1] == (f"invalid configuration: AIENG_STATE_DIR {str(state)!r} cannot be written: Not a "
+                         "directory (from env:AIENG_STATE_DIR); routing changes and automatic rollbacks "
+                         "would be lost at a restart: set AIENG_STATE_DIR to a directory this user can write")
+    assert [x for x in lines if "AIENG_STATE_DIR" in x] == lines[-1:]
+    assert "Traceback" not in srv.output()
