@@ -131,8 +131,9 @@ class StateWriter:
             self.closing = True
             self.cond.notify_all()
         self.thread.join(timeout)
-        if self.thread.is_alive():
+        if self.thread.is_alive():  # its pipe stays open: the thread may still write its wake-up byte
             log.error("routing state: the last write to %s did not finish within %.0fs", self.where, timeout)
+            return
         os.close(self.rfd)
         os.close(self.wfd)
 
