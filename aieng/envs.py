@@ -177,7 +177,8 @@ REGISTRY: tuple[EnvVar, ...] = (
            "ZMQ CURVE for the admin socket: directory of allowed admin public keys (empty: any key)",
            "admin_curve_client_keys_dir"),
     EnvVar("AIENG_STATE_DIR", str, _default_state_dir,
-           "Directory for routing state that survives restarts (routing-<repo hash>.json)", "state_dir"),
+           "Directory for routing state that survives restarts (routing-<repo hash>.json); the start "
+           "refuses one it cannot write (empty: routing changes are not saved)", "state_dir"),
     EnvVar("AIENG_SHM_SLOT_BYTES", int, 1 << 20,
            "Minimum bytes per shared-memory slot (each ring raises it to fit its models' largest request)",
            "shm_slot_bytes"),

@@ -2,7 +2,8 @@
 
 Start: clean what a crashed instance left (shared memory, ipc dirs), take the
 runtime directory's lock (one instance per directory: a second one is refused
-naming the holder's pid; an unusable directory is a configuration error), load
+naming the holder's pid; an unusable directory is a configuration error), check
+that the routing state directory can be written (else refuse, exit 2), load
 the model repository, spawn every role, and wait on each child's ready pipe and
 process sentinel together: a child that dies or reports failure during
 startup fails the start, naming its role and exit code.  Only then does it
@@ -49,6 +50,7 @@ import zmq
 from aieng import addresses, model_repo, procutil, shm, shmsize
 from aieng import messages as m
 from aieng.config import Config
+from aieng.frontend import routestore
 from aieng.worker_runtime import run_process
 
 log = logging.getLogger("aieng.supervisor")
@@ -123,6 +125,7 @@ class Supervisor:
         self.init_instance()
         try:
             shmsize.check(cfg)  # before any ring exists: a too-small /dev/shm would SIGBUS a writer later
+            self.check_state_dir()
             self.init_models()
         except BaseException:
             self.release_runtime_dir()
@@ -156,6 +159,17 @@ class Supervisor:
             raise ConfigError(f"invalid configuration: AIENG_RUNTIME_DIR {cfg.runtime_dir!r} cannot be "
                               f"created or used: {exc.strerror or exc} (from {src})") from None
         self.lock = lock
+
+    def check_state_dir(self) -> None:
+        """Routing changes (automatic rollbacks too) must survive a restart: a state dir that cannot be
+        written refuses the start, instead of every change living in memory only (empty: persistence off)."""
+        cfg = self.cfg
+        why = routestore.state_dir_problem(cfg.state_dir) if cfg.state_dir else None
+        if why is not None:
+            src = cfg.sources.get("state_dir", "default")
+            raise ConfigError(f"invalid configuration: AIENG_STATE_DIR {cfg.state_dir!r} cannot be written: "
+                              f"{why} (from {src}); routing changes and automatic rollbacks would be lost at "
+                              f"a restart: set AIENG_STATE_DIR to a directory this user can write")
 
     def init_models(self) -> None:
         only = [n.strip() for n in self.cfg.models.split(",") if n.strip()] or None

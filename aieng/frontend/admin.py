@@ -6,8 +6,13 @@ must be loopback unless CURVE is on, which ``Config.validate`` enforces).  It
 lives in its own ZMQ context so that its CURVE authenticator (its own
 allowed-keys dir, ``admin_curve_client_keys_dir``) never mixes with the client
 socket's.  The frontend loop polls it like the other sockets; every op is a
-few dict operations and at most one small file write, so it never stalls the
-data path for long.
+few dict operations and no file I/O: a routing change takes effect at once
+(the next request is routed the new way) and is handed to the state writer
+(``statewriter``: its own thread).  Its answer is sent once the state file
+holds it (``Pending``), while the loop goes on serving; when the file cannot be
+written the answer is an error (INTERNAL) saying the change is in force but not
+saved, and the writer retries.  An answer that changed nothing (``changed:
+false``) also waits for any earlier change still unsaved.
 
 One msgpack map in, one out: ``{"op": <name>, "id": ..., ...}`` ->
 ``{"id", "ok": true, ...}`` or ``{"id", "ok": false, "error": {"code", "message"}}``.
@@ -33,11 +38,27 @@ from aieng.config import Config
 from aieng.frontend import routing, shadow
 from aieng.frontend.clients import curve_server
 from aieng.frontend.hotswap import HotSwapError
+from aieng.frontend.statewriter import RETRY_S, Ticket
 
 if TYPE_CHECKING:  # pragma: no cover
     from aieng.frontend.server import Frontend
 
 MAX_ADMIN_BYTES = 8 * 1024 * 1024  # a user group of 100,000 keys fits
+
+
+class Pending:
+    """An answer sent once ``ticket`` is done: as built when saved, else an error saying what holds."""
+
+    def __init__(self, ticket: Ticket, answer: dict):
+        self.ticket, self.answer = ticket, answer
+
+    def reply(self, error: str | None) -> dict:
+        if error is None:
+            return self.answer
+        what = f"routing of {self.answer['model']!r}" if "model" in self.answer else "the routing"
+        return {"id": self.answer.get("id"), "ok": False, "error": {"code": p.INTERNAL, "message": (
+            f"{error}; {what} is in force as answered but not saved: a restart loses it unless a later "
+            f"write succeeds (retried every {RETRY_S:g}s)")}}
 
 
 class AdminError(Exception):
@@ -80,7 +101,14 @@ class AdminServer:
                 frames = self.sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            self.sock.send_multipart(frames[:-1] + [p.pack(self.ops.handle(frames[-1]))])
+            out = self.ops.handle(frames[-1])
+            if isinstance(out, Pending):  # sent when the state file holds the change (or cannot)
+                out.ticket.then(lambda err, env=frames[:-1], o=out: self.send(env, o.reply(err)))
+            else:
+                self.send(frames[:-1], out)
+
+    def send(self, envelope: list, answer: dict) -> None:
+        self.sock.send_multipart(envelope + [p.pack(answer)])
 
     def close(self) -> None:
         self.sock.close(0)
@@ -93,14 +121,14 @@ class AdminServer:
 class AdminOps:
     def __init__(self, fe: "Frontend"):
         self.fe = fe
-        self.table: dict[str, Callable[[dict], dict]] = {
+        self.table: dict[str, Callable[[dict], dict | Pending]] = {
             "status": self.status, "models": self.models, "set_weights": self.set_weights,
             "set_rules": self.set_rules, "rollback": self.rollback, "promote": self.promote,
             "reload": self.reload, "shadow_on": self.shadow_on, "shadow_off": self.shadow_off,
             "load": self.load, "unload": self.unload,
         }
 
-    def handle(self, body: bytes) -> dict:
+    def handle(self, body: bytes) -> dict | Pending:
         req_id = None
         try:
             try:
@@ -124,7 +152,10 @@ class AdminOps:
         except Exception as exc:  # a bug must not take the frontend down
             self.fe.log.exception("admin op failed")
             return {"id": req_id, "ok": False, "error": {"code": p.INTERNAL, "message": type(exc).__name__}}
-        out.update({"id": req_id, "ok": True})
+        if isinstance(out, Pending):
+            out.answer.update({"id": req_id, "ok": True})
+        else:
+            out.update({"id": req_id, "ok": True})
         return out
 
     def model(self, req: dict):
@@ -135,7 +166,7 @@ class AdminOps:
                                                 f"(serving {', '.join(sorted(self.fe.rollout.models))})")
         return m
 
-    def commit(self, m, new: routing.RoutingState, what: str) -> dict:
+    def commit(self, m, new: routing.RoutingState, what: str) -> Pending:
         failed = self.fe.failed_models()
         targets = {v for v, w in new.weights.items() if w > 0} | {r.version for r in new.rules}
         for v in sorted(targets):
@@ -143,15 +174,15 @@ class AdminOps:
                 raise AdminError(p.INVALID_REQUEST, f"version {v} of {m.name!r} is not loaded "
                                                     f"({failed[f'{m.name}:{v}']}); nothing changed")
         before = m.state
-        if new.routes_as(before):  # nothing to change, save or log: no history entry either
-            return {"model": m.name, "routing": routing_view(before), "moved_buckets": 0, "changed": False}
-        err = self.fe.rollout.change(m, new)
-        if err is not None:
-            raise AdminError(p.INTERNAL, err + "; nothing changed")
+        if new.routes_as(before):  # nothing to change or log: no history entry either
+            return Pending(self.fe.rollout.saved_ticket(), {"model": m.name, "routing": routing_view(before),
+                                                            "moved_buckets": 0, "changed": False})
+        ticket = self.fe.rollout.change(m, new)
         moved = sum(1 for a, b in zip(before.owner, new.owner) if a != b)
         self.fe.log.warning("routing of %s changed by %s: weights %s, %d rules, %d buckets moved", m.name,
                             what, new.weights, len(new.rules), moved)
-        return {"model": m.name, "routing": routing_view(new), "moved_buckets": moved, "changed": True}
+        return Pending(ticket, {"model": m.name, "routing": routing_view(new), "moved_buckets": moved,
+                                "changed": True})
 
     # -- ops -------------------------------------------------------------------------------
     def status(self, req: dict) -> dict:
@@ -184,12 +215,12 @@ class AdminOps:
                 entry["load"] = view
         return {"models": out}
 
-    def set_weights(self, req: dict) -> dict:
+    def set_weights(self, req: dict) -> Pending:
         m = self.model(req)
         new = routing.build(m.state, m.versions, req.get("weights"), reason="set_weights")
         return self.commit(m, new, "set_weights")
 
-    def set_rules(self, req: dict) -> dict:
+    def set_rules(self, req: dict) -> Pending:
         m = self.model(req)
         rules = {"rules": req.get("rules"), "groups": req.get("groups")}
         if rules["rules"] is None:
@@ -198,7 +229,7 @@ class AdminOps:
                             reason="set_rules")
         return self.commit(m, new, "set_rules")
 
-    def promote(self, req: dict) -> dict:
+    def promote(self, req: dict) -> Pending:
         m = self.model(req)
         version = req.get("version")
         version = str(version) if isinstance(version, int) and not isinstance(version, bool) else version
@@ -209,17 +240,15 @@ class AdminOps:
         new = routing.build(m.state, m.versions, weights, reason=f"promote {version}")
         return self.commit(m, new, "promote")
 
-    def rollback(self, req: dict) -> dict:
+    def rollback(self, req: dict) -> Pending:
         m = self.model(req)
         if not m.history:
             raise AdminError(p.INVALID_REQUEST, f"model {m.name!r} has no previous routing to roll back to")
-        err = self.fe.rollout.rollback(m)
-        if err is not None:
-            raise AdminError(p.INTERNAL, err + "; nothing changed")
+        ticket = self.fe.rollout.rollback(m)
         self.fe.log.warning("routing of %s rolled back: weights %s", m.name, m.state.weights)
-        return {"model": m.name, "routing": routing_view(m.state)}
+        return Pending(ticket, {"model": m.name, "routing": routing_view(m.state)})
 
-    def shadow_on(self, req: dict) -> dict:
+    def shadow_on(self, req: dict) -> Pending:
         """Mirror ``percent`` of the model's requests to ``version`` (``max_load``, ``timeout_ms``)."""
         m = self.model(req)
         conf = shadow.parse_config({k: req[k] for k in ("version", "percent", "max_load", "timeout_ms")
@@ -232,7 +261,7 @@ class AdminOps:
                             shadow=conf)
         return self.commit(m, new, "shadow_on")
 
-    def shadow_off(self, req: dict) -> dict:
+    def shadow_off(self, req: dict) -> Pending:
         m = self.model(req)
         if m.state.shadow is None:
             raise AdminError(p.INVALID_REQUEST, f"model {m.name!r} has no shadow traffic to turn off")

@@ -90,6 +90,11 @@ class Metrics:
                               "(pinned, rule:<name>, weight)", ["model", "version", "route"], registry=r)
         self.rollbacks = Counter("aieng_rollout_auto_rollbacks", "Canary versions set to weight 0 by "
                                  "automatic rollback", ["model", "version"], registry=r)
+        self.state_writes = Counter("aieng_routing_state_writes", "Writes of the routing state file, by "
+                                    "outcome (ok, failed: retried until one succeeds)", ["outcome"],
+                                    registry=r)
+        for outcome in ("ok", "failed"):  # present at 0 from the start
+            self.state_writes.labels(outcome)
         self.version_loads = Counter("aieng_version_loads", "Run-time loads of model versions, by outcome "
                                      "(ok: routable after its golden set; failed)",
                                      ["model", "version", "outcome"], registry=r)
@@ -157,6 +162,10 @@ class Metrics:
 
     def auto_rollback(self, model: str, version: str) -> None:
         self.rollbacks.labels(model, version).inc()
+
+    def state_write(self, outcome: str) -> None:
+        """Called from the state writer's thread (prometheus_client counters are thread-safe)."""
+        self.state_writes.labels(outcome).inc()
 
     def version_load(self, model: str, version: str, outcome: str) -> None:
         self.version_loads.labels(model, version, outcome).inc()

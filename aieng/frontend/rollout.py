@@ -12,10 +12,20 @@ Where a model's routing comes from, at start and on reload (SIGHUP):
     run-time changes survive a restart, and editing model.yaml then reloading
     (or restarting) makes model.yaml win, with the old state kept as history.
 
-Changes (admin ops, auto-rollback) build a new state, swap the pointer, then
-save; a failed save swaps it back and reports the error: nothing changed.
-Rollback swaps back to the newest history entry (no model load, no I/O
-before the swap).
+Changes (admin ops, auto-rollback, loads and unloads, reload) build a new
+state and swap the pointer: the next request is routed the new way.  Then
+the routing of every model is handed to the state writer (``statewriter``:
+its own thread, latest wins; no file I/O on the loop), which returns a
+``Ticket``; admin.py answers the change when its ticket is done.  A write
+that fails leaves the change in force (undoing it after later changes were
+made on top of it could not be done honestly) and is retried; the ticket's
+error says so.  Rollback swaps back to the newest history entry (no model
+load, no I/O before the swap).
+
+History: the last ``HISTORY`` states, fewer when their groups would pass
+``SAVED_GROUP_CHARS`` together with the current state's (each group object
+counted once): so the state file stays bounded, and the previous routing is
+always kept (each routing holds at most ``routing.MAX_GROUP_CHARS``).
 """
 from __future__ import annotations
 
@@ -31,11 +41,14 @@ from aieng import model_repo
 from aieng import protocol as p
 from aieng.frontend import routing, shadow
 from aieng.frontend.canary import AutoRollback, Watch
-from aieng.frontend.routestore import RouteStore
+from aieng.frontend.routestore import RouteStore, Saved
+from aieng.frontend.statewriter import StateWriter, Ticket
 from aieng.model_repo import ModelSpec
 
 HISTORY = 16
+SAVED_GROUP_CHARS = 2 * routing.MAX_GROUP_CHARS  # one model's current state and history together
 EVENTS = 20
+FLUSH_S = 10.0  # a reload waits this long at most for the writer before reading the file
 MIN_PREFIX = 12  # hex digits of a sha256 prefix that may name a version
 log = logging.getLogger("aieng.frontend.rollout")
 
@@ -60,6 +73,24 @@ def load(raw: dict, versions: set[str]) -> routing.RoutingState:
     return routing.RoutingState(weights, tuple(owner), routing.to_ranges(owner), rules, groups,
                                 bool(raw["allow_pinned"]), str(raw.get("reason", "")),
                                 shadow.parse_config(raw.get("shadow"), versions))
+
+
+def within_budget(name: str, current: routing.RoutingState, history: list) -> list:
+    """The newest ``HISTORY`` entries of ``history`` whose groups, with ``current``'s, hold at most
+    ``SAVED_GROUP_CHARS`` characters (each group object once): older ones are dropped, and logged."""
+    history = history[-HISTORY:]
+    seen = {id(g): g.chars for g in current.groups.values()}
+    total, keep = sum(seen.values()), 0
+    for state in reversed(history):
+        extra = {id(g): g.chars for g in state.groups.values() if id(g) not in seen}
+        if total + sum(extra.values()) > SAVED_GROUP_CHARS:
+            log.warning("routing history of %s keeps its %d newest entries: with older ones its groups would "
+                        "hold over %d characters", name, keep, SAVED_GROUP_CHARS)
+            break
+        seen.update(extra)
+        total += sum(extra.values())
+        keep += 1
+    return history[len(history) - keep:]
 
 
 def as_list(value: Any) -> list:
@@ -90,15 +121,14 @@ class Model:
             self.watch = Watch(policy)
 
     def push(self, new: routing.RoutingState) -> None:
-        self.history = (self.history + [self.state])[-HISTORY:]
+        self.history = within_budget(self.name, new, self.history + [self.state])
         self.state = new
 
     def event(self, kind: str, **fields: Any) -> None:
         self.events = (self.events + [dict(fields, kind=kind, at=time.time())])[-EVENTS:]
 
-    def saved(self) -> dict:
-        return {"config_digest": self.config_digest, "current": dump(self.state),
-                "history": [dump(s) for s in self.history], "events": self.events}
+    def saved(self) -> Saved:
+        return Saved(self.config_digest, self.state, tuple(self.history), tuple(self.events))
 
     def restore(self, saved: dict | None) -> bool:
         if not isinstance(saved, dict) or saved.get("config_digest") != self.config_digest:
@@ -114,14 +144,16 @@ class Model:
         except (routing.RoutingError, ValueError, KeyError, TypeError, AttributeError) as exc:
             log.warning("saved routing of %s not restored (%s); using model.yaml", self.name, exc)
             return False
-        self.state, self.history = current, history[-HISTORY:]
+        self.state, self.history = current, within_budget(self.name, current, history)
         self.events = [e for e in as_list(saved.get("events")) if isinstance(e, dict)][-EVENTS:]
         return True
 
 
 class Rollout:
-    def __init__(self, specs: dict[str, dict[str, ModelSpec]], store: RouteStore | None, metrics=None):
-        self.store, self.metrics = store, metrics
+    def __init__(self, specs: dict[str, dict[str, ModelSpec]], store: RouteStore | None,
+                 writer: StateWriter | None = None, metrics=None):
+        """``store`` is read here and on reload; ``writer`` writes it (both None: nothing is saved)."""
+        self.store, self.writer, self.metrics = store, writer, metrics
         saved = store.load() if store else {}
         self.models: dict[str, Model] = {}
         for name, versions in specs.items():
@@ -189,50 +221,45 @@ class Rollout:
             weights = dict(m.state.weights)
             weights[stable] += weights[version]
             weights[version] = 0.0
-            # Safety first: the change stands even if it cannot be saved (the error is logged).
+            # Safety first: the change stands even if it cannot be saved (the writer logs and retries).
             m.push(routing.build(m.state, m.versions, weights, reason=f"auto-rollback of {version}: {why}"))
             m.watch.forget(version)
             m.event("auto_rollback", version=version, reason=why, weights=weights)
-            err = self.save()
-            log.error("auto-rollback of %s:%s: %s; its weight is now 0%s", m.name, version, why,
-                      f" (not saved: {err})" if err else "")
+            self.save()
+            log.error("auto-rollback of %s:%s: %s; its weight is now 0", m.name, version, why)
             if self.metrics is not None:
                 self.metrics.auto_rollback(m.name, version)
 
     # -- changes ---------------------------------------------------------------------------
-    def save(self) -> str | None:
-        if self.store is None:
-            return None
-        try:
-            self.store.save({name: m.saved() for name, m in self.models.items()})
-            return None
-        except OSError as exc:
-            return f"could not save routing state to {self.store.path}: {exc.strerror or exc}"
+    def save(self) -> Ticket:
+        """Hand every model's routing to the writer; the ticket is done once the file holds it."""
+        if self.writer is None:
+            return Ticket.finished()
+        return self.writer.submit({name: m.saved() for name, m in self.models.items()})
 
-    def change(self, m: Model, new: routing.RoutingState) -> str | None:
-        """Swap in ``new``, then save; on a failed save swap back.  Returns the error, if any.  A change that
-        routes as the current state does (a retried script, an idempotent reconciler) is no change: no
-        history entry, so ``rollback`` still reaches the real previous routing."""
+    def saved_ticket(self) -> Ticket:
+        """Done once the file holds the routing in force (at once when it does): for an answer that
+        changed nothing, so a retried command still learns that its earlier change is not saved."""
+        return self.writer.barrier() if self.writer is not None else Ticket.finished()
+
+    def change(self, m: Model, new: routing.RoutingState) -> Ticket:
+        """Swap in ``new`` and save.  A change that routes as the current state does (a retried script, an
+        idempotent reconciler) is no change: no history entry, so ``rollback`` still reaches the real
+        previous routing."""
         if new.routes_as(m.state):
-            return None
-        old_state, old_history = m.state, m.history
+            return self.saved_ticket()
         m.push(new)
-        err = self.save()
-        if err is not None:
-            m.state, m.history = old_state, old_history
-        return err
+        return self.save()
 
-    def rollback(self, m: Model) -> str | None:
-        old_state, old_history = m.state, m.history
+    def rollback(self, m: Model) -> Ticket:
         m.state, m.history = m.history[-1], m.history[:-1]  # the pointer flip
-        err = self.save()
-        if err is not None:
-            m.state, m.history = old_state, old_history
-        return err
+        return self.save()
 
     def reload(self, settings: dict[str, dict]) -> list[str]:
-        """Re-read routing from model.yaml (``{model: settings}``) and the saved state; what changed."""
-        saved = self.store.load() if self.store else {}
+        """Re-read routing from model.yaml (``{model: settings}``) and the saved state; what changed.  The
+        file is read once the writer has written what it was handed (else it would be older than memory)."""
+        current = self.writer is None or self.writer.flush(FLUSH_S)
+        saved = self.store.load() if self.store and current else {}
         for name, m in self.models.items():  # all or nothing: check every model first
             model_repo.check_routing(settings.get(name, {}).get("routing"), m.versions, f"model {name}")
         changed = []
@@ -245,7 +272,7 @@ class Rollout:
             if not m.restore(saved.get(name)):
                 m.push(m.baseline)
             elif m.state != prev:
-                m.history = (m.history + [prev])[-HISTORY:]
+                m.history = within_budget(name, m.state, m.history + [prev])
             m.event("reload", weights=dict(m.state.weights))
             changed.append(name)
         if changed:
@@ -254,7 +281,7 @@ class Rollout:
 
     @staticmethod
     def _saved_differs(m: Model, saved: Any) -> bool:
-        return isinstance(saved, dict) and saved.get("current") not in (None, dump(m.state))
+        return isinstance(saved, dict) and saved.get("current") not in (None, m.state.public(lambda g: g))
 
     def status(self, name: str, now: float) -> dict:
         m = self.models[name]

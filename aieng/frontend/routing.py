@@ -40,7 +40,7 @@ import hashlib
 import itertools
 import operator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Callable, Iterable
 
 BUCKETS = 10_000
 OPS = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt,
@@ -48,7 +48,11 @@ OPS = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le
 PROPERTIES = ("length", "bytes", "value")
 MAX_KEY_CHARS = 256  # a routing_key longer than this is INVALID_REQUEST (protocol.py checks it)
 MAX_RULES = 64
-MAX_GROUP = 100_000
+MAX_GROUP = 100_000  # keys in one group
+# Characters of routing keys (a key's length + 1 each) in the groups of one routing, all together: what the
+# state file holds for it (rollout.py keeps history within twice this per model).  100,000 keys of up to 40
+# characters fit; a routing over it is refused, never truncated.
+MAX_GROUP_CHARS = 4 * 1024 * 1024
 _SERIALS = itertools.count(1)
 
 
@@ -122,6 +126,37 @@ def _version_order(v: str):
 
 
 # -- rules ------------------------------------------------------------------------------
+class Group(frozenset):
+    """A group's routing keys: a set for membership, and the keys in the order given (``order``: what is
+    shown and saved, so a group read back from the state file has the same order, hence the same content
+    digest there).  ``chars`` is its size as ``MAX_GROUP_CHARS`` counts it.  Immutable, so every routing
+    state built from another shares its groups, and the state file stores each once."""
+    __slots__ = ("order", "chars")
+    order: tuple[str, ...]
+    chars: int
+
+    def __new__(cls, keys: Iterable[str]) -> "Group":
+        order = tuple(dict.fromkeys(keys))
+        self = super().__new__(cls, order)
+        self.order = order
+        self.chars = sum(map(len, order)) + len(order)
+        return self
+
+
+def make_group(name: Any, keys: Any) -> Group:
+    """A group from a config's ``[key, ...]`` (str or int keys); ``RoutingError`` if malformed."""
+    if isinstance(keys, Group) and isinstance(name, str):
+        return keys
+    if (not isinstance(name, str) or not isinstance(keys, list) or len(keys) > MAX_GROUP
+            or not all(isinstance(k, (str, int)) and not isinstance(k, bool) for k in keys)):
+        raise RoutingError(f"group {name!r} must be a list of at most {MAX_GROUP} str/int routing keys")
+    return Group(str(k) for k in keys)
+
+
+def listed(group: Group) -> list[str]:
+    return list(group.order)
+
+
 @dataclass(frozen=True)
 class Rule:
     name: str
@@ -140,7 +175,7 @@ class Rule:
         value = list(self.value) if isinstance(self.value, tuple) else self.value
         return {"name": self.name, "when": dict(where, op=self.op, value=value), "version": self.version}
 
-    def matches(self, key: str | None, params: dict, inputs: dict, groups: dict[str, frozenset]) -> bool:
+    def matches(self, key: str | None, params: dict, inputs: dict, groups: dict[str, Group]) -> bool:
         if self.group:
             return key is not None and key in groups.get(self.group, ())
         if self.param:
@@ -169,19 +204,24 @@ def input_property(value: Any, prop: str) -> Any:
     return value if isinstance(value, (int, float, str)) else None
 
 
-def parse_rules(raw: Any, versions: set[str]) -> tuple[tuple[Rule, ...], dict[str, frozenset]]:
-    """``{"groups": {name: [keys]}, "rules": [...]}`` -> rules and groups; ``RoutingError`` if malformed."""
+def parse_rules(raw: Any, versions: set[str], prev: dict[str, Group] | None = None
+                ) -> tuple[tuple[Rule, ...], dict[str, Group]]:
+    """``{"groups": {name: [keys]}, "rules": [...]}`` -> rules and groups; ``RoutingError`` if malformed.
+    A group equal to ``prev``'s of that name is ``prev``'s object (one copy in memory and in the file)."""
     if not isinstance(raw, dict):
         raise RoutingError("rules must be a map with 'rules' and optional 'groups'")
     groups_raw = raw.get("groups") or {}
     if not isinstance(groups_raw, dict):
         raise RoutingError("'groups' must map a group name to a list of routing keys")
-    groups: dict[str, frozenset] = {}
+    groups: dict[str, Group] = {}
     for name, keys in groups_raw.items():
-        if (not isinstance(name, str) or not isinstance(keys, list) or len(keys) > MAX_GROUP
-                or not all(isinstance(k, (str, int)) and not isinstance(k, bool) for k in keys)):
-            raise RoutingError(f"group {name!r} must be a list of at most {MAX_GROUP} str/int routing keys")
-        groups[name] = frozenset(str(k) for k in keys)
+        group = make_group(name, keys)
+        old = (prev or {}).get(name)
+        groups[name] = old if old is not None and old == group else group
+    chars = sum(g.chars for g in groups.values())
+    if chars > MAX_GROUP_CHARS:
+        raise RoutingError(f"the groups hold {chars:,} characters of routing keys (each key's length + 1), "
+                           f"over the limit of {MAX_GROUP_CHARS:,} for one routing")
     items = raw.get("rules") or []
     if not isinstance(items, list) or len(items) > MAX_RULES:
         raise RoutingError(f"'rules' must be a list of at most {MAX_RULES} rules")
@@ -241,7 +281,7 @@ class RoutingState:
     owner: tuple  # version per bucket
     ranges: dict  # the same as ranges (computed once: what is shown and saved)
     rules: tuple[Rule, ...] = ()
-    groups: dict[str, frozenset] = field(default_factory=dict)
+    groups: dict[str, Group] = field(default_factory=dict)
     allow_pinned: bool = True
     reason: str = ""  # what made this state (config, set_weights, rollback, auto-rollback, ...)
     shadow: Any = None  # shadow.ShadowConfig: requests mirrored to a candidate (None: none)
@@ -251,10 +291,12 @@ class RoutingState:
         """Does ``other`` route every request as this state does (its ``reason`` aside)?"""
         return replace(self, reason="") == replace(other, reason="")
 
-    def public(self) -> dict:
+    def public(self, group: Callable[[Group], Any] = listed) -> dict:
+        """As shown and saved; ``group`` turns each group into what stands for it (its keys by default,
+        a reference into the state file's table of groups when saved)."""
         return {"weights": dict(self.weights), "ranges": self.ranges,
                 "rules": [r.public() for r in self.rules],
-                "groups": {g: sorted(k) for g, k in self.groups.items()},
+                "groups": {name: group(g) for name, g in self.groups.items()},
                 "allow_pinned": self.allow_pinned, "reason": self.reason,
                 "shadow": self.shadow.public() if self.shadow is not None else None}
 
@@ -305,7 +347,7 @@ def build(prev: RoutingState | None, versions: set[str], weights: Any = None, ru
         raise RoutingError("weights are needed for a new routing")
     w = check_weights(weights, versions) if weights is not None else prev.weights
     if rules is not None:
-        rs, groups = parse_rules(rules, versions)
+        rs, groups = parse_rules(rules, versions, prev.groups if prev else None)
     else:
         rs, groups = (prev.rules, prev.groups) if prev else ((), {})
     pinned = prev.allow_pinned if allow_pinned is None and prev else allow_pinned

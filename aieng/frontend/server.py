@@ -48,6 +48,7 @@ from aieng.frontend.poolctl import PoolControl
 from aieng.frontend.rollout import Rollout
 from aieng.frontend.routestore import RouteStore, store_path
 from aieng.frontend.snapshot import publish_snapshot
+from aieng.frontend.statewriter import StateWriter
 from aieng.frontend.stats import StageStats
 from aieng.frontend.table import Request, RequestTable
 from aieng.frontend.workers import Workers
@@ -77,7 +78,11 @@ class Frontend:
         self.cache, self.degrader = ResponseCache(cfg.cache_bytes), Degrader(self.specs)
         self.drift = DriftMonitor(self.specs)
         store = RouteStore(store_path(cfg.state_dir, cfg.model_repository)) if cfg.state_dir else None
-        self.rollout = Rollout(self.specs, store, self.metrics)
+        # The state file is written off the loop, by one thread (statewriter); none without a state dir.
+        self.writer = StateWriter(store.save, store.path, self.metrics.state_write) if store else None
+        if store is None:
+            self.log.warning("AIENG_STATE_DIR is empty: routing changes are not saved (lost at a restart)")
+        self.rollout = Rollout(self.specs, store, self.writer, self.metrics)
         self.gate = ClientGate(cfg.client_rate_limit, cfg.max_ops_per_s)
         self.admission = Admission(cfg, self.specs, self.rollout, self.table, self.breakers,
                                    self.cache, self.degrader)
@@ -124,6 +129,9 @@ class Frontend:
         poller.register(self.clients, zmq.POLLIN)
         poller.register(self.hub, zmq.POLLIN)
         poller.register(self.admin.sock, zmq.POLLIN)
+        writer_fd = self.writer.fileno() if self.writer is not None else None
+        if writer_fd is not None:
+            poller.register(writer_fd, zmq.POLLIN)  # the state writer's "done": admin answers go out
         next_pulse = next_snapshot = 0.0
         while not stop.stop:
             now = time.monotonic()
@@ -147,6 +155,8 @@ class Frontend:
                 self.drain_clients()
             if self.admin.sock in events:
                 self.admin.drain()
+            if writer_fd is not None and writer_fd in events:
+                self.writer.poll()
             now = time.monotonic()
             self.pipeline.sweep(now)
             self.poolctl.sweep(now)
@@ -350,4 +360,6 @@ class Frontend:
         self.hub.close(0)
         self.express.close()
         self.admin.close()
+        if self.writer is not None:  # what waits is written before the process ends
+            self.writer.close()
         self.table.close()

@@ -25,7 +25,9 @@ import zmq
 
 from aieng.client import AsyncClient, build_request
 from aieng.frontend import routing
+from aieng.frontend.routestore import store_path
 from tests.conftest import MODELS, ROOT, ServerProcess, free_port
+from tests.waits import until
 
 pytestmark = pytest.mark.e2e
 
@@ -298,6 +300,21 @@ def test_auto_rollback_of_a_failing_canary(make_server, tmp_path):
     assert "auto-rollback of flaky:2" in srv.output()
     code, out, err = cli(srv, "rollout", "status", "flaky")
     assert code == 0 and "auto_rollback" in out and "error rate" in out, out + err
+    # it is written (off the loop: a bounded wait), and a restart keeps it: the bad canary gets no traffic
+    # back (issue 20, finding 12)
+    path = store_path(str(tmp_path / "state"), str(repo))
+
+    def saved_weights() -> dict:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)["models"]["flaky"]["current"]["weights"]
+
+    assert until(lambda: saved_weights() == {"1": 100.0, "2": 0.0}, 10), saved_weights()
+    assert srv.stop() == 0
+    again = start(make_server, tmp_path, repo, AIENG_BREAKER_FAILURES="0")
+    st = status(again, "flaky")
+    assert st["weights"] == {"1": 100.0, "2": 0.0} and st["events"][-1]["kind"] == "auto_rollback"
+    after = infer_many(again, canary_keys, odd, model="flaky", in_flight=4)
+    assert {(r["ok"], r["version"]) for r in after.values()} == {(True, "1")}
 
 
 def test_routing_survives_a_restart_and_sighup_reloads_model_yaml(make_server, tmp_path):

@@ -78,6 +78,14 @@ def test_runtime_stage_is_slim_non_root_and_binds_every_interface():
     assert not any("pip install" in x for x in stage), "runtime installs nothing: it copies the venv"
 
 
+def test_the_state_dir_is_made_for_the_images_user():
+    """Issue 20, finding 12: the start refuses a state dir it cannot write; the image makes its own, owned by
+    the user it runs as (so a new named volume mounted there is writable too)."""
+    (run,) = [x for x in final_stage() if x.startswith("RUN ")]
+    assert f"install -d -o aieng -g aieng -m 0700 {image_env()['AIENG_STATE_DIR']}" in run
+    assert "--uid 10001" in run and "USER 10001:10001" in final_stage()
+
+
 class _Stub(http.server.BaseHTTPRequestHandler):
     status = 200
 

@@ -139,6 +139,21 @@ def test_dev_shm_is_memory_backed_and_sized_for_the_configmaps_rings(build):
 
 
 @pytest.mark.parametrize("build", sorted(BUILDS))
+def test_the_state_dir_is_a_writable_volume(build):
+    """Issue 20, finding 12: under the read-only root filesystem the default state dir cannot be written, and
+    the server refuses to start; the ConfigMap's AIENG_STATE_DIR must be a volume mounted read-write."""
+    docs = BUILDS[build]()
+    c = container(docs)
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    state_dir = env_config(docs).state_dir
+    (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == state_dir]
+    assert mount.get("readOnly", False) is False
+    spec = one(docs, "Deployment", "aieng")["spec"]["template"]["spec"]
+    (vol,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+    assert set(vol) & {"emptyDir", "persistentVolumeClaim"}
+
+
+@pytest.mark.parametrize("build", sorted(BUILDS))
 def test_grace_period_covers_prestop_drain_and_stop(build):
     docs = BUILDS[build]()
     spec = one(docs, "Deployment", "aieng")["spec"]["template"]["spec"]

@@ -1,5 +1,6 @@
-"""The frontend's routing state around the pure logic: canary windows, the state file, restore rules,
-changes that cannot be saved, rollback, auto-rollback, and the model-wide model.yaml."""
+"""The frontend's routing state around the pure logic: canary windows, the state file (each group stored
+once, format 1 still read), restore rules, changes that cannot be saved, the bounded history, rollback,
+auto-rollback, and the model-wide model.yaml."""
 import json
 import os
 import time
@@ -8,10 +9,12 @@ import pytest
 
 from aieng import model_repo
 from aieng import protocol as p
+from aieng.frontend import rollout as rollout_mod
 from aieng.frontend import routing
 from aieng.frontend.canary import AutoRollback, Watch
 from aieng.frontend.rollout import Rollout
-from aieng.frontend.routestore import RouteStore, store_path
+from aieng.frontend.routestore import RouteStore, Saved, store_path
+from aieng.frontend.statewriter import StateWriter
 
 TENSOR_YAML = ("inputs: [{name: x, kind: tensor}]\noutputs: [{name: y, kind: tensor}]\n"
                "preprocess: {type: tensor}\npostprocess: {type: tensor}\n")
@@ -72,8 +75,10 @@ def test_store_round_trip_is_atomic_and_a_corrupt_file_is_ignored(tmp_path):
     path = store_path(str(tmp_path / "state"), "/some/repo")
     s = RouteStore(path)
     assert s.load() == {}
-    s.save({"m": {"x": 1}})
-    assert s.load() == {"m": {"x": 1}}
+    state = routing.build(None, {"1", "2"}, {"1": 90, "2": 10})
+    s.save({"m": Saved("abc", state, (), ({"kind": "reload", "at": 1.0},))})
+    assert s.load() == {"m": {"config_digest": "abc", "current": state.public(), "history": [],
+                              "events": [{"kind": "reload", "at": 1.0}]}}
     assert os.listdir(tmp_path / "state") == [os.path.basename(path)]  # no temp file left
     with open(path, "w") as fh:
         fh.write("{not json")
@@ -81,16 +86,36 @@ def test_store_round_trip_is_atomic_and_a_corrupt_file_is_ignored(tmp_path):
 
 
 # -- the rollout controller -----------------------------------------------------------------
-def rollout(repo: str, state_dir) -> Rollout:
-    specs = model_repo.scan(repo)
-    return Rollout(specs, RouteStore(store_path(str(state_dir), repo)))
+@pytest.fixture
+def rollout():
+    """``rollout(repo, state_dir)``: a Rollout with its store and writer, as the frontend builds it."""
+    made: list[Rollout] = []
+
+    def make(repo: str, state_dir, retry_s: float = 5.0) -> Rollout:
+        store = RouteStore(store_path(str(state_dir), repo))
+        r = Rollout(model_repo.scan(repo), store, StateWriter(store.save, store.path, retry_s=retry_s))
+        made.append(r)
+        return r
+
+    yield make
+    for r in made:
+        r.writer.close(5)
 
 
-def test_changes_are_saved_and_restored_while_model_yaml_is_unchanged(tmp_path):
+def settle(r: Rollout, *tickets) -> bool:
+    """The loop's side: wait until the writer wrote what it was handed, then deliver the tickets."""
+    saved = r.writer.flush(10)
+    r.writer.poll()
+    assert all(t.done for t in tickets)
+    return saved
+
+
+def test_changes_are_saved_and_restored_while_model_yaml_is_unchanged(tmp_path, rollout):
     repo = repo_with(tmp_path, "routing:\n  weights: {'1': 90, '2': 10}\n")
     r = rollout(repo, tmp_path / "st")
     m = r.models["m"]
-    assert r.change(m, routing.build(m.state, m.versions, {"1": 80, "2": 20})) is None
+    t = r.change(m, routing.build(m.state, m.versions, {"1": 80, "2": 20}))
+    assert settle(r, t) and t.error is None
     again = rollout(repo, tmp_path / "st").models["m"]
     assert again.state == m.state and again.history == m.history
     # model.yaml edited: it wins, and what it replaced is history
@@ -100,19 +125,99 @@ def test_changes_are_saved_and_restored_while_model_yaml_is_unchanged(tmp_path):
     assert r2.models["m"].state.reason == "model.yaml"
 
 
-def test_a_change_that_cannot_be_saved_is_undone(tmp_path):
+def test_a_change_that_cannot_be_saved_stays_in_force_says_so_and_is_saved_once_it_can(tmp_path, rollout):
     repo = repo_with(tmp_path, None)
     blocker = tmp_path / "st"
     blocker.write_text("a file where the state dir should be")
-    r = rollout(repo, blocker)
+    r = rollout(repo, blocker, retry_s=0.05)
     m = r.models["m"]
     before = m.state
-    err = r.change(m, routing.build(m.state, m.versions, {"3": 50, "1": 50}))
-    assert err is not None and "could not save" in err
-    assert m.state is before and m.history == []
+    new = routing.build(m.state, m.versions, {"3": 50, "1": 50})
+    t = r.change(m, new)
+    assert m.state is new and m.history == [before]  # in force at once, before any write
+    assert not settle(r, t)
+    assert t.error.startswith(f"could not save routing state to {r.store.path}: ")
+    assert m.state is new  # not undone: later changes may stand on it
+    blocker.unlink()  # the disk is back: the writer's retry saves it, without a new change
+    assert until_saved(r, lambda saved: saved["m"]["current"]["weights"] == {"1": 50.0, "3": 50.0})
 
 
-def test_route_pins_sha256_prefixes_and_refuses_short_or_unknown(tmp_path):
+def until_saved(r: Rollout, check) -> bool:
+    from tests.waits import until
+    return until(lambda: os.path.exists(r.store.path) and check(r.store.load()), 10)
+
+
+def test_a_group_is_stored_once_however_many_states_name_it(tmp_path, rollout):
+    repo = repo_with(tmp_path, "routing:\n  weights: {'1': 100}\n")
+    r = rollout(repo, tmp_path / "st")
+    m = r.models["m"]
+    keys = [f"user-{i:05d}" for i in range(5000)]
+    r.change(m, routing.build(m.state, m.versions, rules={
+        "groups": {"beta": keys}, "rules": [{"name": "beta", "group": "beta", "version": "2"}]}))
+    for i in range(1, 17):  # 16 weight changes after it: 17 states name the group
+        r.change(m, routing.build(m.state, m.versions, {"1": 100 - i, "3": i}))
+    assert settle(r)
+    text = open(r.store.path, encoding="utf-8").read()
+    data = json.loads(text)
+    assert data["format"] == 2 and len(data["models"]["m"]["history"]) == 16
+    (digest,) = data["groups"]
+    assert data["groups"][digest] == keys  # in the order given
+    named = [s["groups"] for s in [data["models"]["m"]["current"]] + data["models"]["m"]["history"]]
+    assert named == [{"beta": digest}] * 17  # 17 changes: the routing before set_rules left the history
+    assert text.count('"user-04321"') == 1
+    again = rollout(repo, tmp_path / "st").models["m"]
+    assert again.state == m.state and again.history == m.history
+    assert again.history[-1].groups["beta"] is again.state.groups["beta"]  # one object in memory too
+    assert again.state.decide("user-04321", "", None, {}, {}) == ("2", "rule:beta")
+
+
+def test_a_format_1_file_is_read_and_its_copies_of_a_group_become_one(tmp_path, rollout):
+    repo = repo_with(tmp_path, "routing:\n  weights: {'1': 100}\n")
+    state = routing.build(None, {"1", "2", "3"}, {"1": 100}, rules={
+        "groups": {"g": ["a", "b"]}, "rules": [{"name": "g", "group": "g", "version": "2"}]})
+    older = routing.build(state, {"1", "2", "3"}, {"1": 50, "2": 50})
+    saved = {"config_digest": rollout_mod.digest({"weights": {"1": 100}}), "current": state.public(),
+             "history": [older.public()], "events": []}
+    path = store_path(str(tmp_path / "st"), repo)
+    os.makedirs(os.path.dirname(path))
+    with open(path, "w") as fh:
+        json.dump({"format": 1, "saved_at": 0, "models": {"m": saved}}, fh)
+    m = rollout(repo, tmp_path / "st").models["m"]
+    assert m.state == state and m.history == [older]
+    assert m.history[0].groups["g"] is m.state.groups["g"]
+
+
+def test_history_keeps_within_the_group_budget_and_always_the_previous_routing(tmp_path, rollout,
+                                                                              monkeypatch):
+    monkeypatch.setattr(rollout_mod, "SAVED_GROUP_CHARS", 2 * 1100)
+    repo = repo_with(tmp_path, "routing:\n  weights: {'1': 100}\n")
+    r = rollout(repo, tmp_path / "st")
+    m = r.models["m"]
+    for i in range(5):  # five routings, each with its own group of 1,000 characters (100 keys of 9 + 1)
+        group = [f"g{i}-{k:06d}" for k in range(100)]
+        r.change(m, routing.build(m.state, m.versions, rules={
+            "groups": {"g": group}, "rules": [{"name": "g", "group": "g", "version": "2"}]}))
+        for w in (10, 20):  # weight changes share the group: they cost nothing more
+            r.change(m, routing.build(m.state, m.versions, {"1": 100 - w - i, "2": w + i}))
+    assert m.state.groups["g"].order[0] == "g4-000000"
+    # g4's and g3's groups fit the budget of 2,200 (the states of g2 would not): the newest 5 entries are kept
+    assert [s.groups["g"].order[0] for s in m.history] == ["g3-000000"] * 3 + ["g4-000000"] * 2
+    assert settle(r)
+    assert len(json.load(open(r.store.path))["groups"]) == 2
+
+
+def test_a_routing_whose_groups_pass_the_character_limit_is_refused():
+    keys = [f"{i:042d}" for i in range(100_000)]  # 43 characters each with the separator: 4.3 Mi in all
+    why = (r"the groups hold 4,300,000 characters of routing keys \(each key's length \+ 1\), "
+           r"over the limit of 4,194,304 for one routing")
+    with pytest.raises(routing.RoutingError, match=why):
+        routing.build(None, {"1", "2"}, {"1": 100}, rules={
+            "groups": {"big": keys}, "rules": [{"name": "big", "group": "big", "version": "2"}]})
+    assert routing.build(None, {"1", "2"}, {"1": 100}, rules={  # 100,000 keys of 40 characters fit
+        "groups": {"big": [k[2:] for k in keys]}, "rules": []}).groups["big"].chars == 4_100_000
+
+
+def test_route_pins_sha256_prefixes_and_refuses_short_or_unknown(tmp_path, rollout):
     repo = repo_with(tmp_path, "routing:\n  weights: {'3': 100}\n")
     r = rollout(repo, tmp_path / "st")
     h2 = r.models["m"].specs["2"].content_hash
@@ -125,7 +230,7 @@ def test_route_pins_sha256_prefixes_and_refuses_short_or_unknown(tmp_path):
         r.route("m", dict(req, version="sha256:" + "0" * 64), {}, None)
 
 
-def test_auto_rollback_moves_the_canary_to_zero_and_records_why(tmp_path):
+def test_auto_rollback_moves_the_canary_to_zero_and_records_why(tmp_path, rollout):
     auto = "  auto_rollback: {max_error_rate_delta: 0.1, window_s: 30, min_requests: 5}\n"
     repo = repo_with(tmp_path, "routing:\n  weights: {'1': 80, '2': 20}\n" + auto)
     r = rollout(repo, tmp_path / "st")
@@ -136,12 +241,15 @@ def test_auto_rollback_moves_the_canary_to_zero_and_records_why(tmp_path):
     m = r.models["m"]
     assert m.state.weights == {"1": 100.0, "2": 0.0}
     assert m.events[-1]["kind"] == "auto_rollback" and m.events[-1]["version"] == "2"
+    assert settle(r)  # handed to the writer by tick itself
     saved = json.load(open(r.store.path))["models"]["m"]
     assert saved["current"]["weights"] == {"1": 100.0, "2": 0.0}
-    assert r.rollback(m) is None and m.state.weights == {"1": 80.0, "2": 20.0}
+    t = r.rollback(m)
+    assert m.state.weights == {"1": 80.0, "2": 20.0}
+    assert settle(r, t) and t.error is None
 
 
-def test_reload_is_all_or_nothing(tmp_path):
+def test_reload_is_all_or_nothing(tmp_path, rollout):
     repo = repo_with(tmp_path, "routing:\n  weights: {'1': 100}\n")
     r = rollout(repo, tmp_path / "st")
     with pytest.raises(model_repo.ModelError, match="sum to 100"):

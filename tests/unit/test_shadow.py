@@ -12,6 +12,7 @@ from aieng.frontend import routing
 from aieng.frontend.rollout import Rollout
 from aieng.frontend.routestore import RouteStore
 from aieng.frontend.shadow import ShadowConfig, Tally, compare, cosine, parse_config
+from aieng.frontend.statewriter import StateWriter
 
 V = {"1", "2"}
 
@@ -117,7 +118,8 @@ SHADOW_YAML = "routing:\n  weights: {'1': 100}\n  shadow: {version: '2', percent
 
 def _rollout(tmp_path) -> Rollout:
     specs = model_repo.scan(_repo(tmp_path, SHADOW_YAML))
-    return Rollout(specs, RouteStore(str(tmp_path / "state" / "routing.json")))
+    store = RouteStore(str(tmp_path / "state" / "routing.json"))
+    return Rollout(specs, store, StateWriter(store.save, store.path))
 
 
 def test_a_malformed_shadow_in_model_yaml_is_refused_naming_the_file(tmp_path):
@@ -130,7 +132,10 @@ def test_shadow_from_model_yaml_and_a_run_time_change_survive_a_restart(tmp_path
     ro = _rollout(tmp_path)
     m = ro.models["m"]
     assert m.state.shadow == ShadowConfig("2", 25.0)
-    assert ro.change(m, routing.build(m.state, m.versions, shadow=ShadowConfig("2", 100.0, 0.1, 500))) is None
-    again = _rollout(tmp_path).models["m"]
+    ro.change(m, routing.build(m.state, m.versions, shadow=ShadowConfig("2", 100.0, 0.1, 500)))
+    ro.writer.close()  # writes what waits
+    restarted = _rollout(tmp_path)
+    restarted.writer.close()
+    again = restarted.models["m"]
     assert again.state.shadow == ShadowConfig("2", 100.0, 0.1, 500)
     assert again.history[-1].shadow == ShadowConfig("2", 25.0)  # rollback brings the old setting back
