@@ -15,7 +15,7 @@ import math
 from typing import Any
 
 from aieng.model_repo import ModelSpec
-from aieng.protocol import INVALID_INPUT, RequestError, decode_tensor
+from aieng.wire.protocol import INVALID_INPUT, RequestError, decode_tensor
 
 _KIND_CHECKS = {
     "text": lambda v: isinstance(v, str),

@@ -6,7 +6,7 @@ of each step of the per-request timing (``timing_us``).
 
 A variant is ``[label, checkout, env]``: ``checkout`` is the root of a checkout to run the server from (for
 example a ``git worktree`` of an older commit, with ``models`` linked to this one's), or ``"baseline"`` for
-``python -m aieng.baseline`` (``env`` may give ``{"spin": "off"}``); ``env`` holds ``AIENG_*`` settings.
+``python -m aieng.tools.baseline`` (``env`` may give ``{"spin": "off"}``); ``env`` holds ``AIENG_*`` settings.
 Bounded: ``REQUESTS`` per round, 30 s per request.
 
     .venv/bin/python scripts/ab_servers.py minilm 1 300 3 \\
@@ -24,8 +24,8 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from aieng.benchkit import free_addr, spawn, stop_server  # noqa: E402
-from aieng.loadgen import run_level, sample_inputs  # noqa: E402
+from aieng.tools.benchkit import free_addr, spawn, stop_server  # noqa: E402
+from aieng.tools.loadgen import run_level, sample_inputs  # noqa: E402
 
 STEPS = ("frontend_in", "preprocess_queue", "preprocess", "handoff", "batch_wait", "inference", "postprocess",
          "hop.to_postprocess", "hop.to_frontend")
@@ -35,8 +35,8 @@ def start(label: str, checkout: str, extra: dict, model: str):
     addr = free_addr()
     models = os.path.join(ROOT, "models")
     if checkout == "baseline":
-        argv = [sys.executable, "-m", "aieng.baseline", "--model", model, "--repo", models, "--addr", addr,
-                "--spinning", extra.get("spin", "on")]
+        argv = [sys.executable, "-m", "aieng.tools.baseline", "--model", model, "--repo", models,
+                "--addr", addr, "--spinning", extra.get("spin", "on")]
         env, cwd = dict(os.environ), ROOT
     else:
         argv = [sys.executable, "-m", "aieng.cli", "serve"]

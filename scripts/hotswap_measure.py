@@ -33,8 +33,8 @@ import psutil
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from aieng.cli.rollout import call  # noqa: E402
 from aieng.client import AsyncClient, build_request  # noqa: E402
-from aieng.rollout_cli import call  # noqa: E402
 from tests.conftest import ServerProcess  # noqa: E402
 
 GAP_S = 2.0  # after each unload, before the next swap

@@ -22,9 +22,10 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from aieng import bench_pages, cpuacct  # noqa: E402
-from aieng.benchkit import start_server, stop_server  # noqa: E402
 from aieng.config import load_config  # noqa: E402
+from aieng.runtime import cpuacct  # noqa: E402
+from aieng.tools import bench_pages  # noqa: E402
+from aieng.tools.benchkit import start_server, stop_server  # noqa: E402
 
 
 def summarise(path: str, top: int = 8) -> list[str]:
@@ -54,10 +55,10 @@ def main() -> int:
     ap.add_argument("--out", default="prof-out")
     args = ap.parse_args()
     if args.model == "ocr":
-        from aieng.bench_ocr import REPORT, steps_of
+        from aieng.tools.bench_ocr import REPORT, steps_of
         images = bench_pages.pages()
     else:
-        from aieng.bench_layout import REPORT, steps_of
+        from aieng.tools.bench_layout import REPORT, steps_of
         images = bench_pages.pages(figure=True)
     os.makedirs(args.out, exist_ok=True)
     spy = os.path.join(os.path.dirname(sys.executable), "py-spy")

@@ -17,8 +17,8 @@ import urllib.request
 import psutil
 import pytest
 
-from aieng import shm
 from aieng.client import Client
+from aieng.wire import shm
 from tests.waits import until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -29,7 +29,7 @@ import zmq
 import zmq.asyncio
 
 from aieng.client.endpoints import split_addrs
-from aieng.protocol import decode_tensor, encode_tensor
+from aieng.wire.protocol import decode_tensor, encode_tensor
 
 DEFAULT_ADDR = "tcp://127.0.0.1:5555"
 

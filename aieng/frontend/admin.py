@@ -33,12 +33,12 @@ from typing import TYPE_CHECKING, Callable
 import zmq
 
 from aieng import model_repo
-from aieng import protocol as p
 from aieng.config import Config
 from aieng.frontend import routing, shadow
 from aieng.frontend.clients import curve_server
 from aieng.frontend.hotswap import HotSwapError
 from aieng.frontend.statewriter import RETRY_S, Ticket
+from aieng.wire import protocol as p
 
 if TYPE_CHECKING:  # pragma: no cover
     from aieng.frontend.server import Frontend

@@ -20,7 +20,6 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from aieng import protocol as p
 from aieng.config import Config
 from aieng.frontend.breaker import Breakers
 from aieng.frontend.cache import ResponseCache, cache_key
@@ -28,6 +27,7 @@ from aieng.frontend.degrade import Degrader
 from aieng.frontend.rollout import Rollout
 from aieng.frontend.table import RequestTable
 from aieng.model_repo import ModelSpec
+from aieng.wire import protocol as p
 
 
 @dataclass(slots=True)

@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 import numpy as np
 
-from aieng import protocol as p
 from aieng.frontend.table import Request
 from aieng.model_repo import latest
+from aieng.wire import protocol as p
 
 if TYPE_CHECKING:  # pragma: no cover
     from aieng.frontend.pipeline import Pipeline

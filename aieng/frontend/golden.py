@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from aieng import model_repo
-from aieng import protocol as p
+from aieng.wire import protocol as p
 
 GOLDEN_FILE = "golden.json"
 MAX_CASES = 256

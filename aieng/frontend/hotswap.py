@@ -50,13 +50,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from aieng import messages as m
 from aieng import model_repo
-from aieng import protocol as p
 from aieng.frontend import routing
 from aieng.frontend.golden import GOLDEN_FILE, _input, compare, read_golden  # noqa: F401 (compare: scripts)
 from aieng.frontend.table import Request
-from aieng.worker_hotswap import lower_priority
+from aieng.runtime.worker_hotswap import lower_priority
+from aieng.wire import messages as m
+from aieng.wire import protocol as p
 
 if TYPE_CHECKING:  # pragma: no cover
     from aieng.frontend.server import Frontend

@@ -41,9 +41,9 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 from prometheus_client import Counter, Histogram
 
-from aieng import protocol as p
 from aieng.frontend.shadow import Tally, compare
 from aieng.frontend.table import Request
+from aieng.wire import protocol as p
 
 if TYPE_CHECKING:  # pragma: no cover
     from aieng.frontend.server import Frontend

@@ -12,8 +12,8 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from aieng import messages as m
-from aieng import protocol as p
+from aieng.wire import messages as m
+from aieng.wire import protocol as p
 
 if TYPE_CHECKING:  # pragma: no cover
     from aieng.frontend.server import Frontend

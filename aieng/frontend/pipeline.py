@@ -44,8 +44,6 @@ import logging
 import time
 from typing import Any, Callable
 
-from aieng import messages as m
-from aieng import protocol as p
 from aieng.frontend.admission import Immediate
 from aieng.frontend.breaker import Breakers
 from aieng.frontend.cache import ResponseCache
@@ -55,6 +53,8 @@ from aieng.frontend.metrics import Metrics
 from aieng.frontend.stats import StageStats
 from aieng.frontend.table import EXEC, POST, PRE, Request, RequestTable
 from aieng.frontend.workers import Workers
+from aieng.wire import messages as m
+from aieng.wire import protocol as p
 
 log = logging.getLogger("aieng.frontend.pipeline")
 # The idle route needs the server idle for this long: under load a batch's answers leave the table empty for a

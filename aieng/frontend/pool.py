@@ -15,7 +15,7 @@ Contract:
   loading version's estimate: it counts against the budget and is never evicted until
   ``loaded``/``unloaded`` replaces it.
 - **Footprint**: a version's last *measured* footprint (the executor's quiet growth across its build,
-  aieng/footprint.py; 0 from a load means "not measured" and changes nothing).  Each new reading
+  aieng/runtime/footprint.py; 0 from a load means "not measured" and changes nothing).  Each new reading
   replaces the one before: an unload trims the heap, so a reload measures the version again, and a bad
   reading is not kept for good.  ``need(key, default, now)`` is what a load will take: the measured
   footprint, else ``default`` (the caller's estimate).  A measurement above the whole budget is

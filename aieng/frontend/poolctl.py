@@ -33,7 +33,7 @@ States of a version of a lazy model (``pool: {lazy: true}`` in ``<model>/model.y
 
 Footprint: the executor's growth across the build (``VersionLoaded``; its GPU growth from NVML when
 its session runs on CUDA), reported only when no other build or unload overlapped it
-(aieng/footprint.py); each such reading replaces the last (``Pool.loaded``).  Until a first
+(aieng/runtime/footprint.py); each such reading replaces the last (``Pool.loaded``).  Until a first
 measurement, the largest measured within the budget of the model's other versions, else the model
 file's size.  A measurement above the whole budget is retried after ``AIENG_POOL_REMEASURE_S`` (60 s)
 rather than refused for good.  Preprocess/postprocess state is shown per worker, not budgeted.  Eager
@@ -46,11 +46,11 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from aieng import protocol as p
 from aieng.frontend.hotswap import HotSwapError, Load
 from aieng.frontend.pool import ColdStarts, Pool, PoolSetting, cold_start_message, refusal
 from aieng.frontend.table import Request
 from aieng.inputs import precheck
+from aieng.wire import protocol as p
 
 if TYPE_CHECKING:  # pragma: no cover
     from aieng.frontend.server import Frontend

@@ -38,12 +38,12 @@ import time
 from typing import Any
 
 from aieng import model_repo
-from aieng import protocol as p
 from aieng.frontend import routing, shadow
 from aieng.frontend.canary import AutoRollback, Watch
 from aieng.frontend.routestore import RouteStore, Saved
 from aieng.frontend.statewriter import StateWriter, Ticket
 from aieng.model_repo import ModelSpec
+from aieng.wire import protocol as p
 
 HISTORY = 16
 SAVED_GROUP_CHARS = 2 * routing.MAX_GROUP_CHARS  # one model's current state and history together

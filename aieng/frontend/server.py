@@ -25,10 +25,7 @@ from typing import Any
 
 import zmq
 
-from aieng import express, model_repo, procutil, shm
-from aieng import messages as m
-from aieng import protocol as p
-from aieng.addresses import express_path, hub_addr
+from aieng import model_repo
 from aieng.config import Config
 from aieng.frontend.admin import AdminOps, AdminServer
 from aieng.frontend.admission import Admission, Immediate
@@ -53,6 +50,11 @@ from aieng.frontend.stats import StageStats
 from aieng.frontend.table import Request, RequestTable
 from aieng.frontend.workers import Workers
 from aieng.model_repo import ModelSpec
+from aieng.runtime import procutil
+from aieng.wire import express, shm
+from aieng.wire import messages as m
+from aieng.wire import protocol as p
+from aieng.wire.addresses import express_path, hub_addr
 
 
 class Frontend:

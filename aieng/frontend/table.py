@@ -41,8 +41,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from aieng import shm
-from aieng.messages import Ref
+from aieng.wire import shm
+from aieng.wire.messages import Ref
 
 PRE, EXEC, POST = "preprocess", "executor", "postprocess"
 GHOST_TTL_S = 120.0

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from aieng import messages as m
+from aieng.wire import messages as m
 
 SILENCE_S = 5.0  # no heartbeat for this long: stop routing to it
 ROLES = ("preprocess", "executor", "postprocess")

@@ -18,7 +18,7 @@ limits in front, or run gateways per tenant.
 """
 from __future__ import annotations
 
-from aieng import protocol as p
+from aieng.wire import protocol as p
 
 
 def gateway_share(max_inflight: int, per_client: int, gateways: int) -> int:

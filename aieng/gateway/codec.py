@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from aieng.protocol import INTERNAL, INVALID_INPUT, INVALID_REQUEST, RequestError, encode_tensor
+from aieng.wire.protocol import INTERNAL, INVALID_INPUT, INVALID_REQUEST, RequestError, encode_tensor
 
 NUMERIC = {"BOOL": "bool", "UINT8": "uint8", "UINT16": "uint16", "UINT32": "uint32", "UINT64": "uint64",
            "INT8": "int8", "INT16": "int16", "INT32": "int32", "INT64": "int64", "FP16": "float16",

@@ -20,11 +20,11 @@ import grpc
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
-from aieng import protocol as p
 from aieng.gateway import codec, models
 from aieng.gateway.proto import grpc_service_pb2 as pb
 from aieng.gateway.proto import grpc_service_pb2_grpc as pbg
 from aieng.gateway.service import GRPC_STATUS, Service
+from aieng.wire import protocol as p
 
 CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
             "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents",

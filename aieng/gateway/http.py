@@ -23,10 +23,10 @@ import json
 from typing import Any
 from urllib.parse import parse_qsl
 
-from aieng import protocol as p
 from aieng.gateway import codec, models
 from aieng.gateway.httpd import HttpError, error_response
 from aieng.gateway.service import HTTP_STATUS, Answer, Service
+from aieng.wire import protocol as p
 
 JSON = {"Content-Type": "application/json"}
 HEADER_LEN = "inference-header-content-length"

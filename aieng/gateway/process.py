@@ -1,7 +1,7 @@
 """The gateway role (``aieng::gateway[i]``): the Open Inference Protocol's front door onto the pipeline.
 
 ``AIENG_GATEWAY_WORKERS`` processes, spawned and restarted by the supervisor like every role (through
-``worker_runtime.run_process``), each serving OIP over HTTP (``AIENG_OIP_HTTP_ADDR``) and gRPC
+``runtime.worker.run_process``), each serving OIP over HTTP (``AIENG_OIP_HTTP_ADDR``) and gRPC
 (``AIENG_OIP_GRPC_ADDR``) on the same addresses (SO_REUSEPORT: the kernel spreads connections).  A
 gateway is a client of the frontend like any other (``upstream.Upstream``: one DEALER, many requests
 in flight), so the frontend's loop never parses HTTP or protobuf, and its admission, per-client limits,
@@ -26,9 +26,6 @@ import resource
 import zmq
 import zmq.auth
 
-from aieng import messages as m
-from aieng import procutil
-from aieng.addresses import hub_addr
 from aieng.config import Config
 from aieng.gateway.budget import PeerBudget, gateway_share
 from aieng.gateway.decode import Decoder
@@ -40,6 +37,9 @@ from aieng.gateway.repository import Repository
 from aieng.gateway.service import Service
 from aieng.gateway.upstream import Upstream
 from aieng.model_repo import ModelSpec
+from aieng.runtime import procutil
+from aieng.wire import messages as m
+from aieng.wire.addresses import hub_addr
 
 TICK_S = 0.1
 HEARTBEAT_S = 1.0

@@ -41,8 +41,8 @@ import zmq.asyncio
 import zmq.auth
 
 from aieng import model_repo
-from aieng import protocol as p
 from aieng.config import Config
+from aieng.wire import protocol as p
 
 PERMISSION_DENIED = "PERMISSION_DENIED"
 DEFAULT_WAIT_S = 120.0

@@ -21,13 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from aieng import protocol as p
 from aieng.gateway import codec
 from aieng.gateway.budget import PeerBudget
 from aieng.gateway.decode import Decoder
 from aieng.gateway.models import ModelView
 from aieng.gateway.repository import DEFAULT_WAIT_S, Repository, denied
 from aieng.gateway.upstream import Upstream
+from aieng.wire import protocol as p
 
 HTTP_STATUS = {p.INVALID_REQUEST: 400, p.INVALID_INPUT: 400, p.MODEL_NOT_FOUND: 404, p.OVERLOADED: 503,
                p.UNAVAILABLE: 503, p.TIMEOUT: 504, p.INTERNAL: 500, "UNSUPPORTED": 501,

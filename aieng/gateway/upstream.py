@@ -28,7 +28,7 @@ import zmq
 
 from aieng.client import decode_reply
 from aieng.gateway.models import Catalog
-from aieng.protocol import UNAVAILABLE, RequestError
+from aieng.wire.protocol import UNAVAILABLE, RequestError
 
 GRACE_S = 2.0
 HEALTH_S = 0.5

@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import time
 
-from aieng import express, model_repo, shm
-from aieng import messages as m
-from aieng.addresses import exec_addr, express_path, post_addr
+from aieng import model_repo
 from aieng.config import Config
 from aieng.envs import cpu_count
 from aieng.gpu_executor.batcher import Batcher, Pending
@@ -35,9 +33,12 @@ from aieng.gpu_executor.inline_pre import InlinePre, Prepared
 from aieng.gpu_executor.lanes import Job, Lanes
 from aieng.gpu_executor.sessions import BACKGROUND_WARM_ROWS, ModelSession, describe_runtime, paced_warmup
 from aieng.model_repo import ModelSpec
-from aieng.protocol import INTERNAL, INVALID_INPUT, UNAVAILABLE, RequestError
-from aieng.worker_hotswap import Versions, lower_priority
-from aieng.worker_runtime import HubWorker, own_ring, push_socket
+from aieng.runtime.worker import HubWorker, own_ring, push_socket
+from aieng.runtime.worker_hotswap import Versions, lower_priority
+from aieng.wire import express, shm
+from aieng.wire import messages as m
+from aieng.wire.addresses import exec_addr, express_path, post_addr
+from aieng.wire.protocol import INTERNAL, INVALID_INPUT, UNAVAILABLE, RequestError
 
 WIDE_MAX_ROWS = 4  # the most rows a lone batch may have to run on the wide session
 

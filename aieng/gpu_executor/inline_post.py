@@ -23,11 +23,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from aieng import messages as m
 from aieng.model_repo import ModelSpec
 from aieng.postprocess_workers.answer import answer, to_wire
 from aieng.postprocess_workers.chain import Chain
-from aieng.protocol import pack
+from aieng.wire import messages as m
+from aieng.wire.protocol import pack
 
 EXECUTOR = "executor"  # the ``post`` of a request whose chain runs in the executor
 MEASURE_RUNS = 5  # the decision uses the median of this many chain runs

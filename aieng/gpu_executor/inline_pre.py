@@ -28,8 +28,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from aieng import messages as m
 from aieng.model_repo import ModelSpec
+from aieng.wire import messages as m
 
 INLINE_KINDS = ("text", "tabular")  # processors with a small, bounded cost per small request
 

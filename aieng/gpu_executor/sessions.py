@@ -17,7 +17,7 @@ import onnxruntime as ort
 
 from aieng.envs import cpu_count
 from aieng.model_repo import ModelSpec
-from aieng.worker_hotswap import lower_priority
+from aieng.runtime.worker_hotswap import lower_priority
 
 log = logging.getLogger("aieng.executor.sessions")
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from aieng import messages as m
 from aieng.postprocess_workers.chain import Chain, StepTimedOut
-from aieng.protocol import INTERNAL, RequestError, encode_tensor, pack
+from aieng.wire import messages as m
+from aieng.wire.protocol import INTERNAL, RequestError, encode_tensor, pack
 
 
 def to_wire(value: Any) -> Any:

@@ -34,7 +34,7 @@ import numpy as np
 from aieng.postprocess_workers import ctc, detection, ops  # noqa: F401  (they fill the registry)
 from aieng.postprocess_workers.guard import Guard
 from aieng.postprocess_workers.schema import GEOMETRY, REGISTRY, check_params
-from aieng.protocol import TIMEOUT, RequestError
+from aieng.wire.protocol import TIMEOUT, RequestError
 
 STEP_KEYS = ("op", "name", "timeout_ms", "on_timeout", "isolate")
 MAX_STEPS = 32

@@ -16,7 +16,7 @@ import numpy as np
 
 from aieng.onnx_meta import read_metadata
 from aieng.postprocess_workers.schema import Op, Param, register
-from aieng.protocol import INVALID_INPUT, RequestError
+from aieng.wire.protocol import INVALID_INPUT, RequestError
 
 SOURCE = Param("source", "str", doc="the value the op reads")
 

@@ -11,16 +11,17 @@ listed in the Result's ``steps``) or fails TIMEOUT naming it (``fail``).
 """
 from __future__ import annotations
 
-from aieng import messages as m
-from aieng import model_repo, shm
-from aieng.addresses import post_addr
+from aieng import model_repo
 from aieng.config import Config
 from aieng.model_repo import ModelSpec
 from aieng.postprocess_workers.answer import answer
 from aieng.postprocess_workers.chain import Chain
-from aieng.protocol import UNAVAILABLE, RequestError
-from aieng.worker_hotswap import Versions
-from aieng.worker_runtime import HubWorker
+from aieng.runtime.worker import HubWorker
+from aieng.runtime.worker_hotswap import Versions
+from aieng.wire import messages as m
+from aieng.wire import shm
+from aieng.wire.addresses import post_addr
+from aieng.wire.protocol import UNAVAILABLE, RequestError
 
 
 class PostprocessWorker(HubWorker):

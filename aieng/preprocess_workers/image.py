@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from aieng.messages import Geometry
 from aieng.model_repo import ModelSpec
 from aieng.preprocess_workers import image_config
-from aieng.protocol import INVALID_INPUT, RequestError
+from aieng.wire.messages import Geometry
+from aieng.wire.protocol import INVALID_INPUT, RequestError
 
 os.environ.setdefault("OPENCV_IO_MAX_IMAGE_PIXELS", str(1 << 26))
 import cv2  # noqa: E402  (the guard above must be set first)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from aieng.model_repo import ModelSpec
-from aieng.protocol import INVALID_INPUT, RequestError
+from aieng.wire.protocol import INVALID_INPUT, RequestError
 
 
 class TabularPreprocessor:

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from aieng.model_repo import ModelSpec
-from aieng.protocol import INVALID_INPUT, RequestError, decode_tensor
+from aieng.wire.protocol import INVALID_INPUT, RequestError, decode_tensor
 
 
 class TensorPreprocessor:

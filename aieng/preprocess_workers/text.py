@@ -13,7 +13,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from aieng.model_repo import ModelSpec
-from aieng.protocol import INVALID_INPUT, RequestError
+from aieng.wire.protocol import INVALID_INPUT, RequestError
 
 
 class TextPreprocessor:

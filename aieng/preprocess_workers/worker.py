@@ -16,16 +16,23 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from aieng import messages as m
 from aieng import model_repo
-from aieng.addresses import exec_addr
 from aieng.config import Config
 from aieng.inputs import validate_inputs
 from aieng.model_repo import ModelSpec
 from aieng.preprocess_workers.processors import PROCESSORS
-from aieng.protocol import INTERNAL, INVALID_INPUT, INVALID_REQUEST, UNAVAILABLE, RequestError, unpack_limited
-from aieng.worker_hotswap import Versions
-from aieng.worker_runtime import HubWorker, own_ring, push_socket
+from aieng.runtime.worker import HubWorker, own_ring, push_socket
+from aieng.runtime.worker_hotswap import Versions
+from aieng.wire import messages as m
+from aieng.wire.addresses import exec_addr
+from aieng.wire.protocol import (
+    INTERNAL,
+    INVALID_INPUT,
+    INVALID_REQUEST,
+    UNAVAILABLE,
+    RequestError,
+    unpack_limited,
+)
 
 MAX_DRAIN = 64
 

@@ -20,12 +20,12 @@ import msgpack
 import pytest
 import zmq
 
-from aieng import express, shm
-from aieng import messages as m
-from aieng.addresses import express_path, hub_addr
 from aieng.client import decode_reply
 from aieng.config import Config
 from aieng.frontend.server import Frontend
+from aieng.wire import express, shm
+from aieng.wire import messages as m
+from aieng.wire.addresses import express_path, hub_addr
 from tests.conftest import free_port
 from tests.unit.demo import needs_demo_models, spec
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from aieng.client import AsyncClient, Client
-from aieng.loadgen import text_mix
+from aieng.tools.loadgen import text_mix
 
 pytestmark = pytest.mark.e2e
 

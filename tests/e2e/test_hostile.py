@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aieng.config import Config
-from aieng.protocol import ERROR_CODES, unpack_limited, valid_id
+from aieng.wire.protocol import ERROR_CODES, unpack_limited, valid_id
 
 pytestmark = pytest.mark.e2e
 N = int(os.environ.get("AIENG_FUZZ_EXAMPLES", "1000"))

@@ -19,7 +19,7 @@ import psutil
 import pytest
 import zmq
 
-from aieng import shm
+from aieng.wire import shm
 from tests.conftest import ROOT, ServerProcess
 
 pytestmark = pytest.mark.e2e

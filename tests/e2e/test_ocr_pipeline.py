@@ -27,9 +27,9 @@ import urllib.request
 import numpy as np
 import pytest
 
-from aieng import shm
 from aieng.client import AsyncClient, Client
-from aieng.report import fetch
+from aieng.tools.report import fetch
+from aieng.wire import shm
 from tests.conftest import MODELS, ServerProcess
 from tests.e2e.test_ocr_models import PAGES, call_all, draw_text, fonts, make_page, png, quad_iou
 

@@ -12,7 +12,7 @@ import pytest
 import zmq
 
 from aieng.client import decode_reply
-from aieng.protocol import encode_tensor
+from aieng.wire.protocol import encode_tensor
 from tests.conftest import MODELS, ServerProcess, save_tensor_model
 
 pytestmark = pytest.mark.e2e

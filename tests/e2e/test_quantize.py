@@ -13,7 +13,7 @@ import cv2
 import numpy as np
 import pytest
 
-from aieng.parity import render_page
+from aieng.tools.parity import render_page
 from tests.conftest import MODELS, ROOT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(

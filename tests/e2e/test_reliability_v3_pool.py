@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from aieng.client import AsyncClient, build_request
-from aieng.protocol import encode_tensor
+from aieng.wire.protocol import encode_tensor
 from tests.conftest import save_tensor_model
 from tests.e2e.test_hotswap import base_repo
 from tests.e2e.test_model_pool import (

@@ -12,8 +12,8 @@ import time
 import psutil
 import pytest
 
-from aieng import addresses, shm
 from aieng.client import AsyncClient, AsyncReplicaClient, Client, ReplicaClient
+from aieng.wire import addresses, shm
 
 pytestmark = pytest.mark.e2e
 

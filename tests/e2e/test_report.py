@@ -8,7 +8,7 @@ import time
 import pytest
 
 from aieng.frontend.stats import STAGES
-from aieng.report import fetch
+from aieng.tools.report import fetch
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.e2e

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from aieng.client import ServerError
-from aieng.protocol import TIMEOUT
-from aieng.report import fetch, render
+from aieng.tools.report import fetch, render
+from aieng.wire.protocol import TIMEOUT
 from tests.conftest import ROOT, ServerProcess, save_tensor_model
 
 pytestmark = pytest.mark.e2e

@@ -13,8 +13,8 @@ import time
 import numpy as np
 import pytest
 
-from aieng import protocol as p
-from aieng.rollout_cli import call
+from aieng.cli.rollout import call
+from aieng.wire import protocol as p
 from tests.e2e.test_rollout import PENGUIN, cli, infer_many, metric, start, tabular_repo
 
 pytestmark = pytest.mark.e2e

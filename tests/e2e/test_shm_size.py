@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from aieng import shm
+from aieng.wire import shm
 from tests.conftest import ROOT, ServerProcess
 
 HUGE = {"AIENG_SHM_SLOTS": "65536", "AIENG_SHM_SLOT_BYTES": str(1 << 30), "AIENG_PREPROCESS_WORKERS": "1",

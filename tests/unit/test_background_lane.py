@@ -9,13 +9,13 @@ import threading
 import time
 from types import SimpleNamespace
 
-from aieng import messages as m
 from aieng.config import Config
 from aieng.gpu_executor.executor import Executor
 from aieng.gpu_executor.inline_post import InlinePost
 from aieng.gpu_executor.inline_pre import InlinePre
 from aieng.gpu_executor.lanes import Job, Lanes
-from aieng.worker_hotswap import lower_priority
+from aieng.runtime.worker_hotswap import lower_priority
+from aieng.wire import messages as m
 from tests.unit.demo import needs_demo_models
 from tests.unit.demo import spec as demo_spec
 

@@ -1,5 +1,5 @@
 """Unit tests for ``aieng bench``'s pure parts (CPU accounting from /proc readings, ratios,
-table formatting) and one real run of the baseline server (``python -m aieng.baseline``)
+table formatting) and one real run of the baseline server (``python -m aieng.tools.baseline``)
 on the tabular model, compared with the same processors run in this process."""
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import time
 import numpy as np
 import pytest
 
-from aieng import cpuacct
-from aieng.bench import fmt_closed, fmt_cpu, fmt_hops, fmt_table, ratio
 from aieng.client import Client
+from aieng.runtime import cpuacct
+from aieng.tools.bench import fmt_closed, fmt_cpu, fmt_hops, fmt_table, ratio
 from tests.unit.demo import MODELS, ROOT, needs_demo_models, spec
 
 
@@ -192,7 +192,7 @@ def test_baseline_answers_like_the_in_process_pipeline(tmp_path):
         sock.bind(("127.0.0.1", 0))
         addr = f"tcp://127.0.0.1:{sock.getsockname()[1]}"
     log = open(tmp_path / "baseline.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "aieng.baseline", "--model", "tabular",
+    proc = subprocess.Popen([sys.executable, "-m", "aieng.tools.baseline", "--model", "tabular",
                              "--repo", str(MODELS), "--addr", addr],
                             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -224,7 +224,7 @@ def test_baseline_answers_like_the_in_process_pipeline(tmp_path):
 def test_inprocess_cpu_is_read_at_the_nearest_measured_batch():
     """The gap printed against the server's mean batch uses the batch sizes the limit measured
     (cheapest configuration there), not a fresh run in a worse configuration."""
-    from aieng.bench_limit import InProcess
+    from aieng.tools.bench_limit import InProcess
 
     inproc = InProcess.__new__(InProcess)
     inproc.max_batch = 32

@@ -1,6 +1,6 @@
 """deploy/Dockerfile: hadolint passes, and what it states agrees with the code.
 
-The /dev/shm size its comment and run line give is the one aieng/shmsize.py computes for the image's own
+The /dev/shm size its comment and run line give is the one aieng/wire/shmsize.py computes for the image's own
 environment; the stop timeout covers the drain grace; the HEALTHCHECK command, run as written against a
 loopback stub, passes on 200 and fails on 503 and on no answer.
 """
@@ -15,8 +15,8 @@ import threading
 
 import pytest
 
-from aieng import shmsize
 from aieng.config import load_config
+from aieng.wire import shmsize
 from tests.conftest import ROOT, free_port
 
 DOCKERFILE = os.path.join(ROOT, "deploy", "Dockerfile")

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from aieng import express
-from aieng import messages as m
+from aieng.wire import express
+from aieng.wire import messages as m
 from tests.waits import until
 
 

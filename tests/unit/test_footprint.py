@@ -8,9 +8,9 @@ import mmap
 import threading
 from types import SimpleNamespace
 
-from aieng import messages as m
-from aieng.footprint import Quiet
-from aieng.worker_hotswap import Versions
+from aieng.runtime.footprint import Quiet
+from aieng.runtime.worker_hotswap import Versions
+from aieng.wire import messages as m
 from tests.unit.demo import needs_demo_models, spec
 from tests.waits import until
 

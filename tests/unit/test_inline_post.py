@@ -10,12 +10,12 @@ import time
 import msgpack
 import numpy as np
 
-from aieng import messages as m
 from aieng.gpu_executor.inline_post import EXECUTOR, InlinePost, eligible
 from aieng.gpu_executor.sessions import ModelSession
 from aieng.model_repo import load_spec
 from aieng.postprocess_workers.chain import Chain
-from aieng.protocol import decode_tensor
+from aieng.wire import messages as m
+from aieng.wire.protocol import decode_tensor
 from tests.unit.demo import MODELS, needs_demo_models, spec, spec_with
 
 pytestmark = needs_demo_models

@@ -8,7 +8,7 @@ import pytest
 
 from aieng.gpu_executor.inline_pre import InlinePre
 from aieng.preprocess_workers.processors import PROCESSORS
-from aieng.protocol import INVALID_INPUT, RequestError
+from aieng.wire.protocol import INVALID_INPUT, RequestError
 from tests.unit.demo import needs_demo_models, spec
 
 pytestmark = needs_demo_models

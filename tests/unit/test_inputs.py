@@ -9,7 +9,7 @@ import pytest
 
 from aieng.inputs import precheck, validate_inputs
 from aieng.preprocess_workers.tensor import TensorPreprocessor
-from aieng.protocol import RequestError, encode_tensor
+from aieng.wire.protocol import RequestError, encode_tensor
 from tests.unit.demo import needs_demo_models, spec
 
 

@@ -17,9 +17,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from aieng import shmsize
 from aieng.config import load_config
 from aieng.frontend.metrics import Metrics
+from aieng.wire import shmsize
 from tests.conftest import ROOT
 
 K8S = os.path.join(ROOT, "deploy", "k8s")

@@ -1,4 +1,4 @@
-"""Unit tests for aieng/messages.py: every internal message survives encode/decode."""
+"""Unit tests for aieng/wire/messages.py: every internal message survives encode/decode."""
 from __future__ import annotations
 
 import dataclasses
@@ -6,8 +6,8 @@ import dataclasses
 import msgpack
 import pytest
 
-from aieng import messages as m
-from aieng.protocol import pack
+from aieng.wire import messages as m
+from aieng.wire.protocol import pack
 
 REF = m.Ref("aieng.123.pre0.456", 3, 7, [["input_ids", "<i8", [12], 0], ["attention_mask", "<i8", [12], 128]])
 TRAIL = m.Trail(pre_started=10.5, pre_sent=10.501, exec_arrived=10.502, batch_started=10.503, infer_us=4000,

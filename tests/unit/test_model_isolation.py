@@ -12,13 +12,13 @@ from types import SimpleNamespace
 import msgpack
 import pytest
 
-from aieng import messages as m
 from aieng.config import Config
 from aieng.gpu_executor.executor import Executor
 from aieng.model_repo import ModelLoadError, build_each, failure_message, load_spec, verify_content
 from aieng.postprocess_workers.worker import PostprocessWorker
 from aieng.preprocess_workers.worker import PreprocessWorker
-from aieng.protocol import UNAVAILABLE, RequestError
+from aieng.wire import messages as m
+from aieng.wire.protocol import UNAVAILABLE, RequestError
 from tests.unit.demo import MODELS, needs_demo_models
 
 pytestmark = needs_demo_models

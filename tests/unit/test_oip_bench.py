@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import struct
 
-from aieng import bench_transports, loadgen
+from aieng.tools import bench_transports, loadgen
 
 
 def _row(c: int, t: str, rps: float, p50: float) -> dict:

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from aieng import protocol as p
 from aieng.gateway.budget import PeerBudget, gateway_share
+from aieng.wire import protocol as p
 
 
 def test_gateways_share_half_of_max_inflight_within_the_per_client_limit():

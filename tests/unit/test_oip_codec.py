@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from aieng.gateway import codec, models
 from aieng.gateway.http import parse_infer, render, requested_outputs
 from aieng.gateway.service import Answer, timeout_ms_of
-from aieng.protocol import INVALID_INPUT, INVALID_REQUEST, RequestError, decode_tensor
+from aieng.wire.protocol import INVALID_INPUT, INVALID_REQUEST, RequestError, decode_tensor
 
 NUMERIC = [k for k in codec.NUMERIC if k != "FP16"]
 

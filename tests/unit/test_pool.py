@@ -132,7 +132,7 @@ def test_messages_name_the_model_and_the_settings():
 def test_rss_bytes_sees_memory_the_process_touches():
     import mmap
 
-    from aieng.footprint import rss_bytes
+    from aieng.runtime.footprint import rss_bytes
 
     before = rss_bytes()
     block = mmap.mmap(-1, 64 << 20)  # fresh anonymous pages (a heap block could reuse resident memory)

@@ -26,7 +26,7 @@ from aieng.postprocess_workers.chain import Chain, StepTimedOut, parse
 from aieng.postprocess_workers.guard import Guard
 from aieng.postprocess_workers.ops import softmax
 from aieng.postprocess_workers.schema import REGISTRY, Op, Param, register
-from aieng.protocol import INVALID_INPUT, TIMEOUT, RequestError
+from aieng.wire.protocol import INVALID_INPUT, TIMEOUT, RequestError
 from tests.unit.demo import ROOT, needs_demo_models, spec
 
 pytestmark = needs_demo_models
@@ -203,7 +203,7 @@ def test_box_decode_and_nms_match_rapid_layout():
 
 
 def test_scale_boxes_maps_to_the_page_as_rapid_layout_does():
-    from aieng.messages import Geometry
+    from aieng.wire.messages import Geometry
 
     ref = ref_module("rapid_layout", "rapid_layout/model_handler/pp/post_process.py")
     labels = [f"class{i}" for i in range(10)]

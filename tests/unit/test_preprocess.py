@@ -24,7 +24,7 @@ from aieng.preprocess_workers.tabular import TabularPreprocessor
 from aieng.preprocess_workers.tensor import TensorPreprocessor
 from aieng.preprocess_workers.text import TextPreprocessor
 from aieng.preprocess_workers.worker import validate_inputs
-from aieng.protocol import INVALID_INPUT, RequestError, encode_tensor
+from aieng.wire.protocol import INVALID_INPUT, RequestError, encode_tensor
 from tests.unit.demo import MODELS, ROOT, needs_demo_models, spec  # noqa: F401
 from tests.unit.demo import spec_with as _spec_with
 

@@ -19,7 +19,7 @@ from aieng.model_repo import ModelError, load_spec
 from aieng.postprocess_workers.chain import Chain
 from aieng.preprocess_workers import image_config
 from aieng.preprocess_workers.image import ImagePreprocessor
-from aieng.protocol import INVALID_INPUT, RequestError
+from aieng.wire.protocol import INVALID_INPUT, RequestError
 from tests.unit.demo import MODELS, ROOT
 
 pytestmark = pytest.mark.skipif(

@@ -1,4 +1,4 @@
-"""Unit tests for aieng/protocol.py: the external wire contract."""
+"""Unit tests for aieng/wire/protocol.py: the external wire contract."""
 from __future__ import annotations
 
 import msgpack
@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aieng import protocol as p
-from aieng.protocol import INVALID_INPUT, RequestError, decode_tensor, encode_tensor
+from aieng.wire import protocol as p
+from aieng.wire.protocol import INVALID_INPUT, RequestError, decode_tensor, encode_tensor
 
 
 def wire(obj):

@@ -1,4 +1,4 @@
-"""Pure parts of ``aieng quantize`` and ``aieng.parity``: version naming, tolerances and their check,
+"""Pure parts of ``aieng quantize`` and ``aieng.tools.parity``: version naming, tolerances and their check,
 metrics, batch stacking, the new model.yaml, and the sample inputs going through the server's own
 preprocessing."""
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aieng import parity
 from aieng.model_repo import ModelSpec
-from aieng.quantize import new_model_yaml, next_version
+from aieng.tools import parity
+from aieng.tools.quantize import new_model_yaml, next_version
 from tests.unit.demo import needs_demo_models, spec
 
 

@@ -8,13 +8,13 @@ import time
 import pytest
 
 from aieng import model_repo
-from aieng import protocol as p
 from aieng.frontend import rollout as rollout_mod
 from aieng.frontend import routing
 from aieng.frontend.canary import AutoRollback, Watch
 from aieng.frontend.rollout import Rollout
 from aieng.frontend.routestore import RouteStore, Saved, store_path
 from aieng.frontend.statewriter import StateWriter
+from aieng.wire import protocol as p
 
 TENSOR_YAML = ("inputs: [{name: x, kind: tensor}]\noutputs: [{name: y, kind: tensor}]\n"
                "preprocess: {type: tensor}\npostprocess: {type: tensor}\n")

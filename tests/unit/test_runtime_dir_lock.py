@@ -1,4 +1,4 @@
-"""Unit tests for aieng/addresses.py's RuntimeDirLock: one instance per runtime directory."""
+"""Unit tests for aieng/wire/addresses.py's RuntimeDirLock: one instance per runtime directory."""
 from __future__ import annotations
 
 import os
@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from aieng.addresses import LOCK_NAME, RuntimeDirInUse, RuntimeDirLock
+from aieng.wire.addresses import LOCK_NAME, RuntimeDirInUse, RuntimeDirLock
 
-HOLD = ("import sys; from aieng.addresses import RuntimeDirLock; "
+HOLD = ("import sys; from aieng.wire.addresses import RuntimeDirLock; "
         "RuntimeDirLock(sys.argv[1]).acquire(); print('held', flush=True); sys.stdin.read()")
 
 

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from aieng import model_repo
-from aieng import protocol as p
 from aieng.frontend import routing
 from aieng.frontend.rollout import Rollout
 from aieng.frontend.routestore import RouteStore
 from aieng.frontend.shadow import ShadowConfig, Tally, compare, cosine, parse_config
 from aieng.frontend.statewriter import StateWriter
+from aieng.wire import protocol as p
 
 V = {"1", "2"}
 

@@ -1,4 +1,4 @@
-"""Unit tests for aieng/shm.py: slot rings over POSIX shared memory.
+"""Unit tests for aieng/wire/shm.py: slot rings over POSIX shared memory.
 
 Every segment is named ``aieng.<instance>.<worker>.<pid>`` with an instance id
 far outside the pid range, so nothing here can collide with a running server;
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aieng import shm
+from aieng.wire import shm
 
 
 def _new_instance() -> str:
@@ -377,7 +377,7 @@ def test_holds_tells_a_live_slot_from_a_freed_or_reused_one(tmp_path):
 def test_segments_named_with_our_own_pid_are_stale_at_start():
     """In a container the supervisor is PID 1 every time: segments named after our pid, found before we
     made any, are a previous incarnation's and must go (the pod's /dev/shm outlives a container)."""
-    from aieng.supervisor import _instance_alive
+    from aieng.runtime.supervisor import _instance_alive
 
     mine = str(os.getpid())
     r = shm.Ring.create(shm.segment_name(mine, "pre-0", 10), 1, 4096)

@@ -11,7 +11,7 @@ import random
 import numpy as np
 import pytest
 
-from aieng import shm
+from aieng.wire import shm
 
 SMALL, BIG = 4096, 3 * 4096
 

@@ -3,8 +3,8 @@ import os
 
 import pytest
 
-from aieng import shm, shmsize
 from aieng.config import Config
+from aieng.wire import shm, shmsize
 
 
 def test_ring_bytes_is_the_size_ring_create_gives_the_segment():

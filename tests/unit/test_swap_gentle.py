@@ -9,14 +9,14 @@ import os
 import threading
 from types import SimpleNamespace
 
-from aieng import messages as m
 from aieng.config import Config
 from aieng.frontend.workers import Workers
 from aieng.gpu_executor.executor import Executor
 from aieng.gpu_executor.inline_post import InlinePost
 from aieng.gpu_executor.inline_pre import InlinePre
 from aieng.gpu_executor.sessions import ModelSession
-from aieng.worker_hotswap import Versions, lower_priority
+from aieng.runtime.worker_hotswap import Versions, lower_priority
+from aieng.wire import messages as m
 from tests.unit.demo import needs_demo_models
 from tests.unit.demo import spec as demo_spec
 

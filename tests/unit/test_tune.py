@@ -1,10 +1,10 @@
-"""``aieng tune``'s search, rows and config file (``aieng/tune.py``), with the measuring faked."""
+"""``aieng tune``'s search, rows and config file (``aieng/tools/tune.py``), with the measuring faked."""
 from __future__ import annotations
 
 import yaml
 
-from aieng import tune
 from aieng.config import load_config
+from aieng.tools import tune
 
 
 def fake_measure(scores: dict):

@@ -10,7 +10,7 @@ in this process one page at a time as a user would run it, on the same drawn pag
   per step), ``n`` pages in a row after a warm-up; latency includes the PNG decode, as the server's does;
   CPU per page is this process's (``time.process_time``: the package's threads, spinning included).
   The benches run it before and after the server, so drift of a shared machine shows.
-* ``server``: a server subprocess serving ``serve`` (``aieng.benchkit.start_server``), a closed loop per
+* ``server``: a server subprocess serving ``serve`` (``aieng.tools.benchkit.start_server``), a closed loop per
   concurrency level; ``steps_of(reply) -> ({step: seconds}, batch)`` reads the server's own timing of
   each answer (``timing_us``), whose means are reported, and ``cpuacct`` the CPU of its processes.
 * ``fmt``: one markdown report: the reference rows, the server rows (pages/s, x the reference, p50/p95,
@@ -133,8 +133,8 @@ def server(serve: str, model: str, repo: str, images: list[bytes], levels: list[
     """A server serving ``serve``; at each level a warm-up of ``2c`` pages, then ``n`` measured, with the
     CPU seconds per answered page of every server process (``cpuacct``; the figure a noisy shared machine
     moves least)."""
-    from aieng import cpuacct
-    from aieng.benchkit import start_server, stop_server
+    from aieng.runtime import cpuacct
+    from aieng.tools.benchkit import start_server, stop_server
 
     proc, addr, _ = start_server(serve, repo)
     try:
@@ -216,8 +216,8 @@ def run(args, rep: Report, images: list[bytes], make_ref: Callable[[str], Any], 
     """The bench: reference, server at each level, reference again; writes ``<out>/<model>.md``.
     ``make_ref(repo)`` returns the reference's ``call`` (its ``note``, if any, goes into the report) or None
     when the package is missing."""
-    from aieng.benchkit import write_report
     from aieng.config import load_config
+    from aieng.tools.benchkit import write_report
 
     repo = load_config().model_repository
     levels = [int(x) for x in str(args.concurrency).split(",") if x]

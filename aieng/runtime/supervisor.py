@@ -47,13 +47,15 @@ import msgpack
 import psutil
 import zmq
 
-from aieng import addresses, model_repo, procutil, shm, shmsize
-from aieng import messages as m
+from aieng import model_repo
 from aieng.config import Config
 from aieng.frontend import routestore
-from aieng.worker_runtime import run_process
+from aieng.runtime import procutil
+from aieng.runtime.worker import run_process
+from aieng.wire import addresses, shm, shmsize
+from aieng.wire import messages as m
 
-log = logging.getLogger("aieng.supervisor")
+log = logging.getLogger("aieng.runtime.supervisor")
 BUILDERS = ("preprocess", "executor", "postprocess")  # the roles that build every version they are given
 
 BACKOFF_MAX_S = 30.0

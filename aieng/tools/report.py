@@ -15,7 +15,7 @@ import os
 import sys
 from typing import Any
 
-from aieng.cli_checks import reachable
+from aieng.cli.checks import reachable
 from aieng.client import Client
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 
-from aieng import cpuacct
-from aieng.benchkit import answered, fmt_num, free_port, ratio, start_server, stop_server, write_report
-from aieng.loadgen import Progress, merge_levels, run_level, sample_inputs
+from aieng.runtime import cpuacct
+from aieng.tools.benchkit import answered, fmt_num, free_port, ratio, start_server, stop_server, write_report
+from aieng.tools.loadgen import Progress, merge_levels, run_level, sample_inputs
 
 TRANSPORTS = ("zmq", "http", "grpc")
 ROUNDS = 3  # interleaved rounds per level in the transport comparison

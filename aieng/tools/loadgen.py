@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from aieng import cli_checks
+from aieng.cli import checks as cli_checks
 
 WORDS = ("the model serves requests over sockets while workers tokenize text and the executor runs "
          "batches of padded sequences through onnx runtime on two small cores shared with everyone").split()

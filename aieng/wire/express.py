@@ -35,7 +35,7 @@ from typing import Any, Callable
 MAX_RECORD = 64 * 1024  # a direct request's body is far smaller (AIENG_INLINE_PREPROCESS_BYTES)
 _HEAD = struct.Struct("<I")
 
-log = logging.getLogger("aieng.express")
+log = logging.getLogger("aieng.wire.express")
 
 
 class Channel:

@@ -29,12 +29,13 @@ from typing import Any, Callable
 
 import zmq
 
-from aieng import messages as m
-from aieng import procutil, shm, shmsize
-from aieng.addresses import hub_addr
 from aieng.config import Config
 from aieng.model_repo import ModelSpec
-from aieng.protocol import TIMEOUT, RequestError
+from aieng.runtime import procutil
+from aieng.wire import messages as m
+from aieng.wire import shm, shmsize
+from aieng.wire.addresses import hub_addr
+from aieng.wire.protocol import TIMEOUT, RequestError
 
 # role -> "module:Class"; imported in the child only, so a worker never imports another role's code.
 ROLES = {

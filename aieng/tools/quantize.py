@@ -6,7 +6,7 @@ Contract
   numeric version) holding the converted ONNX file, a copy of every other file of the source
   (tokenizer, preprocessing state, labels; not a stale ``parity.json``), ``model.yaml`` with the
   description noting the conversion and ``converted_from: {version, hash, to, method}`` (model_repo
-  ignores keys it does not know), and ``parity.json`` (``aieng.parity``: accuracy against the source
+  ignores keys it does not know), and ``parity.json`` (``aieng.tools.parity``: accuracy against the source
   on the model's own sample inputs, and speed side by side in one run).
 * INT8 ``static`` (the default for graphs with Conv): QDQ, per-channel int8 weights, uint8
   activations, MinMax calibration on samples other than the parity samples.  ``dynamic`` (the default
@@ -35,8 +35,8 @@ import tempfile
 
 import yaml
 
-from aieng import parity
 from aieng.model_repo import ModelError, load_spec
+from aieng.tools import parity
 
 NOT_COPIED = {"model.yaml", "parity.json"}  # rewritten for the new version
 

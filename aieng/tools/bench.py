@@ -1,6 +1,6 @@
 """``aieng bench``: the server, the in-process limit and a plain baseline server, in one run.
 
-1. In-process limit (before, ``aieng.bench_limit``): the best a user could run
+1. In-process limit (before, ``aieng.tools.bench_limit``): the best a user could run
    in one process with the same model files: batch 1 and batches of 4..32 in
    arrival order and sorted by length, ONNX Runtime spinning off and on
    (threads = usable CPUs), plus batch 1 on one thread.  The best row is the
@@ -9,9 +9,9 @@
    concurrency, then open loop with Poisson arrivals at fractions of the
    limit.  Throughput, p50/p95/p99, errors, mean batch, ratio to the limit,
    and CPU per answered request: ``/proc`` CPU time of the supervisor and all
-   its children read around each closed-loop level (``aieng.cpuacct``), total
+   its children read around each closed-loop level (``aieng.runtime.cpuacct``), total
    and per process.
-3. The baseline (``aieng.baseline``, a subprocess: one process, one session
+3. The baseline (``aieng.tools.baseline``, a subprocess: one process, one session
    with ONNX Runtime's defaults, spinning on, a thread pool, no batching), then
    the same with spinning off, driven by the same closed loop; throughput, p50
    and CPU per request (skip with ``--skip-baseline``).  At concurrency 1 a
@@ -40,12 +40,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from aieng import cpuacct
-from aieng.bench_limit import InProcess
-from aieng.bench_transports import TRANSPORTS, main_transports
-from aieng.benchkit import answered, free_addr, ratio, spawn, start_server, stop_server, write_report
-from aieng.benchkit import fmt_num as _f
-from aieng.loadgen import Progress, open_loop, run_level, sample_inputs
+from aieng.runtime import cpuacct
+from aieng.tools.bench_limit import InProcess
+from aieng.tools.bench_transports import TRANSPORTS, main_transports
+from aieng.tools.benchkit import answered, free_addr, ratio, spawn, start_server, stop_server, write_report
+from aieng.tools.benchkit import fmt_num as _f
+from aieng.tools.loadgen import Progress, open_loop, run_level, sample_inputs
 
 # Column order of the per-process CPU table; names not listed follow, sorted.
 _ROLE_ORDER = ("frontend", "preprocess", "executor", "postprocess", "supervisor", "other")
@@ -53,7 +53,7 @@ _ROLE_ORDER = ("frontend", "preprocess", "executor", "postprocess", "supervisor"
 def closed_levels(addr: str, pid: int, model: str, inputs: list[dict], levels: list[int], n: int,
                   report: bool) -> list[dict]:
     """Warm, then one measured closed-loop run per level, with the CPU the tree under ``pid`` used."""
-    from aieng.report import fetch
+    from aieng.tools.report import fetch
 
     out = []
     for c in levels:
@@ -85,10 +85,10 @@ def server_side(model: str, repo: str, inputs: list[dict], levels: list[int], ra
 
 def baseline_side(model: str, repo: str, inputs: list[dict], levels: list[int], n_requests: int,
                   spinning: bool = True) -> dict:
-    """The plain one-process server (``aieng.baseline``) with ONNX Runtime's intra-op spinning on (its
+    """The plain one-process server (``aieng.tools.baseline``) with ONNX Runtime's intra-op spinning on (its
     default, what a user's script runs) or off, driven by the same closed loop."""
     addr = free_addr()
-    argv = [sys.executable, "-m", "aieng.baseline", "--model", model, "--repo", repo, "--addr", addr,
+    argv = [sys.executable, "-m", "aieng.tools.baseline", "--model", model, "--repo", repo, "--addr", addr,
             "--spinning", "on" if spinning else "off"]
     proc, log = spawn("baseline", argv, dict(os.environ), addr, lambda h: bool(h.get("ready")))
     try:
@@ -292,11 +292,11 @@ def main_bench(args) -> int:
     if transports != ["zmq"]:
         return main_transports(args, transports)
     if args.model == "ocr":  # a pipeline: beside rapidocr's own pipeline instead of an in-process limit
-        from aieng.bench_ocr import main_ocr
+        from aieng.tools.bench_ocr import main_ocr
 
         return main_ocr(args)
     if args.model == "layout":  # beside rapid_layout's own pipeline, as ocr beside rapidocr's
-        from aieng.bench_layout import main_layout
+        from aieng.tools.bench_layout import main_layout
 
         return main_layout(args)
     cfg = load_config()

@@ -44,7 +44,7 @@ def unpack_limits(max_bytes: int) -> dict[str, int]:
     """The limits on every container of a client message, in msgpack's terms.
 
     msgpack's own limits are per object; the total size is checked by the caller.  Internal
-    messages use the same limits (``aieng.messages.configure``), so anything the frontend
+    messages use the same limits (``aieng.wire.messages.configure``), so anything the frontend
     accepted every worker can decode.
     """
     return dict(max_str_len=max_bytes, max_bin_len=max_bytes, max_array_len=1_000_000, max_map_len=10_000,

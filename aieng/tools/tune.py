@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aieng import envs
-from aieng.loadgen import Progress, run_level, sample_inputs
+from aieng.tools.loadgen import Progress, run_level, sample_inputs
 
 ENV_OF = {v.field: v.name for v in envs.REGISTRY}
 
@@ -70,7 +70,7 @@ def as_env(settings: dict[str, Any]) -> dict[str, str]:
 
 def measure(model: str, repo: str, settings: dict[str, Any], inputs: list[dict], n: int,
             concurrency: int, label: str) -> Row:
-    from aieng.benchkit import start_server, stop_server
+    from aieng.tools.benchkit import start_server, stop_server
 
     proc, addr, _log = start_server(model, repo, as_env(settings))
     row = Row(dict(settings))

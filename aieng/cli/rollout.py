@@ -224,7 +224,7 @@ def _run(args: argparse.Namespace, op: str, fields: dict, quiet: bool = False) -
 
 
 def add_admin_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--admin-addr", help="the admin socket (default: see aieng/rollout_cli.py)")
+    p.add_argument("--admin-addr", help="the admin socket (default: see aieng/cli/rollout.py)")
     p.add_argument("--timeout", type=float, default=10.0)
     p.add_argument("--curve-client-cert", help="CURVE: this client's secret certificate (zmq.auth)")
     p.add_argument("--curve-server-cert", help="CURVE: the server's public certificate")

@@ -10,7 +10,7 @@ postprocessed inline.
 It speaks aieng's wire format (docs/protocol.md) on a ZMQ ROUTER so the same
 clients drive it unchanged: one msgpack map per request in, one per response
 out, ``{"id", "ok": true, "model", "version", "outputs"}`` with tensors as
-``aieng.protocol.encode_tensor`` maps, or ``{"id", "ok": false, "error"}``.
+``aieng.wire.protocol.encode_tensor`` maps, or ``{"id", "ok": false, "error"}``.
 Ops: ``infer`` and ``health`` (``ready`` once the session is warm).
 
 Threads never touch the ROUTER (ZMQ sockets are single-threaded): each pool
@@ -18,7 +18,7 @@ thread sends its finished reply over its own inproc PUSH socket, and the main
 loop forwards it.  SIGTERM/SIGINT stop the loop; the pool is drained and the
 sockets closed with no linger.
 
-    python -m aieng.baseline --model minilm --repo models --addr tcp://127.0.0.1:5599
+    python -m aieng.tools.baseline --model minilm --repo models --addr tcp://127.0.0.1:5599
 """
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ from typing import Any
 
 import zmq
 
-from aieng import protocol as p
 from aieng.postprocess_workers.answer import to_wire
+from aieng.wire import protocol as p
 
 MAX_MESSAGE_BYTES = 32 * 1024 * 1024  # aieng's default max_message_bytes
 DONE_ADDR = "inproc://baseline-done"
@@ -40,10 +40,10 @@ DONE_ADDR = "inproc://baseline-done"
 
 class Baseline:
     def __init__(self, model: str, repo: str, threads: int, spinning: bool = True):
-        from aieng.bench_limit import load_spec
         from aieng.gpu_executor.sessions import ModelSession
         from aieng.postprocess_workers.chain import Chain
         from aieng.preprocess_workers.processors import PROCESSORS
+        from aieng.tools.bench_limit import load_spec
 
         self.spec = load_spec(model, repo)
         self.pre = PROCESSORS[self.spec.preprocess["type"]](self.spec)
@@ -148,7 +148,7 @@ class Baseline:
 def main(argv: list[str] | None = None) -> int:
     from aieng.envs import cpu_count
 
-    ap = argparse.ArgumentParser(prog="python -m aieng.baseline", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m aieng.tools.baseline", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="model name in the repository (its latest version)")
     ap.add_argument("--repo", default="models", help="model repository directory")
     ap.add_argument("--addr", default="tcp://127.0.0.1:5599", help="ZMQ address to bind (ROUTER)")

@@ -38,10 +38,10 @@ import threading
 import time
 from typing import Any, Callable
 
-from aieng import messages as m
 from aieng import model_repo
-from aieng.footprint import Quiet, gpu_bytes, on_cuda, release_free_memory, rss_bytes
 from aieng.model_repo import ModelSpec
+from aieng.runtime.footprint import Quiet, gpu_bytes, on_cuda, release_free_memory, rss_bytes
+from aieng.wire import messages as m
 
 
 def lower_priority(idle: bool = False) -> None:

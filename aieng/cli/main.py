@@ -1,8 +1,8 @@
-"""``aieng`` command line: serve, infer, health, models, config, load, quantize, rollout (``rollout_cli``).
+"""``aieng`` command line: serve, infer, health, models, config, load, quantize, rollout (``rollout.py``).
 
 ``aieng serve`` with no arguments, run from the repository root, serves every
 model under ./models (fetched by scripts/fetch_models.py).  A user's mistake (a bad address, a file that
-is not there, a server that does not answer) is one line and exit code 2 (``cli_checks``).
+is not there, a server that does not answer) is one line and exit code 2 (``checks.py``).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from aieng.cli_checks import UsageError, input_pairs, reachable
+from aieng.cli.checks import UsageError, input_pairs, reachable
 
 
 def _jsonable(obj: Any) -> Any:
@@ -31,9 +31,9 @@ def _jsonable(obj: Any) -> Any:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from aieng import procutil
     from aieng.config import INTERNAL, load_config
-    from aieng.supervisor import serve
+    from aieng.runtime import procutil
+    from aieng.runtime.supervisor import serve
 
     flags = {"frontend_addr": args.addr, "model_repository": args.models_dir, "models": args.models,
              "preprocess_workers": args.preprocess_workers, "postprocess_workers": args.postprocess_workers,
@@ -47,14 +47,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"aieng: {file_problem(exc)}", file=sys.stderr)
         return 2
     procutil.setup_logging("supervisor", cfg.log_level, cfg.log_format)
-    logging.getLogger("aieng.supervisor").info("effective configuration: %s", json.dumps(
+    logging.getLogger("aieng.runtime.supervisor").info("effective configuration: %s", json.dumps(
         {k: v for k, v in cfg.to_dict().items() if k not in INTERNAL}, sort_keys=True))
     return serve(cfg)
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from aieng import shmsize
     from aieng.config import INTERNAL, load_config
+    from aieng.wire import shmsize
 
     try:
         cfg = load_config(args.config)
@@ -113,38 +113,38 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 def cmd_models(args: argparse.Namespace) -> int:
     if args.action in ("list", "load", "unload"):
-        from aieng.rollout_cli import main_rollout
+        from aieng.cli.rollout import main_rollout
 
         return main_rollout(args)
     return cmd_health(args)
 
 
 def cmd_load(args: argparse.Namespace) -> int:
-    from aieng.loadgen import main_load
+    from aieng.tools.loadgen import main_load
 
     return main_load(args)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from aieng.report import main_report
+    from aieng.tools.report import main_report
 
     return main_report(args)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from aieng.bench import main_bench
+    from aieng.tools.bench import main_bench
 
     return main_bench(args)
 
 
 def cmd_soak(args: argparse.Namespace) -> int:
-    from aieng.soak import main_soak
+    from aieng.tools.soak import main_soak
 
     return main_soak(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from aieng import rollout_cli
+    from aieng.cli import rollout as rollout_cli
 
     ap = argparse.ArgumentParser(prog="aieng", description="ONNX inference server over ZeroMQ")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -185,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="front doors, comma-separated: zmq (default: the full bench), or a list naming http "
                         "and/or grpc (the OIP gateway) to run the same closed loop over each in one run")
     b.add_argument("--skip-baseline", action="store_true",
-                   help="do not run the plain single-process baseline server (python -m aieng.baseline)")
+                   help="do not run the plain one-process baseline server (python -m aieng.tools.baseline)")
     b.add_argument("--quick", action="store_true",
                    help="smoke test: at most 60 requests per level, 48 per in-process row, "
                         "2 s per open-loop rate")
@@ -200,9 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="fail when a process's resident memory grows faster (second half of the run)")
     so.set_defaults(func=cmd_soak)
 
-    from aieng.quantize import add_parser as add_quantize
+    from aieng.tools.quantize import add_parser as add_quantize
     add_quantize(sub)
-    from aieng.tune import add_parser as add_tune
+    from aieng.tools.tune import add_parser as add_tune
     add_tune(sub)
 
     for name in ("infer", "health", "models", "load"):

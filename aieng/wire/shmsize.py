@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import os
 
-from aieng import shm
 from aieng.config import Config
+from aieng.wire import shm
 
 RESTART_RINGS = 1  # one producer restarting at a time: its old segment may still be mapped
 MIN_SLOTS = 4  # a ring with grown slots keeps at least this many

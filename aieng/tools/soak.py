@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import psutil
 
-from aieng import shm
-from aieng.loadgen import sample_inputs
+from aieng.tools.loadgen import sample_inputs
+from aieng.wire import shm
 
 
 def _shm_bytes(instance: str) -> int:
@@ -79,8 +79,8 @@ async def _sample(srv_pid: int, until: float, interval: float, rows: list[dict[s
 
 
 def soak(model: str, seconds: float, interval: float, concurrency: int, max_rss_mib_per_min: float) -> int:
-    from aieng.benchkit import start_server
     from aieng.config import load_config
+    from aieng.tools.benchkit import start_server
 
     cfg = load_config()
     proc, addr, log = start_server(model, cfg.model_repository)

@@ -3,7 +3,7 @@
 The field names are the internal protocol.  Messages are msgpack maps with a
 ``t`` tag naming the type; receivers route on it with a dispatch table.
 Tensors never travel here: a :class:`Ref` names a shared-memory slot (see
-``aieng.shm``).  A request's descriptors go straight from one stage to the
+``aieng.wire.shm``).  A request's descriptors go straight from one stage to the
 next; the frontend is told of each hand-off (one notice per preprocess drain
 or executor batch), so it always knows who holds a request (``addresses``
 has the sockets)::
@@ -293,7 +293,7 @@ class VersionLoaded:
     seconds: float = 0.0
     # The worker's RSS growth across the build (bytes): the executor's is the session's footprint,
     # which the model pool (frontend/pool.py) budgets.  0 when not measured, which includes a build
-    # that another build or an unload overlapped (aieng/footprint.py: its growth was not its own).
+    # that another build or an unload overlapped (aieng/runtime/footprint.py: its growth was not its own).
     # Serving threads still allocate meanwhile: an estimate, not an exact count.
     footprint_bytes: int = 0
     # GPU memory this process gained across the build (NVML, per process; 0 without a CUDA session, or
@@ -364,7 +364,7 @@ _LIMITS: dict[str, int] = {}
 
 def configure(max_message_bytes: int) -> None:
     """Derive the internal unpack limits from the client limits (called at each process start)."""
-    from aieng.protocol import unpack_limits
+    from aieng.wire.protocol import unpack_limits
 
     _LIMITS.clear()
     _LIMITS.update(unpack_limits(max_message_bytes))

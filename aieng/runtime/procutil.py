@@ -1,7 +1,7 @@
 """Process plumbing shared by every role: title, logging, parent-death hooks,
 the startup handshake with the supervisor, and the worker's hub socket.
 
-``worker_runtime.run_process`` (every child's entry point) calls
+``runtime.worker.run_process`` (every child's entry point) calls
 :func:`child_setup` first and :func:`report_ready` (or :func:`report_failure`)
 once the role's work object is initialised.
 """

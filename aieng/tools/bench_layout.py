@@ -26,7 +26,7 @@ from typing import Callable
 
 import numpy as np
 
-from aieng import bench_pages
+from aieng.tools import bench_pages
 
 STEPS = ("preprocess", "inference", "postprocess", "queue")
 REPORT = bench_pages.Report(
