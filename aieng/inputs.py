@@ -4,7 +4,7 @@
 executor's idle route, the baseline): each input is declared, of its declared kind and finite; every
 required one is there.  ``precheck`` adds what a tensor-in model's processor would refuse from the
 tensor map's header alone (dtype, shape, byte count: ``protocol.decode_tensor``, O(1), no copy); the
-frontend runs it before a request may start a cold load (frontend/poolctl.py), so a request that would
+frontend runs it before a request may start a cold load (``versions/poolctl.py``), so a request that would
 fail INVALID_INPUT never loads or evicts a version.  Same codes and messages as the workers' (one code
 path).  Not checked here: anything that needs the data read (NaN in a tensor, an image's decoding) or
 the session (shapes against the model's inputs): those stay in the workers.

@@ -239,7 +239,7 @@ def load_spec(name: str, version: str, path: str) -> ModelSpec:
     )
 
 
-# -- pipelines: models made of other models (the frontend runs them: frontend/fanout.py) ---------
+# -- pipelines: models made of other models (the frontend runs them: frontend/requests/fanout.py) ---------
 PIPELINE_STEPS = ({"step": "textdet", "model": str},
                   {"step": "crop", "max_crops": int, "rotate_ratio": float},
                   {"step": "textrec", "model": str}, {"step": "join", "min_score": float})
@@ -313,7 +313,7 @@ def check_pipeline_models(found: dict[str, dict[str, ModelSpec]]) -> None:
 
 def pool_setting(raw: Any, where: str) -> dict[str, bool]:
     """The model-wide ``pool`` section as ``{lazy, pinned}`` (kept in every version's ``extra``)."""
-    from aieng.frontend.pool import parse_setting  # pure; imported here like check_routing's parsers
+    from aieng.frontend.versions.pool import parse_setting  # pure; imported here like check_routing's parsers
 
     try:
         setting = parse_setting(raw, where)
@@ -349,7 +349,7 @@ MODEL_KEYS = ("versions", "routing", "pool")
 
 def model_settings(mdir: str) -> dict[str, Any]:
     """The optional model-wide ``<model>/model.yaml``: ``versions`` (policy), ``routing`` and ``pool``
-    (lazy loading and eviction, frontend/pool.py)."""
+    (lazy loading and eviction, frontend/versions/pool.py)."""
     path = os.path.join(mdir, "model.yaml")
     if not os.path.isfile(path):
         return {}
@@ -383,9 +383,9 @@ def apply_policy(policy: Any, versions: list[str], where: str) -> list[str]:
 
 def check_routing(raw: Any, versions: set[str], where: str) -> None:
     """Refuse a malformed ``routing`` section at load time, naming the file."""
-    from aieng.frontend.canary import AutoRollback
-    from aieng.frontend.routing import RoutingError, build
-    from aieng.frontend.shadow import parse_config
+    from aieng.frontend.rollout.canary import AutoRollback
+    from aieng.frontend.rollout.routing import RoutingError, build
+    from aieng.frontend.rollout.shadow import parse_config
 
     if raw is None:
         return

@@ -15,7 +15,7 @@ also runnable alone: ``python scripts/demo_versions.py [--repo models] [--force]
   minilm: each embedding, cosine >= 0.999; tabular version 1: label and probabilities (atol 1e-4);
   tabular version 2 (another model): the label only, on the cases version 1 is sure of (p >= 0.9).
   Each version is checked against its own golden set here (with the server's comparison,
-  ``aieng.frontend.hotswap.compare``): a version that would fail its golden set fails the script.
+  ``aieng.frontend.versions.hotswap.compare``): a version that would fail its golden set fails the script.
 * Never writes ``model.yaml`` (committed: models/minilm/2/model.yaml, models/tabular/2/model.yaml).
 """
 from __future__ import annotations
@@ -90,7 +90,7 @@ def optimise_minilm(repo: Path, force: bool) -> None:
 
 
 def minilm_golden(repo: Path) -> None:
-    from aieng.frontend.hotswap import compare
+    from aieng.frontend.versions.hotswap import compare
 
     v1, v2 = repo / "minilm" / "1", repo / "minilm" / "2"
     e1 = embed(v1 / "model.onnx", v1 / "tokenizer.json", TEXTS)
@@ -122,7 +122,7 @@ def tabular_outputs(vdir: Path, rows: list[dict]) -> tuple[list[str], np.ndarray
 def tabular_versions(repo: Path, force: bool) -> None:
     from train_tabular import train
 
-    from aieng.frontend.hotswap import compare
+    from aieng.frontend.versions.hotswap import compare
 
     v1, v2 = repo / "tabular" / "1", repo / "tabular" / "2"
     if force or not (v2 / "model.onnx").is_file():

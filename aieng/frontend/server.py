@@ -27,28 +27,28 @@ import zmq
 
 from aieng import model_repo
 from aieng.config import Config
-from aieng.frontend.admin import AdminOps, AdminServer
-from aieng.frontend.admission import Admission, Immediate
-from aieng.frontend.breaker import Breakers
-from aieng.frontend.cache import ResponseCache
-from aieng.frontend.clients import ClientGate, client_socket
-from aieng.frontend.degrade import Degrader
-from aieng.frontend.drift import DriftMonitor
-from aieng.frontend.fanout import Fanout
-from aieng.frontend.hotswap import GOLDEN_CLIENT, HotSwap
-from aieng.frontend.http import HttpServer
-from aieng.frontend.metrics import Metrics
-from aieng.frontend.mirror import Mirror
-from aieng.frontend.ops import ClientOps
-from aieng.frontend.pipeline import Pipeline
-from aieng.frontend.poolctl import PoolControl
-from aieng.frontend.rollout import Rollout
-from aieng.frontend.routestore import RouteStore, store_path
-from aieng.frontend.snapshot import publish_snapshot
-from aieng.frontend.statewriter import StateWriter
-from aieng.frontend.stats import StageStats
-from aieng.frontend.table import Request, RequestTable
-from aieng.frontend.workers import Workers
+from aieng.frontend.control.admin import AdminOps, AdminServer
+from aieng.frontend.control.ops import ClientOps
+from aieng.frontend.control.workers import Workers
+from aieng.frontend.observe.drift import DriftMonitor
+from aieng.frontend.observe.http import HttpServer
+from aieng.frontend.observe.metrics import Metrics
+from aieng.frontend.observe.snapshot import publish_snapshot
+from aieng.frontend.observe.stats import StageStats
+from aieng.frontend.requests.admission import Admission, Immediate
+from aieng.frontend.requests.breaker import Breakers
+from aieng.frontend.requests.cache import ResponseCache
+from aieng.frontend.requests.clients import ClientGate, client_socket
+from aieng.frontend.requests.degrade import Degrader
+from aieng.frontend.requests.fanout import Fanout
+from aieng.frontend.requests.pipeline import Pipeline
+from aieng.frontend.requests.table import Request, RequestTable
+from aieng.frontend.rollout.mirror import Mirror
+from aieng.frontend.rollout.rollout import Rollout
+from aieng.frontend.rollout.routestore import RouteStore, store_path
+from aieng.frontend.rollout.statewriter import StateWriter
+from aieng.frontend.versions.hotswap import GOLDEN_CLIENT, HotSwap
+from aieng.frontend.versions.poolctl import PoolControl
 from aieng.model_repo import ModelSpec
 from aieng.runtime import procutil
 from aieng.wire import express, shm

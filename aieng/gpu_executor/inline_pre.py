@@ -11,7 +11,7 @@ client's frame, on the hub) straight to it; the executor validates and encodes
 it on its loop thread and queues it like a preprocessed task, its tensors in its
 own memory (no ring slot: nothing to free, nothing to leak).
 
-When the frontend does it (``frontend/pipeline.Pipeline.direct``): the version is
+When the frontend does it (``frontend/requests/pipeline.Pipeline.direct``): the version is
 advertised here, its postprocessing also runs in the executor (``inline_post``:
 the whole request is the executor's, two hand-offs in all), the body is at most
 ``AIENG_INLINE_PREPROCESS_BYTES`` (0: never) and nothing else is in

@@ -9,7 +9,7 @@ that held:
   at its end says whether it was quiet: no other window was open when it began, and none began before
   it ended.  ``moving()`` is a window whose own answer nobody needs (an unload, ``malloc_trim``).
 * a reading that was not quiet is no footprint: the worker reports 0 ("not measured") and the frontend
-  keeps what it knew (``frontend/pool.py``).  Measured with three 32 MiB Gather versions built on three
+  keeps what it knew (``versions/pool.py``).  Measured with three 32 MiB Gather versions built on three
   threads at once: 96-147 MiB each, against 36 MiB each built one at a time; an unload meanwhile hides
   part of the growth instead.
 

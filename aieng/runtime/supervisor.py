@@ -17,7 +17,7 @@ changed on disk) is unavailable, and the child comes back serving the others.
 
 Reload (SIGHUP; systemd's ExecReload): ``RELOADING=1``, the frontend rescans
 the version directories (loading new ones, unloading removed ones: hot swap,
-``frontend/hotswap.py``) and re-reads routing from model.yaml and the saved
+``frontend/versions/hotswap.py``) and re-reads routing from model.yaml and the saved
 state (``Reload``), and ``READY=1`` once it answers ``Reloaded`` (or after
 ``RELOAD_TIMEOUT_S``).  The frontend tells the supervisor of every run-time
 load and unload (``LoadVersion``/``UnloadVersion``), so the specs a restarted
@@ -49,7 +49,7 @@ import zmq
 
 from aieng import model_repo
 from aieng.config import Config
-from aieng.frontend import routestore
+from aieng.frontend.rollout import routestore
 from aieng.runtime import procutil
 from aieng.runtime.worker import run_process
 from aieng.wire import addresses, shm, shmsize

@@ -1,6 +1,6 @@
 """The express lane: one ``AF_UNIX SOCK_SEQPACKET`` connection between the frontend and the executor,
 for the requests the frontend sends straight to the executor while the server is idle
-(``frontend/pipeline.Pipeline.direct``) and for their answers.
+(``frontend/requests/pipeline.Pipeline.direct``) and for their answers.
 
 Why: a ZMQ ipc hand-off wakes an IO thread on both sides before the receiving loop (about 200 us one
 way on this 2-core VM), a SEQPACKET record wakes only the receiving loop (about 50 us;

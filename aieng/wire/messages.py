@@ -259,7 +259,7 @@ class Reloaded:
     message: str
 
 
-# -- run-time load/unload of model versions (hotswap: frontend/hotswap.py, worker_hotswap.py) -----------
+# -- run-time load/unload of model versions (hotswap: frontend/versions/hotswap.py, worker_hotswap.py) ---
 @dataclass(slots=True)
 class LoadVersion:
     """FE -> every worker and the supervisor: build this version (``ModelSpec.to_dict()``) and report.
@@ -292,7 +292,7 @@ class VersionLoaded:
     key: str
     seconds: float = 0.0
     # The worker's RSS growth across the build (bytes): the executor's is the session's footprint,
-    # which the model pool (frontend/pool.py) budgets.  0 when not measured, which includes a build
+    # which the model pool (frontend/versions/pool.py) budgets.  0 when not measured, which includes a build
     # that another build or an unload overlapped (aieng/runtime/footprint.py: its growth was not its own).
     # Serving threads still allocate meanwhile: an estimate, not an exact count.
     footprint_bytes: int = 0

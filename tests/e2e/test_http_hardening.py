@@ -19,7 +19,7 @@ import zmq.auth
 from prometheus_client.parser import text_string_to_metric_families
 
 from aieng.client import AsyncClient, Client
-from aieng.frontend.stats import WINDOW
+from aieng.frontend.observe.stats import WINDOW
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.e2e

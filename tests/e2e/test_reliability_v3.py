@@ -22,7 +22,7 @@ import msgpack
 import pytest
 import zmq
 
-from aieng.frontend.routestore import store_path
+from aieng.frontend.rollout.routestore import store_path
 from tests.e2e.test_hotswap import base_repo, copy_version, executor_pid
 from tests.e2e.test_rollout import PENGUIN, cli, start, status, tabular_repo
 from tests.waits import until

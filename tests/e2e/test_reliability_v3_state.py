@@ -17,8 +17,8 @@ import os
 import pytest
 import zmq
 
-from aieng.frontend import routing
-from aieng.frontend.routestore import store_path
+from aieng.frontend.rollout import routing
+from aieng.frontend.rollout.routestore import store_path
 from tests.e2e.test_reliability_v3 import admin_call
 from tests.e2e.test_rollout import PENGUIN, metric, start, status, tabular_repo
 from tests.waits import until

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from aieng.frontend.stats import STAGES
+from aieng.frontend.observe.stats import STAGES
 from aieng.tools.report import fetch
 from tests.conftest import ROOT
 

@@ -24,8 +24,8 @@ import pytest
 import zmq
 
 from aieng.client import AsyncClient, build_request
-from aieng.frontend import routing
-from aieng.frontend.routestore import store_path
+from aieng.frontend.rollout import routing
+from aieng.frontend.rollout.routestore import store_path
 from tests.conftest import MODELS, ROOT, ServerProcess, free_port
 from tests.waits import until
 

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from aieng.frontend import httpserver
-from aieng.frontend.http import HttpServer, authorized, bind, parse_addr, read_token, response
-from aieng.frontend.httpserver import HeadError, parse_head
+from aieng.frontend.observe import httpserver
+from aieng.frontend.observe.http import HttpServer, authorized, bind, parse_addr, read_token, response
+from aieng.frontend.observe.httpserver import HeadError, parse_head
 from tests.conftest import free_port
 
 
@@ -193,7 +193,7 @@ def test_full_backlog_closes_new_connections_at_once(make_http, monkeypatch):
 
 
 def test_liveness_is_the_loop_and_the_supervisor_making_progress():
-    from aieng.frontend.http import liveness
+    from aieng.frontend.observe.http import liveness
 
     now = 1000.0
     fresh = {"published_at": now - 0.4, "supervisor_seen_at": now - 0.9}

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from aieng.config import load_config
-from aieng.frontend.metrics import Metrics
+from aieng.frontend.observe.metrics import Metrics
 from aieng.wire import shmsize
 from tests.conftest import ROOT
 

@@ -1,7 +1,14 @@
 """The model pool's pure rules: the pool setting, LRU eviction under a budget, cold-start waiters."""
 import pytest
 
-from aieng.frontend.pool import ColdStarts, Pool, PoolSetting, cold_start_message, parse_setting, refusal
+from aieng.frontend.versions.pool import (
+    ColdStarts,
+    Pool,
+    PoolSetting,
+    cold_start_message,
+    parse_setting,
+    refusal,
+)
 
 A, B, C, P = ("a", "1"), ("b", "1"), ("c", "1"), ("pinned", "1")
 
@@ -205,7 +212,7 @@ def test_a_measurement_above_the_whole_budget_is_tried_again_after_remeasure_s()
 
 
 def test_the_budgeted_footprint_is_the_executors_gpu_growth_else_its_rss_growth():
-    from aieng.frontend.poolctl import footprint_of
+    from aieng.frontend.versions.poolctl import footprint_of
 
     assert footprint_of({"executor": 50, "pre-0": 9, "post-0": 1}) == 50
     assert footprint_of({"executor": 50, "executor:gpu": 700, "pre-0": 9}) == 700

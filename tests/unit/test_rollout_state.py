@@ -8,12 +8,12 @@ import time
 import pytest
 
 from aieng import model_repo
-from aieng.frontend import rollout as rollout_mod
-from aieng.frontend import routing
-from aieng.frontend.canary import AutoRollback, Watch
-from aieng.frontend.rollout import Rollout
-from aieng.frontend.routestore import RouteStore, Saved, store_path
-from aieng.frontend.statewriter import StateWriter
+from aieng.frontend.rollout import rollout as rollout_mod
+from aieng.frontend.rollout import routing
+from aieng.frontend.rollout.canary import AutoRollback, Watch
+from aieng.frontend.rollout.rollout import Rollout
+from aieng.frontend.rollout.routestore import RouteStore, Saved, store_path
+from aieng.frontend.rollout.statewriter import StateWriter
 from aieng.wire import protocol as p
 
 TENSOR_YAML = ("inputs: [{name: x, kind: tensor}]\noutputs: [{name: y, kind: tensor}]\n"

@@ -1,7 +1,7 @@
 """Routing as pure logic: buckets, sticky weights with minimal movement, rules, decisions."""
 import pytest
 
-from aieng.frontend import routing as r
+from aieng.frontend.rollout import routing as r
 
 V = {"1", "2", "3"}
 KEYS = [f"user-{i}" for i in range(10_000)]

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from aieng.frontend.statewriter import StateWriter, Ticket
+from aieng.frontend.rollout.statewriter import StateWriter, Ticket
 from tests.waits import until
 
 

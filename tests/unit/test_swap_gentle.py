@@ -10,7 +10,7 @@ import threading
 from types import SimpleNamespace
 
 from aieng.config import Config
-from aieng.frontend.workers import Workers
+from aieng.frontend.control.workers import Workers
 from aieng.gpu_executor.executor import Executor
 from aieng.gpu_executor.inline_post import InlinePost
 from aieng.gpu_executor.inline_pre import InlinePre

@@ -29,7 +29,7 @@ import threading
 from typing import Any, Callable
 
 RETRY_S = 5.0
-log = logging.getLogger("aieng.frontend.statewriter")
+log = logging.getLogger("aieng.frontend.rollout.statewriter")
 
 
 class Ticket:

@@ -36,16 +36,16 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 import numpy as np
 
-from aieng.frontend.table import Request
+from aieng.frontend.requests.table import Request
 from aieng.model_repo import latest
 from aieng.wire import protocol as p
 
 if TYPE_CHECKING:  # pragma: no cover
-    from aieng.frontend.pipeline import Pipeline
+    from aieng.frontend.requests.pipeline import Pipeline
 
 PIPELINE_CLIENT = b"\x00aieng-pipeline"  # a ZMQ ROUTER identity never starts with a NUL byte
 WINDOW = 24  # crops of one page in flight at once: 4 recogniser batches; the rest wait their turn
-log = logging.getLogger("aieng.frontend.fanout")
+log = logging.getLogger("aieng.frontend.requests.fanout")
 
 
 def _us(seconds: float) -> int:

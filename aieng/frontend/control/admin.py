@@ -34,10 +34,10 @@ import zmq
 
 from aieng import model_repo
 from aieng.config import Config
-from aieng.frontend import routing, shadow
-from aieng.frontend.clients import curve_server
-from aieng.frontend.hotswap import HotSwapError
-from aieng.frontend.statewriter import RETRY_S, Ticket
+from aieng.frontend.requests.clients import curve_server
+from aieng.frontend.rollout import routing, shadow
+from aieng.frontend.rollout.statewriter import RETRY_S, Ticket
+from aieng.frontend.versions.hotswap import HotSwapError
 from aieng.wire import protocol as p
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 from prometheus_client import Counter, Histogram
 
-from aieng.frontend.shadow import Tally, compare
-from aieng.frontend.table import Request
+from aieng.frontend.requests.table import Request
+from aieng.frontend.rollout.shadow import Tally, compare
 from aieng.wire import protocol as p
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -52,7 +52,7 @@ SHADOW_CLIENT = b"\x00aieng-shadow"  # a ZMQ ROUTER identity is never empty-pref
 COSINE_BUCKETS = (0.0, 0.5, 0.9, 0.99, 0.999, 0.9999, 1.0)
 DIFF_BUCKETS = (0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0)
 DELTA_BUCKETS = (-1.0, -0.1, -0.025, -0.01, -0.005, -0.001, 0.0, 0.001, 0.005, 0.01, 0.025, 0.1, 1.0)
-log = logging.getLogger("aieng.frontend.mirror")
+log = logging.getLogger("aieng.frontend.rollout.mirror")
 
 
 @dataclass(slots=True)

@@ -44,19 +44,19 @@ import logging
 import time
 from typing import Any, Callable
 
-from aieng.frontend.admission import Immediate
-from aieng.frontend.breaker import Breakers
-from aieng.frontend.cache import ResponseCache
-from aieng.frontend.degrade import Degrader
-from aieng.frontend.drift import DriftMonitor
-from aieng.frontend.metrics import Metrics
-from aieng.frontend.stats import StageStats
-from aieng.frontend.table import EXEC, POST, PRE, Request, RequestTable
-from aieng.frontend.workers import Workers
+from aieng.frontend.control.workers import Workers
+from aieng.frontend.observe.drift import DriftMonitor
+from aieng.frontend.observe.metrics import Metrics
+from aieng.frontend.observe.stats import StageStats
+from aieng.frontend.requests.admission import Immediate
+from aieng.frontend.requests.breaker import Breakers
+from aieng.frontend.requests.cache import ResponseCache
+from aieng.frontend.requests.degrade import Degrader
+from aieng.frontend.requests.table import EXEC, POST, PRE, Request, RequestTable
 from aieng.wire import messages as m
 from aieng.wire import protocol as p
 
-log = logging.getLogger("aieng.frontend.pipeline")
+log = logging.getLogger("aieng.frontend.requests.pipeline")
 # The idle route needs the server idle for this long: under load a batch's answers leave the table empty for a
 # moment, and a request sent straight to the executor then splits the next batch (measured: tabular at
 # concurrency 64 lost about a fifth of its throughput without this).

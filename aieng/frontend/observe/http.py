@@ -27,7 +27,7 @@ import time
 from http import HTTPStatus
 from typing import Any, Callable
 
-from aieng.frontend.httpserver import BoundedHttpServer, HeadError, parse_head
+from aieng.frontend.observe.httpserver import BoundedHttpServer, HeadError, parse_head
 
 PATHS = ["/healthz", "/readyz", "/startupz", "/metrics", "/debug"]
 STALE_MIN_S = 5.0  # liveness: the loop's snapshot and the supervisor's word may be this old (or 10 periods)

@@ -48,11 +48,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from aieng.frontend import routing
+from aieng.frontend.rollout import routing
 
 FORMAT = 2
 CHUNK = 2000  # keys per json.dumps call when a group is encoded: the GIL can pass between calls
-log = logging.getLogger("aieng.frontend.routestore")
+log = logging.getLogger("aieng.frontend.rollout.routestore")
 
 
 def store_path(state_dir: str, model_repository: str) -> str:

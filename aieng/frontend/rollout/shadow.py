@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from aieng.frontend.routing import RoutingError
+from aieng.frontend.rollout.routing import RoutingError
 
 OUTCOMES = ("compared", "shed", "timeout", "error", "primary_failed")
 DELTAS = 10_000  # latency deltas kept per (model, version): a bounded window

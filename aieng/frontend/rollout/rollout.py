@@ -38,10 +38,10 @@ import time
 from typing import Any
 
 from aieng import model_repo
-from aieng.frontend import routing, shadow
-from aieng.frontend.canary import AutoRollback, Watch
-from aieng.frontend.routestore import RouteStore, Saved
-from aieng.frontend.statewriter import StateWriter, Ticket
+from aieng.frontend.rollout import routing, shadow
+from aieng.frontend.rollout.canary import AutoRollback, Watch
+from aieng.frontend.rollout.routestore import RouteStore, Saved
+from aieng.frontend.rollout.statewriter import StateWriter, Ticket
 from aieng.model_repo import ModelSpec
 from aieng.wire import protocol as p
 
@@ -50,7 +50,7 @@ SAVED_GROUP_CHARS = 2 * routing.MAX_GROUP_CHARS  # one model's current state and
 EVENTS = 20
 FLUSH_S = 10.0  # a reload waits this long at most for the writer before reading the file
 MIN_PREFIX = 12  # hex digits of a sha256 prefix that may name a version
-log = logging.getLogger("aieng.frontend.rollout")
+log = logging.getLogger("aieng.frontend.rollout.rollout")
 
 
 def digest(raw: Any) -> str:

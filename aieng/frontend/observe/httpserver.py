@@ -33,7 +33,7 @@ import threading
 import time
 from typing import Callable
 
-log = logging.getLogger("aieng.frontend.http")
+log = logging.getLogger("aieng.frontend.observe.http")
 
 MAX_HEAD = 16 * 1024  # request line plus headers; ours are GETs without a body
 MAX_PENDING = 512  # connections waiting for their request head (file descriptors, not threads)

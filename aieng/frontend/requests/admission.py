@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from aieng.config import Config
-from aieng.frontend.breaker import Breakers
-from aieng.frontend.cache import ResponseCache, cache_key
-from aieng.frontend.degrade import Degrader
-from aieng.frontend.rollout import Rollout
-from aieng.frontend.table import RequestTable
+from aieng.frontend.requests.breaker import Breakers
+from aieng.frontend.requests.cache import ResponseCache, cache_key
+from aieng.frontend.requests.degrade import Degrader
+from aieng.frontend.requests.table import RequestTable
+from aieng.frontend.rollout.rollout import Rollout
 from aieng.model_repo import ModelSpec
 from aieng.wire import protocol as p
 

@@ -46,16 +46,16 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from aieng.frontend.hotswap import HotSwapError, Load
-from aieng.frontend.pool import ColdStarts, Pool, PoolSetting, cold_start_message, refusal
-from aieng.frontend.table import Request
+from aieng.frontend.requests.table import Request
+from aieng.frontend.versions.hotswap import HotSwapError, Load
+from aieng.frontend.versions.pool import ColdStarts, Pool, PoolSetting, cold_start_message, refusal
 from aieng.inputs import precheck
 from aieng.wire import protocol as p
 
 if TYPE_CHECKING:  # pragma: no cover
     from aieng.frontend.server import Frontend
 
-log = logging.getLogger("aieng.frontend.poolctl")
+log = logging.getLogger("aieng.frontend.versions.poolctl")
 REFUSAL_LOG_S = 10.0  # a version's refused loads are logged once per this many seconds (a thrashing client)
 
 

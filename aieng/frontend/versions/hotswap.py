@@ -51,9 +51,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from aieng import model_repo
-from aieng.frontend import routing
-from aieng.frontend.golden import GOLDEN_FILE, _input, compare, read_golden  # noqa: F401 (compare: scripts)
-from aieng.frontend.table import Request
+from aieng.frontend.requests.table import Request
+from aieng.frontend.rollout import routing
+from aieng.frontend.versions.golden import GOLDEN_FILE, _input, compare, read_golden  # noqa: F401 (compare: scripts)
 from aieng.runtime.worker_hotswap import lower_priority
 from aieng.wire import messages as m
 from aieng.wire import protocol as p
@@ -65,7 +65,7 @@ GOLDEN_CLIENT = b"\x00golden"  # the envelope of golden requests: answered to ``
 LOAD_TIMEOUT_S = 300.0  # a worker that never answers a load fails it
 WORKER_ROLES = ("preprocess", "executor", "postprocess")
 GOLDEN_WINDOW = 2  # golden requests of one load in flight at once
-log = logging.getLogger("aieng.frontend.hotswap")
+log = logging.getLogger("aieng.frontend.versions.hotswap")
 
 
 class HotSwapError(Exception):

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from aieng.frontend.procinfo import gpu_usage, process_memory
-from aieng.frontend.table import EXEC, POST, PRE
+from aieng.frontend.observe.procinfo import gpu_usage, process_memory
+from aieng.frontend.requests.table import EXEC, POST, PRE
 
 if TYPE_CHECKING:  # pragma: no cover
     from aieng.frontend.server import Frontend
