@@ -19,34 +19,18 @@ import psutil
 import pytest
 
 from aieng.client import AsyncClient, build_request
-from tests.conftest import MODELS
-from tests.e2e.test_rollout import cli, start
+from tests.e2e.rollout_helpers import (
+    PENGUINS,
+    base_repo,
+    cli,
+    copy_version,
+    executor_pid,
+    models,
+    srv_metrics,
+    start,
+)
 
 pytestmark = pytest.mark.e2e
-
-PENGUINS = [
-    {"island": "Biscoe", "bill_length_mm": 45.1, "body_mass_g": 4000.0},
-    {"island": "Dream", "bill_length_mm": 39.0, "bill_depth_mm": 18.5, "flipper_length_mm": 190.0},
-    {"island": "Torgersen", "bill_length_mm": 50.5, "flipper_length_mm": 222.0, "body_mass_g": 5500.0,
-     "sex": "male"},
-    {"island": "Biscoe", "bill_length_mm": 47.0, "bill_depth_mm": 14.0, "sex": "female"},
-]
-
-
-def copy_version(repo, model: str, version: str, src_version: str = "1") -> str:
-    src = os.path.join(MODELS, model, src_version)
-    d = repo / model / version
-    d.mkdir(parents=True)
-    for name in os.listdir(src):
-        shutil.copy(os.path.join(src, name), d / name)
-    return str(d)
-
-
-def base_repo(repo, with_minilm: bool = False) -> None:
-    copy_version(repo, "tabular", "1")
-    (repo / "tabular" / "model.yaml").write_text('routing: {weights: {"1": 100}}\n')
-    if with_minilm:
-        copy_version(repo, "minilm", "1")
 
 
 def golden_from(srv, vdir: str) -> None:
@@ -60,12 +44,6 @@ def golden_from(srv, vdir: str) -> None:
                                                          "probabilities": probs.tolist()}})
     with open(os.path.join(vdir, "golden.json"), "w") as fh:
         json.dump({"atol": 1e-4, "cases": cases}, fh)
-
-
-def models(srv) -> dict:
-    code, out, err = cli(srv, "models", "list", "--json")
-    assert code == 0, err
-    return json.loads(out)["models"]
 
 
 def pinned(srv, version: str) -> dict:
@@ -184,13 +162,6 @@ def test_golden_failure_leaves_the_old_version_serving(make_server, tmp_path):
     assert "loading tabular:2 failed, it stays unroutable: golden case" in srv.output()
 
 
-def srv_metrics(srv) -> str:
-    import urllib.request
-
-    with urllib.request.urlopen(srv.http + "/metrics", timeout=10) as r:
-        return r.read().decode()
-
-
 def test_unload_drains_in_flight_requests_and_refuses_a_weighted_version(make_server, tmp_path):
     repo = tmp_path / "repo"
     base_repo(repo)
@@ -264,13 +235,6 @@ def test_sighup_loads_a_new_directory_and_unloads_a_removed_one(make_server, tmp
         time.sleep(0.3)
     assert pinned(srv, "2")["error"]["code"] == "MODEL_NOT_FOUND"
     assert pinned(srv, "1")["ok"]
-
-
-def executor_pid(srv) -> int | None:
-    try:
-        return srv.child_pid("aieng::executor")
-    except KeyError:
-        return None
 
 
 def test_load_unload_cycles_keep_the_executor_rss_bounded(make_server, tmp_path):

@@ -7,7 +7,6 @@ import json
 import os
 import sys
 
-import cv2
 import numpy as np
 import pytest
 
@@ -16,16 +15,9 @@ from tests.conftest import MODELS, ROOT
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import reference  # noqa: E402
 
-pytestmark = pytest.mark.e2e
+from tests.e2e.texts import TEXTS, _documents
 
-TEXTS = [
-    "A man is eating food.",
-    "The quick brown fox jumps over the lazy dog.",
-    "Zero-copy shared memory keeps tensors out of the socket.",
-    "ok",
-    "naïve café résumé — unicode 東京 👍",
-    " ".join(["a long input that will be truncated at one hundred and twenty eight tokens"] * 30),
-]
+pytestmark = pytest.mark.e2e
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -40,17 +32,6 @@ def test_minilm_matches_reference(server):
             assert got.dtype == np.float32 and got.shape == (384,)
             assert abs(float(np.linalg.norm(got)) - 1.0) < 1e-4
             assert cosine(got, want) >= 0.9999, text[:40]
-
-
-def _documents():
-    out = []
-    for i, (w, h) in enumerate([(800, 1100), (640, 900), (1000, 700)]):
-        page = reference.make_document_image(width=w, height=h, seed=i)
-        for rot in (None, cv2.ROTATE_90_CLOCKWISE, cv2.ROTATE_180, cv2.ROTATE_90_COUNTERCLOCKWISE):
-            img = page if rot is None else cv2.rotate(page, rot)
-            ext = ".png" if i % 2 == 0 else ".jpg"
-            out.append(cv2.imencode(ext, img)[1].tobytes())
-    return out
 
 
 def test_orientation_matches_reference(server):

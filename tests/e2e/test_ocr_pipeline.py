@@ -31,7 +31,7 @@ from aieng.client import AsyncClient, Client
 from aieng.tools.report import fetch
 from aieng.wire import shm
 from tests.conftest import MODELS, ServerProcess
-from tests.e2e.test_ocr_models import PAGES, call_all, draw_text, fonts, make_page, png, quad_iou
+from tests.e2e.ocr_pages import PAGES, call_all, draw_text, fonts, make_page, png, quad_iou
 
 pytestmark = pytest.mark.e2e
 STEPS = ("textdet", "crop", "textrec", "join")

@@ -19,7 +19,7 @@ import tritonclient.http as th
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import MODELS, save_tensor_model
-from tests.e2e.test_models_match_reference import TEXTS, _documents
+from tests.e2e.texts import TEXTS, _documents
 
 pytestmark = pytest.mark.e2e
 ATOL = 1e-5

@@ -20,7 +20,7 @@ import tritonclient.http as th
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import MODELS, free_port
-from tests.e2e.test_rollout import start
+from tests.e2e.rollout_helpers import start
 
 pytestmark = pytest.mark.e2e
 V2 = json.dumps({"version_policy": {"specific": {"versions": [2]}}})

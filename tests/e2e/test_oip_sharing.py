@@ -21,7 +21,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
 from aieng.client import Client
-from tests.e2e.test_hotswap import srv_metrics
+from tests.e2e.rollout_helpers import srv_metrics
 from tests.waits import until
 
 ROW = {"island": "Biscoe", "bill_length_mm": 45.1, "bill_depth_mm": 14.5, "flipper_length_mm": 215.0,

@@ -18,13 +18,21 @@ import os
 import signal
 import socket
 
-import msgpack
 import pytest
 import zmq
 
 from aieng.frontend.rollout.routestore import store_path
-from tests.e2e.test_hotswap import base_repo, copy_version, executor_pid
-from tests.e2e.test_rollout import PENGUIN, cli, start, status, tabular_repo
+from tests.e2e.rollout_helpers import (
+    PENGUIN,
+    admin_call,
+    base_repo,
+    cli,
+    copy_version,
+    executor_pid,
+    start,
+    status,
+    tabular_repo,
+)
 from tests.waits import until
 
 pytestmark = pytest.mark.e2e
@@ -52,12 +60,6 @@ def test_a_length_header_with_a_non_ascii_digit_is_a_400(make_server):
             b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
     assert http_status(srv.oip_http, head, body) == 400
     assert "Traceback" not in srv.output()
-
-
-def admin_call(sock, op: str, **fields) -> dict:
-    sock.send(msgpack.packb({"op": op, "id": op, **fields}))
-    assert sock.poll(10_000), f"no answer to {op}"
-    return msgpack.unpackb(sock.recv(), raw=False)
 
 
 def test_identical_weight_changes_do_not_erase_the_rollback(make_server, tmp_path):

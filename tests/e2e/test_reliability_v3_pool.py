@@ -19,8 +19,7 @@ import pytest
 from aieng.client import AsyncClient, build_request
 from aieng.wire.protocol import encode_tensor
 from tests.conftest import save_tensor_model
-from tests.e2e.test_hotswap import base_repo
-from tests.e2e.test_model_pool import (
+from tests.e2e.pool_helpers import (
     IDX,
     LOAD_TIMEOUT_MS,
     WEIGHTS,
@@ -31,7 +30,7 @@ from tests.e2e.test_model_pool import (
     pool_view,
     providers,
 )
-from tests.e2e.test_rollout import start
+from tests.e2e.rollout_helpers import base_repo, start
 from tests.waits import until
 
 pytestmark = pytest.mark.e2e

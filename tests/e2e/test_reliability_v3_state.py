@@ -19,8 +19,7 @@ import zmq
 
 from aieng.frontend.rollout import routing
 from aieng.frontend.rollout.routestore import store_path
-from tests.e2e.test_reliability_v3 import admin_call
-from tests.e2e.test_rollout import PENGUIN, metric, start, status, tabular_repo
+from tests.e2e.rollout_helpers import PENGUIN, admin_call, metric, start, status, tabular_repo
 from tests.waits import until
 
 pytestmark = pytest.mark.e2e

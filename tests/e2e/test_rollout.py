@@ -7,14 +7,10 @@ through ``python -m aieng.cli rollout ...`` (the command line a user runs) again
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import shutil
 import signal
 import socket
-import subprocess
-import sys
 import time
 import urllib.request
 
@@ -23,31 +19,15 @@ import numpy as np
 import pytest
 import zmq
 
-from aieng.client import AsyncClient, build_request
 from aieng.frontend.rollout import routing
 from aieng.frontend.rollout.routestore import store_path
-from tests.conftest import MODELS, ROOT, ServerProcess, free_port
+from tests.conftest import free_port
+from tests.e2e.rollout_helpers import PENGUIN, cli, infer_many, metric, start, status, tabular_repo
 from tests.waits import until
 
 pytestmark = pytest.mark.e2e
 
-PENGUIN = {"island": "Biscoe", "bill_length_mm": 45.1, "body_mass_g": 4000.0}
 KEYS = [f"user-{i}" for i in range(10_000)]
-
-
-def tabular_repo(repo, routing_yaml: str) -> None:
-    """``tabular`` versions 1 and 2 (the demo model's files) and a model-wide model.yaml."""
-    src = os.path.join(MODELS, "tabular", "1")
-    for v in ("1", "2"):
-        d = repo / "tabular" / v
-        d.mkdir(parents=True)
-        for name in os.listdir(src):
-            if name != "model.yaml":
-                shutil.copy(os.path.join(src, name), d / name)
-        meta = (f"metadata: {{created: '2026-11-0{v}', training_data: penguins-seed-{v}, "
-                f"metrics: {{accuracy: 0.9{v}}}, notes: 'version {v}'}}\n")
-        (d / "model.yaml").write_text(open(os.path.join(src, "model.yaml")).read() + meta)
-    (repo / "tabular" / "model.yaml").write_text(routing_yaml)
 
 
 def flaky_repo(repo, routing_yaml: str) -> None:
@@ -73,52 +53,6 @@ def flaky_repo(repo, routing_yaml: str) -> None:
             "preprocess: {type: tensor}\npostprocess: {type: tensor}\n"
             "batching: {max_batch_size: 1, max_wait_ms: 0}\n")
     (repo / "flaky" / "model.yaml").write_text(routing_yaml)
-
-
-def start(make_server, tmp_path, repo, **env) -> ServerProcess:
-    rdir = tmp_path / "run"
-    rdir.mkdir(exist_ok=True)
-    srv = make_server(AIENG_MODEL_REPOSITORY=str(repo), AIENG_STATE_DIR=str(tmp_path / "state"),
-                      AIENG_RUNTIME_DIR=str(rdir), AIENG_PREPROCESS_WORKERS="2", **env)
-    srv.admin = f"ipc://{rdir}/admin.sock"
-    return srv.start()
-
-
-def cli(srv: ServerProcess, *args: str) -> tuple[int, str, str]:
-    """``aieng rollout|models ...`` as a user runs it, against this server's admin socket."""
-    r = subprocess.run([sys.executable, "-m", "aieng.cli", *args, "--admin-addr", srv.admin],
-                       cwd=ROOT, capture_output=True, text=True, timeout=60)
-    return r.returncode, r.stdout, r.stderr
-
-
-def status(srv: ServerProcess, model: str) -> dict:
-    code, out, err = cli(srv, "rollout", "status", model, "--json")
-    assert code == 0, err
-    return json.loads(out)["models"][model]
-
-
-def infer_many(srv: ServerProcess, keys: list, inputs: dict, model: str = "tabular",
-               in_flight: int = 64, **fields) -> dict:
-    """One request per key, ``in_flight`` at a time: ``{key: reply}`` (bounded by the client timeout)."""
-    async def run() -> dict:
-        client = AsyncClient(srv.addr, timeout_s=30)
-        gate = asyncio.Semaphore(in_flight)
-        out: dict = {}
-
-        async def one(i: int, key) -> None:
-            req = build_request(i, model, inputs, **fields)
-            if key is not None:
-                req["routing_key"] = key
-            async with gate:
-                out[key if key is not None else i] = await client.call(req, raise_on_error=False)
-
-        try:
-            await asyncio.gather(*(one(i, k) for i, k in enumerate(keys)))
-        finally:
-            client.close()
-        return out
-
-    return asyncio.run(run())
 
 
 def versions_of(replies: dict) -> dict:
@@ -263,15 +197,6 @@ AUTO = """routing:
   weights: {'1': 50, '2': 50}
   auto_rollback: {max_error_rate_delta: 0.2, max_p99_ratio: 50, window_s: 30, min_requests: 10}
 """
-
-
-def metric(srv: ServerProcess, name: str, **labels) -> float:
-    text = urllib.request.urlopen(srv.http + "/metrics", timeout=10).read().decode()
-    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    for line in text.splitlines():
-        if line.startswith(f"{name}{{") and line.split("{")[1].split("}")[0] == want:
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
 
 
 def test_auto_rollback_of_a_failing_canary(make_server, tmp_path):

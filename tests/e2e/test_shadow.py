@@ -15,7 +15,7 @@ import pytest
 
 from aieng.cli.rollout import call
 from aieng.wire import protocol as p
-from tests.e2e.test_rollout import PENGUIN, cli, infer_many, metric, start, tabular_repo
+from tests.e2e.rollout_helpers import PENGUIN, cli, infer_many, metric, start, tabular_repo
 
 pytestmark = pytest.mark.e2e
 
