@@ -1,42 +1,18 @@
-"""The supervisor: starts, watches, restarts and stops every process.
+"""The supervisor: starts, watches, restarts and stops every process (docs/architecture.md, "Lifecycle").
 
-Start: clean what a crashed instance left (shared memory, ipc dirs), take the
-runtime directory's lock (one instance per directory: a second one is refused
-naming the holder's pid; an unusable directory is a configuration error), check
-that the routing state directory can be written (else refuse, exit 2), load
-the model repository, spawn every role, and wait on each child's ready pipe and
-process sentinel together: a child that dies or reports failure during
-startup fails the start, naming its role and exit code.  Only then does it
-report ready (to the frontend, and ``READY=1`` to systemd when run under it).
-
-Run: a death becomes ``WorkerDown`` for the frontend (which answers the
-requests that child held), the child's segment is unlinked, and the child is
-restarted with exponential back-off if it keeps dying.  A restarted child
-never loads models strictly: a model that no longer loads (e.g. its file
-changed on disk) is unavailable, and the child comes back serving the others.
-
-Reload (SIGHUP; systemd's ExecReload): ``RELOADING=1``, the frontend rescans
-the version directories (loading new ones, unloading removed ones: hot swap,
-``frontend/versions/hotswap.py``) and re-reads routing from model.yaml and the saved
-state (``Reload``), and ``READY=1`` once it answers ``Reloaded`` (or after
-``RELOAD_TIMEOUT_S``).  The frontend tells the supervisor of every run-time
-load and unload (``LoadVersion``/``UnloadVersion``), so the specs a restarted
-child gets are the current set, not the start-time one.  Versions of lazy
-models (model-wide ``pool: {lazy: true}``) are *cold* until the frontend loads
-them: the workers are not given them at spawn; an eviction
-(``UnloadVersion(evict=True)``) makes a version cold again instead of gone.
-
-Stop (SIGTERM/SIGINT, idempotent): the frontend drains within the grace
-period, then children get SIGTERM, a deadline, SIGKILL; every shared-memory
-segment of this instance is unlinked, the runtime dir removed (a configured
-one: only our socket and lock file) and the lock released.
+Start: claim the instance (``instance.py``), check /dev/shm, scan the models (``versions.py``), spawn
+every role and wait on each child's ready pipe and sentinel together: a child that dies or fails during
+startup fails the start, naming it.  Then ``READY=1`` to systemd when run under it.  Run: a death becomes
+``WorkerDown`` for the frontend, the child's segments are unlinked and it restarts with back-off, never
+loading strictly; a silent one is killed as hung.  Reload (SIGHUP): the frontend rescans and re-reads
+routing (``Reload``/``Reloaded``).  Stop (SIGTERM/SIGINT, idempotent): the frontend drains, children get
+SIGTERM, a deadline, SIGKILL; every segment of this instance is unlinked and the instance released.
 """
 from __future__ import annotations
 
 import logging
 import multiprocessing as mp
 import os
-import shutil
 import signal
 import socket
 import time
@@ -44,13 +20,13 @@ from multiprocessing.connection import wait
 from typing import Any
 
 import msgpack
-import psutil
 import zmq
 
 from aieng import model_repo
 from aieng.config import Config
-from aieng.frontend.rollout import routestore
 from aieng.runtime import procutil
+from aieng.runtime.instance import ConfigError, Instance
+from aieng.runtime.versions import VersionRecord
 from aieng.runtime.worker import run_process
 from aieng.wire import addresses, shm, shmsize
 from aieng.wire import messages as m
@@ -67,10 +43,6 @@ class StartupError(RuntimeError):
     pass
 
 
-class ConfigError(ValueError):
-    """A setting that cannot be used as given; the message names the variable."""
-
-
 def sd_notify(state: str) -> None:
     """systemd's notify protocol: one datagram to $NOTIFY_SOCKET (no library)."""
     addr = os.environ.get("NOTIFY_SOCKET")
@@ -84,18 +56,6 @@ def sd_notify(state: str) -> None:
             s.sendall(state.encode())
     except OSError as exc:
         log.warning("sd_notify failed: %s", exc)
-
-
-def _instance_alive(pid: int) -> bool:
-    """Whether the instance whose supervisor had ``pid`` still runs.  Asked before this instance has
-    made anything, so our own pid means a previous incarnation with the same pid: in a container the
-    supervisor is PID 1 every time, and a restarted container keeps the pod's /dev/shm."""
-    if pid == os.getpid():
-        return False
-    try:
-        return "aieng" in " ".join(psutil.Process(pid).cmdline())
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return False
 
 
 class Child:
@@ -123,14 +83,14 @@ class Supervisor:
         self.next_watchdog = 0.0
         self.reload_asked = False  # SIGHUP seen, not yet passed on
         self.reload_deadline: float | None = None  # a reload is under way until the frontend answers
-        self.lock: addresses.RuntimeDirLock | None = None
-        self.init_instance()
+        self.instance = Instance(cfg)
+        self.instance.claim()
         try:
             shmsize.check(cfg)  # before any ring exists: a too-small /dev/shm would SIGBUS a writer later
-            self.check_state_dir()
+            self.instance.check_state_dir()
             self.init_models()
         except BaseException:
-            self.release_runtime_dir()
+            self.instance.release()
             raise
         self.children = [Child(role, name) for role, name in
                          addresses.worker_names(cfg.preprocess_workers, cfg.postprocess_workers)]
@@ -138,62 +98,18 @@ class Supervisor:
         if cfg.gateways and cfg.curve_secret_key_file:  # the gateways' own key, admitted by the frontend
             cfg.gateway_curve_key = zmq.curve_keypair()[1].decode()
 
-    def init_instance(self) -> None:
-        cfg = self.cfg
-        cfg.instance = str(os.getpid())
-        gone = shm.clean_stale(_instance_alive) + addresses.clean_stale_runtime_dirs(_instance_alive)
-        if gone:
-            log.warning("removed %d stale segments/dirs left by crashed instances: %s", len(gone),
-                        ", ".join(gone[:5]))
-        self.own_runtime_dir = not cfg.runtime_dir
-        cfg.runtime_dir = addresses.runtime_dir(cfg.instance, cfg.runtime_dir)
-        lock = addresses.RuntimeDirLock(cfg.runtime_dir)
-        try:  # before anything binds or spawns: a second instance must not join our hub
-            os.makedirs(cfg.runtime_dir, mode=0o700, exist_ok=True)
-            unsafe = addresses.unsafe_dir(cfg.runtime_dir)
-            if unsafe is not None:
-                raise ConfigError(f"invalid configuration: runtime directory {cfg.runtime_dir!r} is not safe "
-                                  f"to use: {unsafe}; remove it or set AIENG_RUNTIME_DIR to a private one")
-            lock.acquire()
-        except OSError as exc:
-            src = ("default, under the temp dir" if self.own_runtime_dir
-                   else cfg.sources.get("runtime_dir", "default"))
-            raise ConfigError(f"invalid configuration: AIENG_RUNTIME_DIR {cfg.runtime_dir!r} cannot be "
-                              f"created or used: {exc.strerror or exc} (from {src})") from None
-        self.lock = lock
-
-    def check_state_dir(self) -> None:
-        """Routing changes (automatic rollbacks too) must survive a restart: a state dir that cannot be
-        written refuses the start, instead of every change living in memory only (empty: persistence off)."""
-        cfg = self.cfg
-        why = routestore.state_dir_problem(cfg.state_dir) if cfg.state_dir else None
-        if why is not None:
-            src = cfg.sources.get("state_dir", "default")
-            raise ConfigError(f"invalid configuration: AIENG_STATE_DIR {cfg.state_dir!r} cannot be written: "
-                              f"{why} (from {src}); routing changes and automatic rollbacks would be lost at "
-                              f"a restart: set AIENG_STATE_DIR to a directory this user can write")
-
     def init_models(self) -> None:
-        only = [n.strip() for n in self.cfg.models.split(",") if n.strip()] or None
-        specs = model_repo.scan(self.cfg.model_repository, only)
-        model_repo.apply_overrides(specs, self.cfg.max_batch_size, self.cfg.max_wait_ms)
-        self.specs = {s.key: s for vs in specs.values() for s in vs.values()}
-        # Lazy versions (model-wide ``pool: {lazy: true}``) are not built at start: the frontend loads
-        # each on its first request.  ``cold`` is what no worker builds now (eviction adds back).
-        self.cold = {k for k, s in self.specs.items() if (s.extra.get("pool") or {}).get("lazy")}
-        # run-time loads not yet passed: key -> (the spec before it, was it cold) (drop_pending)
-        self.pending: dict[str, tuple[Any, bool]] = {}
-        for s in self.specs.values():
-            log.info("model %s from %s (sha256 %s)%s", s.key, s.path, s.content_hash[:16],
-                     " (lazy: loaded on first use)" if s.key in self.cold else "")
+        cfg = self.cfg
+        self.versions = VersionRecord.scan(cfg.model_repository, cfg.models, cfg.max_batch_size,
+                                           cfg.max_wait_ms)
 
     # -- processes ------------------------------------------------------------
     def spawn(self, child: Child) -> None:
         parent_conn, child_conn = self.ctx.Pipe(duplex=True)  # the child reads EOF when we die
         builds = child.role in BUILDERS  # the frontend and gateways know cold versions; builders skip them
-        spec_dicts = {k: s.to_dict() for k, s in self.specs.items() if not builds or k not in self.cold}
+        spec_dicts = self.versions.for_child(builds)
         cfg = self.cfg.to_dict()
-        cfg["cold_versions"] = sorted(self.cold)
+        cfg["cold_versions"] = sorted(self.versions.cold)
         if child.restarts:  # a restart while serving is never strict: come back with whatever loads
             cfg["strict_model_load"] = False
         child.proc = self.ctx.Process(target=run_process, name=child.name, daemon=False,
@@ -249,8 +165,8 @@ class Supervisor:
             raise
         self.init_hub()
         self.publish_state()
-        sd_notify("READY=1\nSTATUS=serving " + ", ".join(self.specs))
-        log.info("ready: %s on %s (%d preprocess, %d postprocess workers)", ", ".join(self.specs),
+        sd_notify("READY=1\nSTATUS=serving " + ", ".join(self.versions.specs))
+        log.info("ready: %s on %s (%d preprocess, %d postprocess workers)", ", ".join(self.versions.specs),
                  self.cfg.frontend_addr, self.cfg.preprocess_workers, self.cfg.postprocess_workers)
 
     def init_hub(self) -> None:
@@ -271,19 +187,9 @@ class Supervisor:
                 self.reload_deadline = None
                 sd_notify("READY=1\nSTATUS=" + msg.message)
             elif isinstance(msg, m.LoadVersion):  # a run-time load: restarted workers come up with it
-                spec = model_repo.ModelSpec.from_dict(msg.spec)
-                if msg.ready:
-                    self.pending.pop(spec.key, None)
-                elif spec.key not in self.pending:  # pending until the frontend says it passed
-                    self.pending[spec.key] = (self.specs.get(spec.key), spec.key in self.cold)
-                self.specs[spec.key] = spec
-                self.cold.discard(spec.key)
-            elif isinstance(msg, m.UnloadVersion) and msg.evict and msg.key in self.specs:
-                self.cold.add(msg.key)  # evicted by the pool: still served, loaded again on use
+                self.versions.on_load(msg)
             elif isinstance(msg, m.UnloadVersion):
-                self.specs.pop(msg.key, None)
-                self.cold.discard(msg.key)
-                self.pending.pop(msg.key, None)
+                self.versions.on_unload(msg)
             elif isinstance(msg, m.LogLevel):
                 procutil.set_level(msg.level)
                 self.cfg.log_level = msg.level  # restarted children start at the new level
@@ -375,7 +281,7 @@ class Supervisor:
                   c.name, pid, code, lived, delay)
         shm.unlink_prefix(f"{shm.PREFIX}{self.cfg.instance}.{c.name}.")
         if c.role in BUILDERS:
-            self.drop_pending(c.name, code)
+            self.versions.drop_pending(c.name, code)
         if c.conn is not None:
             c.conn.close()
         c.ready = False
@@ -387,21 +293,6 @@ class Supervisor:
             pass
         self.publish_state()
         sd_notify(f"STATUS={c.name} died (code {code}); restarting")
-
-    def drop_pending(self, name: str, code: Any) -> None:
-        """A worker died while run-time loads were pending (not yet passed): the load may be what killed it
-        (a session that does not fit the memory limit), so it is not rebuilt at the restart; the version
-        is as it was before the load (gone, or cold).  The frontend fails the load on ``WorkerDown``."""
-        for key, (before, was_cold) in self.pending.items():
-            log.error("run-time load of %s dropped: %s died (code %s) while it was pending; it is not "
-                      "rebuilt at restart", key, name, code)
-            if before is None:
-                self.specs.pop(key, None)
-            else:
-                self.specs[key] = before
-                if was_cold:
-                    self.cold.add(key)
-        self.pending.clear()
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.stopping = True
@@ -458,25 +349,8 @@ class Supervisor:
         if hasattr(self, "hub"):
             self.hub.close(0)
         gone = shm.unlink_prefix(f"{shm.PREFIX}{self.cfg.instance}.")
-        self.release_runtime_dir()
+        self.instance.release()
         log.info("stopped; unlinked %d shared-memory segments", len(gone))
-
-    def release_runtime_dir(self) -> None:
-        """Remove what is ours in the runtime dir, then drop its lock.  Only the lock's holder
-        touches the dir, so a refused second instance never removes the first one's socket."""
-        if self.lock is None:
-            return
-        if self.own_runtime_dir:
-            shutil.rmtree(self.cfg.runtime_dir, ignore_errors=True)
-        else:  # a configured dir may hold other things: remove only our sockets
-            for path in addresses.socket_files(self.cfg.runtime_dir, self.cfg.postprocess_workers):
-                try:
-                    os.unlink(path)
-                except FileNotFoundError:
-                    pass
-        self.lock.release()
-        self.lock = None
-
 
 def serve(cfg: Config) -> int:
     procutil.set_title("aieng::supervisor")

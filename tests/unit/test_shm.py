@@ -377,7 +377,7 @@ def test_holds_tells_a_live_slot_from_a_freed_or_reused_one(tmp_path):
 def test_segments_named_with_our_own_pid_are_stale_at_start():
     """In a container the supervisor is PID 1 every time: segments named after our pid, found before we
     made any, are a previous incarnation's and must go (the pod's /dev/shm outlives a container)."""
-    from aieng.runtime.supervisor import _instance_alive
+    from aieng.runtime.instance import _instance_alive
 
     mine = str(os.getpid())
     r = shm.Ring.create(shm.segment_name(mine, "pre-0", 10), 1, 4096)

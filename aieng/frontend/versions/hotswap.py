@@ -232,7 +232,7 @@ class HotSwap:
     def on_worker_down(self, worker: str, code: int) -> None:
         """A worker died while a load was under way (building, or running its golden set): the load may be
         what killed it (a session over the memory limit), so it fails, and the supervisor has dropped it
-        from the restart (``Supervisor.drop_pending``): never rebuilt, never reported ready."""
+        from the restart (``VersionRecord.drop_pending``): never rebuilt, never reported ready."""
         if not (worker == "executor" or worker.startswith(("pre-", "post-"))):  # not a builder (gateway)
             return
         for ld in list(self.loads.values()):

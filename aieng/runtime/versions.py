@@ -1,0 +1,72 @@
+"""The supervisor's record of the model versions every restarted worker must come back with.
+
+It starts as the repository's scan; the frontend's run-time ``LoadVersion`` / ``UnloadVersion`` notices
+(on the hub) keep it current, so a restarted worker builds what is served now, not what was served at
+start.  Lazy versions (model-wide ``pool: {lazy: true}``) and pool evictions are ``cold``: still served
+(the frontend and gateways know them) but built by no worker until a request loads them.  A run-time
+load is ``pending`` until the frontend says it passed (``LoadVersion.ready``); a builder's death while
+one is pending drops it (``drop_pending``): the load may be what killed it, so it is never rebuilt.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from aieng import model_repo
+from aieng.model_repo import ModelSpec
+from aieng.wire import messages as m
+
+log = logging.getLogger("aieng.runtime.supervisor")
+
+
+class VersionRecord:
+    def __init__(self, specs: dict[str, ModelSpec]):
+        self.specs = specs
+        self.cold = {k for k, s in specs.items() if (s.extra.get("pool") or {}).get("lazy")}
+        self.pending: dict[str, tuple[ModelSpec | None, bool]] = {}  # key -> (the spec before it, was cold)
+
+    @classmethod
+    def scan(cls, repository: str, models: str, max_batch_size: int, max_wait_ms: float) -> "VersionRecord":
+        only = [n.strip() for n in models.split(",") if n.strip()] or None
+        found = model_repo.scan(repository, only)
+        model_repo.apply_overrides(found, max_batch_size, max_wait_ms)
+        record = cls({s.key: s for vs in found.values() for s in vs.values()})
+        for s in record.specs.values():
+            log.info("model %s from %s (sha256 %s)%s", s.key, s.path, s.content_hash[:16],
+                     " (lazy: loaded on first use)" if s.key in record.cold else "")
+        return record
+
+    def for_child(self, builds: bool) -> dict[str, dict[str, Any]]:
+        """The spec dicts a child starts with: a builder skips cold versions, the others know them."""
+        return {k: s.to_dict() for k, s in self.specs.items() if not builds or k not in self.cold}
+
+    def on_load(self, msg: m.LoadVersion) -> None:
+        spec = ModelSpec.from_dict(msg.spec)
+        if msg.ready:
+            self.pending.pop(spec.key, None)
+        elif spec.key not in self.pending:  # pending until the frontend says it passed
+            self.pending[spec.key] = (self.specs.get(spec.key), spec.key in self.cold)
+        self.specs[spec.key] = spec
+        self.cold.discard(spec.key)
+
+    def on_unload(self, msg: m.UnloadVersion) -> None:
+        if msg.evict and msg.key in self.specs:
+            self.cold.add(msg.key)  # evicted by the pool: still served, loaded again on use
+            return
+        self.specs.pop(msg.key, None)
+        self.cold.discard(msg.key)
+        self.pending.pop(msg.key, None)
+
+    def drop_pending(self, name: str, code: Any) -> None:
+        """A builder died while run-time loads were pending: each is as it was before the load (gone, or
+        cold) and is not rebuilt at the restart.  The frontend fails the load on ``WorkerDown``."""
+        for key, (before, was_cold) in self.pending.items():
+            log.error("run-time load of %s dropped: %s died (code %s) while it was pending; it is not "
+                      "rebuilt at restart", key, name, code)
+            if before is None:
+                self.specs.pop(key, None)
+            else:
+                self.specs[key] = before
+                if was_cold:
+                    self.cold.add(key)
+        self.pending.clear()
