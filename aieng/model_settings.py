@@ -1,0 +1,112 @@
+"""A model's own settings in ``<repo>/<model>/model.yaml`` (docs/models.md): which versions serve
+(``versions`` policy), ``routing``, the lazy ``pool``, and each version's ``metadata``; all checked at the
+scan.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import yaml
+
+from aieng.model_spec import ModelError, ModelSpec
+
+
+def pool_setting(raw: Any, where: str) -> dict[str, bool]:
+    """The model-wide ``pool`` section as ``{lazy, pinned}`` (kept in every version's ``extra``)."""
+    from aieng.frontend.versions.pool import parse_setting  # pure; imported here like check_routing's parsers
+
+    try:
+        setting = parse_setting(raw, where)
+    except ValueError as exc:
+        raise ModelError(str(exc)) from None
+    return {"lazy": setting.lazy, "pinned": setting.pinned}
+
+
+METADATA_KEYS = ("created", "training_data", "metrics", "notes")
+
+
+def version_metadata(raw: Any, where: str) -> dict[str, Any]:
+    """A version's ``metadata`` (created, training_data, metrics, notes): shown, never interpreted."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or set(raw) - set(METADATA_KEYS):
+        raise ModelError(f"{where}: 'metadata' takes only {', '.join(METADATA_KEYS)}")
+    out = {k: raw[k] for k in METADATA_KEYS if k in raw}
+    for k in ("created", "training_data", "notes"):
+        if k in out:
+            out[k] = str(out[k])  # YAML reads an unquoted date as a date: keep it as written
+    metrics = out.get("metrics")
+    if metrics is not None and (not isinstance(metrics, dict) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in metrics.values())):
+        raise ModelError(f"{where}: metadata.metrics must map a name to a number")
+    if metrics is not None:
+        out["metrics"] = {str(k): v for k, v in metrics.items()}
+    return out
+
+
+MODEL_KEYS = ("versions", "routing", "pool")
+
+
+def model_settings(mdir: str) -> dict[str, Any]:
+    """The optional model-wide ``<model>/model.yaml``: ``versions`` (policy), ``routing`` and ``pool``
+    (lazy loading and eviction, frontend/versions/pool.py)."""
+    path = os.path.join(mdir, "model.yaml")
+    if not os.path.isfile(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as fh:
+            cfg = yaml.safe_load(fh) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ModelError(f"{path}: {exc}") from None
+    if not isinstance(cfg, dict) or set(cfg) - set(MODEL_KEYS):
+        raise ModelError(f"{path}: a model-wide model.yaml takes only {', '.join(MODEL_KEYS)}")
+    return cfg
+
+
+def apply_policy(policy: Any, versions: list[str], where: str) -> list[str]:
+    """The versions a policy serves: ``all`` (default), ``{latest: N}`` or a list of names."""
+    if policy is None or policy == "all":
+        return versions
+    if isinstance(policy, dict) and set(policy) == {"latest"}:
+        n = policy["latest"]
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ModelError(f"{where}: versions.latest must be an int >= 1")
+        return versions[-n:]
+    if isinstance(policy, list) and policy:
+        names = [str(v) for v in policy]
+        missing = [v for v in names if v not in versions]
+        if missing:
+            raise ModelError(f"{where}: versions lists {missing}, which have no directory")
+        return [v for v in versions if v in names]
+    raise ModelError(f"{where}: versions must be 'all', {{latest: N}} or a non-empty list of versions")
+
+
+def check_routing(raw: Any, versions: set[str], where: str) -> None:
+    """Refuse a malformed ``routing`` section at load time, naming the file."""
+    from aieng.frontend.rollout.canary import AutoRollback
+    from aieng.frontend.rollout.routing import RoutingError, build
+    from aieng.frontend.rollout.shadow import parse_config
+
+    if raw is None:
+        return
+    keys = ("weights", "rules", "groups", "allow_pinned", "auto_rollback", "shadow")
+    if not isinstance(raw, dict) or set(raw) - set(keys):
+        raise ModelError(f"{where}: routing takes {', '.join(keys)}")
+    try:
+        build(None, versions, raw.get("weights") or {latest(dict.fromkeys(versions)): 100},
+              {"rules": raw.get("rules") or [], "groups": raw.get("groups") or {}}, raw.get("allow_pinned"))
+        AutoRollback.parse(raw.get("auto_rollback"))
+        parse_config(raw.get("shadow"), versions)
+    except (RoutingError, ValueError, TypeError) as exc:
+        raise ModelError(f"{where}: routing: {exc}") from None
+
+
+def _version_key(v: str):
+    return (0, int(v), v) if v.isdigit() else (1, 0, v)
+
+
+def latest(versions: dict[str, ModelSpec]) -> str:
+    """The default version: the highest numeric one; a named one only if none is numeric."""
+    numeric = [v for v in versions if v.isdigit()]
+    return max(numeric, key=int) if numeric else max(versions)
