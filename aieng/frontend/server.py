@@ -49,6 +49,7 @@ from aieng.frontend.rollout.routestore import RouteStore, store_path
 from aieng.frontend.rollout.statewriter import StateWriter
 from aieng.frontend.versions.hotswap import GOLDEN_CLIENT, HotSwap
 from aieng.frontend.versions.poolctl import PoolControl
+from aieng.frontend.versions.rescan import rescan
 from aieng.model_repo import ModelSpec
 from aieng.runtime import procutil
 from aieng.wire import express, shm
@@ -334,7 +335,8 @@ class Frontend:
         return self.rollout.reload({name: model_repo.model_settings(d) for name, d in dirs.items()})
 
     def on_reload(self, msg: m.Reload, ident: bytes) -> None:
-        dirs = self.hotswap.rescan()  # version directories first: loads finish in the background
+        # version directories first: loads finish in the background
+        dirs = rescan(self.hotswap, self.rollout.model_dirs(), self.specs)
         moves = "; ".join(f"{k}: {', '.join(v)}" for k, v in dirs.items() if v)
         try:
             changed = self.reload_routing()

@@ -37,7 +37,8 @@ from aieng.config import Config
 from aieng.frontend.requests.clients import curve_server
 from aieng.frontend.rollout import routing, shadow
 from aieng.frontend.rollout.statewriter import RETRY_S, Ticket
-from aieng.frontend.versions.hotswap import HotSwapError
+from aieng.frontend.versions.load import HotSwapError
+from aieng.frontend.versions.rescan import rescan
 from aieng.wire import protocol as p
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -282,7 +283,7 @@ class AdminOps:
         return self.fe.hotswap.unload(*self.version_arg(req))
 
     def reload(self, req: dict) -> dict:
-        dirs = self.fe.hotswap.rescan()
+        dirs = rescan(self.fe.hotswap, self.fe.rollout.model_dirs(), self.fe.specs)
         try:
             changed = self.fe.reload_routing()
         except model_repo.ModelError as exc:

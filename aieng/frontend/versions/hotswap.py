@@ -1,45 +1,13 @@
-"""Hot swap, make-before-break: run-time load and unload of model versions, gated by golden sets.
+"""Hot swap, make-before-break: run-time load and unload of model versions, gated by golden sets
+(docs/rollout.md, section 9, has the procedure and its measurements).
 
-The frontend orchestrates; the supervisor only records (so a restarted worker
-comes up with the current set of versions); the workers build.
-
-Load (``aieng models load MODEL VERSION``, or a new directory at reload):
-  1. the directory is validated (``model_repo.load_spec``: model.yaml, the
-     model file, its content hash; a malformed ``golden.json`` refuses the
-     load) on a low-priority helper thread, so the loop keeps serving while a
-     file of tens of MB is hashed;
-  2. ``LoadVersion(spec)`` goes to the supervisor, then to the executor (it
-     builds and warms the session on a thread at ``AIENG_LOAD_PRIORITY``,
-     idle by default: the loop keeps batching other models) and the
-     postprocess workers, and to the preprocess workers **one at a time**,
-     each out of the rotation (``Workers.resting``) while it builds after the
-     tasks it already had; each answers ``VersionLoaded`` or
-     ``VersionFailed``.  A cold load (below) is ``urgent``: a request waits,
-     so every step runs at normal priority;
-  3. once every worker has it, the version's **golden set** (``golden.json``
-     in its directory, docs/models.md) runs through the real pipeline as
-     internal requests pinned to it, ``GOLDEN_WINDOW`` at a time (never
-     routed, never counted against a client);
-  4. every case within tolerance -> the version becomes *routable* (added to
-     the model's versions with weight 0: set weights or promote next).  Any
-     failure (a worker's build, a golden case, a timeout) leaves it
-     unroutable: logged, counted (``aieng_version_loads_total{outcome}``),
-     shown in ``models``/``rollout status``, and its built state released;
-     the versions that served keep serving.
-
-Unload: refused while the version has weight > 0, a rule names it, or it is
-the model's last version.  It stops being routable at once (a pinned request
-gets MODEL_NOT_FOUND), its requests in flight drain (each ends by its
-deadline at the latest), then ``UnloadVersion`` releases it everywhere.
-
-A version of a lazy model (``pool: {lazy: true}``) is in ``specs`` and routable
-while not built (*cold*); its first request loads it through this same path
-(``source="cold"``, started by ``poolctl``, which hears every ``ready`` and
-``fail``).  An eviction releases it everywhere without taking its routing.
-
-A version without ``golden.json`` becomes routable once loaded (a warning is
-logged).  Versions of models the server does not serve cannot be loaded at
-run time (a restart adds a model).
+Load: the directory is validated on a low-priority helper thread; ``LoadVersion`` goes to the supervisor
+(which records it), the executor, the postprocess workers and the preprocess workers one at a time (each
+out of the rotation while it builds); once all answered ``VersionLoaded``, the golden set runs through
+the real pipeline; every case within tolerance makes the version routable at weight 0.  Any failure
+leaves it unroutable (logged, counted, shown) and releases what was built.  A cold load (``poolctl``) is
+the same path, urgent.  Unload: refused while routed to; unroutable at once, drained, then released.
+Reload: ``rescan.py`` turns new and removed directories into loads and unloads.
 """
 from __future__ import annotations
 
@@ -47,13 +15,13 @@ import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from aieng import model_repo
 from aieng.frontend.requests.table import Request
 from aieng.frontend.rollout import routing
 from aieng.frontend.versions.golden import GOLDEN_FILE, _input, compare, read_golden  # noqa: F401 (compare: scripts)
+from aieng.frontend.versions.load import BUSY, HotSwapError, Load, _without
 from aieng.runtime.worker_hotswap import lower_priority
 from aieng.wire import messages as m
 from aieng.wire import protocol as p
@@ -66,55 +34,6 @@ LOAD_TIMEOUT_S = 300.0  # a worker that never answers a load fails it
 WORKER_ROLES = ("preprocess", "executor", "postprocess")
 GOLDEN_WINDOW = 2  # golden requests of one load in flight at once
 log = logging.getLogger("aieng.frontend.versions.hotswap")
-
-
-class HotSwapError(Exception):
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code, self.message = code, message
-
-
-def _without(weights: dict[str, float], version: str) -> dict[str, float]:
-    return {v: w for v, w in weights.items() if v != version}
-
-
-BUSY = ("validating", "loading", "golden", "draining")
-
-
-@dataclass
-class Load:
-    """One version's run-time load (or unload), as ``models``/``rollout status`` show it."""
-    name: str
-    version: str
-    source: str  # admin / reload
-    # validating -> loading -> golden -> ready | failed;  draining -> unloaded;  pool (poolctl): cold, evicted
-    state: str = "validating"
-    spec: model_repo.ModelSpec | None = None
-    future: Any = None  # the validation on the pool thread
-    started: float = field(default_factory=time.monotonic)
-    waiting: set = field(default_factory=set)  # workers that have not answered yet
-    golden: dict | None = None
-    pending: dict = field(default_factory=dict)  # golden request id -> case index
-    error: str = ""
-    seconds: float = 0.0
-    at: float = field(default_factory=time.time)
-    footprint: dict = field(default_factory=dict)  # worker -> its RSS growth building it (VersionLoaded)
-    release_pending: bool = False  # failed with its golden requests still in flight: release once they end
-    pre_queue: list = field(default_factory=list)  # preprocess workers still to build it, one at a time
-    next_case: int = 0  # the next golden case to send
-    pre_now: str = ""  # the preprocess worker building it now (out of the rotation meanwhile)
-    body: bytes = b""  # the encoded LoadVersion
-
-    def view(self) -> dict:
-        out = {"state": self.state, "source": self.source, "at": self.at, "seconds": round(self.seconds, 3),
-               "golden_cases": len(self.golden["cases"]) if self.golden else 0}
-        if self.error:
-            out["error"] = self.error
-        if self.waiting:
-            out["waiting_for"] = sorted(self.waiting)
-        if self.footprint:
-            out["footprint_bytes"] = dict(sorted(self.footprint.items()))
-        return out
 
 
 class HotSwap:
@@ -396,39 +315,6 @@ class HotSwap:
                 self.validated(ld)
             elif ld.state == "loading" and now - ld.started > LOAD_TIMEOUT_S:
                 self.fail(ld, f"no answer from {', '.join(sorted(ld.waiting))} within {LOAD_TIMEOUT_S:.0f}s")
-
-    # -- reload: the repository's directories ------------------------------------------------
-    def rescan(self) -> dict[str, list[str]]:
-        """New version directories the policy serves are loaded; versions whose directory is gone are
-        unloaded (when nothing routes to them: else logged and kept).  Returns what was started."""
-        fe = self.fe
-        started: dict[str, list[str]] = {"loading": [], "unloading": [], "kept": []}
-        for name, mdir in fe.rollout.model_dirs().items():
-            try:
-                found = [v for v in sorted(os.listdir(mdir), key=model_repo._version_key)
-                         if os.path.isfile(os.path.join(mdir, v, "model.yaml"))]
-                served = model_repo.apply_policy(model_repo.model_settings(mdir).get("versions"), found,
-                                                 os.path.join(mdir, "model.yaml"))
-            except (OSError, model_repo.ModelError) as exc:
-                log.error("reload: %s not rescanned: %s", name, exc)
-                continue
-            busy = {ld.version for ld in self.loads.values() if ld.name == name and ld.state in BUSY}
-            for v in served:
-                if v not in fe.specs[name] and v not in busy:
-                    try:
-                        self.load(name, v, "reload")
-                        started["loading"].append(f"{name}:{v}")
-                    except HotSwapError as exc:
-                        log.error("reload: %s", exc.message)
-            for v in list(fe.specs[name]):
-                if v not in found:
-                    try:
-                        self.unload(name, v, "reload")
-                        started["unloading"].append(f"{name}:{v}")
-                    except HotSwapError as exc:
-                        log.error("reload: directory of %s:%s is gone but it stays: %s", name, v, exc.message)
-                        started["kept"].append(f"{name}:{v}")
-        return started
 
     def view(self) -> dict[str, dict]:
         return {k: ld.view() for k, ld in self.loads.items()}

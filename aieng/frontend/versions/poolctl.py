@@ -47,7 +47,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from aieng.frontend.requests.table import Request
-from aieng.frontend.versions.hotswap import HotSwapError, Load
+from aieng.frontend.versions.load import HotSwapError, Load
 from aieng.frontend.versions.pool import ColdStarts, Pool, PoolSetting, cold_start_message, refusal
 from aieng.inputs import precheck
 from aieng.wire import protocol as p
@@ -66,7 +66,7 @@ def _pair(key: str) -> tuple[str, str]:
 
 def footprint_of(footprints: dict[str, int]) -> int:
     """The budgeted bytes of one load from each worker's report: the executor's GPU growth when it
-    reported one, else its RSS growth (``hotswap.Load.footprint``; GPU entries end in ``:gpu``)."""
+    reported one, else its RSS growth (``load.Load.footprint``; GPU entries end in ``:gpu``)."""
     gpu = [v for k, v in footprints.items() if "executor" in k and k.endswith(":gpu") and v > 0]
     if gpu:
         return max(gpu)

@@ -1,0 +1,53 @@
+"""Reload's part in hot swap: the repository's version directories turned into loads and unloads."""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Protocol
+
+from aieng import model_repo
+from aieng.frontend.versions.load import BUSY, HotSwapError
+
+log = logging.getLogger("aieng.frontend.versions.hotswap")
+
+
+class Swap(Protocol):
+    """What rescanning needs of ``hotswap.HotSwap``."""
+    loads: dict[str, Any]
+
+    def load(self, name: str, version: str, source: str = "admin") -> dict: ...
+
+    def unload(self, name: str, version: str, source: str = "admin") -> dict: ...
+
+
+def rescan(swap: Swap, model_dirs: dict[str, str], specs: dict[str, dict]) -> dict[str, list[str]]:
+    """New version directories the policy serves are loaded; versions whose directory is gone are
+    unloaded (when nothing routes to them: else logged and kept).  Returns what was started."""
+    started: dict[str, list[str]] = {"loading": [], "unloading": [], "kept": []}
+    for name, mdir in model_dirs.items():
+        try:
+            found = [v for v in sorted(os.listdir(mdir), key=model_repo._version_key)
+                     if os.path.isfile(os.path.join(mdir, v, "model.yaml"))]
+            served = model_repo.apply_policy(model_repo.model_settings(mdir).get("versions"), found,
+                                             os.path.join(mdir, "model.yaml"))
+        except (OSError, model_repo.ModelError) as exc:
+            log.error("reload: %s not rescanned: %s", name, exc)
+            continue
+        busy = {ld.version for ld in swap.loads.values() if ld.name == name and ld.state in BUSY}
+        for v in served:
+            if v not in specs[name] and v not in busy:
+                try:
+                    swap.load(name, v, "reload")
+                    started["loading"].append(f"{name}:{v}")
+                except HotSwapError as exc:
+                    log.error("reload: %s", exc.message)
+        for v in list(specs[name]):
+            if v not in found:
+                try:
+                    swap.unload(name, v, "reload")
+                    started["unloading"].append(f"{name}:{v}")
+                except HotSwapError as exc:
+                    log.error("reload: directory of %s:%s is gone but it stays: %s", name, v, exc.message)
+                    started["kept"].append(f"{name}:{v}")
+    return started
+
