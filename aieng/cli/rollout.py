@@ -39,16 +39,16 @@ import msgpack
 import yaml
 import zmq
 
+from aieng.wire.addresses import admin_addr
+
 _ids = itertools.count(1)
 
 
 def find_admin_addr(given: str | None) -> str:
     if given:
         return given
-    if os.environ.get("AIENG_ADMIN_ADDR"):
-        return os.environ["AIENG_ADMIN_ADDR"]
-    if os.environ.get("AIENG_RUNTIME_DIR"):
-        return "ipc://" + os.path.join(os.environ["AIENG_RUNTIME_DIR"], "admin.sock")
+    if os.environ.get("AIENG_ADMIN_ADDR") or os.environ.get("AIENG_RUNTIME_DIR"):
+        return admin_addr(os.environ.get("AIENG_ADMIN_ADDR", ""), os.environ.get("AIENG_RUNTIME_DIR", ""))
     found = sorted(glob.glob(os.path.join(tempfile.gettempdir(), "aieng.[0-9]*", "admin.sock")))
     if len(found) == 1:
         return "ipc://" + found[0]

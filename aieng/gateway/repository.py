@@ -43,6 +43,7 @@ import zmq.auth
 from aieng import model_repo
 from aieng.config import Config
 from aieng.wire import protocol as p
+from aieng.wire.addresses import admin_addr
 
 PERMISSION_DENIED = "PERMISSION_DENIED"
 DEFAULT_WAIT_S = 120.0
@@ -55,10 +56,6 @@ def denied(what: str) -> p.RequestError:
     return p.RequestError(PERMISSION_DENIED, f"repository {what} is off on this server: it is an admin "
                                              f"operation (set AIENG_OIP_REPOSITORY_CONTROL=1 to allow it, "
                                              f"or use aieng models {what} MODEL VERSION)")
-
-
-def admin_addr(cfg: Config) -> str:
-    return cfg.admin_addr or "ipc://" + os.path.join(cfg.runtime_dir, "admin.sock")
 
 
 def _version(v: Any) -> str | None:
@@ -108,7 +105,7 @@ class Repository:
             public, secret = zmq.curve_keypair()
             self.sock.curve_publickey, self.sock.curve_secretkey = public, secret
             self.sock.curve_serverkey = server_public
-        self.sock.connect(admin_addr(cfg))
+        self.sock.connect(admin_addr(cfg.admin_addr, cfg.runtime_dir))
         self.ids = itertools.count(1)
         self.waiting: dict[int, asyncio.Future] = {}
         self.reader: asyncio.Task | None = None

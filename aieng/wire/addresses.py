@@ -117,6 +117,11 @@ def hub_addr(rdir: str) -> str:
     return f"ipc://{os.path.join(rdir, 'hub.sock')}"
 
 
+def admin_addr(configured: str, rdir: str) -> str:
+    """The admin socket: ``AIENG_ADMIN_ADDR`` when set, else ``ipc://<runtime dir>/admin.sock``."""
+    return configured or f"ipc://{os.path.join(rdir, 'admin.sock')}"
+
+
 def exec_addr(rdir: str) -> str:
     return f"ipc://{os.path.join(rdir, 'executor.sock')}"
 

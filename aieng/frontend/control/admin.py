@@ -26,7 +26,6 @@ and changes nothing.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import TYPE_CHECKING, Callable
 
@@ -37,9 +36,9 @@ from aieng.config import Config
 from aieng.frontend.requests.clients import curve_server
 from aieng.frontend.rollout import routing, shadow
 from aieng.frontend.rollout.statewriter import RETRY_S, Ticket
-from aieng.frontend.versions.load import HotSwapError
 from aieng.frontend.versions.rescan import rescan
 from aieng.wire import protocol as p
+from aieng.wire.addresses import admin_addr
 
 if TYPE_CHECKING:  # pragma: no cover
     from aieng.frontend.server import Frontend
@@ -62,16 +61,6 @@ class Pending:
             f"write succeeds (retried every {RETRY_S:g}s)")}}
 
 
-class AdminError(Exception):
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code, self.message = code, message
-
-
-def admin_addr(cfg: Config) -> str:
-    return cfg.admin_addr or f"ipc://{os.path.join(cfg.runtime_dir, 'admin.sock')}"
-
-
 class AdminServer:
     def __init__(self, cfg: Config, ops: "AdminOps", log: logging.Logger):
         self.ops, self.log = ops, log
@@ -88,7 +77,7 @@ class AdminServer:
         if curve:
             self.auth = curve_server(self.ctx, self.sock, cfg.admin_curve_secret_key_file,
                                      cfg.admin_curve_client_keys_dir)
-        self.addr = admin_addr(cfg)
+        self.addr = admin_addr(cfg.admin_addr, cfg.runtime_dir)
         try:
             self.sock.bind(self.addr)
         except zmq.ZMQError as exc:
@@ -135,18 +124,16 @@ class AdminOps:
             try:
                 req = p.unpack_limited(body, MAX_ADMIN_BYTES)
             except Exception as exc:
-                raise AdminError(p.INVALID_REQUEST, f"malformed msgpack: {type(exc).__name__}") from None
+                raise p.RequestError(p.INVALID_REQUEST, f"malformed msgpack: {type(exc).__name__}") from None
             if not isinstance(req, dict):
-                raise AdminError(p.INVALID_REQUEST, "an admin request must be a msgpack map")
+                raise p.RequestError(p.INVALID_REQUEST, "an admin request must be a msgpack map")
             req_id = req.get("id") if p.valid_id(req.get("id")) else None
             fn = self.table.get(req.get("op")) if isinstance(req.get("op"), str) else None
             if fn is None:
-                raise AdminError(p.INVALID_REQUEST, f"unknown admin op {req.get('op')!r} "
+                raise p.RequestError(p.INVALID_REQUEST, f"unknown admin op {req.get('op')!r} "
                                                     f"(have {', '.join(self.table)})")
             out = fn(req)
-        except AdminError as exc:
-            return {"id": req_id, "ok": False, "error": {"code": exc.code, "message": exc.message}}
-        except HotSwapError as exc:
+        except p.RequestError as exc:
             return {"id": req_id, "ok": False, "error": {"code": exc.code, "message": exc.message}}
         except routing.RoutingError as exc:
             return {"id": req_id, "ok": False, "error": {"code": p.INVALID_REQUEST, "message": str(exc)}}
@@ -163,7 +150,7 @@ class AdminOps:
         name = req.get("model")
         m = self.fe.rollout.models.get(name) if isinstance(name, str) else None
         if m is None:
-            raise AdminError(p.MODEL_NOT_FOUND, f"unknown model {name!r} "
+            raise p.RequestError(p.MODEL_NOT_FOUND, f"unknown model {name!r} "
                                                 f"(serving {', '.join(sorted(self.fe.rollout.models))})")
         return m
 
@@ -172,7 +159,7 @@ class AdminOps:
         targets = {v for v, w in new.weights.items() if w > 0} | {r.version for r in new.rules}
         for v in sorted(targets):
             if f"{m.name}:{v}" in failed:  # routing to it would answer UNAVAILABLE
-                raise AdminError(p.INVALID_REQUEST, f"version {v} of {m.name!r} is not loaded "
+                raise p.RequestError(p.INVALID_REQUEST, f"version {v} of {m.name!r} is not loaded "
                                                     f"({failed[f'{m.name}:{v}']}); nothing changed")
         before = m.state
         if new.routes_as(before):  # nothing to change or log: no history entry either
@@ -225,7 +212,7 @@ class AdminOps:
         m = self.model(req)
         rules = {"rules": req.get("rules"), "groups": req.get("groups")}
         if rules["rules"] is None:
-            raise AdminError(p.INVALID_REQUEST, "set_rules needs 'rules' (a list; [] removes every rule)")
+            raise p.RequestError(p.INVALID_REQUEST, "set_rules needs 'rules' (a list; [] removes every rule)")
         new = routing.build(m.state, m.versions, rules=rules, allow_pinned=req.get("allow_pinned"),
                             reason="set_rules")
         return self.commit(m, new, "set_rules")
@@ -235,7 +222,7 @@ class AdminOps:
         version = req.get("version")
         version = str(version) if isinstance(version, int) and not isinstance(version, bool) else version
         if version not in m.versions:
-            raise AdminError(p.MODEL_NOT_FOUND, f"model {m.name!r} has no version {version!r}")
+            raise p.RequestError(p.MODEL_NOT_FOUND, f"model {m.name!r} has no version {version!r}")
         weights = {v: (100.0 if v == version else 0.0) for v in m.state.weights}
         weights[version] = 100.0
         new = routing.build(m.state, m.versions, weights, reason=f"promote {version}")
@@ -244,7 +231,8 @@ class AdminOps:
     def rollback(self, req: dict) -> Pending:
         m = self.model(req)
         if not m.history:
-            raise AdminError(p.INVALID_REQUEST, f"model {m.name!r} has no previous routing to roll back to")
+            raise p.RequestError(p.INVALID_REQUEST,
+                                 f"model {m.name!r} has no previous routing to roll back to")
         ticket = self.fe.rollout.rollback(m)
         self.fe.log.warning("routing of %s rolled back: weights %s", m.name, m.state.weights)
         return Pending(ticket, {"model": m.name, "routing": routing_view(m.state)})
@@ -256,7 +244,7 @@ class AdminOps:
                                     if k in req}, m.versions)
         failed = self.fe.failed_models().get(f"{m.name}:{conf.version}")
         if failed is not None:
-            raise AdminError(p.INVALID_REQUEST, f"version {conf.version} of {m.name!r} is not loaded "
+            raise p.RequestError(p.INVALID_REQUEST, f"version {conf.version} of {m.name!r} is not loaded "
                                                 f"({failed}); nothing changed")
         new = routing.build(m.state, m.versions, reason=f"shadow on: {conf.percent:g}% to {conf.version}",
                             shadow=conf)
@@ -265,7 +253,7 @@ class AdminOps:
     def shadow_off(self, req: dict) -> Pending:
         m = self.model(req)
         if m.state.shadow is None:
-            raise AdminError(p.INVALID_REQUEST, f"model {m.name!r} has no shadow traffic to turn off")
+            raise p.RequestError(p.INVALID_REQUEST, f"model {m.name!r} has no shadow traffic to turn off")
         return self.commit(m, routing.build(m.state, m.versions, reason="shadow off", shadow=None),
                            "shadow_off")
 
@@ -273,7 +261,7 @@ class AdminOps:
         name, version = req.get("model"), req.get("version")
         version = str(version) if isinstance(version, int) and not isinstance(version, bool) else version
         if not isinstance(name, str) or not isinstance(version, str) or not version:
-            raise AdminError(p.INVALID_REQUEST, "load/unload need 'model' and 'version' (strings)")
+            raise p.RequestError(p.INVALID_REQUEST, "load/unload need 'model' and 'version' (strings)")
         return name, version
 
     def load(self, req: dict) -> dict:
@@ -287,7 +275,7 @@ class AdminOps:
         try:
             changed = self.fe.reload_routing()
         except model_repo.ModelError as exc:
-            raise AdminError(p.INVALID_REQUEST, f"{exc}; nothing changed") from None
+            raise p.RequestError(p.INVALID_REQUEST, f"{exc}; nothing changed") from None
         return {"changed": changed, "versions": dirs}
 
 

@@ -21,7 +21,7 @@ from aieng import model_repo
 from aieng.frontend.requests.table import Request
 from aieng.frontend.rollout import routing
 from aieng.frontend.versions.golden import GOLDEN_FILE, _input, compare, read_golden  # noqa: F401 (compare: scripts)
-from aieng.frontend.versions.load import BUSY, HotSwapError, Load, _without
+from aieng.frontend.versions.load import BUSY, Load, _without
 from aieng.runtime.worker_hotswap import lower_priority
 from aieng.wire import messages as m
 from aieng.wire import protocol as p
@@ -52,19 +52,19 @@ class HotSwap:
     def load(self, name: str, version: str, source: str = "admin") -> dict:
         fe = self.fe
         if name not in fe.specs:
-            raise HotSwapError(p.MODEL_NOT_FOUND, f"unknown model {name!r}: only versions of served models "
+            raise p.RequestError(p.MODEL_NOT_FOUND, f"unknown model {name!r}: only versions of served models "
                                                   f"load at run time (serving {', '.join(sorted(fe.specs))})")
         key = f"{name}:{version}"
         cur = self.loads.get(key)
         if version in fe.specs[name] and not fe.poolctl.is_cold(key):
-            raise HotSwapError(p.INVALID_REQUEST, f"{key} is loaded already")
+            raise p.RequestError(p.INVALID_REQUEST, f"{key} is loaded already")
         if cur is not None and cur.state in BUSY:
-            raise HotSwapError(p.INVALID_REQUEST, f"{key} is {cur.state} already")
+            raise p.RequestError(p.INVALID_REQUEST, f"{key} is {cur.state} already")
         mdir = fe.rollout.model_dirs()[name]
         vdir = os.path.join(mdir, version)
         if not version or os.sep in version or version.startswith(".") or not os.path.isfile(
                 os.path.join(vdir, "model.yaml")):
-            raise HotSwapError(p.MODEL_NOT_FOUND, f"no version directory {vdir} with a model.yaml")
+            raise p.RequestError(p.MODEL_NOT_FOUND, f"no version directory {vdir} with a model.yaml")
         if fe.poolctl.is_cold(key):  # a lazy model's version: evict to fit the budget first (or refuse)
             fe.poolctl.make_room(key)
         # Validating hashes the model file (tens of MB: 100+ ms): on a thread, so the loop keeps serving
@@ -262,19 +262,19 @@ class HotSwap:
         fe = self.fe
         model = fe.rollout.models.get(name)
         if model is None:
-            raise HotSwapError(p.MODEL_NOT_FOUND, f"unknown model {name!r}")
+            raise p.RequestError(p.MODEL_NOT_FOUND, f"unknown model {name!r}")
         key = f"{name}:{version}"
         if version not in fe.specs[name]:
-            raise HotSwapError(p.MODEL_NOT_FOUND, f"model {name!r} has no loaded version {version!r}")
+            raise p.RequestError(p.MODEL_NOT_FOUND, f"model {name!r} has no loaded version {version!r}")
         state = model.state
         if len(fe.specs[name]) == 1:
-            raise HotSwapError(p.INVALID_REQUEST, f"{key} is the model's last version")
+            raise p.RequestError(p.INVALID_REQUEST, f"{key} is the model's last version")
         if state.weights.get(version, 0) > 0:
-            raise HotSwapError(p.INVALID_REQUEST, f"{key} has weight {state.weights[version]:g}%: set it to "
-                                                  f"0 first (aieng rollout set-weights); nothing changed")
+            raise p.RequestError(p.INVALID_REQUEST, f"{key} has weight {state.weights[version]:g}%: set it to 0 "
+                                 "first (aieng rollout set-weights); nothing changed")
         named = [r.name for r in state.rules if r.version == version]
         if named:
-            raise HotSwapError(p.INVALID_REQUEST, f"{key} is named by rules {named}: change them first; "
+            raise p.RequestError(p.INVALID_REQUEST, f"{key} is named by rules {named}: change them first; "
                                                   f"nothing changed")
         spec = fe.specs[name].pop(version)  # no longer pinnable
         model.versions.discard(version)

@@ -1,5 +1,5 @@
 """One version's run-time load or unload as the frontend tracks it (``Load``: its state, its workers still
-building, its golden requests, its footprints) and the error a refused one raises (``HotSwapError``)."""
+building, its golden requests, its footprints)."""
 from __future__ import annotations
 
 import time
@@ -8,12 +8,6 @@ from typing import Any
 
 from aieng import model_repo
 from aieng.frontend.versions.golden import GOLDEN_FILE, _input, compare, read_golden  # noqa: F401 (compare: scripts)
-
-
-class HotSwapError(Exception):
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code, self.message = code, message
 
 
 def _without(weights: dict[str, float], version: str) -> dict[str, float]:

@@ -47,7 +47,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from aieng.frontend.requests.table import Request
-from aieng.frontend.versions.load import HotSwapError, Load
+from aieng.frontend.versions.load import Load
 from aieng.frontend.versions.pool import ColdStarts, Pool, PoolSetting, cold_start_message, refusal
 from aieng.inputs import precheck
 from aieng.wire import protocol as p
@@ -139,13 +139,13 @@ class PoolControl:
     def begin_load(self, key: str) -> None:
         try:
             self.fe.hotswap.load(*_pair(key), source="cold")  # which makes room first (make_room)
-        except HotSwapError as exc:
+        except p.RequestError as exc:
             self.release_waiters(key, p.UNAVAILABLE,
                                  f"model {key} cannot be loaded (cold start): {exc.message}")
 
     def make_room(self, key: str) -> None:
         """Before any load of a cold version (a request's, or ``aieng models load``): evict what the
-        plan says and reserve the load's estimate, or raise ``HotSwapError`` naming the budget."""
+        plan says and reserve the load's estimate, or raise ``protocol.RequestError`` naming the budget."""
         fe, pk, now = self.fe, _pair(key), time.monotonic()
         need = self.estimate(pk, now)
         self.pool.set_inflight({_pair(k): n for k, n in fe.table.per_model().items()})
@@ -154,7 +154,7 @@ class PoolControl:
             why = refusal(pk[0], pk[1], need, self.pool.budget, self.pool.stuck(pk, now), self.pool.warm_s,
                           self.pool.retry_in(pk, now))
             self.log_refusal(key, why, now)
-            raise HotSwapError(p.UNAVAILABLE, why)
+            raise p.RequestError(p.UNAVAILABLE, why)
         for victim in victims:
             self.evict(f"{victim[0]}:{victim[1]}", for_key=key)
         self.pool.reserve(pk, need)

@@ -6,7 +6,8 @@ import os
 from typing import Any, Protocol
 
 from aieng import model_repo
-from aieng.frontend.versions.load import BUSY, HotSwapError
+from aieng.frontend.versions.load import BUSY
+from aieng.wire import protocol as p
 
 log = logging.getLogger("aieng.frontend.versions.hotswap")
 
@@ -39,14 +40,14 @@ def rescan(swap: Swap, model_dirs: dict[str, str], specs: dict[str, dict]) -> di
                 try:
                     swap.load(name, v, "reload")
                     started["loading"].append(f"{name}:{v}")
-                except HotSwapError as exc:
+                except p.RequestError as exc:
                     log.error("reload: %s", exc.message)
         for v in list(specs[name]):
             if v not in found:
                 try:
                     swap.unload(name, v, "reload")
                     started["unloading"].append(f"{name}:{v}")
-                except HotSwapError as exc:
+                except p.RequestError as exc:
                     log.error("reload: directory of %s:%s is gone but it stays: %s", name, v, exc.message)
                     started["kept"].append(f"{name}:{v}")
     return started
