@@ -270,8 +270,8 @@ class HotSwap:
         if len(fe.specs[name]) == 1:
             raise p.RequestError(p.INVALID_REQUEST, f"{key} is the model's last version")
         if state.weights.get(version, 0) > 0:
-            raise p.RequestError(p.INVALID_REQUEST, f"{key} has weight {state.weights[version]:g}%: set it to 0 "
-                                 "first (aieng rollout set-weights); nothing changed")
+            raise p.RequestError(p.INVALID_REQUEST, f"{key} has weight {state.weights[version]:g}%: set "
+                                 "it to 0 first (aieng rollout set-weights); nothing changed")
         named = [r.name for r in state.rules if r.version == version]
         if named:
             raise p.RequestError(p.INVALID_REQUEST, f"{key} is named by rules {named}: change them first; "
