@@ -18,65 +18,75 @@ from aieng import envs
 INTERNAL = ("instance", "sources", "gateway_curve_key", "cold_versions")
 
 
+def _default(name: str, neutral: Any = None) -> Any:
+    """A field's default, from its ``envs.REGISTRY`` entry (the one place defaults are written).  Where the
+    registry computes it from the machine (worker counts from the CPUs, the state dir from $HOME),
+    ``load_config`` does so; a ``Config`` built directly (tests, tools) gets ``neutral`` instead."""
+    var = envs.BY_FIELD[name]
+    if callable(var.default):
+        return neutral
+    return var.default
+
+
 @dataclass
 class Config:
-    frontend_addr: str = "tcp://127.0.0.1:5555"
-    http_addr: str = "127.0.0.1:8000"
-    oip_http_addr: str = "127.0.0.1:8080"
-    oip_grpc_addr: str = "127.0.0.1:8081"
-    gateway_workers: int = 1
-    oip_repository_control: bool = False
-    model_repository: str = "models"
-    models: str = ""
-    preprocess_workers: int = 1
-    postprocess_workers: int = 1
-    max_batch_size: int = 0
-    max_wait_ms: float = -1.0
-    device: str = "auto"
-    executor_lanes: int = 1
-    idle_wide_runs: bool = True
-    idle_wide_spinning: bool = False
-    inline_postprocess_us: int = 200
-    inline_preprocess_bytes: int = 4096
-    intra_op_threads: int = 0
-    ort_spinning: bool = False
-    worker_nice: int = 0
-    executor_cpus: str = ""
-    worker_cpus: str = ""
-    max_inflight: int = 256
-    max_message_bytes: int = 32 * 1024 * 1024
-    default_timeout_ms: int = 30000
-    max_timeout_ms: int = 300000
-    breaker_failures: int = 5
-    breaker_cooldown_s: float = 5.0
-    cache_bytes: int = 0
-    model_memory_budget: int = 0
-    pool_warm_s: float = 30.0
-    pool_remeasure_s: float = 60.0
-    load_priority: str = "idle"
-    curve_secret_key_file: str = ""
-    curve_client_keys_dir: str = ""
-    admin_addr: str = ""
-    admin_curve_secret_key_file: str = ""
-    admin_curve_client_keys_dir: str = ""
-    state_dir: str = ""
-    shm_slot_bytes: int = 1 << 20
-    shm_slots: int = 0
-    drain_grace_s: float = 10.0
-    startup_timeout_s: float = 120.0
-    hang_timeout_s: float = 30.0
-    runtime_dir: str = ""
-    max_inflight_per_client: int = 0
-    client_rate_limit: float = 0.0
-    client_send_queue: int = 1000
-    max_ops_per_s: int = 200
-    http_token_file: str = ""
-    http_threads: int = 4
-    http_timeout_s: float = 5.0
-    snapshot_ms: int = 500
-    strict_model_load: bool = True
-    log_level: str = "INFO"
-    log_format: str = "json"
+    frontend_addr: str = _default("frontend_addr")
+    http_addr: str = _default("http_addr")
+    oip_http_addr: str = _default("oip_http_addr")
+    oip_grpc_addr: str = _default("oip_grpc_addr")
+    gateway_workers: int = _default("gateway_workers")
+    oip_repository_control: bool = _default("oip_repository_control")
+    model_repository: str = _default("model_repository")
+    models: str = _default("models")
+    preprocess_workers: int = _default("preprocess_workers", neutral=1)
+    postprocess_workers: int = _default("postprocess_workers", neutral=1)
+    max_batch_size: int = _default("max_batch_size")
+    max_wait_ms: float = _default("max_wait_ms")
+    device: str = _default("device")
+    executor_lanes: int = _default("executor_lanes", neutral=1)
+    idle_wide_runs: bool = _default("idle_wide_runs")
+    idle_wide_spinning: bool = _default("idle_wide_spinning")
+    inline_postprocess_us: int = _default("inline_postprocess_us")
+    inline_preprocess_bytes: int = _default("inline_preprocess_bytes")
+    intra_op_threads: int = _default("intra_op_threads")
+    ort_spinning: bool = _default("ort_spinning")
+    worker_nice: int = _default("worker_nice")
+    executor_cpus: str = _default("executor_cpus")
+    worker_cpus: str = _default("worker_cpus")
+    max_inflight: int = _default("max_inflight")
+    max_message_bytes: int = _default("max_message_bytes")
+    default_timeout_ms: int = _default("default_timeout_ms")
+    max_timeout_ms: int = _default("max_timeout_ms")
+    breaker_failures: int = _default("breaker_failures")
+    breaker_cooldown_s: float = _default("breaker_cooldown_s")
+    cache_bytes: int = _default("cache_bytes")
+    model_memory_budget: int = _default("model_memory_budget")
+    pool_warm_s: float = _default("pool_warm_s")
+    pool_remeasure_s: float = _default("pool_remeasure_s")
+    load_priority: str = _default("load_priority")
+    curve_secret_key_file: str = _default("curve_secret_key_file")
+    curve_client_keys_dir: str = _default("curve_client_keys_dir")
+    admin_addr: str = _default("admin_addr")
+    admin_curve_secret_key_file: str = _default("admin_curve_secret_key_file")
+    admin_curve_client_keys_dir: str = _default("admin_curve_client_keys_dir")
+    state_dir: str = _default("state_dir", neutral="")
+    shm_slot_bytes: int = _default("shm_slot_bytes")
+    shm_slots: int = _default("shm_slots")
+    drain_grace_s: float = _default("drain_grace_s")
+    startup_timeout_s: float = _default("startup_timeout_s")
+    hang_timeout_s: float = _default("hang_timeout_s")
+    runtime_dir: str = _default("runtime_dir")
+    max_inflight_per_client: int = _default("max_inflight_per_client")
+    client_rate_limit: float = _default("client_rate_limit")
+    client_send_queue: int = _default("client_send_queue")
+    max_ops_per_s: int = _default("max_ops_per_s")
+    http_token_file: str = _default("http_token_file")
+    http_threads: int = _default("http_threads")
+    http_timeout_s: float = _default("http_timeout_s")
+    snapshot_ms: int = _default("snapshot_ms")
+    strict_model_load: bool = _default("strict_model_load")
+    log_level: str = _default("log_level")
+    log_format: str = _default("log_format")
     # Filled in by the supervisor, not by users.
     instance: str = ""
     # z85 CURVE secret key the OIP gateways connect with, made per instance by the supervisor when the

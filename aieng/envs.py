@@ -258,3 +258,5 @@ def markdown_table() -> str:
 
 if __name__ == "__main__":  # pragma: no cover
     print(markdown_table())
+
+BY_FIELD: dict[str, EnvVar] = {v.field: v for v in REGISTRY}
