@@ -40,16 +40,11 @@ DONE_ADDR = "inproc://baseline-done"
 
 class Baseline:
     def __init__(self, model: str, repo: str, threads: int, spinning: bool = True):
-        from aieng.gpu_executor.sessions import ModelSession
-        from aieng.postprocess_workers.chain import Chain
-        from aieng.preprocess_workers.processors import PROCESSORS
-        from aieng.tools.bench_limit import load_spec
+        from aieng.tools.inprocess import InProcessModel, load_spec
 
-        self.spec = load_spec(model, repo)
-        self.pre = PROCESSORS[self.spec.preprocess["type"]](self.spec)
-        self.post = Chain(self.spec)
-        self.sess = ModelSession(self.spec, "auto", threads, spinning, stop_spinning=False)  # ORT's defaults
-        self.sess.warmup()
+        self.model = InProcessModel(load_spec(model, repo))
+        self.spec = self.model.spec
+        self.sess = self.model.session(threads, spinning)  # ORT's defaults, as a user's script has them
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="baseline")
         self.ctx = zmq.Context.instance()
         self.local = threading.local()
@@ -64,10 +59,7 @@ class Baseline:
             if req.get("model") != self.spec.name or req.get("version") not in (None, self.spec.version):
                 raise p.RequestError(p.MODEL_NOT_FOUND, f"this baseline serves only {self.spec.key}")
             inputs = validate_inputs(self.spec, req.get("inputs"))
-            tensors, size, _info = self.pre.process(inputs)
-            feeds, sizes = self.sess.feeds_from([dict(tensors)])
-            outs = self.sess.run(feeds)
-            result = self.post(dict(self.sess.request_outputs(outs, 0, sizes[0])), req.get("params") or {})
+            [result] = self.model.answer(self.sess, [self.model.pre.process(inputs)], req.get("params"))
         except p.RequestError as exc:
             return p.error_body(req_id, exc.code, exc.message)
         except Exception as exc:  # a bug or a bad input the processor did not anticipate: this request only

@@ -29,61 +29,32 @@ from typing import Any
 
 import numpy as np
 
+from aieng.tools.inprocess import InProcessModel, load_spec
+
 BATCHES = (1, 4, 8, 16, 32)
-
-
-def load_spec(model: str, repo: str):
-    from aieng.model_repo import latest, scan
-
-    versions = scan(repo, [model])[model]
-    return versions[latest(versions)]
 
 
 class InProcess:
     def __init__(self, model: str, repo: str, inputs: list[dict], threads: int, row_seconds: float = 5.0):
-        from aieng.postprocess_workers.chain import Chain
-        from aieng.preprocess_workers.processors import PROCESSORS
-
-        self.spec = load_spec(model, repo)
-        self.pre = PROCESSORS[self.spec.preprocess["type"]](self.spec)
-        self.post = Chain(self.spec)
+        self.model = InProcessModel(load_spec(model, repo))
+        self.spec = self.model.spec
         self.inputs = inputs
         self.threads = threads
         self.row_seconds = row_seconds
         self.max_batch = int(self.spec.batching["max_batch_size"])
-        self.sessions: dict[tuple[int, bool], Any] = {}
         self.arrival = list(range(len(inputs)))
-        lengths = [e[1] for e in self.encode(inputs)]
+        lengths = [e[1] for e in self.model.encode(inputs)]
         self.by_len = sorted(self.arrival, key=lambda i: lengths[i])
-
-    def session(self, threads: int, spinning: bool):
-        from aieng.gpu_executor.sessions import ModelSession
-
-        key = (threads, spinning)
-        if key not in self.sessions:
-            sess = ModelSession(self.spec, "auto", threads, spinning, stop_spinning=False)
-            sess.warmup()
-            self.sessions[key] = sess
-        return self.sessions[key]
-
-    def encode(self, items: list[dict]) -> list:
-        if getattr(self.pre, "batchable", False):
-            return self.pre.process_many([self.pre.check(i) for i in items])
-        return [self.pre.process(i) for i in items]
 
     def run(self, batch: int, order: list[int], threads: int, spinning: bool) -> tuple[float, float]:
         """``(requests/s, CPU ms/request)`` for ``order`` pushed through ``batch`` at a time
         (or as much of it as fits in ``row_seconds``)."""
-        sess = self.session(threads, spinning)
+        sess = self.model.session(threads, spinning)
         c0, t0 = time.process_time(), time.perf_counter()
         done = 0
         for s in range(0, len(order), batch):
-            encs = self.encode([self.inputs[i] for i in order[s:s + batch]])
-            feeds, sizes = sess.feeds_from([dict(e[0]) for e in encs])
-            outs = sess.run(feeds)
-            for row in range(len(encs)):
-                self.post(dict(sess.request_outputs(outs, row, sizes[row])), {})
-            done += len(encs)
+            encoded = self.model.encode([self.inputs[i] for i in order[s:s + batch]])
+            done += len(self.model.answer(sess, encoded))
             if time.perf_counter() - t0 > self.row_seconds:
                 break
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -91,7 +62,7 @@ class InProcess:
 
     def run_lanes(self, batch: int, order: list[int], lanes: int) -> tuple[float, float]:
         """Like ``run``, with ``lanes`` threads taking batches in turn, on one 1-thread session."""
-        sess = self.session(1, False)
+        sess = self.model.session(1, False)
         chunks = [order[s:s + batch] for s in range(0, len(order), batch)]
         nxt, done, lock = [0], [0], threading.Lock()
         c0, t0 = time.process_time(), time.perf_counter()
@@ -103,13 +74,9 @@ class InProcess:
                     nxt[0] += 1
                 if i >= len(chunks):
                     return
-                encs = self.encode([self.inputs[j] for j in chunks[i]])
-                feeds, sizes = sess.feeds_from([dict(e[0]) for e in encs])
-                outs = sess.run(feeds)
-                for row in range(len(encs)):
-                    self.post(dict(sess.request_outputs(outs, row, sizes[row])), {})
+                rows = self.model.answer(sess, self.model.encode([self.inputs[j] for j in chunks[i]]))
                 with lock:
-                    done[0] += len(encs)
+                    done[0] += len(rows)
 
         threads = [threading.Thread(target=lane) for _ in range(lanes)]
         for t in threads:
