@@ -201,3 +201,11 @@ def save_tensor_model(repo, name: str, graph, version: str = "1", input_name: st
         f"inputs: [{{name: {input_name}, kind: tensor}}]\noutputs: [{{name: y, kind: tensor}}]\n"
         "preprocess: {type: tensor}\npostprocess: {type: tensor}\n"
         "batching: {max_batch_size: 1, max_wait_ms: 0}\n")
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    """Every test under tests/e2e starts the real server: marked ``e2e``, so ``-m "not e2e"`` runs the
+    unit and component tests alone (about a minute)."""
+    for item in items:
+        if f"{os.sep}e2e{os.sep}" in str(item.fspath):
+            item.add_marker(pytest.mark.e2e)
