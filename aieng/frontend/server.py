@@ -52,6 +52,7 @@ from aieng.frontend.versions.poolctl import PoolControl
 from aieng.frontend.versions.rescan import rescan
 from aieng.model_repo import ModelSpec
 from aieng.runtime import procutil
+from aieng.runtime.hub import dispatch
 from aieng.wire import express, shm
 from aieng.wire import messages as m
 from aieng.wire import protocol as p
@@ -183,19 +184,7 @@ class Frontend:
             self.dispatch(data, b"executor")
 
     def dispatch(self, data, ident: bytes) -> None:
-        try:
-            msg = m.decode(data)
-        except Exception as exc:
-            self.log.error("undecodable hub message from %r: %s: %s", ident, type(exc).__name__, exc)
-            return
-        handler = self.handlers.get(type(msg))
-        if handler is None:
-            self.log.warning("no handler for %s from %r", type(msg).__name__, ident)
-            return
-        try:
-            handler(msg, ident)
-        except Exception:  # one bad message must not take the frontend (and every client) down
-            self.log.exception("%s handler failed (from %r)", type(msg).__name__, ident)
+        dispatch(data, self.handlers, self.log, repr(ident), ident)
 
     def drain_clients(self) -> None:
         for _ in range(1000):

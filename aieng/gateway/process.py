@@ -38,11 +38,12 @@ from aieng.gateway.service import Service
 from aieng.gateway.upstream import Upstream
 from aieng.model_repo import ModelSpec
 from aieng.runtime import procutil
+from aieng.runtime.hub import HEARTBEAT_S, dispatch
 from aieng.wire import messages as m
 from aieng.wire.addresses import hub_addr
 
 TICK_S = 0.1
-HEARTBEAT_S = 1.0
+HUB_HANDLERS = {m.LogLevel: lambda msg: procutil.set_level(msg.level)}
 DRAIN_S = 2.0
 IDLE_FACTOR = 12  # an idle keep-alive connection may stay 12 x AIENG_HTTP_TIMEOUT_S (60 s by default)
 
@@ -149,14 +150,10 @@ class Gateway:
     def _read_hub(self) -> None:
         while True:
             try:
-                msg = m.decode(self.hub.recv(zmq.NOBLOCK))
+                data = self.hub.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            except Exception as exc:  # never the gateway's death
-                self.log.error("undecodable hub message skipped: %s", exc)
-                continue
-            if isinstance(msg, m.LogLevel):
-                procutil.set_level(msg.level)
+            dispatch(data, HUB_HANDLERS, self.log, "the frontend")
 
     def close(self) -> None:
         self.upstream.close()

@@ -25,6 +25,7 @@ import zmq
 from aieng import model_repo
 from aieng.config import Config
 from aieng.runtime import procutil
+from aieng.runtime.hub import dispatch
 from aieng.runtime.instance import ConfigError, Instance
 from aieng.runtime.versions import VersionRecord
 from aieng.runtime.worker import run_process
@@ -170,6 +171,10 @@ class Supervisor:
                  self.cfg.frontend_addr, self.cfg.preprocess_workers, self.cfg.postprocess_workers)
 
     def init_hub(self) -> None:
+        self.hub_handlers = {m.Pulse: self.on_pulse, m.Reloaded: self.on_reloaded,
+                             m.LogLevel: self.on_log_level,
+                             m.LoadVersion: self.versions.on_load,  # restarted workers come up with it
+                             m.UnloadVersion: self.versions.on_unload}
         self.zctx = zmq.Context.instance()
         self.hub = procutil.hub_socket(self.zctx, addresses.hub_addr(self.cfg.runtime_dir), "supervisor")
         self.hub_fd = self.hub.getsockopt(zmq.FD)  # edge-triggered: always drain after a wake-up
@@ -177,22 +182,22 @@ class Supervisor:
     def read_hub(self) -> None:
         while True:
             try:
-                msg = m.decode(self.hub.recv(zmq.NOBLOCK))
+                data = self.hub.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            if isinstance(msg, m.Pulse):
-                self.pulse, self.pulse_at = msg, time.monotonic()
-            elif isinstance(msg, m.Reloaded):
-                (log.info if msg.ok else log.error)("reload: %s", msg.message)
-                self.reload_deadline = None
-                sd_notify("READY=1\nSTATUS=" + msg.message)
-            elif isinstance(msg, m.LoadVersion):  # a run-time load: restarted workers come up with it
-                self.versions.on_load(msg)
-            elif isinstance(msg, m.UnloadVersion):
-                self.versions.on_unload(msg)
-            elif isinstance(msg, m.LogLevel):
-                procutil.set_level(msg.level)
-                self.cfg.log_level = msg.level  # restarted children start at the new level
+            dispatch(data, self.hub_handlers, log, "the frontend")
+
+    def on_pulse(self, msg: m.Pulse) -> None:
+        self.pulse, self.pulse_at = msg, time.monotonic()
+
+    def on_reloaded(self, msg: m.Reloaded) -> None:
+        (log.info if msg.ok else log.error)("reload: %s", msg.message)
+        self.reload_deadline = None
+        sd_notify("READY=1\nSTATUS=" + msg.message)
+
+    def on_log_level(self, msg: m.LogLevel) -> None:
+        procutil.set_level(msg.level)
+        self.cfg.log_level = msg.level  # restarted children start at the new level
 
     def watchdog(self, now: float) -> None:
         """WATCHDOG=1 only while the frontend reports a healthy pipeline, recently."""

@@ -32,6 +32,7 @@ import zmq
 from aieng.config import Config
 from aieng.model_repo import ModelSpec
 from aieng.runtime import procutil
+from aieng.runtime.hub import HEARTBEAT_S, dispatch
 from aieng.wire import messages as m
 from aieng.wire import shm, shmsize
 from aieng.wire.addresses import hub_addr
@@ -45,7 +46,6 @@ ROLES = {
     "postprocess": "aieng.postprocess_workers.worker:PostprocessWorker",
     "gateway": "aieng.gateway.process:Gateway",
 }
-HEARTBEAT_S = 1.0
 
 
 def role_class(role: str) -> type:
@@ -153,19 +153,7 @@ class HubWorker:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            try:
-                msg = m.decode(frames[0].buffer)
-            except Exception as exc:  # never the worker's death: the request times out at the frontend
-                self.log.error("undecodable message skipped: %s: %s", type(exc).__name__, exc)
-                continue
-            handler = self.handlers.get(type(msg))
-            if handler is None:
-                self.log.warning("unexpected message %s", type(msg).__name__)
-                continue
-            try:
-                handler(msg, frames)
-            except Exception:  # a malformed internal message costs its request, never the worker
-                self.log.exception("%s handler failed", type(msg).__name__)
+            dispatch(frames[0].buffer, self.handlers, self.log, "the hub", frames)
 
     def heartbeat(self) -> None:
         now = time.monotonic()
