@@ -95,7 +95,9 @@ class Frontend:
                                  self.stats, self.breakers, self.cache, self.drift, self.degrader,
                                  cfg.inline_preprocess_bytes, self.send_direct)
         self.pipeline.outcome = self.rollout.observe  # auto-rollback watches every answer
-        self.mirror = self.pipeline.mirror = Mirror(self)  # shadow copies and their comparison
+        self.mirror = self.pipeline.mirror = Mirror(  # shadow copies and their comparison
+            cfg, self.specs, self.rollout, self.admission, self.table, self.pipeline.start,
+            self.metrics.registry)
         self.pipeline.fanout = Fanout(self.pipeline, self.specs)  # pipeline models' steps
         self.ops = ClientOps(self)
         self.hotswap = HotSwap(self)

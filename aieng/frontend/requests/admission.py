@@ -61,6 +61,10 @@ class Admission:
         self.started = False  # the service was fully ready once: admit from then on
         self.draining = False
 
+    def refuses(self, key: str) -> bool:
+        """Whether a request for version ``key`` would be refused now: it failed to load, or draining."""
+        return key in self.failed_models or self.draining
+
     def resolve(self, req: dict) -> str:
         """The model a request names (MODEL_NOT_FOUND when unknown)."""
         model = req.get("model")

@@ -36,17 +36,21 @@ import logging
 import random
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import msgpack
-from prometheus_client import Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from aieng.frontend.requests.table import Request
 from aieng.frontend.rollout.shadow import Tally, compare
 from aieng.wire import protocol as p
 
 if TYPE_CHECKING:  # pragma: no cover
-    from aieng.frontend.server import Frontend
+    from aieng.config import Config
+    from aieng.frontend.requests.admission import Admission
+    from aieng.frontend.requests.table import RequestTable
+    from aieng.frontend.rollout.rollout import Rollout
+    from aieng.model_repo import ModelSpec
 
 SHADOW_CLIENT = b"\x00aieng-shadow"  # a ZMQ ROUTER identity is never empty-prefixed like this one
 COSINE_BUCKETS = (0.0, 0.5, 0.9, 0.99, 0.999, 0.9999, 1.0)
@@ -75,11 +79,15 @@ def _outputs(packed: bytes) -> dict:
 
 
 class Mirror:
-    def __init__(self, fe: "Frontend"):
-        self.fe = fe
+    def __init__(self, cfg: Config, specs: dict[str, dict[str, ModelSpec]], rollout: Rollout,
+                 admission: Admission, table: RequestTable, start: Callable[[Request], None],
+                 registry: CollectorRegistry):
+        """``start`` sends a request down the pipeline (the shadow copy, once its primary is answered)."""
+        self.cfg, self.specs, self.rollout, self.admission, self.table = cfg, specs, rollout, admission, table
+        self.start = start
         self.pairs: dict[int, Pair] = {}
         self.tallies: dict[tuple[str, str], Tally] = {}
-        r = fe.metrics.registry
+        r = registry
         self.m_requests = Counter("aieng_shadow_requests", "Shadow copies by outcome (compared, shed, "
                                   "timeout, error, primary_failed)", ["model", "version", "outcome"],
                                   registry=r)
@@ -108,11 +116,10 @@ class Mirror:
     def after_admit(self, primary: Request, body: Any) -> None:
         """``primary`` was just started in the pipeline with the client's ``body``: draw whether it
         gets a shadow copy (sent once the primary has been answered, see ``primary_end``)."""
-        fe = self.fe
-        conf = fe.rollout.models[primary.model].state.shadow
+        conf = self.rollout.shadow_of(primary.model)
         if conf is None or conf.version == primary.version or random.random() * 100 >= conf.percent:
             return
-        spec, cfg = fe.specs[primary.model][conf.version], fe.cfg
+        spec, cfg = self.specs[primary.model][conf.version], self.cfg
         timeout_ms = conf.timeout_ms or min(spec.timeout_ms or cfg.default_timeout_ms, cfg.max_timeout_ms)
         self.pairs[primary.rid] = Pair(primary.model, conf.version, timeout_ms, conf.max_load, body)
 
@@ -121,20 +128,19 @@ class Mirror:
         pair = self.pairs.get(req.rid)
         if pair is None:
             return
-        fe = self.fe
         if outputs is None:
             del self.pairs[req.rid]
             return self.count(pair.model, pair.version, "primary_failed")
-        if (f"{pair.model}:{pair.version}" in fe.admission.failed_models or fe.admission.draining
-                or req.degraded or len(fe.table) >= pair.max_load * fe.cfg.max_inflight):
+        if (self.admission.refuses(f"{pair.model}:{pair.version}") or req.degraded
+                or len(self.table) >= pair.max_load * self.cfg.max_inflight):
             del self.pairs[req.rid]
             return self.count(pair.model, pair.version, "shed")
         pair.primary, body, pair.body = (outputs, now - req.received), pair.body, None
         t = time.monotonic()
-        copy = Request(fe.table.new_rid(), [SHADOW_CLIENT], None, pair.model, pair.version,
+        copy = Request(self.table.new_rid(), [SHADOW_CLIENT], None, pair.model, pair.version,
                        t + pair.timeout_ms / 1000, t, req.params, trace=req.trace, body=body, route="shadow",
                        shadow_of=req.rid)
-        fe.pipeline.start(copy)
+        self.start(copy)
 
     def shadow_end(self, req: Request, outputs: bytes | None, code: str, now: float) -> None:
         pair = self.pairs.get(req.shadow_of)

@@ -300,5 +300,9 @@ class Rollout:
                        "shadow": m.state.shadow.public() if m.state.shadow else None}
                 for name, m in self.models.items()}
 
+    def shadow_of(self, model: str) -> Any:
+        """The model's shadow setting now (``shadow.ShadowConf``), or None."""
+        return self.models[model].state.shadow
+
     def model_dirs(self) -> dict[str, str]:
         return {name: os.path.dirname(next(iter(m.specs.values())).path) for name, m in self.models.items()}
