@@ -90,7 +90,7 @@ def optimise_minilm(repo: Path, force: bool) -> None:
 
 
 def minilm_golden(repo: Path) -> None:
-    from aieng.frontend.versions.hotswap import compare
+    from aieng.frontend.versions.golden import compare
 
     v1, v2 = repo / "minilm" / "1", repo / "minilm" / "2"
     e1 = embed(v1 / "model.onnx", v1 / "tokenizer.json", TEXTS)
@@ -122,7 +122,7 @@ def tabular_outputs(vdir: Path, rows: list[dict]) -> tuple[list[str], np.ndarray
 def tabular_versions(repo: Path, force: bool) -> None:
     from train_tabular import train
 
-    from aieng.frontend.versions.hotswap import compare
+    from aieng.frontend.versions.golden import compare
 
     v1, v2 = repo / "tabular" / "1", repo / "tabular" / "2"
     if force or not (v2 / "model.onnx").is_file():

@@ -1,22 +1,13 @@
-"""The frontend process: the only one that talks to clients, and the hub.
+"""The frontend process: the only one that talks to clients, and the hub; the composition root.
 
-Three ROUTER sockets, one thread:
-  * clients (``Config.frontend_addr``): one msgpack map in, one map out;
-  * the hub (``ipc://<runtime>/hub.sock``): every worker and the supervisor;
-  * admin (``admin``: routing changes; never the client socket).
-
-This module keeps the loop and the sockets.  What happens to a message is
-decided elsewhere: ``clients`` (rate limits), ``ops`` (health, models, stats,
-log_level), ``admission`` (an ``infer`` map -> typed request, immediate
-answer or refusal; ``rollout`` picks the version), ``pipeline`` (stage hand-offs, hold across restarts, the
-one answer per request) over ``table`` (requests in flight, slot ownership)
-and ``workers`` (who is up); ``poolctl`` (a request for a lazy model's cold
-version waits for its load; LRU eviction under the memory budget); ``mirror``
-(shadow copies to a candidate version, compared, never answered).  No CPU-heavy work happens here.
-
-On the way down (SIGTERM from the supervisor, or the supervisor's death,
-which the parent-death hook turns into SIGTERM) every request still in flight
-is answered UNAVAILABLE before the client socket closes.
+Three ROUTER sockets, one thread: clients (``Config.frontend_addr``: one msgpack map in, one out), the hub
+(every worker and the supervisor) and admin (routing and version changes).  This module builds every
+component with what it needs and wires them, and keeps the loop and the sockets; what happens to a
+message is decided by the components: ``clients`` (rate limits), ``ops`` (health, models, stats,
+log_level), ``admission`` (an ``infer`` map -> request, immediate answer or refusal), ``pipeline`` (the
+stages, one answer per request), ``versions`` (loads, golden sets, unloads, the lazy pool), ``mirror``
+(shadow copies).  No CPU-heavy work happens here.  On the way down every request still in flight is
+answered UNAVAILABLE before the client socket closes.
 """
 from __future__ import annotations
 
@@ -28,12 +19,13 @@ import zmq
 from aieng import model_repo
 from aieng.config import Config
 from aieng.frontend.control.admin import AdminOps, AdminServer
+from aieng.frontend.control.lifecycle import Lifecycle
 from aieng.frontend.control.ops import ClientOps
 from aieng.frontend.control.workers import Workers
 from aieng.frontend.observe.drift import DriftMonitor
 from aieng.frontend.observe.http import HttpServer
 from aieng.frontend.observe.metrics import Metrics
-from aieng.frontend.observe.snapshot import publish_snapshot
+from aieng.frontend.observe.snapshot import Snapshots
 from aieng.frontend.observe.stats import StageStats
 from aieng.frontend.requests.admission import Admission, Immediate
 from aieng.frontend.requests.breaker import Breakers
@@ -47,9 +39,7 @@ from aieng.frontend.rollout.mirror import Mirror
 from aieng.frontend.rollout.rollout import Rollout
 from aieng.frontend.rollout.routestore import RouteStore, store_path
 from aieng.frontend.rollout.statewriter import StateWriter
-from aieng.frontend.versions.hotswap import GOLDEN_CLIENT, HotSwap
-from aieng.frontend.versions.poolctl import PoolControl
-from aieng.frontend.versions.rescan import rescan
+from aieng.frontend.versions.manager import GOLDEN_CLIENT, VersionManager
 from aieng.model_repo import ModelSpec
 from aieng.runtime import procutil
 from aieng.runtime.hub import dispatch
@@ -65,12 +55,7 @@ class Frontend:
         self.specs: dict[str, dict[str, ModelSpec]] = {}
         for s in specs.values():
             self.specs.setdefault(s.name, {})[s.version] = s
-        self.started = time.time()
-        self.supervisor_ready = False  # every process up and ready, as the supervisor last said
-        self.supervisor_seen_at = float("-inf")  # monotonic seconds of its last ServiceState (liveness)
-        self.state: dict = {"processes": {}, "restarts": {}}
-        self.drain_deadline: float | None = None
-        self.snapshot: dict = {}
+        self.life = Lifecycle()
         self.init_policy()
         self.init_sockets()
 
@@ -89,21 +74,25 @@ class Frontend:
         self.rollout = Rollout(self.specs, store, self.writer, self.metrics)
         self.gate = ClientGate(cfg.client_rate_limit, cfg.max_ops_per_s)
         self.admission = Admission(cfg, self.specs, self.rollout, self.table, self.breakers,
-                                   self.cache, self.degrader)
+                                   self.cache, self.degrader, self.life)
         posts = [f"post-{j}" for j in range(cfg.postprocess_workers)]
-        self.pipeline = Pipeline(self.table, self.workers, posts, self.send_hub, self.reply, self.metrics,
-                                 self.stats, self.breakers, self.cache, self.drift, self.degrader,
-                                 cfg.inline_preprocess_bytes, self.send_direct)
-        self.pipeline.outcome = self.rollout.observe  # auto-rollback watches every answer
-        self.mirror = self.pipeline.mirror = Mirror(  # shadow copies and their comparison
-            cfg, self.specs, self.rollout, self.admission, self.table, self.pipeline.start,
-            self.metrics.registry)
-        self.pipeline.fanout = Fanout(self.pipeline, self.specs)  # pipeline models' steps
-        self.ops = ClientOps(self)
-        self.hotswap = HotSwap(self)
-        self.poolctl = PoolControl(self)  # after hotswap: it shows cold versions in its loads
+        self.pipeline = pl = Pipeline(self.table, self.workers, posts, self.send_hub, self.reply,
+                                      self.metrics, self.stats, self.breakers, self.cache, self.drift,
+                                      self.degrader, cfg.inline_preprocess_bytes, self.send_direct)
+        self.mirror = Mirror(cfg, self.specs, self.rollout, self.admission, self.table, pl.start,
+                             self.metrics.registry)  # shadow copies and their comparison
+        # auto-rollback watches every answer; fanout runs pipeline models' steps
+        pl.attach(self.rollout.observe, self.mirror, Fanout(pl, self.specs))
+        self.versions = VersionManager(cfg, self.specs, self.send_hub, self.workers, self.rollout, pl.start,
+                                       self.table, self.metrics, pl.refuse)
+        self.views = {"breakers": self.breakers.view, "degradation": self.degrader.view,
+                      "cache": lambda: self.cache.view() if self.cache.enabled else None,
+                      "clients": self.gate.view, "counts": pl.counts.view, "pool": self.versions.pool_view,
+                      "routing": self.rollout.view}
+        self.ops = ClientOps(self.workers, self.life, self.table, self.specs, self.rollout, self.stats,
+                             self.mirror, self.send_hub, self.views, self.log)
         self.handlers = dict(self.pipeline.handlers)
-        self.handlers.update(self.hotswap.handlers)
+        self.handlers.update(self.versions.handlers)
         self.handlers.update({m.Hello: self.on_hello, m.WorkerDown: self.on_worker_down,
                               m.ServiceState: self.on_state, m.Drain: self.on_drain,
                               m.Reload: self.on_reload})
@@ -120,11 +109,15 @@ class Frontend:
         self.hub.bind(hub_addr(self.cfg.runtime_dir))
         self.express = express.FrontendEnd(express_path(self.cfg.runtime_dir))  # to the executor, when up
         self.poller = zmq.Poller()
-        self.admin = AdminServer(self.cfg, AdminOps(self), self.log)
-        self.http = HttpServer(self.cfg.http_addr, lambda: self.snapshot, self.metrics.render,
+        self.admin = AdminServer(self.cfg, AdminOps(self.rollout, self.mirror, self.versions, self.workers,
+                                                    self.specs, self.log), self.log)
+        self.http = HttpServer(self.cfg.http_addr, lambda: self.snapshots.current, self.metrics.render,
                                self.cfg.http_token_file, self.cfg.http_threads, self.cfg.http_timeout_s,
                                self.cfg.snapshot_ms, self.metrics.dropped_connection
                                ) if self.cfg.http_addr else None
+        self.snapshots = Snapshots(self.metrics, self.table, self.stats, self.drift, self.life, self.workers,
+                                   self.specs, self.ops.health, self.views,
+                                   self.http.debug_asked if self.http is not None else None)
 
     def ready_info(self) -> dict:
         return {"addr": self.cfg.frontend_addr}
@@ -145,10 +138,10 @@ class Frontend:
                 self.pulse(now)
                 self.degrader.update(self.table.per_model())
                 self.rollout.tick(now)
-                self.hotswap.tick(now)
+                self.versions.tick(now)
                 next_pulse = now + 0.5
             if now >= next_snapshot:
-                publish_snapshot(self, now)
+                self.snapshots.publish(now)
                 next_snapshot = now + self.cfg.snapshot_ms / 1000
             nxt = self.table.next_deadline()
             timeout = 100 if nxt is None else max(0, min(100, int((nxt - now) * 1000) + 1))
@@ -165,12 +158,12 @@ class Frontend:
                 self.writer.poll()
             now = time.monotonic()
             self.pipeline.sweep(now)
-            self.poolctl.sweep(now)
+            self.versions.sweep(now)
             self.check_drain(now)
 
     def pulse(self, now: float) -> None:
         roles = self.workers.count(now)
-        healthy = self.admission.started and all(roles.values())
+        healthy = self.life.started and all(roles.values())
         self.send_hub("supervisor", [m.encode(m.Pulse(healthy, self.workers.silence(now)))])
 
     def drain_hub(self) -> None:
@@ -197,14 +190,15 @@ class Frontend:
             self.on_client(frames)
 
     def check_drain(self, now: float) -> None:
-        busy = self.table.items or self.poolctl.waiters()
-        if self.drain_deadline is None or (busy and now < self.drain_deadline):
+        deadline = self.life.drain_deadline
+        busy = len(self.table) or self.versions.waiters()
+        if deadline is None or (busy and now < deadline):
             return
-        self.poolctl.fail_all(p.UNAVAILABLE, "server is shutting down")
+        self.versions.fail_all(p.UNAVAILABLE, "server is shutting down")
         self.pipeline.fail_all(p.UNAVAILABLE, "server is shutting down")
-        if self.drain_deadline != float("inf"):
+        if deadline != float("inf"):
             self.send_hub("supervisor", [m.encode(m.Drained(0))])
-            self.drain_deadline = float("inf")
+            self.life.drained()
 
     # -- clients --------------------------------------------------------------------
     def on_client(self, frames: list) -> None:
@@ -246,7 +240,7 @@ class Frontend:
                     a.params, trace=a.trace, probe=a.probe, cache_key=a.cache_key, degraded=a.degraded,
                     body=body, route=a.route)
         self.log.debug("admitted %s:%s", a.model, a.version, extra={"trace": a.trace})
-        if self.poolctl.start(r, req["inputs"]):  # else it waits for its cold load (no shadow copy then)
+        if self.versions.start(r, req["inputs"]):  # else it waits for its cold load (no shadow copy then)
             self.mirror.after_admit(r, body)  # after the primary is on its way: a shadow never delays it
 
     def refuse(self, envelope: list, message: str, req_id: Any = None) -> None:
@@ -256,7 +250,7 @@ class Frontend:
 
     def reply(self, envelope: list, body: bytes) -> None:
         if envelope[0] == GOLDEN_CLIENT:  # a golden-set request of a version being loaded: never a client
-            return self.hotswap.on_answer(body)
+            return self.versions.on_answer(body)
         try:
             self.clients.send_multipart(envelope + [body], flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:  # this client's send queue is full: it does not read its replies
@@ -278,21 +272,14 @@ class Frontend:
         return (self.express.send(frames[0], getattr(body, "buffer", body))
                 or self.send_hub("executor", frames))
 
-    def failed_models(self) -> dict[str, str]:
-        """Model versions some worker could not load, with the error it reported."""
-        out: dict[str, str] = {}
-        for w in self.workers.by_name.values():
-            out.update(w.info.get("failed") or {})
-        return out
-
     def on_hello(self, msg: m.Hello, ident: bytes) -> None:
         now = time.monotonic()
         if msg.role == "executor":  # (re)connect the express lane to this executor process
             self.express.executor_seen(msg.pid, self.poller)
         if self.workers.hello(msg, now):
             self.log.info("%s (pid %d) is up", msg.worker, msg.pid)
-            self.admission.failed_models = self.failed_models()
-            publish_snapshot(self, now, full=False)  # health over HTTP follows at once
+            self.admission.set_failed(self.workers.failed_models())
+            self.snapshots.publish(now, full=False)  # health over HTTP follows at once
         if self.table.waiting.get(msg.role):
             self.pipeline.release_waiting(msg.role)
 
@@ -300,37 +287,26 @@ class Frontend:
         if msg.worker == "executor":
             self.express.drop(self.poller)
         held = self.pipeline.on_worker_down(msg.worker, msg.pid, msg.exitcode)
-        self.hotswap.on_worker_down(msg.worker, msg.exitcode)
+        self.versions.on_worker_down(msg.worker, msg.exitcode)
         self.table.rings.forget(f"{shm.PREFIX}{self.cfg.instance}.{msg.worker}.")
-        publish_snapshot(self, time.monotonic(), full=False)
+        self.snapshots.publish(time.monotonic(), full=False)
         if held:
             self.log.warning("%s died: answered %d requests UNAVAILABLE", msg.worker, held)
 
     def on_state(self, msg: m.ServiceState, ident: bytes) -> None:
-        self.supervisor_seen_at = time.monotonic()
-        changed = msg.ready != self.supervisor_ready
-        self.supervisor_ready = msg.ready
-        self.admission.started = self.admission.started or msg.ready
-        self.state = {"processes": msg.processes, "restarts": msg.restarts}
-        if changed:
-            publish_snapshot(self, time.monotonic(), full=False)
+        if self.life.on_state(msg, time.monotonic()):
+            self.snapshots.publish(time.monotonic(), full=False)
 
     def on_drain(self, msg: m.Drain, ident: bytes) -> None:
         self.log.info("draining: %d in flight, grace %.1fs", len(self.table), msg.grace_s)
-        self.admission.draining = True
-        self.drain_deadline = time.monotonic() + msg.grace_s
-
-    def reload_routing(self) -> list[str]:
-        """Routing from every model's model.yaml and the saved state again (all or nothing)."""
-        dirs = self.rollout.model_dirs()
-        return self.rollout.reload({name: model_repo.model_settings(d) for name, d in dirs.items()})
+        self.life.drain(time.monotonic() + msg.grace_s)
 
     def on_reload(self, msg: m.Reload, ident: bytes) -> None:
         # version directories first: loads finish in the background
-        dirs = rescan(self.hotswap, self.rollout.model_dirs(), self.specs)
+        dirs = self.versions.rescan()
         moves = "; ".join(f"{k}: {', '.join(v)}" for k, v in dirs.items() if v)
         try:
-            changed = self.reload_routing()
+            changed = self.rollout.reload_from_disk()
             ok, text = True, f"routing reloaded; changed: {', '.join(changed) or 'nothing'}"
         except model_repo.ModelError as exc:
             ok, text = False, f"routing reload refused, routing unchanged: {exc}"
@@ -341,9 +317,9 @@ class Frontend:
     def close(self) -> None:
         # On the way down every message already received is answered too: infer requests still
         # queued in the client socket get UNAVAILABLE (draining), then everything in flight.
-        self.admission.draining = True
+        self.life.drain()
         self.drain_clients()
-        answered = self.poolctl.fail_all(p.UNAVAILABLE, "server is shutting down")
+        answered = self.versions.fail_all(p.UNAVAILABLE, "server is shutting down")
         answered += self.pipeline.fail_all(p.UNAVAILABLE, "server is shutting down")
         if answered:
             self.log.warning("stopping: answered %d requests in flight UNAVAILABLE", answered)
@@ -357,4 +333,5 @@ class Frontend:
         self.admin.close()
         if self.writer is not None:  # what waits is written before the process ends
             self.writer.close()
+        self.versions.close()
         self.table.close()

@@ -65,7 +65,7 @@ class Rig:
             self.peers[n].send(m.encode(m.Hello(n, roles[n], 1000 + len(n))))
         self.peers["supervisor"].send(m.encode(m.ServiceState(True, {}, {})))
         deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and (not self.fe.admission.started
+        while time.monotonic() < deadline and (not self.fe.life.started
                                                or not all(n in self.fe.workers.by_name for n in names)):
             time.sleep(0.01)
 

@@ -27,21 +27,21 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
 import zmq
 
 from aieng import model_repo
 from aieng.config import Config
+from aieng.frontend.control.workers import Workers
 from aieng.frontend.requests.clients import curve_server
 from aieng.frontend.rollout import routing, shadow
+from aieng.frontend.rollout.mirror import Mirror
+from aieng.frontend.rollout.rollout import Rollout
 from aieng.frontend.rollout.statewriter import RETRY_S, Ticket
-from aieng.frontend.versions.rescan import rescan
+from aieng.model_repo import ModelSpec
 from aieng.wire import protocol as p
 from aieng.wire.addresses import admin_addr
-
-if TYPE_CHECKING:  # pragma: no cover
-    from aieng.frontend.server import Frontend
 
 MAX_ADMIN_BYTES = 8 * 1024 * 1024  # a user group of 100,000 keys fits
 
@@ -108,9 +108,24 @@ class AdminServer:
             self.ctx.term()
 
 
+class Versions(Protocol):
+    """What admin ops ask of ``versions.manager.VersionManager``."""
+
+    def load(self, name: str, version: str, source: str = "admin") -> dict: ...
+
+    def unload(self, name: str, version: str, source: str = "admin") -> dict: ...
+
+    def rescan(self) -> dict[str, list[str]]: ...
+
+    def loads_view(self) -> dict[str, dict]: ...
+
+
 class AdminOps:
-    def __init__(self, fe: "Frontend"):
-        self.fe = fe
+    def __init__(self, rollout: Rollout, mirror: Mirror, versions: Versions, workers: Workers,
+                 specs: dict[str, dict[str, ModelSpec]],
+                 log: logging.Logger):
+        self.rollout, self.mirror, self.versions, self.workers = rollout, mirror, versions, workers
+        self.specs, self.log = specs, log
         self.table: dict[str, Callable[[dict], dict | Pending]] = {
             "status": self.status, "models": self.models, "set_weights": self.set_weights,
             "set_rules": self.set_rules, "rollback": self.rollback, "promote": self.promote,
@@ -138,7 +153,7 @@ class AdminOps:
         except routing.RoutingError as exc:
             return {"id": req_id, "ok": False, "error": {"code": p.INVALID_REQUEST, "message": str(exc)}}
         except Exception as exc:  # a bug must not take the frontend down
-            self.fe.log.exception("admin op failed")
+            self.log.exception("admin op failed")
             return {"id": req_id, "ok": False, "error": {"code": p.INTERNAL, "message": type(exc).__name__}}
         if isinstance(out, Pending):
             out.answer.update({"id": req_id, "ok": True})
@@ -148,14 +163,14 @@ class AdminOps:
 
     def model(self, req: dict):
         name = req.get("model")
-        m = self.fe.rollout.models.get(name) if isinstance(name, str) else None
+        m = self.rollout.model(name)
         if m is None:
             raise p.RequestError(p.MODEL_NOT_FOUND, f"unknown model {name!r} "
-                                                f"(serving {', '.join(sorted(self.fe.rollout.models))})")
+                                                f"(serving {', '.join(self.rollout.names())})")
         return m
 
     def commit(self, m, new: routing.RoutingState, what: str) -> Pending:
-        failed = self.fe.failed_models()
+        failed = self.workers.failed_models()
         targets = {v for v, w in new.weights.items() if w > 0} | {r.version for r in new.rules}
         for v in sorted(targets):
             if f"{m.name}:{v}" in failed:  # routing to it would answer UNAVAILABLE
@@ -163,40 +178,39 @@ class AdminOps:
                                                     f"({failed[f'{m.name}:{v}']}); nothing changed")
         before = m.state
         if new.routes_as(before):  # nothing to change or log: no history entry either
-            return Pending(self.fe.rollout.saved_ticket(), {"model": m.name, "routing": routing_view(before),
+            return Pending(self.rollout.saved_ticket(), {"model": m.name, "routing": routing_view(before),
                                                             "moved_buckets": 0, "changed": False})
-        ticket = self.fe.rollout.change(m, new)
+        ticket = self.rollout.change(m, new)
         moved = sum(1 for a, b in zip(before.owner, new.owner) if a != b)
-        self.fe.log.warning("routing of %s changed by %s: weights %s, %d rules, %d buckets moved", m.name,
+        self.log.warning("routing of %s changed by %s: weights %s, %d rules, %d buckets moved", m.name,
                             what, new.weights, len(new.rules), moved)
         return Pending(ticket, {"model": m.name, "routing": routing_view(new), "moved_buckets": moved,
                                 "changed": True})
 
     # -- ops -------------------------------------------------------------------------------
     def status(self, req: dict) -> dict:
-        names = [self.model(req).name] if req.get("model") is not None else sorted(self.fe.rollout.models)
+        names = [self.model(req).name] if req.get("model") is not None else self.rollout.names()
         now = time.monotonic()
-        out = {n: self.fe.rollout.status(n, now) for n in names}
+        out = {n: self.rollout.status(n, now) for n in names}
         for n in names:  # the shadow comparison so far, per candidate version (mirror.py)
-            out[n]["shadow_stats"] = self.fe.mirror.view(n)
-        for key, view in self.fe.hotswap.view().items():
+            out[n]["shadow_stats"] = self.mirror.view(n)
+        for key, view in self.versions.loads_view().items():
             name, _, version = key.partition(":")
             if name in out:
                 out[name].setdefault("loads", {})[version] = view
         return {"models": out}
 
     def models(self, req: dict) -> dict:
-        fe = self.fe
-        failed = fe.failed_models()
+        failed = self.workers.failed_models()
         out = {}
-        for name, versions in fe.specs.items():
-            state = fe.rollout.models[name].state
+        for name, versions in self.specs.items():
+            state = self.rollout.model(name).state
             out[name] = {"stable": state.stable, "versions": {
                 v: {"hash": s.content_hash, "description": s.description,
                     "metadata": s.extra.get("metadata", {}), "weight": state.weights.get(v, 0.0),
                     "load_error": failed.get(s.key), "path": s.path}
                 for v, s in versions.items()}}
-        for key, view in fe.hotswap.view().items():  # loading, failed, draining, unloaded: shown too
+        for key, view in self.versions.loads_view().items():  # loading, failed, draining, unloaded: shown too
             name, _, version = key.partition(":")
             if name in out:
                 entry = out[name]["versions"].setdefault(version, {"weight": 0.0})
@@ -233,8 +247,8 @@ class AdminOps:
         if not m.history:
             raise p.RequestError(p.INVALID_REQUEST,
                                  f"model {m.name!r} has no previous routing to roll back to")
-        ticket = self.fe.rollout.rollback(m)
-        self.fe.log.warning("routing of %s rolled back: weights %s", m.name, m.state.weights)
+        ticket = self.rollout.rollback(m)
+        self.log.warning("routing of %s rolled back: weights %s", m.name, m.state.weights)
         return Pending(ticket, {"model": m.name, "routing": routing_view(m.state)})
 
     def shadow_on(self, req: dict) -> Pending:
@@ -242,7 +256,7 @@ class AdminOps:
         m = self.model(req)
         conf = shadow.parse_config({k: req[k] for k in ("version", "percent", "max_load", "timeout_ms")
                                     if k in req}, m.versions)
-        failed = self.fe.failed_models().get(f"{m.name}:{conf.version}")
+        failed = self.workers.failed_models().get(f"{m.name}:{conf.version}")
         if failed is not None:
             raise p.RequestError(p.INVALID_REQUEST, f"version {conf.version} of {m.name!r} is not loaded "
                                                 f"({failed}); nothing changed")
@@ -265,15 +279,15 @@ class AdminOps:
         return name, version
 
     def load(self, req: dict) -> dict:
-        return self.fe.hotswap.load(*self.version_arg(req))
+        return self.versions.load(*self.version_arg(req))
 
     def unload(self, req: dict) -> dict:
-        return self.fe.hotswap.unload(*self.version_arg(req))
+        return self.versions.unload(*self.version_arg(req))
 
     def reload(self, req: dict) -> dict:
-        dirs = rescan(self.fe.hotswap, self.fe.rollout.model_dirs(), self.fe.specs)
+        dirs = self.versions.rescan()
         try:
-            changed = self.fe.reload_routing()
+            changed = self.rollout.reload_from_disk()
         except model_repo.ModelError as exc:
             raise p.RequestError(p.INVALID_REQUEST, f"{exc}; nothing changed") from None
         return {"changed": changed, "versions": dirs}

@@ -1,6 +1,6 @@
 """Client ops other than ``infer``: health, models, stats, log_level (a dispatch table).
 
-Each op reads the frontend's state and returns the reply map; none blocks.
+Each op reads the components it was given and returns the reply map; none blocks.
 ``models`` answers from a reply packed once per change of what the workers
 report, so a flood of it costs a lookup each (the op rate limit bounds the
 rest).  Every map key in a reply is a string (docs/protocol.md).
@@ -10,13 +10,17 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
+from aieng.frontend.control.lifecycle import Lifecycle
+from aieng.frontend.control.workers import Workers
+from aieng.frontend.observe.stats import StageStats
+from aieng.frontend.requests.table import RequestTable
+from aieng.frontend.rollout.mirror import Mirror
+from aieng.frontend.rollout.rollout import Rollout
+from aieng.model_repo import ModelSpec
 from aieng.wire import messages as m
 from aieng.wire import protocol as p
-
-if TYPE_CHECKING:  # pragma: no cover
-    from aieng.frontend.server import Frontend
 
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
@@ -27,79 +31,82 @@ def _version() -> str:
 
 
 class ClientOps:
-    def __init__(self, fe: "Frontend"):
-        self.fe = fe
-        self.table: dict[str, Callable[[Any, dict], dict]] = {
-            "health": self.health, "models": self.models, "stats": self.stats, "log_level": self.log_level,
+    def __init__(self, workers: Workers, life: Lifecycle, table: RequestTable,
+                 specs: dict[str, dict[str, ModelSpec]], rollout: Rollout, stats: StageStats, mirror: Mirror,
+                 hub: Callable[[str, list], bool], views: dict[str, Callable[[], Any]], log: logging.Logger):
+        """``views`` gives ``breakers``, ``degradation``, ``cache`` (None when off), ``clients``, ``counts``
+        and ``pool``; ``hub(worker, frames)`` sends to a worker or the supervisor."""
+        self.workers, self.life, self.table, self.specs, self.rollout = workers, life, table, specs, rollout
+        self.stats, self.mirror, self.hub, self.views, self.log = stats, mirror, hub, views, log
+        self.table_ops: dict[str, Callable[[Any, dict], dict]] = {
+            "health": self.health, "models": self.models, "stats": self.stats_op, "log_level": self.log_level,
         }
         self._models_key: Any = None
         self._models_reply: dict = {}
 
     def handle(self, op: str, req_id: Any, req: dict) -> dict | None:
-        fn = self.table.get(op)
+        fn = self.table_ops.get(op)
         return None if fn is None else fn(req_id, req)
 
-    def health(self, req_id: Any, req: dict | None = None) -> dict:
-        fe = self.fe
+    def health(self, req_id: Any = None, req: dict | None = None) -> dict:
+        life, views = self.life, self.views
         now = time.monotonic()
-        roles = fe.workers.count(now)
-        models = fe.workers.info("executor").get("models", {})
+        roles = self.workers.count(now)
+        models = self.workers.info("executor").get("models", {})
         providers = {k: v.get("provider") for k, v in models.items()}
         live = all(roles.values())
         # ready: started once, every role has a live worker (one of several restarting still
         # serves), not draining.  ``degraded`` says some process is down or restarting.
         return {"id": req_id, "ok": True, "live": live,
-                "ready": bool(fe.admission.started and live and not fe.admission.draining),
-                "started": fe.admission.started,
-                "degraded": not fe.supervisor_ready,
+                "ready": bool(life.started and live and not life.draining),
+                "started": life.started,
+                "degraded": not life.supervisor_ready,
                 "protocol": p.PROTOCOL_VERSION, "version": _version(), "pid": os.getpid(),
-                "uptime_s": round(time.time() - fe.started, 3), "in_flight": len(fe.table),
-                "workers": roles, "providers": providers, "draining": fe.admission.draining,
-                "failed_models": fe.failed_models(),
-                "breakers": fe.breakers.view(), "degradation": fe.degrader.view(),
-                "cache": fe.cache.view() if fe.cache.enabled else None, "clients": fe.gate.view(),
-                "processes": fe.state["processes"], "restarts": fe.state["restarts"],
-                "counts": fe.pipeline.counts.view()}
+                "uptime_s": round(life.uptime_s(), 3), "in_flight": len(self.table),
+                "workers": roles, "providers": providers, "draining": life.draining,
+                "failed_models": self.workers.failed_models(),
+                "breakers": views["breakers"](), "degradation": views["degradation"](),
+                "cache": views["cache"](), "clients": views["clients"](),
+                "processes": life.processes, "restarts": life.restarts,
+                "counts": views["counts"]()}
 
     def models(self, req_id: Any, req: dict | None = None) -> dict:
-        fe = self.fe
-        ex = fe.workers.info("executor").get("models", {})
-        failed = fe.failed_models()
-        w = fe.workers.by_name.get("executor")
-        routes = tuple(r.state.serial for r in fe.rollout.models.values())  # a routing change repacks
+        ex = self.workers.info("executor").get("models", {})
+        failed = self.workers.failed_models()
         # the executor's session facts arrive with its hello, after its pid may be known, and change (its
         # background_runs): key on their value (a dict compare per call; the models op is not a hot path)
-        served = tuple((n, tuple(sorted(v))) for n, v in sorted(fe.specs.items()))  # run-time loads change it
-        key = (w.pid if w else None, ex, served, tuple(sorted(failed.items())), routes)
+        served = tuple((n, tuple(sorted(v))) for n, v in sorted(self.specs.items()))  # run-time loads
+        key = (self.workers.pid("executor"), ex, served, tuple(sorted(failed.items())),
+               self.rollout.serials())
         if key != self._models_key:
             out = {}
-            for name, versions in fe.specs.items():
-                state = fe.rollout.models[name].state
-                out[name] = {"default_version": state.stable, "weights": state.weights,
+            for name, versions in self.specs.items():
+                stable, weights = self.rollout.weights(name)
+                out[name] = {"default_version": stable, "weights": weights,
                              "versions": {v: dict(s.public(), onnx=ex.get(s.key),
                                                   load_error=failed.get(s.key))
                                           for v, s in versions.items()}}
             self._models_key, self._models_reply = key, out
         # the pool's view changes with every cold load and eviction: built per call (a few lazy versions)
-        return {"id": req_id, "ok": True, "models": self._models_reply, "pool": fe.poolctl.view()}
+        return {"id": req_id, "ok": True, "models": self._models_reply, "pool": self.views["pool"]()}
 
-    def stats(self, req_id: Any, req: dict) -> dict:
+    def stats_op(self, req_id: Any, req: dict) -> dict:
         """Stage timings (for ``aieng report``), queue depths, counts; ``reset`` starts a new window."""
-        fe = self.fe
         since = req.get("since_s")
         is_number = isinstance(since, (int, float)) and not isinstance(since, bool)
         since = float(since) if is_number and since > 0 else None
-        summary = fe.stats.summary(since)
-        summary.update({"id": req_id, "ok": True, "in_flight": len(fe.table), "queue_depth": fe.table.depth(),
-                        "counts": fe.pipeline.counts.view(), "restarts": fe.state["restarts"],
-                        "shadow": fe.mirror.view(), "pool": fe.poolctl.view()})
+        summary = self.stats.summary(since)
+        summary.update({"id": req_id, "ok": True, "in_flight": len(self.table),
+                        "queue_depth": self.table.depth(),
+                        "counts": self.views["counts"](), "restarts": self.life.restarts,
+                        "shadow": self.mirror.view(), "pool": self.views["pool"]()})
         if req.get("reset") is True:
-            fe.stats.reset()
-            fe.mirror.reset()
+            self.stats.reset()
+            self.mirror.reset()
         return summary
 
     def log_level(self, req_id: Any, req: dict) -> dict:
-        """Admin op: change every process's log level at run time, no restart."""
+        """Change every process's log level at run time, no restart."""
         level = req.get("level")
         if level not in LEVELS:
             return {"id": req_id, "ok": False,
@@ -107,7 +114,7 @@ class ClientOps:
                               "message": "level must be DEBUG, INFO, WARNING or ERROR"}}
         logging.getLogger().setLevel(level)
         msg = m.encode(m.LogLevel(level))
-        names = list(self.fe.workers.by_name) + ["supervisor"]
-        told = [name for name in names if self.fe.send_hub(name, [msg])]
-        self.fe.log.warning("log level set to %s (%s)", level, ", ".join(told))
+        names = self.workers.all_names() + ["supervisor"]
+        told = [name for name in names if self.hub(name, [msg])]
+        self.log.warning("log level set to %s (%s)", level, ", ".join(told))
         return {"id": req_id, "ok": True, "level": level, "processes": told}

@@ -95,6 +95,35 @@ class Workers:
         w = self.by_name.get(name)
         return w.info if w is not None else {}
 
+    def names(self, roles: tuple[str, ...] = ROLES) -> list[tuple[str, str]]:
+        """``(name, role)`` of every connected worker of ``roles``."""
+        return [(w.name, w.role) for w in self.by_name.values() if w.role in roles]
+
+    def all_names(self) -> list[str]:
+        """Every connected worker, gateways included."""
+        return list(self.by_name)
+
+    def pid(self, name: str) -> int | None:
+        w = self.by_name.get(name)
+        return w.pid if w is not None else None
+
+    def connected(self, name: str) -> bool:
+        return name in self.by_name
+
+    def rest(self, name: str) -> None:
+        """``name`` builds a run-time load: route to it only when no other worker of its role is live."""
+        self.resting.add(name)
+
+    def wake(self, name: str) -> None:
+        self.resting.discard(name)
+
+    def failed_models(self) -> dict[str, str]:
+        """Model versions some worker could not load, with the error it reported."""
+        out: dict[str, str] = {}
+        for w in self.by_name.values():
+            out.update(w.info.get("failed") or {})
+        return out
+
     def pick(self, role: str, now: float, load: Callable[[str], int]) -> str | None:
         """The live worker of ``role`` holding the fewest requests; ties go round-robin."""
         names = [w.name for w in self.by_name.values() if w.role == role and now - w.seen <= SILENCE_S]

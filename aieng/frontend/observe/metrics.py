@@ -29,7 +29,7 @@ class _SnapshotCollector:
         self.metrics = metrics
 
     def collect(self):
-        snap = self.metrics.snapshot
+        snap = self.metrics.published()
         restarts = CounterMetricFamily("aieng_worker_restarts", "Process restarts by role", labels=["role"])
         for role, n in sorted(snap.get("restarts", {}).items()):
             restarts.add_metric([role], n)
@@ -121,7 +121,7 @@ class Metrics:
                                     ["reason"], registry=r)
         for reason in ("timeout", "reset", "overflow"):  # present at 0 from the start
             self.http_dropped.labels(reason)
-        self.snapshot: dict[str, Any] = {}
+        self._published: dict[str, Any] = {}  # swapped whole by ``publish``; read by the collector
         self._kids: dict[tuple[str, str], tuple] = {}
         self._routes: dict[tuple[str, str, str], Any] = {}
         r.register(_SnapshotCollector(self))
@@ -182,6 +182,13 @@ class Metrics:
     def dropped_connection(self, reason: str) -> None:
         """Called from HTTP threads (prometheus_client counters are thread-safe)."""
         self.http_dropped.labels(reason).inc()
+
+    def publish(self, snap: dict[str, Any]) -> None:
+        """What the collector serves from now on (restarts, memory, models, ready, drift, clients)."""
+        self._published = snap
+
+    def published(self) -> dict[str, Any]:
+        return self._published
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aieng.config import Config
+from aieng.frontend.control.lifecycle import Lifecycle
 from aieng.frontend.requests.breaker import Breakers
 from aieng.frontend.requests.cache import ResponseCache, cache_key
 from aieng.frontend.requests.degrade import Degrader
@@ -54,16 +55,20 @@ class Immediate:
 
 class Admission:
     def __init__(self, cfg: Config, specs: dict[str, dict[str, ModelSpec]], rollout: Rollout,
-                 table: RequestTable, breakers: Breakers, cache: ResponseCache, degrader: Degrader):
+                 table: RequestTable, breakers: Breakers, cache: ResponseCache, degrader: Degrader,
+                 life: Lifecycle):
         self.cfg, self.specs, self.rollout = cfg, specs, rollout
         self.table, self.breakers, self.cache, self.degrader = table, breakers, cache, degrader
+        self.life = life  # started, draining
         self.failed_models: dict[str, str] = {}  # "model:version" -> load error (from the workers' hellos)
-        self.started = False  # the service was fully ready once: admit from then on
-        self.draining = False
+
+    def set_failed(self, failed: dict[str, str]) -> None:
+        """Versions some worker could not load (refused UNAVAILABLE), as the workers last said."""
+        self.failed_models = failed
 
     def refuses(self, key: str) -> bool:
         """Whether a request for version ``key`` would be refused now: it failed to load, or draining."""
-        return key in self.failed_models or self.draining
+        return key in self.failed_models or self.life.draining
 
     def resolve(self, req: dict) -> str:
         """The model a request names (MODEL_NOT_FOUND when unknown)."""
@@ -91,9 +96,9 @@ class Admission:
         failed = self.failed_models.get(spec.key)
         if failed is not None:
             raise p.RequestError(p.UNAVAILABLE, f"model {spec.key} is not loaded: {failed}")
-        if self.draining:
+        if self.life.draining:
             raise p.RequestError(p.UNAVAILABLE, "server is shutting down")
-        if not self.started:
+        if not self.life.started:
             raise p.RequestError(p.UNAVAILABLE, "server is not ready yet")
         mine = self.table.client_load(client)
         if mine >= self.cfg.per_client_inflight:

@@ -1,42 +1,12 @@
 """Routing one request through preprocess -> executor -> postprocess, and ending it once.
 
-The frontend sends each admitted request to a preprocess worker with its
-route (the postprocess worker it chose); from there the descriptors go
-straight from stage to stage (``messages`` draws the flow), and the workers
-tell the frontend of each hand-off with a notice per drain or batch.  The
-frontend moves the request in the table to its new holder (``table`` says who
-frees which slot) and answers it once: the ``Result``, a ``Failed``, a
-TIMEOUT when its deadline passes, or UNAVAILABLE when its holder dies.
-
-Notices can arrive in any order (they come from different processes): a
-request only moves forward (preprocess < executor < postprocess), a notice
-about a stage it has passed is ignored, and a ``Result`` or ``Failed`` is
-accepted from any worker on its route.  Nothing the workers pushed to each
-other is the frontend's to free, except the slot a dead holder held.
-
-Hold, don't refuse: when no preprocess worker is live (one restarting) the
-request waits in the table for a hello, bounded by its deadline and the
-in-flight limit; a send that fails (the worker vanished before we knew)
-holds it the same way.  The executor and postprocess inboxes queue while
-their process restarts, so those stages hold by themselves.  What a dead
-worker held, as far as the notices tell, is answered UNAVAILABLE (a notice
-arriving after its new holder died answers the request then).
-
-A shadow copy (``Request.shadow_of``, made by ``mirror``) takes the same paths
-and slot rules; where it ends (answer, error, deadline) it goes to the mirror
-instead of a client, and none of the model's counts, stats, cache, breaker,
-drift or degradation see it.  A primary's end is told to the mirror after its
-answer was sent.
-
-Idle, small, cheap: a request of a version the executor both pre- and postprocesses itself
-(``gpu_executor/inline_pre``), whose body is at most ``direct_bytes``, sent while nothing else is in
-flight and nothing else was for ``DIRECT_QUIET_S``, goes straight to the executor (``direct``): no
-preprocess worker, no notice, two hand-offs in all.  It is the executor's from the start (its death
-answers it UNAVAILABLE); its ``Result`` carries the drift facts a ``Preprocessed`` notice would have.
-
-A pipeline model (``kind: pipeline``) is started by ``fanout`` instead: its entry is never sent to a
-worker; its steps are internal requests (``Request.parent``) that take the paths above, and whose
-ends (answer, error, deadline, a dead holder) go to ``fanout``, which answers the page once.
+The frontend sends each admitted request to a preprocess worker with its route; the workers tell it of
+each hand-off, and the request moves in the table to its new holder.  It is answered exactly once: the
+``Result``, a ``Failed``, TIMEOUT at its deadline, or UNAVAILABLE when its holder dies.  Notices may arrive
+in any order: a request only moves forward.  With no live preprocess worker a request is held (bounded by
+its deadline and the in-flight limit), never refused.  A shadow copy's end goes to ``mirror``, a pipeline
+step's to ``fanout``; a small request of an idle executor that does its whole path goes straight to it
+(``direct``).  docs/architecture.md ("The request path in the frontend") has the rules in full.
 """
 from __future__ import annotations
 
@@ -108,13 +78,18 @@ class Pipeline:
         self.metrics, self.stats, self.breakers = metrics, stats, breakers
         self.cache, self.drift, self.degrader = cache, drift, degrader
         self.counts = Counts()
-        self.outcome: Callable[[str, str, str, float], None] | None = None  # (model, version, code, s)
-        self.mirror: Any = None  # mirror.Mirror: gets both ends of shadow pairs (set by the frontend)
-        self.fanout: Any = None  # fanout.Fanout: runs pipeline models' steps (set by the frontend)
+        self.outcome: Callable[[str, str, str, float], None] | None = None
+        self.mirror: Any = None
+        self.fanout: Any = None
         self.handlers: dict[type, Callable[[Any, bytes], None]] = {
             m.Preprocessed: self.on_preprocessed, m.Inferred: self.on_inferred,
             m.Result: self.on_result, m.Failed: self.on_failed,
         }
+
+    def attach(self, outcome: Callable[[str, str, str, float], None], mirror: Any, fanout: Any) -> None:
+        """The parts built over this pipeline: ``outcome(model, version, code, seconds)`` sees every answer
+        (auto-rollback), ``mirror.Mirror`` both ends of shadow pairs, ``fanout.Fanout`` pipeline models."""
+        self.outcome, self.mirror, self.fanout = outcome, mirror, fanout
 
     # -- sending a request on its way ----------------------------------------------
     def start(self, req: Request) -> None:
@@ -335,6 +310,13 @@ class Pipeline:
         self.reply(req.envelope, p.error_body(req.client_id, code, message, req.trace, where))
         if self.mirror is not None:
             self.mirror.primary_end(req, None, time.monotonic())
+
+    def refuse(self, req: Request, code: str, message: str) -> None:
+        """An error for a request that never entered the pipeline (a cold load's waiter: no breaker, no
+        auto-rollback outcome)."""
+        self.count_error(code, req.model, req.version)
+        where = {"model": req.model, "version": req.version, "route": req.route}
+        self.reply(req.envelope, p.error_body(req.client_id, code, message, req.trace, where))
 
     def count_error(self, code: str, model: str = "", version: str = "") -> None:
         self.counts.errors[code] = self.counts.errors.get(code, 0) + 1

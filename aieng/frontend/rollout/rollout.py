@@ -93,6 +93,10 @@ def within_budget(name: str, current: routing.RoutingState, history: list) -> li
     return history[len(history) - keep:]
 
 
+def _without(weights: dict[str, float], version: str) -> dict[str, float]:
+    return {v: w for v, w in weights.items() if v != version}
+
+
 def as_list(value: Any) -> list:
     """A saved list, or empty when the file holds something else there (logged and ignored, never fatal)."""
     return value if isinstance(value, list) else []
@@ -126,6 +130,25 @@ class Model:
 
     def event(self, kind: str, **fields: Any) -> None:
         self.events = (self.events + [dict(fields, kind=kind, at=time.time())])[-EVENTS:]
+
+    def drop_version(self, version: str) -> None:
+        """``version`` leaves the routable set; refused (``RequestError``) while weights or rules send
+        traffic to it.  Old routings that did can no longer be rolled back to."""
+        key, state = f"{self.name}:{version}", self.state
+        if state.weights.get(version, 0) > 0:
+            raise p.RequestError(p.INVALID_REQUEST, f"{key} has weight {state.weights[version]:g}%: set "
+                                 "it to 0 first (aieng rollout set-weights); nothing changed")
+        named = [r.name for r in state.rules if r.version == version]
+        if named:
+            raise p.RequestError(p.INVALID_REQUEST, f"{key} is named by rules {named}: change them first; "
+                                                  f"nothing changed")
+        self.versions.discard(version)
+        self.state = routing.build(state, self.versions, _without(state.weights, version),
+                                   reason=state.reason)
+        history = [s for s in self.history if not s.weights.get(version)
+                   and all(r.version != version for r in s.rules)]
+        self.history = [routing.build(s, self.versions, _without(s.weights, version), reason=s.reason)
+                        for s in history]
 
     def saved(self) -> Saved:
         return Saved(self.config_digest, self.state, tuple(self.history), tuple(self.events))
@@ -300,9 +323,47 @@ class Rollout:
                        "shadow": m.state.shadow.public() if m.state.shadow else None}
                 for name, m in self.models.items()}
 
+    def model(self, name: Any) -> Model | None:
+        return self.models.get(name) if isinstance(name, str) else None
+
+    def names(self) -> list[str]:
+        return sorted(self.models)
+
+    def serials(self) -> tuple:
+        """Changes whenever some model's routing changes (a cache key for answers built from it)."""
+        return tuple(m.state.serial for m in self.models.values())
+
+    def weights(self, name: str) -> tuple[str, dict[str, float]]:
+        """The model's stable version and weights now."""
+        state = self.models[name].state
+        return state.stable, state.weights
+
     def shadow_of(self, model: str) -> Any:
         """The model's shadow setting now (``shadow.ShadowConf``), or None."""
         return self.models[model].state.shadow
+
+    def add_version(self, name: str, version: str, reason: str) -> None:
+        """A loaded version becomes routable (weight 0 until set); the event is saved."""
+        m = self.models[name]
+        m.versions.add(version)
+        m.event("loaded", version=version, reason=reason)
+        self.save()
+
+    def remove_version(self, name: str, version: str, reason: str) -> None:
+        """``Model.drop_version``, logged as ``unloading`` and saved."""
+        m = self.models[name]
+        m.drop_version(version)
+        m.event("unloading", version=version, reason=reason)
+        self.save()
+
+    def event(self, name: str, kind: str, **fields: Any) -> None:
+        m = self.models.get(name)
+        if m is not None:
+            m.event(kind, **fields)
+
+    def reload_from_disk(self) -> list[str]:
+        """``reload`` with every model's model.yaml read again (all or nothing)."""
+        return self.reload({name: model_repo.model_settings(d) for name, d in self.model_dirs().items()})
 
     def model_dirs(self) -> dict[str, str]:
         return {name: os.path.dirname(next(iter(m.specs.values())).path) for name, m in self.models.items()}

@@ -7,12 +7,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aieng import model_repo
-from aieng.frontend.versions.golden import GOLDEN_FILE, _input, compare, read_golden  # noqa: F401 (compare: scripts)
-
-
-def _without(weights: dict[str, float], version: str) -> dict[str, float]:
-    return {v: w for v, w in weights.items() if v != version}
-
 
 BUSY = ("validating", "loading", "golden", "draining")
 
@@ -51,3 +45,34 @@ class Load:
         if self.footprint:
             out["footprint_bytes"] = dict(sorted(self.footprint.items()))
         return out
+
+
+class LoadBook:
+    """Every version's last load or unload, by ``model:version``: what ``models`` and ``status`` show."""
+
+    def __init__(self) -> None:
+        self._loads: dict[str, Load] = {}
+
+    def get(self, key: str) -> Load | None:
+        return self._loads.get(key)
+
+    def put(self, key: str, ld: Load) -> Load:
+        self._loads[key] = ld
+        return ld
+
+    def all(self) -> list[Load]:
+        return list(self._loads.values())
+
+    def items(self) -> list[tuple[str, Load]]:
+        return list(self._loads.items())
+
+    def busy(self, key: str) -> bool:
+        ld = self._loads.get(key)
+        return ld is not None and ld.state in BUSY
+
+    def owner_of(self, golden_id: str) -> Load | None:
+        """The load whose golden request ``golden_id`` is in flight."""
+        return next((x for x in self._loads.values() if golden_id in x.pending), None)
+
+    def view(self) -> dict[str, dict]:
+        return {k: ld.view() for k, ld in self._loads.items()}

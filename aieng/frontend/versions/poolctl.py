@@ -1,59 +1,30 @@
 """Model pool, wired: lazy versions load on their first request; LRU eviction under a memory budget.
 
-The rules are pure (``pool.py``); this module feeds them the frontend's events and acts on the
-answers through the hot swap path (``hotswap.py``), so a lazily loaded version is built, warmed and
-golden-checked exactly like an ``aieng models load``.
-
-States of a version of a lazy model (``pool: {lazy: true}`` in ``<model>/model.yaml``)::
-
-    cold --request--> loading --golden set passed--> resident --plan() picks it--> evicted
-      ^                  | load failed / refused                                      |
-      +------------------+               evicted --request--> loading  <--------------+
-
-* ``start(req, inputs)``: an admitted request.  A resident version (every eager one) is touched
-  (LRU) and dispatched now.  A request for a cold, evicted or loading one is first checked
-  (``inputs.precheck``: the workers' own checks that need neither processor nor session), so one
-  that would fail INVALID_INPUT is answered so at once and never loads or evicts anything; then it
-  waits here in ``ColdStarts`` (bounded per version by ``AIENG_MAX_INFLIGHT``; full: OVERLOADED)
-  and, unless one is under way, a hot swap load starts.
-* ``make_room`` (called by ``HotSwap.load`` for any cold version, ``aieng models load`` too):
-  ``Pool.plan`` picks the least recently used evictable versions with nothing in flight and no
-  request in the last ``AIENG_POOL_WARM_S`` (30 s), they are evicted (released in every worker:
-  their drain is empty, ``plan`` takes only idle ones), and the version's estimated footprint is
-  reserved.  When the load cannot fit (pinned, busy or warm versions hold the rest, or it is bigger
-  than the whole budget) the load is refused at once: the waiters get UNAVAILABLE naming the budget.
-  So a warm version in steady use is never evicted by someone cycling cold versions: their loads
-  are refused until it has been idle for ``AIENG_POOL_WARM_S``.
-* ``on_ready``: every waiter still within its deadline is dispatched; the measured footprint
-  replaces the reservation; ``aieng_model_cold_load_seconds`` observes the load.  ``on_failed``:
-  every waiter gets UNAVAILABLE with the load's error; the version stays cold (a later request
-  tries again).  ``sweep``: a waiter whose deadline passes first gets UNAVAILABLE "cold start".
-* Waiters are answered here (they are not in the request table), each exactly once: by dispatch,
-  by an error above, or by ``fail_all`` on the way down.
-
-Footprint: the executor's growth across the build (``VersionLoaded``; its GPU growth from NVML when
-its session runs on CUDA), reported only when no other build or unload overlapped it
-(aieng/runtime/footprint.py); each such reading replaces the last (``Pool.loaded``).  Until a first
-measurement, the largest measured within the budget of the model's other versions, else the model
-file's size.  A measurement above the whole budget is retried after ``AIENG_POOL_REMEASURE_S`` (60 s)
-rather than refused for good.  Preprocess/postprocess state is shown per worker, not budgeted.  Eager
-models are pinned; versions built at start are not measured (they are outside the budget).
+The rules are pure (``pool.py``); this module feeds them the frontend's events and acts on the answers
+through the hot swap path, so a lazily loaded version is built, warmed and golden-checked exactly like an
+``aieng models load``.  A version of a lazy model is resident, loading, evicted or cold.  ``start`` holds
+a request for a version that is not resident (bounded per version; checked first by ``inputs.precheck``
+so a bad request never loads or evicts) and starts its load; ``make_room`` evicts the least recently used
+idle versions outside their warm period, or refuses the load naming the budget; ``on_ready`` dispatches
+the waiters, ``on_failed`` answers them UNAVAILABLE, ``sweep`` answers those past their deadline.  Each
+waiter gets exactly one answer.  docs/rollout.md (section 10) has the states, the footprint rules and
+the settings.
 """
 from __future__ import annotations
 
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable, Protocol
 
+from aieng.config import Config
+from aieng.frontend.observe.metrics import Metrics
 from aieng.frontend.requests.table import Request
-from aieng.frontend.versions.load import Load
+from aieng.frontend.versions.load import Load, LoadBook
 from aieng.frontend.versions.pool import ColdStarts, Pool, PoolSetting, cold_start_message, refusal
 from aieng.inputs import precheck
+from aieng.model_repo import ModelSpec
 from aieng.wire import protocol as p
-
-if TYPE_CHECKING:  # pragma: no cover
-    from aieng.frontend.server import Frontend
 
 log = logging.getLogger("aieng.frontend.versions.poolctl")
 REFUSAL_LOG_S = 10.0  # a version's refused loads are logged once per this many seconds (a thrashing client)
@@ -73,20 +44,33 @@ def footprint_of(footprints: dict[str, int]) -> int:
     return max((v for k, v in footprints.items() if "executor" in k and not k.endswith(":gpu")), default=0)
 
 
+class Loader(Protocol):
+    """What the pool asks of the hot swap path (``manager.VersionManager``)."""
+
+    def load(self, name: str, version: str, source: str = "admin") -> dict: ...
+
+    def release(self, key: str) -> None: ...
+
+
 class PoolControl:
-    def __init__(self, fe: "Frontend"):
-        self.fe = fe
-        self.pool = Pool(fe.cfg.model_memory_budget, fe.cfg.pool_warm_s, fe.cfg.pool_remeasure_s)
-        self.waiting: ColdStarts[Request] = ColdStarts(fe.cfg.max_inflight)
+    def __init__(self, cfg: Config, specs: dict[str, dict[str, ModelSpec]], loads: LoadBook, loader: Loader,
+                 start: Callable[[Request], None], per_model: Callable[[], dict[str, int]], metrics: Metrics,
+                 refuse: Callable[[Request, str, str], None]):
+        """``start`` dispatches a request; ``per_model`` counts requests in flight by ``model:version``;
+        ``refuse(req, code, message)`` answers a request that never entered the pipeline."""
+        self.specs, self.loads, self.loader, self.start_request = specs, loads, loader, start
+        self.per_model, self.metrics, self.refuse = per_model, metrics, refuse
+        self.pool = Pool(cfg.model_memory_budget, cfg.pool_warm_s, cfg.pool_remeasure_s)
+        self.waiting: ColdStarts[Request] = ColdStarts(cfg.max_inflight)
         self.settings = {name: PoolSetting(**(next(iter(vs.values())).extra.get("pool") or {}))
-                         for name, vs in fe.specs.items()}
-        self.cold = {k for k in fe.cfg.cold_versions if _pair(k)[1] in fe.specs.get(_pair(k)[0], {})}
+                         for name, vs in specs.items()}
+        self.cold = {k for k in cfg.cold_versions if _pair(k)[1] in specs.get(_pair(k)[0], {})}
         self.evictions: dict[str, int] = {}
         self.cold_loads: dict[str, float] = {}  # key -> seconds of its last cold load
         self.refused: dict[str, tuple[float, int]] = {}  # key -> (when last logged, refusals since)
         for key in sorted(self.cold):
-            fe.hotswap.loads[key] = Load(*_pair(key), "pool", state="cold")
-        for name, vs in fe.specs.items():  # resident now (eager, or lazy and loaded before a restart)
+            loads.put(key, Load(*_pair(key), "pool", state="cold"))
+        for name, vs in specs.items():  # resident now (eager, or lazy and loaded before a restart)
             for v in vs:
                 if f"{name}:{v}" not in self.cold:
                     self.pool.loaded((name, v), 0, self.settings[name].evictable, float("-inf"))
@@ -99,16 +83,16 @@ class PoolControl:
         """resident, loading, evicted or cold (never loaded, or its last load failed)."""
         if key not in self.cold:
             return "resident"
-        if self.fe.hotswap.busy(key):
+        if self.loads.busy(key):
             return "loading"
-        ld = self.fe.hotswap.loads.get(key)
+        ld = self.loads.get(key)
         return "evicted" if ld is not None and ld.state == "evicted" else "cold"
 
     def estimate(self, pk: tuple[str, str], now: float) -> int:
         """A load's bytes: its last measured footprint (``Pool.need``), else the largest measured within
         the budget of its model's other versions (usually one architecture), else its model file's size."""
-        siblings = [self.pool.measured((pk[0], v)) for v in self.fe.specs.get(pk[0], {}) if v != pk[1]]
-        default = max([_file_size(self.fe.specs[pk[0]][pk[1]].onnx_path)] + siblings)
+        siblings = [self.pool.measured((pk[0], v)) for v in self.specs.get(pk[0], {}) if v != pk[1]]
+        default = max([_file_size(self.specs[pk[0]][pk[1]].onnx_path)] + siblings)
         return self.pool.need(pk, default, now)
 
     def waiters(self) -> int:
@@ -121,10 +105,10 @@ class PoolControl:
         key = req.key
         if key not in self.cold:
             self.pool.touch(_pair(key), time.monotonic())
-            self.fe.pipeline.start(req)
+            self.start_request(req)
             return True
         try:
-            precheck(self.fe.specs[req.model][req.version], inputs)
+            precheck(self.specs[req.model][req.version], inputs)
         except p.RequestError as exc:
             self.answer(req, exc.code, exc.message)
             return False
@@ -132,13 +116,13 @@ class PoolControl:
             self.answer(req, p.OVERLOADED, f"model {key} is loading (cold start) and "
                                            f"{self.waiting.max_waiting} requests wait for it already")
             return False
-        if not self.fe.hotswap.busy(key):
+        if not self.loads.busy(key):
             self.begin_load(key)
         return False
 
     def begin_load(self, key: str) -> None:
         try:
-            self.fe.hotswap.load(*_pair(key), source="cold")  # which makes room first (make_room)
+            self.loader.load(*_pair(key), source="cold")  # which makes room first (make_room)
         except p.RequestError as exc:
             self.release_waiters(key, p.UNAVAILABLE,
                                  f"model {key} cannot be loaded (cold start): {exc.message}")
@@ -146,9 +130,9 @@ class PoolControl:
     def make_room(self, key: str) -> None:
         """Before any load of a cold version (a request's, or ``aieng models load``): evict what the
         plan says and reserve the load's estimate, or raise ``protocol.RequestError`` naming the budget."""
-        fe, pk, now = self.fe, _pair(key), time.monotonic()
+        pk, now = _pair(key), time.monotonic()
         need = self.estimate(pk, now)
-        self.pool.set_inflight({_pair(k): n for k, n in fe.table.per_model().items()})
+        self.pool.set_inflight({_pair(k): n for k, n in self.per_model().items()})
         victims = self.pool.plan(pk, need, now)
         if victims is None:
             why = refusal(pk[0], pk[1], need, self.pool.budget, self.pool.stuck(pk, now), self.pool.warm_s,
@@ -170,15 +154,15 @@ class PoolControl:
 
     def evict(self, key: str, for_key: str) -> None:
         """Release an idle resident version everywhere; it stays routable and comes back on use."""
-        fe, pk = self.fe, _pair(key)
+        pk = _pair(key)
         self.pool.unloaded(pk)
-        prev = fe.hotswap.loads.get(key)
-        fe.hotswap.release(key)
-        fe.hotswap.loads[key] = Load(*pk, "pool", state="evicted",
-                                     footprint=dict(prev.footprint) if prev is not None else {})
+        prev = self.loads.get(key)
+        self.loader.release(key)
+        self.loads.put(key, Load(*pk, "pool", state="evicted",
+                                 footprint=dict(prev.footprint) if prev is not None else {}))
         self.cold.add(key)
         self.evictions[key] = self.evictions.get(key, 0) + 1
-        fe.metrics.eviction(*pk)
+        self.metrics.eviction(*pk)
         log.warning("evicted %s (least recently used) to load %s within the memory budget of %d bytes",
                     key, for_key, self.pool.budget)
 
@@ -192,14 +176,14 @@ class PoolControl:
         self.cold.discard(key)
         if ld.source == "cold":
             self.cold_loads[key] = ld.seconds
-            self.fe.metrics.cold_load(ld.name, ld.version, ld.seconds)
+            self.metrics.cold_load(ld.name, ld.version, ld.seconds)
         now = time.monotonic()
         for req in self.waiting.ready(key):
             if req.deadline <= now:
                 self.answer(req, p.UNAVAILABLE, cold_start_message(key))
             else:
                 self.pool.touch(pk, now)
-                self.fe.pipeline.start(req)
+                self.start_request(req)
 
     def on_failed(self, ld: Load) -> None:
         key = f"{ld.name}:{ld.version}"
@@ -222,10 +206,7 @@ class PoolControl:
     def answer(self, req: Request, code: str, message: str) -> None:
         """An error for a request that never entered the pipeline (not the version's fault: no breaker,
         no auto-rollback outcome)."""
-        fe = self.fe
-        fe.pipeline.count_error(code, req.model, req.version)
-        where = {"model": req.model, "version": req.version, "route": req.route}
-        fe.reply(req.envelope, p.error_body(req.client_id, code, message, req.trace, where))
+        self.refuse(req, code, message)
 
     def sweep(self, now: float) -> None:
         for key, req in self.waiting.expired(now):
@@ -246,7 +227,7 @@ class PoolControl:
         evictions."""
         versions: dict[str, dict] = {}
         now = time.monotonic()
-        for name, vs in self.fe.specs.items():
+        for name, vs in self.specs.items():
             if not self.settings.get(name, PoolSetting()).lazy:
                 continue
             for v in vs:

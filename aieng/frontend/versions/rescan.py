@@ -3,18 +3,18 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Protocol
+from typing import Protocol
 
 from aieng import model_repo
-from aieng.frontend.versions.load import BUSY
 from aieng.wire import protocol as p
 
 log = logging.getLogger("aieng.frontend.versions.hotswap")
 
 
 class Swap(Protocol):
-    """What rescanning needs of ``hotswap.HotSwap``."""
-    loads: dict[str, Any]
+    """What rescanning needs of ``manager.VersionManager``."""
+
+    def busy_versions(self, name: str) -> set[str]: ...
 
     def load(self, name: str, version: str, source: str = "admin") -> dict: ...
 
@@ -34,7 +34,7 @@ def rescan(swap: Swap, model_dirs: dict[str, str], specs: dict[str, dict]) -> di
         except (OSError, model_repo.ModelError) as exc:
             log.error("reload: %s not rescanned: %s", name, exc)
             continue
-        busy = {ld.version for ld in swap.loads.values() if ld.name == name and ld.state in BUSY}
+        busy = swap.busy_versions(name)
         for v in served:
             if v not in specs[name] and v not in busy:
                 try:
