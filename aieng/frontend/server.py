@@ -28,6 +28,7 @@ from aieng.frontend.observe.metrics import Metrics
 from aieng.frontend.observe.snapshot import Snapshots
 from aieng.frontend.observe.stats import StageStats
 from aieng.frontend.requests.admission import Admission, Immediate
+from aieng.frontend.requests.answers import Answers
 from aieng.frontend.requests.breaker import Breakers
 from aieng.frontend.requests.cache import ResponseCache
 from aieng.frontend.requests.clients import ClientGate, client_socket
@@ -76,19 +77,20 @@ class Frontend:
         self.admission = Admission(cfg, self.specs, self.rollout, self.table, self.breakers,
                                    self.cache, self.degrader, self.life)
         posts = [f"post-{j}" for j in range(cfg.postprocess_workers)]
-        self.pipeline = pl = Pipeline(self.table, self.workers, posts, self.send_hub, self.reply,
-                                      self.metrics, self.stats, self.breakers, self.cache, self.drift,
-                                      self.degrader, cfg.inline_preprocess_bytes, self.send_direct)
+        # every answer: counted, cached, measured; the auto-rollback watches each (rollout.observe)
+        self.answers = Answers(self.reply, self.metrics, self.stats, self.breakers, self.cache, self.drift,
+                               self.degrader, self.rollout.observe)
+        self.pipeline = pl = Pipeline(self.table, self.workers, posts, self.send_hub, self.answers,
+                                      self.metrics, self.stats, cfg.inline_preprocess_bytes, self.send_direct)
         self.mirror = Mirror(cfg, self.specs, self.rollout, self.admission, self.table, pl.start,
                              self.metrics.registry)  # shadow copies and their comparison
-        # auto-rollback watches every answer; fanout runs pipeline models' steps
-        pl.attach(self.rollout.observe, self.mirror, Fanout(pl, self.specs))
+        pl.attach(self.mirror, Fanout(pl, self.table, self.workers, self.specs))  # pipeline models' steps
         self.versions = VersionManager(cfg, self.specs, self.send_hub, self.workers, self.rollout, pl.start,
-                                       self.table, self.metrics, pl.refuse)
+                                       self.table, self.metrics, self.answers.refuse)
         self.views = {"breakers": self.breakers.view, "degradation": self.degrader.view,
                       "cache": lambda: self.cache.view() if self.cache.enabled else None,
-                      "clients": self.gate.view, "counts": pl.counts.view, "pool": self.versions.pool_view,
-                      "routing": self.rollout.view}
+                      "clients": self.gate.view, "counts": self.answers.counts.view,
+                      "pool": self.versions.pool_view, "routing": self.rollout.view}
         self.ops = ClientOps(self.workers, self.life, self.table, self.specs, self.rollout, self.stats,
                              self.mirror, self.send_hub, self.views, self.log)
         self.handlers = dict(self.pipeline.handlers)
@@ -220,21 +222,21 @@ class Frontend:
         op = req.get("op", "infer")
         why = self.gate.allow(envelope[0], op == "infer", received)
         if why is not None:
-            self.pipeline.count_error(p.OVERLOADED, *Admission.labels_of(req, self.specs))
+            self.answers.count_error(p.OVERLOADED, *Admission.labels_of(req, self.specs))
             return self.reply(envelope, p.error_body(req_id, p.OVERLOADED, why))
         if op != "infer":
             answer = self.ops.handle(op, req_id, req) if isinstance(op, str) else None
             if answer is None:
                 return self.refuse(envelope, f"unknown op {op!r}", req_id)
             return self.reply(envelope, p.pack(answer))
-        self.pipeline.counts.requests += 1
+        self.answers.admitted()
         try:
             decision = self.admission.admit(req, envelope[0], received)
         except p.RequestError as exc:
-            self.pipeline.count_error(exc.code, *Admission.labels_of(req, self.specs))
+            self.answers.count_error(exc.code, *Admission.labels_of(req, self.specs))
             return self.reply(envelope, p.error_body(req_id, exc.code, exc.message))
         if isinstance(decision, Immediate):
-            return self.pipeline.answer_now(envelope, req_id, decision, received)
+            return self.answers.immediate(envelope, req_id, decision, received)
         a = decision
         r = Request(self.table.new_rid(), envelope, req_id, a.model, a.version, a.deadline, received,
                     a.params, trace=a.trace, probe=a.probe, cache_key=a.cache_key, degraded=a.degraded,
@@ -245,7 +247,7 @@ class Frontend:
 
     def refuse(self, envelope: list, message: str, req_id: Any = None) -> None:
         """INVALID_REQUEST for a message that never became a request (counted, model unknown)."""
-        self.pipeline.count_error(p.INVALID_REQUEST)
+        self.answers.count_error(p.INVALID_REQUEST)
         self.reply(envelope, p.error_body(req_id, p.INVALID_REQUEST, message))
 
     def reply(self, envelope: list, body: bytes) -> None:

@@ -18,7 +18,7 @@ import time
 import psutil
 import pytest
 
-from aieng.client import AsyncClient, build_request
+from aieng.client import AsyncClient, Client, build_request
 from tests.e2e.rollout_helpers import (
     PENGUINS,
     base_repo,
@@ -29,6 +29,7 @@ from tests.e2e.rollout_helpers import (
     srv_metrics,
     start,
 )
+from tests.waits import until
 
 pytestmark = pytest.mark.e2e
 
@@ -188,7 +189,8 @@ def test_unload_drains_in_flight_requests_and_refuses_a_weighted_version(make_se
     try:
         burst = threading.Thread(target=lambda: results.extend(asyncio.run(pinned_burst(8))))
         burst.start()
-        time.sleep(0.5)
+        with Client(srv.addr, timeout_s=10) as c:  # all eight held in flight by the suspended executor
+            assert until(lambda: c.health()["in_flight"] == 8, 30)
         code, out, err = cli(srv, "models", "unload", "tabular", "2", "--no-wait")
         assert code == 0, err
         started = json.loads(out)

@@ -36,7 +36,8 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 import numpy as np
 
-from aieng.frontend.requests.table import Request
+from aieng.frontend.control.workers import Workers
+from aieng.frontend.requests.table import Request, RequestTable
 from aieng.model_repo import latest
 from aieng.wire import protocol as p
 
@@ -69,8 +70,9 @@ class Page:
 
 
 class Fanout:
-    def __init__(self, pipeline: "Pipeline", specs: dict):
-        self.pl, self.specs = pipeline, specs
+    def __init__(self, pipeline: "Pipeline", table: RequestTable, workers: Workers, specs: dict):
+        """``pipeline`` starts and ends the step requests and answers the page (its methods only)."""
+        self.pl, self.table, self.workers, self.specs = pipeline, table, workers, specs
         self.pages: dict[int, Page] = {}
 
     def owns(self, req: Request) -> bool:
@@ -83,14 +85,14 @@ class Fanout:
         spec = self.specs[req.model][req.version]
         body = bytes(req.body.buffer) if hasattr(req.body, "buffer") else bytes(req.body)
         page = self.pages[req.rid] = Page(req, body, spec.pipeline["steps"])
-        self.pl.table.add(req)
+        self.table.add(req)
         req.body = None
         self.send_step(page, page.steps[0]["model"])
 
     def send_step(self, page: Page, model: str, crop: dict | None = None) -> None:
         r = page.req
         version = latest(self.specs[model])
-        child = Request(self.pl.table.new_rid(), [PIPELINE_CLIENT], None, model, version, r.deadline,
+        child = Request(self.table.new_rid(), [PIPELINE_CLIENT], None, model, version, r.deadline,
                         time.monotonic(), {}, trace=r.trace, body=page.body, route="pipeline", parent=r.rid,
                         crop=crop)
         page.children.add(child.rid)
@@ -183,7 +185,7 @@ class Fanout:
         if page is None:
             return
         for child_rid in list(page.children):
-            child = self.pl.table.get(child_rid)
-            if child is not None and child.holder and child.holder not in self.pl.workers.by_name:
+            child = self.table.get(child_rid)
+            if child is not None and child.holder and not self.workers.connected(child.holder):
                 continue
             self.pl.fail(child_rid, code, "the pipeline request was answered")

@@ -15,13 +15,9 @@ import time
 from typing import Any, Callable
 
 from aieng.frontend.control.workers import Workers
-from aieng.frontend.observe.drift import DriftMonitor
 from aieng.frontend.observe.metrics import Metrics
 from aieng.frontend.observe.stats import StageStats
-from aieng.frontend.requests.admission import Immediate
-from aieng.frontend.requests.breaker import Breakers
-from aieng.frontend.requests.cache import ResponseCache
-from aieng.frontend.requests.degrade import Degrader
+from aieng.frontend.requests.answers import Answers
 from aieng.frontend.requests.table import EXEC, POST, PRE, Request, RequestTable
 from aieng.wire import messages as m
 from aieng.wire import protocol as p
@@ -51,34 +47,18 @@ def stage_times(req: Request, t: m.Trail, now: float) -> dict[str, int]:
             "hop.to_postprocess": to_post, "hop.to_frontend": to_frontend, "total": _us(now - req.received)}
 
 
-class Counts:
-    """What health and stats report: requests admitted, answered OK, errors by code."""
-
-    def __init__(self) -> None:
-        self.requests = 0
-        self.ok = 0
-        self.errors: dict[str, int] = {}
-
-    def view(self) -> dict:
-        return {"requests": self.requests, "ok": self.ok, "errors": dict(self.errors)}
-
-
 class Pipeline:
     def __init__(self, table: RequestTable, workers: Workers, post_names: list[str],
-                 send: Callable[[str, list], bool], reply: Callable[[list, bytes], None], metrics: Metrics,
-                 stats: StageStats, breakers: Breakers, cache: ResponseCache, drift: DriftMonitor,
-                 degrader: Degrader, direct_bytes: int = 0,
-                 send_direct: Callable[[list], bool] | None = None):
-        self.table, self.workers, self.send, self.reply = table, workers, send, reply
+                 send: Callable[[str, list], bool], answers: Answers, metrics: Metrics, stats: StageStats,
+                 direct_bytes: int = 0, send_direct: Callable[[list], bool] | None = None):
+        """``send(worker, frames)`` over the hub; ``answers`` ends every admitted request once."""
+        self.table, self.workers, self.send, self.answers = table, workers, send, answers
         self.direct_bytes = direct_bytes  # AIENG_INLINE_PREPROCESS_BYTES (0: never straight to the executor)
         self.busy_until = 0.0  # monotonic s: no direct request before (another request was in flight lately)
         # how a direct request reaches the executor (the server's: the express lane, else the hub)
         self.send_direct = send_direct or (lambda frames: self.send("executor", frames))
         self.post_names = post_names  # every postprocess worker, live or restarting
-        self.metrics, self.stats, self.breakers = metrics, stats, breakers
-        self.cache, self.drift, self.degrader = cache, drift, degrader
-        self.counts = Counts()
-        self.outcome: Callable[[str, str, str, float], None] | None = None
+        self.metrics, self.stats = metrics, stats
         self.mirror: Any = None
         self.fanout: Any = None
         self.handlers: dict[type, Callable[[Any, bytes], None]] = {
@@ -86,10 +66,10 @@ class Pipeline:
             m.Result: self.on_result, m.Failed: self.on_failed,
         }
 
-    def attach(self, outcome: Callable[[str, str, str, float], None], mirror: Any, fanout: Any) -> None:
-        """The parts built over this pipeline: ``outcome(model, version, code, seconds)`` sees every answer
-        (auto-rollback), ``mirror.Mirror`` both ends of shadow pairs, ``fanout.Fanout`` pipeline models."""
-        self.outcome, self.mirror, self.fanout = outcome, mirror, fanout
+    def attach(self, mirror: Any, fanout: Any) -> None:
+        """The parts built over this pipeline: ``mirror.Mirror`` gets both ends of shadow pairs,
+        ``fanout.Fanout`` runs pipeline models."""
+        self.mirror, self.fanout = mirror, fanout
 
     # -- sending a request on its way ----------------------------------------------
     def start(self, req: Request) -> None:
@@ -220,44 +200,14 @@ class Pipeline:
         if req.parent is not None:  # a pipeline's step: its page goes on
             return self.fanout.child_end(req, msg.outputs, "OK", "", msg.trail)
         try:  # bookkeeping; an error here must not lose the answer (the request has left the table)
-            self.account(req, msg, now)
+            self.credit_through(req)
+            self.metrics.worker.labels(POST, req.post).inc()
+            req.timing.update(stage_times(req, msg.trail, now))
         except Exception:
             log.exception("bookkeeping of an answer failed")
-        extra: dict[str, Any] = {"batch": msg.trail.batch, "trace_id": req.trace, "route": req.route}
-        skipped = [step[0] for step in msg.steps if step[2] == "skipped"]
-        if req.degraded or skipped:  # a step skipped at its time limit: level 1, optional work left out
-            extra["degraded"] = max(req.degraded, 1 if skipped else 0)
-        if skipped:
-            extra["skipped_steps"] = skipped
-        timing = req.timing or {"total": int((now - req.received) * 1e6)}
-        body = p.result_body(req.client_id, req.model, req.version, msg.outputs, timing, extra)
-        self.reply(req.envelope, body)
-        log.debug("answered OK in %d us", timing["total"], extra={"trace": req.trace})
-        req.timing["frontend_out"] = int((time.monotonic() - now) * 1e6)
-        self.stats.add(req.model, req.timing, req.batch, req.seq_len, req.padded or req.seq_len)
+        self.answers.ok(req, msg, req.timing, now)
         if self.mirror is not None:
             self.mirror.primary_end(req, msg.outputs, now)
-
-    def account(self, req: Request, msg: m.Result, now: float) -> None:
-        """Timings, counts, breaker, cache, metrics and drift for an answer about to be sent."""
-        self.credit_through(req)
-        self.metrics.worker.labels(POST, req.post).inc()
-        req.timing.update(stage_times(req, msg.trail, now))
-        for name, us, _ in msg.steps:  # a breakdown of "postprocess", not more stages of the total
-            req.timing[f"postprocess.{name}"] = int(us)
-        self.stats.add_steps(req.model, msg.steps)
-        t = msg.trail
-        req.batch, req.padded, req.seq_len = t.batch, t.padded, t.seq_len
-        self.counts.ok += 1
-        self.breakers.success(req.key)
-        if req.cache_key is not None and all(step[2] == "ok" for step in msg.steps):  # never a partial one
-            self.cache.put(req.cache_key, msg.outputs)
-        # metrics before the reply, so a client that reads /metrics after its answer sees it
-        self.metrics.answered(req.model, req.version, req.timing, req.batch, msg.confidence)
-        self.drift.observe(req.model, req.version, req.features)
-        self.degrader.observe_latency(req.key, now - req.received)
-        if self.outcome is not None:
-            self.outcome(req.model, req.version, "OK", now - req.received)
 
     def on_failed(self, msg: m.Failed, ident: bytes) -> None:
         req = self.table.get(msg.rid)
@@ -298,29 +248,9 @@ class Pipeline:
             self.fanout.page_failed(rid, code)
         if req.shadow_of is not None:
             return self.mirror.shadow_end(req, None, code, time.monotonic())
-        if model_fault:  # the model run itself failed: the breaker counts it
-            self.breakers.failure(req.key, time.monotonic(), req.probe)
-        else:
-            self.breakers.neutral(req.key, req.probe)
-        self.count_error(code, req.model, req.version)
-        if self.outcome is not None:
-            self.outcome(req.model, req.version, code, time.monotonic() - req.received)
-        log.debug("answered %s at stage %s", code, req.stage, extra={"trace": req.trace})
-        where = {"model": req.model, "version": req.version, "route": req.route}
-        self.reply(req.envelope, p.error_body(req.client_id, code, message, req.trace, where))
+        self.answers.error(req, code, message, model_fault)
         if self.mirror is not None:
             self.mirror.primary_end(req, None, time.monotonic())
-
-    def refuse(self, req: Request, code: str, message: str) -> None:
-        """An error for a request that never entered the pipeline (a cold load's waiter: no breaker, no
-        auto-rollback outcome)."""
-        self.count_error(code, req.model, req.version)
-        where = {"model": req.model, "version": req.version, "route": req.route}
-        self.reply(req.envelope, p.error_body(req.client_id, code, message, req.trace, where))
-
-    def count_error(self, code: str, model: str = "", version: str = "") -> None:
-        self.counts.errors[code] = self.counts.errors.get(code, 0) + 1
-        self.metrics.failed(model, version, code)
 
     def sweep(self, now: float) -> None:
         self.table.prune_ghosts(now)
@@ -338,33 +268,9 @@ class Pipeline:
             return
         if req.shadow_of is not None:  # a shadow copy of a pipeline request: compared, never answered
             return self.mirror.shadow_end(req, outputs, "OK", now)
-        self.counts.ok += 1
-        self.breakers.success(req.key)
-        if req.cache_key is not None:
-            self.cache.put(req.cache_key, outputs)
-        self.metrics.answered(req.model, req.version, timing, 1, None)
-        for step, us in timing.items():  # the pipeline's steps as its stages (four names: bounded labels)
-            if step != "total":
-                self.metrics.stage.labels(req.model, req.version, step).observe(us / 1e6)
-        self.stats.add_steps(req.model, [(k, us, "ok") for k, us in timing.items() if k != "total"])
-        self.degrader.observe_latency(req.key, now - req.received)
-        if self.outcome is not None:
-            self.outcome(req.model, req.version, "OK", now - req.received)
-        extra = {"trace_id": req.trace, "route": req.route, **extra}
-        self.reply(req.envelope, p.result_body(req.client_id, req.model, req.version, outputs, timing, extra))
-        self.stats.add(req.model, timing, 1, 0, 0)
+        self.answers.page(req, outputs, timing, extra, now)
         if self.mirror is not None:
             self.mirror.primary_end(req, outputs, now)
-
-    def answer_now(self, envelope: list, req_id: Any, d: Immediate, received: float) -> None:
-        """An answer admission found without the pipeline (a cache hit, a degradation fallback)."""
-        us = int((time.monotonic() - received) * 1e6)
-        self.metrics.requests.labels(d.model, d.version, "OK").inc()
-        if d.extra.get("cached"):
-            self.metrics.cache_hits.labels(d.model).inc()
-        self.counts.ok += 1
-        timing = {"frontend_in": us, "total": us}
-        self.reply(envelope, p.result_body(req_id, d.model, d.version, d.outputs, timing, d.extra))
 
     def fail_all(self, code: str, message: str) -> int:
         rids = list(self.table.items)
