@@ -121,9 +121,6 @@ class Frontend:
                                    self.specs, self.ops.health, self.views,
                                    self.http.debug_asked if self.http is not None else None)
 
-    def ready_info(self) -> dict:
-        return {"addr": self.cfg.frontend_addr}
-
     # -- main loop ----------------------------------------------------------------
     def run(self, stop: procutil.StopFlag) -> None:
         poller = self.poller

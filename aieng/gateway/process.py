@@ -117,16 +117,6 @@ class Gateway:
                                          cfg.http_timeout_s, cfg.http_timeout_s * IDLE_FACTOR)
         self.upstream.start()
 
-    def info(self) -> dict:
-        return {"http": self.cfg.oip_http_addr, "grpc": self.cfg.oip_grpc_addr,
-                "requests": self.upstream.requests, "in_flight": len(self.upstream.waiting),
-                "rows_held": self.service.budget.total, "peers": len(self.service.budget.held),
-                "decoded_off_loop": self.service.decoder.off_loop,
-                "http_dropped": dict(self.http.dropped) if self.http else {}}
-
-    def ready_info(self) -> dict:
-        return self.info()
-
     def run(self, stop: procutil.StopFlag) -> None:
         self.loop.run_until_complete(self._run(stop))
 
@@ -135,7 +125,7 @@ class Gateway:
         while not stop.stop:
             now = self.loop.time()
             if now >= next_hello:
-                self.hub.send(m.encode(m.Hello(self.worker, self.role, os.getpid(), self.info())))
+                self.hub.send(m.encode(m.Hello(self.worker, self.role, os.getpid())))
                 next_hello = now + HEARTBEAT_S
             self._read_hub()
             await asyncio.sleep(TICK_S)

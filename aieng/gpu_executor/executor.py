@@ -31,7 +31,7 @@ from aieng.gpu_executor.batcher import Batcher, Pending
 from aieng.gpu_executor.inline_post import EXECUTOR, InlinePost
 from aieng.gpu_executor.inline_pre import InlinePre, Prepared
 from aieng.gpu_executor.lanes import Job, Lanes
-from aieng.gpu_executor.sessions import BACKGROUND_WARM_ROWS, ModelSession, describe_runtime, paced_warmup
+from aieng.gpu_executor.sessions import BACKGROUND_WARM_ROWS, ModelSession, gpu_count, paced_warmup
 from aieng.model_repo import ModelSpec
 from aieng.runtime.worker import HubWorker, own_ring, push_socket
 from aieng.runtime.worker_hotswap import Versions, lower_priority
@@ -189,16 +189,16 @@ class Executor(HubWorker):
         self.bg_runs: dict[str, int] = {}  # per version: batches run on the background lane
         self.wake_fds.append(self.lanes.wake_fd)
 
-    def info(self) -> dict:
+    def hello_fields(self) -> dict:
         direct = set(self.inline_pre.advertised(self.inline.advertised()))
-        return {"ring": self.ring.seg.name, "runtime": describe_runtime(), "lanes": self.lanes.n,
-                "models": {k: {**s.describe(), "idle_wide_session": k in self.wide,
-                               "background_runs": self.bg_runs.get(k, 0),
-                               "postprocess": self.inline.choices[k].view() if k in self.inline.choices
-                               else None,
-                               "preprocess": self.inline_pre.view(k, k in direct)}
-                           for k, s in self.sessions.items()},
-                "failed": dict(self.failed)}
+        return {"ring": self.ring.seg.name, "gpus": gpu_count(), "failed": dict(self.failed),
+                "providers": {k: s.provider for k, s in self.sessions.items()},
+                "sessions": {k: {**s.describe(), "idle_wide_session": k in self.wide,
+                                 "background_runs": self.bg_runs.get(k, 0),
+                                 "postprocess": self.inline.choices[k].view() if k in self.inline.choices
+                                 else None,
+                                 "preprocess": self.inline_pre.view(k, k in direct)}
+                             for k, s in self.sessions.items()}}
 
     def hello_msg(self) -> m.Hello:
         hello = super().hello_msg()

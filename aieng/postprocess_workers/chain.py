@@ -35,6 +35,7 @@ from aieng.postprocess_workers import ctc, detection, ops  # noqa: F401  (they f
 from aieng.postprocess_workers.guard import Guard
 from aieng.postprocess_workers.schema import GEOMETRY, REGISTRY, check_params
 from aieng.wire.protocol import TIMEOUT, RequestError
+from aieng.wire.records import Step
 
 STEP_KEYS = ("op", "name", "timeout_ms", "on_timeout", "isolate")
 MAX_STEPS = 32
@@ -97,9 +98,9 @@ def parse(post: Any) -> dict[str, Any]:
 
 @dataclass
 class Outcome:
-    """One run: the answer's values, ``[name, us, outcome]`` per step, and the steps skipped."""
+    """One run: the answer's values, a ``Step`` per step, and the steps skipped."""
     values: dict[str, Any]
-    steps: list = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
     skipped: list = field(default_factory=list)
     confidence: float | None = None
 
@@ -107,7 +108,7 @@ class Outcome:
 class StepTimedOut(RequestError):
     """A step with ``on_timeout: fail`` ran past its limit; carries the step timings so far."""
 
-    def __init__(self, message: str, steps: list):
+    def __init__(self, message: str, steps: list[Step]):
         super().__init__(TIMEOUT, message)
         self.steps = steps
 
@@ -146,7 +147,7 @@ class Chain:
         for s, op in self.steps:
             name = s["name"]
             if missing.intersection(op.inputs):
-                out.steps.append([name, 0, "skipped"])
+                out.steps.append(Step(name, 0, "skipped"))
                 out.skipped.append(name)
                 missing.update(op.outputs)
                 continue
@@ -160,14 +161,14 @@ class Chain:
             us = (time.perf_counter_ns() - t0) // 1000
             if not ok:
                 if s["on_timeout"] == "fail":
-                    out.steps.append([name, us, "timeout"])
+                    out.steps.append(Step(name, us, "timeout"))
                     raise StepTimedOut(f"postprocess step '{name}' (op {s['op']}) ran past its "
                                        f"{s['timeout_ms']:g} ms limit", out.steps)
-                out.steps.append([name, us, "skipped"])
+                out.steps.append(Step(name, us, "skipped"))
                 out.skipped.append(name)
                 missing.update(op.outputs)
                 continue
-            out.steps.append([name, us, "ok"])
+            out.steps.append(Step(name, us, "ok"))
             for key, value in values.items():
                 state[key] = value
                 missing.discard(key)

@@ -62,7 +62,7 @@ class PostprocessWorker(HubWorker):
                            extra={"trace": task.trace})
         self.send(msg)
 
-    def info(self) -> dict:
+    def hello_fields(self) -> dict:
         return {"failed": dict(self.failed)}
 
     def op(self, key: str):

@@ -87,7 +87,7 @@ class PreprocessWorker(HubWorker):
         self.ring = own_ring(self.cfg, self.worker, max(needs, default=0),
                              small_requests=any(n <= self.cfg.shm_slot_bytes for n in needs))
 
-    def info(self) -> dict:
+    def hello_fields(self) -> dict:
         return {"ring": self.ring.seg.name, "failed": dict(self.failed)}
 
     # -- the loop ---------------------------------------------------------------

@@ -143,8 +143,8 @@ def child_setup(role: str, worker: str, cfg: dict, ready_conn: Any) -> logging.L
     return log
 
 
-def report_ready(ready_conn: Any, info: dict | None = None) -> None:
-    ready_conn.send_bytes(msgpack.packb({"ok": True, "pid": os.getpid(), "info": info or {}}))
+def report_ready(ready_conn: Any) -> None:
+    ready_conn.send_bytes(msgpack.packb({"ok": True, "pid": os.getpid()}))
 
 
 def report_failure(ready_conn: Any, log: logging.Logger, exc: BaseException) -> None:

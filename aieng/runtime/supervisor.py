@@ -221,8 +221,8 @@ class Supervisor:
                 c.proc.kill()
 
     def publish_state(self) -> None:
-        procs = {c.name: {"role": c.role, "pid": c.proc.pid if c.proc else None,
-                          "alive": bool(c.proc and c.proc.is_alive()), "restarts": c.restarts}
+        procs = {c.name: m.ProcessState(c.role, c.proc.pid if c.proc else None,
+                                        bool(c.proc and c.proc.is_alive()), c.restarts)
                  for c in self.children}
         restarts = {}
         for c in self.children:

@@ -41,7 +41,7 @@ class VersionRecord:
         return {k: s.to_dict() for k, s in self.specs.items() if not builds or k not in self.cold}
 
     def on_load(self, msg: m.LoadVersion) -> None:
-        spec = ModelSpec.from_dict(msg.spec)
+        spec = msg.spec
         if msg.ready:
             self.pending.pop(spec.key, None)
         elif spec.key not in self.pending:  # pending until the frontend says it passed

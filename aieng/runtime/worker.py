@@ -72,7 +72,7 @@ def run_process(role: str, cfg_dict: dict, spec_dicts: dict, worker: str, ready_
     except Exception as exc:
         procutil.report_failure(ready_conn, log, exc)
         raise SystemExit(1)
-    procutil.report_ready(ready_conn, obj.ready_info())
+    procutil.report_ready(ready_conn)
     try:
         obj.run(stop)
     finally:
@@ -106,16 +106,13 @@ class HubWorker:
         self.inbox: zmq.Socket | None = None  # the data-path PULL socket, for roles that have one
 
     # -- what a role provides -------------------------------------------------
-    def info(self) -> dict:
-        """What the frontend shows of this worker in health and models."""
+    def hello_fields(self) -> dict:
+        """This role's fields of its ``Hello`` (failed loads, ring, sessions): what health and models show."""
         return {}
-
-    def ready_info(self) -> dict:
-        return self.info()
 
     def hello_msg(self) -> m.Hello:
         """This worker's heartbeat (sent again as is until ``hello_bytes`` is rebuilt)."""
-        return m.Hello(self.worker, self.role, os.getpid(), self.info())
+        return m.Hello(self.worker, self.role, os.getpid(), **self.hello_fields())
 
     def after_drain(self, now: float) -> int | None:
         """Work to do once the waiting messages are read; returns the next poll timeout in ms."""

@@ -84,7 +84,7 @@ class Versions:
         worker.handlers[m.UnloadVersion] = self.on_unload
 
     def on_load(self, msg: m.LoadVersion, frames: list) -> None:
-        spec = ModelSpec.from_dict(msg.spec)
+        spec = msg.spec
         if spec.key in self.store:
             self.worker.send(m.VersionLoaded(self.worker.worker, spec.key, 0.0))
             return

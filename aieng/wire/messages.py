@@ -1,31 +1,12 @@
-"""Every message that crosses a process boundary inside aieng, declared once.
+"""Every message that crosses a process boundary inside aieng, declared once, and their codec.
 
-The field names are the internal protocol.  Messages are msgpack maps with a
-``t`` tag naming the type; receivers route on it with a dispatch table.
-Tensors never travel here: a :class:`Ref` names a shared-memory slot (see
-``aieng.wire.shm``).  A request's descriptors go straight from one stage to the
-next; the frontend is told of each hand-off (one notice per preprocess drain
-or executor batch), so it always knows who holds a request (``addresses``
-has the sockets)::
-
-    client -> FE            request (protocol.py)
-    FE -> pre[i]            PreTask + the client's raw request frame
-    FE -> executor          the same, for a small request while idle (its Result then carries features)
-    pre[i] -> executor      InferTask (slot in pre[i]'s ring)      | pre[i] -> FE: Failed
-    pre[i] -> FE            Preprocessed: who now holds which rows (a notice)
-    executor -> post[j]     PostTask (slot in the executor's ring) | executor -> FE: Failed
-    executor -> FE          Inferred: a notice per batch
-    post[j] -> FE           Result (outputs already msgpack-packed, the request's Trail, per-step
-                            timings) | Failed (a step that ran past its limit is named, with timings)
-    FE -> client            response
-
-A :class:`Trail` travels with the request and collects each stage's clock
-readings (CLOCK_MONOTONIC is one clock for every process), so the frontend
-gets the whole timing with the result, whatever order the notices arrive in.
-
-Unpack limits are derived from the client protocol's (``configure``): every
-internal message may carry client-supplied ``params``, so whatever the
-frontend accepted a worker can decode.
+Messages are msgpack maps with a ``t`` tag naming the type; receivers route on it with a dispatch table.
+Every field has a declared type: nested records (``Ref``, ``Trail``, ``Geometry``, ``ProcessState``,
+``Step``, a ``ModelSpec``) travel as lists or maps and come back as their type (``decode``).  Tensors
+never travel here: a ``Ref`` names a shared-memory slot (``aieng.wire.shm``).  A ``Trail`` travels with
+each request and collects every stage's clock readings (one CLOCK_MONOTONIC for all processes).  Unpack
+limits derive from the client protocol's (``configure``): every internal message may carry client
+``params``.  docs/architecture.md ("Message flow") draws who sends what to whom.
 """
 from __future__ import annotations
 
@@ -36,53 +17,8 @@ from typing import Any, ClassVar, Optional
 
 import msgpack
 
-
-@dataclass(slots=True)
-class Ref:
-    """Where one request's tensors lie: ring segment, slot, generation, tensors.
-
-    ``tensors`` holds ``[name, dtype str, shape, offset]`` per tensor.  On the
-    wire a Ref is the list ``[seg, slot, gen, tensors]``.
-    """
-    seg: str
-    slot: int
-    gen: int
-    tensors: list
-
-    def wire(self) -> list:
-        return [self.seg, self.slot, self.gen, self.tensors]
-
-
-@dataclass(slots=True)
-class Trail:
-    """Clock readings (monotonic seconds) and sizes a request collects on its way; a list on the wire."""
-    pre_started: float = 0.0  # its preprocess group began
-    pre_sent: float = 0.0  # its tensors were written and it left for the executor
-    exec_arrived: float = 0.0
-    batch_started: float = 0.0
-    infer_us: int = 0  # the run of its batch
-    seq_len: int = 0  # its own sequence length (0: fixed shapes)
-    batch: int = 1  # rows in that batch
-    padded: int = 0  # padded sequence length of that batch
-    post_started: float = 0.0
-    post_us: int = 0
-
-    def wire(self) -> list:
-        return [getattr(self, f.name) for f in dataclasses.fields(self)]
-
-
-@dataclass(slots=True)
-class Geometry:
-    """An image request's sizes, set by its preprocessing for the postprocessing that maps boxes back to
-    the page: the page as decoded (``page_h`` x ``page_w``) and the part of the model input its content
-    fills (``input_h`` x ``input_w``; batch padding lies beyond it).  A list on the wire."""
-    page_h: int
-    page_w: int
-    input_h: int
-    input_w: int
-
-    def wire(self) -> list:
-        return [self.page_h, self.page_w, self.input_h, self.input_w]
+from aieng.model_spec import ModelSpec
+from aieng.wire.records import Geometry, ProcessState, Ref, Step, Trail  # noqa: F401 (m.Ref, ...)
 
 
 @dataclass(slots=True)
@@ -92,11 +28,16 @@ class Hello:
     worker: str
     role: str
     pid: int
-    info: dict = field(default_factory=dict)  # what health/models show: ring, models, runtime, failed
+    failed: dict[str, str] = field(default_factory=dict)  # versions it could not build -> why
+    ring: str = ""  # its shared-memory ring's segment (preprocess, executor)
+    providers: dict[str, str] = field(default_factory=dict)  # executor: version -> its session's provider
+    # executor: version -> what ``models`` shows of its session, passed on as is (never read by key)
+    sessions: dict[str, dict] = field(default_factory=dict)
+    gpus: int = 0  # executor: the GPUs its ONNX Runtime sees
     # the executor's: model versions whose postprocessing it runs itself (route them post="executor")
-    inline_post: list = field(default_factory=list)
+    inline_post: list[str] = field(default_factory=list)
     # the executor's: versions it may also preprocess, for a small request while idle (inline_pre)
-    inline_pre: list = field(default_factory=list)
+    inline_pre: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -132,7 +73,7 @@ class InferTask:
     seq_len: int  # batching key: longest variable dimension (0: fixed shapes)
     upstream: int
     post: str
-    params: dict  # the client's params, as sent, for postprocessing
+    params: dict[str, Any]  # the client's params, as sent, for postprocessing
     degraded: int = 0
     trace: str = ""
     trail: Trail = field(default_factory=Trail)
@@ -144,9 +85,10 @@ class InferTask:
 class Preprocessed:
     """pre[i] -> FE, once per group it forwarded: these requests' input slots are the executor's now."""
     T: ClassVar[str] = "preprocessed"
-    rids: list
-    refs: list  # list[Ref]
-    features: list  # per row: its small facts for input-drift monitoring (token count, image size, features)
+    rids: list[int]
+    refs: list[Ref]
+    # per row: its small facts for input-drift monitoring (token count, image size, features)
+    features: list[dict[str, float]]
 
 
 @dataclass(slots=True)
@@ -157,7 +99,7 @@ class PostTask:
     model: str
     version: str
     ref: Ref
-    params: dict  # the client's params, as sent
+    params: dict[str, Any]  # the client's params, as sent
     degraded: int = 0  # the model's degradation level at admission (1+: skip optional steps)
     trace: str = ""
     trail: Trail = field(default_factory=Trail)
@@ -169,8 +111,8 @@ class Inferred:
     """executor -> FE once per batch: row ``i`` is request ``rids[i]``, its outputs at ``refs[i]``,
     handed to its postprocess worker."""
     T: ClassVar[str] = "inferred"
-    rids: list
-    refs: list  # list[Ref]
+    rids: list[int]
+    refs: list[Ref]
 
 
 @dataclass(slots=True)
@@ -180,11 +122,11 @@ class Result:
     outputs: bytes  # a packed msgpack map: output name -> value
     trail: Trail = field(default_factory=Trail)
     confidence: float | None = None  # top class probability, for classifiers (a metric)
-    # postprocess steps: [name, microseconds, "ok" | "skipped"]; skipped ones (a timeout with
-    # ``on_timeout: skip``, or an input a skipped step should have made) are missing from the answer
-    steps: list = field(default_factory=list)
+    # postprocess steps; skipped ones (a timeout with ``on_timeout: skip``, or an input a skipped step
+    # should have made) are missing from the answer
+    steps: list[Step] = field(default_factory=list)
     # a request the executor preprocessed itself (inline_pre): its drift facts, as Preprocessed carries them
-    features: dict = field(default_factory=dict)
+    features: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -195,7 +137,7 @@ class Failed:
     code: str
     message: str
     ref: Optional[Ref] = None
-    steps: list = field(default_factory=list)  # from postprocessing: the steps run, the last "timeout"
+    steps: list[Step] = field(default_factory=list)  # from postprocessing: the steps run, the last "timeout"
     stage: str = ""  # the failing stage, where the sender runs several ("preprocess": the idle route)
 
 
@@ -213,8 +155,8 @@ class ServiceState:
     """Supervisor -> FE: readiness and process table for health output."""
     T: ClassVar[str] = "state"
     ready: bool
-    processes: dict
-    restarts: dict
+    processes: dict[str, ProcessState]  # by process name
+    restarts: dict[str, int]  # by role, all its processes together
 
 
 @dataclass(slots=True)
@@ -223,7 +165,7 @@ class Pulse:
     worker been silent (seconds since its last heartbeat)."""
     T: ClassVar[str] = "pulse"
     healthy: bool
-    silent: dict
+    silent: dict[str, float]  # worker -> seconds since its last heartbeat
 
 
 @dataclass(slots=True)
@@ -262,10 +204,10 @@ class Reloaded:
 # -- run-time load/unload of model versions (hotswap: frontend/versions/hotswap.py, worker_hotswap.py) ---
 @dataclass(slots=True)
 class LoadVersion:
-    """FE -> every worker and the supervisor: build this version (``ModelSpec.to_dict()``) and report.
-    The supervisor only records it, so a restarted worker comes up with it."""
+    """FE -> every worker and the supervisor: build this version and report.  The supervisor only
+    records it, so a restarted worker comes up with it."""
     T: ClassVar[str] = "load_version"
-    spec: dict
+    spec: ModelSpec  # a map on the wire (``ModelSpec.to_dict``)
     # A request waits for it (the model pool's cold load): built at the worker's own priority and warmed
     # up unpaced; otherwise (a swap beside serving) at low priority (worker_hotswap.lower_priority).
     urgent: bool = False
@@ -318,18 +260,43 @@ TYPES: dict[str, type] = {
 _FIELDS = {name: tuple(f.name for f in dataclasses.fields(cls)) for name, cls in TYPES.items()}
 
 
-_NESTED = (Ref, Trail, Geometry)  # dataclasses that travel inside messages as lists
+# Nested records: how each travels (encode) and comes back (decode).  A field may hold one (or None),
+# a list of them or a map of them; every other field travels as msgpack has it.
+_RECORDS: dict[type, tuple[Any, Any]] = {
+    Ref: (Ref.wire, lambda v: Ref(*v)), Trail: (Trail.wire, lambda v: Trail(*v)),
+    Geometry: (Geometry.wire, lambda v: Geometry(*v)),
+    ProcessState: (ProcessState.wire, lambda v: ProcessState(*v)),
+    Step: (None, lambda v: Step(*v)), ModelSpec: (ModelSpec.to_dict, ModelSpec.from_dict),
+}
 
 
-def _nested_fields(cls: type) -> tuple[dict[str, type], frozenset]:
-    """Fields holding a nested dataclass (or None), and fields holding a list of Refs."""
+def _codec(hint: Any) -> tuple[str, Any, Any] | None:
+    """``(shape, encode, decode)`` for a field of a nested record type; shape is one, list or map."""
+    args = typing.get_args(hint)
+    origin = typing.get_origin(hint)
+    if hint in _RECORDS:
+        return ("one", *_RECORDS[hint])
+    if origin is typing.Union and len(args) == 2 and type(None) in args:
+        inner = args[0] if args[1] is type(None) else args[1]
+        return ("one", *_RECORDS[inner]) if inner in _RECORDS else None
+    if origin is list and args and args[0] in _RECORDS:
+        return ("list", *_RECORDS[args[0]])
+    if origin is dict and len(args) == 2 and args[1] in _RECORDS:
+        return ("map", *_RECORDS[args[1]])
+    return None
+
+
+def _codecs(cls: type) -> dict[str, tuple[str, Any, Any]]:
     hints = typing.get_type_hints(cls)
-    one = {n: t for t in _NESTED for n, h in hints.items() if h is t or h == Optional[t]}
-    many = frozenset(f.name for f in dataclasses.fields(cls) if f.name == "refs")
-    return one, many
+    out = {}
+    for f in dataclasses.fields(cls):
+        c = _codec(hints[f.name])
+        if c is not None:
+            out[f.name] = c
+    return out
 
 
-_REFS = {name: _nested_fields(cls) for name, cls in TYPES.items()}
+_CODECS = {name: _codecs(cls) for name, cls in TYPES.items()}
 
 
 def _check_registry() -> None:
@@ -346,13 +313,14 @@ _check_registry()
 
 def encode(msg: Any) -> bytes:
     data = {"t": msg.T}
-    one, many = _REFS[msg.T]
+    codecs = _CODECS[msg.T]
     for name in _FIELDS[msg.T]:
         value = getattr(msg, name)
-        if name in one and value is not None:
-            value = value.wire()
-        elif name in many:
-            value = [r.wire() for r in value]
+        c = codecs.get(name)
+        if c is not None and value is not None and c[1] is not None:
+            shape, enc = c[0], c[1]
+            value = enc(value) if shape == "one" else (
+                [enc(v) for v in value] if shape == "list" else {k: enc(v) for k, v in value.items()})
         data[name] = value
     return msgpack.packb(data, use_bin_type=True)
 
@@ -376,11 +344,9 @@ configure(32 * 1024 * 1024)
 def decode(data: bytes | memoryview) -> Any:
     obj = msgpack.unpackb(data, raw=False, strict_map_key=False, **_LIMITS)
     tag = obj.pop("t")
-    cls = TYPES[tag]
-    one, many = _REFS[tag]
-    for name, typ in one.items():
-        if obj.get(name) is not None:
-            obj[name] = typ(*obj[name])
-    for name in many:
-        obj[name] = [Ref(*r) for r in obj[name]]
-    return cls(**obj)
+    for name, (shape, _enc, dec) in _CODECS[tag].items():
+        value = obj.get(name)
+        if value is not None:
+            obj[name] = dec(value) if shape == "one" else (
+                [dec(v) for v in value] if shape == "list" else {k: dec(v) for k, v in value.items()})
+    return TYPES[tag](**obj)

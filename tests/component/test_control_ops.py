@@ -88,8 +88,7 @@ def parts():
     workers = Workers()
     now = time.monotonic()
     workers.hello(m.Hello("pre-0", "preprocess", 11), now)
-    failed = {"failed": {"tabular:2": "session: out of memory"}}
-    workers.hello(m.Hello("executor", "executor", 12, failed), now)
+    workers.hello(m.Hello("executor", "executor", 12, failed={"tabular:2": "session: out of memory"}), now)
     workers.hello(m.Hello("post-0", "postprocess", 13), now)
     workers.hello(m.Hello("gateway-http", "gateway", 14), now)
     life, hub, rollout = Lifecycle(), Hub(gone={"post-0"}), Rollout(specs, None, None, Metrics())
@@ -110,9 +109,11 @@ def test_health_is_ready_once_the_supervisor_says_so_and_not_while_draining(part
     ops, _, life, *_ = parts
     before = ops.health(1)
     assert before["live"] is True and before["ready"] is False and before["started"] is False
-    life.on_state(m.ServiceState(True, {"frontend": 1}, {"executor": 2}), time.monotonic())
+    executor = m.ProcessState("executor", 12, True, 2)
+    life.on_state(m.ServiceState(True, {"executor": executor}, {"executor": 2}), time.monotonic())
     ready = ops.health(2)
     assert ready["ready"] is True and ready["degraded"] is False and ready["restarts"] == {"executor": 2}
+    assert ready["processes"] == {"executor": {"role": "executor", "pid": 12, "alive": True, "restarts": 2}}
     assert ready["failed_models"] == {"tabular:2": "session: out of memory"} and ready["in_flight"] == 2
     life.drain(time.monotonic() + 5)
     draining = ops.health(3)

@@ -216,8 +216,8 @@ def inline_running(rig) -> tuple[Rig, m.PreTask]:
     """Every peer up, the executor advertising tabular:1's postprocessing as its own, "a" dispatched."""
     r = rig()
     r.hello("pre-0", "post-0")
-    r.peers["executor"].send(m.encode(m.Hello("executor", "executor", 1000 + len("executor"), {},
-                                              ["tabular:1"])))
+    r.peers["executor"].send(m.encode(m.Hello("executor", "executor", 1000 + len("executor"),
+                                              inline_post=["tabular:1"])))
     r.until(lambda: r.fe.workers.postprocessed_by_executor("tabular:1"))
     r.send({"id": "a", "model": "tabular", "inputs": TAB})
     task, _ = r.expect("pre-0")
@@ -268,8 +268,8 @@ def test_a_dead_executor_fails_the_inline_requests_it_held(rig):
 def direct_ready(r: Rig) -> Rig:
     """Every peer up, the executor advertising tabular:1 as pre- and postprocessed by itself."""
     r.hello("pre-0", "post-0")
-    r.peers["executor"].send(m.encode(m.Hello("executor", "executor", 1000 + len("executor"), {},
-                                              ["tabular:1"], ["tabular:1"])))
+    r.peers["executor"].send(m.encode(m.Hello("executor", "executor", 1000 + len("executor"),
+                                              inline_post=["tabular:1"], inline_pre=["tabular:1"])))
     r.until(lambda: r.fe.workers.preprocessed_by_executor("tabular:1", time.monotonic()))
     return r
 
@@ -507,9 +507,11 @@ def test_the_models_op_shows_the_executors_latest_session_facts(rig):
     r.hello("pre-0", "executor", "post-0")
 
     def executor_says(runs: int) -> None:
-        info = {"models": {"tabular:1": {"provider": "CPUExecutionProvider", "background_runs": runs}}}
-        r.peers["executor"].send(m.encode(m.Hello("executor", "executor", 1000 + len("executor"), info)))
-        r.until(lambda: r.fe.workers.info("executor").get("models", {}).get("tabular:1", {})
+        sessions = {"tabular:1": {"provider": "CPUExecutionProvider", "background_runs": runs}}
+        r.peers["executor"].send(m.encode(m.Hello("executor", "executor", 1000 + len("executor"),
+                                                  providers={"tabular:1": "CPUExecutionProvider"},
+                                                  sessions=sessions)))
+        r.until(lambda: r.fe.workers.last_hello("executor").sessions.get("tabular:1", {})
                 .get("background_runs") == runs)
 
     def runs_shown(rid: str) -> int:

@@ -91,7 +91,7 @@ class Rig:
         """Every builder answers VersionLoaded (preprocess workers one at a time, as they are sent it)."""
         for _ in range(len(BUILDERS)):
             asked = {w for w, msg in self.hub.of(m.LoadVersion)
-                     if f"{msg.spec['name']}:{msg.spec['version']}" == key and not msg.ready}
+                     if msg.spec.key == key and not msg.ready}
             done = {w for w, msg in self.hub.of(m.VersionLoaded)}
             for w in sorted(asked & set(BUILDERS) - done):
                 msg = m.VersionLoaded(w, key, 0.1, footprint if w == "executor" else 0)
@@ -139,7 +139,7 @@ def test_a_load_is_built_in_every_worker_then_golden_checked_then_routable(tmp_p
     assert "2" in rig.rollout.model("tabular").versions
     assert rig.rollout.weights("tabular")[1].get("2", 0) == 0  # routable at weight 0
     ready = [msg for w, msg in rig.hub.of(m.LoadVersion) if msg.ready]
-    assert [(msg.spec["version"]) for msg in ready] == ["2"]
+    assert [msg.spec.version for msg in ready] == ["2"]
     assert not rig.hub.of(m.UnloadVersion)
 
 

@@ -63,14 +63,14 @@ def test_concurrent_builds_report_no_footprint_and_a_build_alone_reports_its_own
     base = spec("tabular")
     specs = [dataclasses.replace(base, version=str(i)) for i in (1, 2, 3)]
     for s in specs:
-        worker.handlers[m.LoadVersion](m.LoadVersion(s.to_dict()), [])
+        worker.handlers[m.LoadVersion](m.LoadVersion(s), [])
     go.set()
     until(lambda: v.poll() or len(sent) == 3, 10)
     assert sorted((x.key, x.footprint_bytes) for x in sent) == [(s.key, 0) for s in specs]
 
     sent.clear()
     v.build = lambda s, urgent: grow(32 << 20, held)
-    worker.handlers[m.LoadVersion](m.LoadVersion(dataclasses.replace(base, version="4").to_dict()), [])
+    worker.handlers[m.LoadVersion](m.LoadVersion(dataclasses.replace(base, version="4")), [])
     until(lambda: v.poll() or sent, 10)
     assert [x.key for x in sent] == ["tabular:4"]
     assert 32 << 20 <= sent[0].footprint_bytes < 48 << 20, sent[0].footprint_bytes

@@ -2,20 +2,25 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import msgpack
 import pytest
 
+from aieng.model_repo import ModelSpec, load_spec
 from aieng.wire import messages as m
 from aieng.wire.protocol import pack
 
+MODELS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "models")
 REF = m.Ref("aieng.123.pre0.456", 3, 7, [["input_ids", "<i8", [12], 0], ["attention_mask", "<i8", [12], 128]])
 TRAIL = m.Trail(pre_started=10.5, pre_sent=10.501, exec_arrived=10.502, batch_started=10.503, infer_us=4000,
                 batch=2, padded=12, post_started=10.51, post_us=80)
 REF2 = m.Ref("aieng.123.executor.9", 0, 1, [["embedding", "<f4", [384], 0]])
 
 SAMPLES = {
-    "hello": m.Hello("pre0", "preprocess", 4321, {"ring": "aieng.1.pre0.4321"}),
+    "hello": m.Hello("executor", "executor", 4321, {"tabular:2": "boom"}, "aieng.1.executor.4321",
+                     {"tabular:1": "CPUExecutionProvider"},
+                     {"tabular:1": {"provider": "CPUExecutionProvider"}}, 1, ["tabular:1"], ["tabular:1"]),
     "pre": m.PreTask(rid=1, model="minilm", version="1", deadline=12345.678901, post="post-0", upstream=3),
     "preprocessed": m.Preprocessed(rids=[2, 3], refs=[REF, REF2], features=[{"island": "Biscoe"}, {}]),
     "infer": m.InferTask(rid=3, model="minilm", version="1", deadline=99.5, ref=REF, seq_len=12, upstream=4,
@@ -24,17 +29,20 @@ SAMPLES = {
     "post": m.PostTask(rid=5, model="orientation", version="1", ref=REF, params={"top_k": 2}, degraded=1,
                        trail=TRAIL),
     "result": m.Result(rid=6, outputs=pack({"label": "90", "scores": {"dtype": "float32", "shape": [0],
-                                                                      "data": b""}}), trail=TRAIL),
+                                                                      "data": b""}}), trail=TRAIL,
+                       steps=[m.Step("decode", 120, "ok"), m.Step("ocr", 0, "skipped")]),
     "failed": m.Failed(rid=7, code="INVALID_INPUT", message="input 'text' is empty ✗", ref=REF),
     "worker_down": m.WorkerDown(worker="post1", exitcode=-9, pid=777),
-    "state": m.ServiceState(ready=True, processes={"pre0": {"pid": 1, "alive": True}}, restarts={"pre0": 2}),
+    "state": m.ServiceState(ready=True, processes={"pre0": m.ProcessState("preprocess", 1, True, 2),
+                                                   "post0": m.ProcessState("postprocess", None, False, 0)},
+                            restarts={"preprocess": 2}),
     "pulse": m.Pulse(healthy=True, silent={"executor": 0.4}),
     "log_level": m.LogLevel(level="DEBUG"),
     "drain": m.Drain(grace_s=2.5),
     "drained": m.Drained(answered=17),
     "reload": m.Reload(),
     "reloaded": m.Reloaded(ok=False, message="model tabular: routing: weights must sum to 100"),
-    "load_version": m.LoadVersion(spec={"name": "tabular", "version": "2", "batching": {"max_wait_ms": 2}}),
+    "load_version": m.LoadVersion(spec=load_spec("tabular", "2", os.path.join(MODELS, "tabular", "2"))),
     "unload_version": m.UnloadVersion(key="tabular:2"),
     "version_loaded": m.VersionLoaded(worker="executor", key="tabular:2", seconds=0.42),
     "version_failed": m.VersionFailed(worker="pre-0", key="tabular:2", error="model tabular:2 (x): boom"),
@@ -66,6 +74,16 @@ def test_defaults_survive():
         back = m.decode(m.encode(msg))
         assert back == msg
     assert m.decode(m.encode(m.Failed(1, "TIMEOUT", "late"))).ref is None
+
+
+def test_nested_records_come_back_as_their_types():
+    back = {tag: m.decode(m.encode(SAMPLES[tag])) for tag in ("result", "state", "load_version", "infer")}
+    steps, procs = back["result"].steps, back["state"].processes
+    assert all(type(s) is m.Step for s in steps) and steps[1].outcome == "skipped"
+    assert type(procs["pre0"]) is m.ProcessState and procs["post0"].pid is None
+    spec = back["load_version"].spec
+    assert type(spec) is ModelSpec and spec.key == "tabular:2" and spec.batching["max_batch_size"] > 0
+    assert type(back["infer"].ref) is m.Ref and type(back["infer"].trail) is m.Trail
 
 
 def test_result_outputs_stay_bytes():

@@ -50,7 +50,7 @@ def test_a_deferred_load_is_built_after_the_drain_not_when_it_arrives():
     v = Versions(worker, {}, {}, build=lambda spec, urgent: order.append(f"build {spec.key}") or object(),
                  defer=True)
     spec = demo_spec("tabular")
-    worker.handlers[m.LoadVersion](m.LoadVersion(spec.to_dict()), [])
+    worker.handlers[m.LoadVersion](m.LoadVersion(spec), [])
     order.append("tasks of the drain")
     assert sent == []  # nothing built or answered yet
     v.build_deferred()
@@ -105,8 +105,8 @@ def test_a_deferred_load_builds_on_a_nice_thread_and_a_cold_one_inline_at_the_wo
                              hello_msg=lambda: m.Hello("pre-0", "preprocess", 1))
     v = Versions(worker, {}, {}, build=build, defer=True)
     swap, cold = demo_spec("tabular"), demo_spec("minilm")
-    worker.handlers[m.LoadVersion](m.LoadVersion(swap.to_dict()), [])
-    worker.handlers[m.LoadVersion](m.LoadVersion(cold.to_dict(), urgent=True), [])
+    worker.handlers[m.LoadVersion](m.LoadVersion(swap), [])
+    worker.handlers[m.LoadVersion](m.LoadVersion(cold, urgent=True), [])
     v.build_deferred()
     urgent, tid, policy, nice = seen[swap.key]
     assert (urgent, policy, nice) == (False, os.SCHED_OTHER, max(10, mine[2]))

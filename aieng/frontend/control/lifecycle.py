@@ -16,8 +16,8 @@ class Lifecycle:
         self.drain_deadline: float | None = None  # monotonic; inf once Drained was sent
         self.supervisor_ready = False  # every process up and ready, as the supervisor last said
         self.supervisor_seen_at = float("-inf")  # monotonic seconds of its last ServiceState (liveness)
-        self.processes: dict = {}
-        self.restarts: dict = {}
+        self.processes: dict[str, m.ProcessState] = {}
+        self.restarts: dict[str, int] = {}
 
     def on_state(self, msg: m.ServiceState, now: float) -> bool:
         """The supervisor's report; True when its ready flag changed."""

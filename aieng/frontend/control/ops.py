@@ -52,8 +52,8 @@ class ClientOps:
         life, views = self.life, self.views
         now = time.monotonic()
         roles = self.workers.count(now)
-        models = self.workers.info("executor").get("models", {})
-        providers = {k: v.get("provider") for k, v in models.items()}
+        ex = self.workers.last_hello("executor")
+        providers = dict(ex.providers) if ex is not None else {}
         live = all(roles.values())
         # ready: started once, every role has a live worker (one of several restarting still
         # serves), not draining.  ``degraded`` says some process is down or restarting.
@@ -67,11 +67,12 @@ class ClientOps:
                 "failed_models": self.workers.failed_models(),
                 "breakers": views["breakers"](), "degradation": views["degradation"](),
                 "cache": views["cache"](), "clients": views["clients"](),
-                "processes": life.processes, "restarts": life.restarts,
+                "processes": {n: ps.view() for n, ps in life.processes.items()}, "restarts": life.restarts,
                 "counts": views["counts"]()}
 
     def models(self, req_id: Any, req: dict | None = None) -> dict:
-        ex = self.workers.info("executor").get("models", {})
+        hello = self.workers.last_hello("executor")
+        ex = hello.sessions if hello is not None else {}
         failed = self.workers.failed_models()
         # the executor's session facts arrive with its hello, after its pid may be known, and change (its
         # background_runs): key on their value (a dict compare per call; the models op is not a hot path)

@@ -9,7 +9,7 @@ Hellos from a pid already reported dead are ignored: they can still sit in the h
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from aieng.wire import messages as m
@@ -24,7 +24,7 @@ class WorkerState:
     role: str
     pid: int
     seen: float  # monotonic seconds of its last hello
-    info: dict = field(default_factory=dict)  # what it reported of itself (ring, models, failed loads)
+    hello: m.Hello  # its last: what it reported of itself (ring, sessions, failed loads)
     inline_post: frozenset = frozenset()  # the executor's: versions it postprocesses itself
     inline_pre: frozenset = frozenset()  # the executor's: versions it may also preprocess (while idle)
 
@@ -43,11 +43,11 @@ class Workers:
             return False
         w = self.by_name.get(msg.worker)
         if w is None or w.pid != msg.pid:
-            self.by_name[msg.worker] = WorkerState(msg.worker, msg.role, msg.pid, now, msg.info,
+            self.by_name[msg.worker] = WorkerState(msg.worker, msg.role, msg.pid, now, msg,
                                                    frozenset(msg.inline_post), frozenset(msg.inline_pre))
             return True
         w.seen = now
-        w.info = msg.info  # a run-time load or unload changes what it serves and what failed
+        w.hello = msg  # a run-time load or unload changes what it serves and what failed
         w.inline_post = frozenset(msg.inline_post)
         w.inline_pre = frozenset(msg.inline_pre)
         return False
@@ -91,9 +91,10 @@ class Workers:
     def silence(self, now: float) -> dict[str, float]:
         return {n: round(now - w.seen, 3) for n, w in self.by_name.items()}
 
-    def info(self, name: str) -> dict:
+    def last_hello(self, name: str) -> m.Hello | None:
+        """``name``'s last heartbeat (None: not connected)."""
         w = self.by_name.get(name)
-        return w.info if w is not None else {}
+        return w.hello if w is not None else None
 
     def names(self, roles: tuple[str, ...] = ROLES) -> list[tuple[str, str]]:
         """``(name, role)`` of every connected worker of ``roles``."""
@@ -121,7 +122,7 @@ class Workers:
         """Model versions some worker could not load, with the error it reported."""
         out: dict[str, str] = {}
         for w in self.by_name.values():
-            out.update(w.info.get("failed") or {})
+            out.update(w.hello.failed)
         return out
 
     def pick(self, role: str, now: float, load: Callable[[str], int]) -> str | None:

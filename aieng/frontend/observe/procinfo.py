@@ -2,16 +2,18 @@
 and GPU memory/utilisation (NVML, only where a GPU is present)."""
 from __future__ import annotations
 
+from aieng.wire.records import ProcessState
 
-def process_memory(processes: dict) -> dict[tuple[str, str], float]:
+
+def process_memory(processes: dict[str, ProcessState]) -> dict[tuple[str, str], float]:
     """``{(role, worker): rss bytes}`` for the supervisor's process table."""
     import psutil
 
     out = {}
     for name, proc in processes.items():
         try:
-            out[(proc["role"], name)] = float(psutil.Process(proc["pid"]).memory_info().rss)
-        except (psutil.Error, TypeError, KeyError):
+            out[(proc.role, name)] = float(psutil.Process(proc.pid).memory_info().rss)
+        except (psutil.Error, TypeError, ValueError):
             pass
     return out
 

@@ -62,8 +62,8 @@ class Snapshots:
                                   for v, sp in vs.items()} for name, vs in self.specs.items()}}
         if now >= self._rss_at or not self._rss:
             self._rss = process_memory(self.life.processes)
-            gpus = self.workers.info("executor").get("runtime", {}).get("gpus")
-            self._gpus = gpu_usage() if gpus else {}
+            ex = self.workers.last_hello("executor")
+            self._gpus = gpu_usage() if ex is not None and ex.gpus else {}
             self._rss_at = now + MEMORY_EVERY_S
         self.metrics.publish({
             "restarts": dict(self.life.restarts), "ready": health["ready"],

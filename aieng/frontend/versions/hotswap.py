@@ -115,7 +115,7 @@ class HotSwap:
         model_wide = next(iter(self.specs[spec.name].values())).extra
         spec.extra["routing"], spec.extra["pool"] = model_wide.get("routing"), model_wide.get("pool")
         ld.spec, ld.golden, ld.state = spec, golden, "loading"
-        body = m.encode(m.LoadVersion(spec.to_dict(), urgent=ld.source == "cold"))
+        body = m.encode(m.LoadVersion(spec, urgent=ld.source == "cold"))
         self.hub("supervisor", [body])  # first: a worker restarted from now on comes up with it
         ld.body = body
         for name, role in self.workers.names(WORKER_ROLES):
@@ -232,7 +232,7 @@ class HotSwap:
         spec = ld.spec
         self.specs[spec.name][spec.version] = spec  # the rollout model shares this dict: pinnable now
         ld.state, ld.seconds = "ready", time.monotonic() - ld.started
-        self.hub("supervisor", [m.encode(m.LoadVersion(spec.to_dict(), ready=True))])  # no longer pending
+        self.hub("supervisor", [m.encode(m.LoadVersion(spec, ready=True))])  # no longer pending
         # routable: weights and rules may name it (weight 0 until then)
         self.rollout.add_version(spec.name, spec.version, reason=f"loaded ({ld.source}), golden set "
                                  + (f"passed ({len(ld.golden['cases'])} cases)" if ld.golden else "absent")
