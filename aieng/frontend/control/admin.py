@@ -1,27 +1,18 @@
 """The admin socket: routing changes and model listings, never over the client socket.
 
-A ROUTER at ``Config.admin_addr`` (default ``ipc://<runtime dir>/admin.sock``,
-reachable only by the server's user: the runtime dir is 0700; a tcp address
-must be loopback unless CURVE is on, which ``Config.validate`` enforces).  It
-lives in its own ZMQ context so that its CURVE authenticator (its own
-allowed-keys dir, ``admin_curve_client_keys_dir``) never mixes with the client
-socket's.  The frontend loop polls it like the other sockets; every op is a
-few dict operations and no file I/O: a routing change takes effect at once
-(the next request is routed the new way) and is handed to the state writer
-(``statewriter``: its own thread).  Its answer is sent once the state file
-holds it (``Pending``), while the loop goes on serving; when the file cannot be
-written the answer is an error (INTERNAL) saying the change is in force but not
-saved, and the writer retries.  An answer that changed nothing (``changed:
-false``) also waits for any earlier change still unsaved.
-
-One msgpack map in, one out: ``{"op": <name>, "id": ..., ...}`` ->
-``{"id", "ok": true, ...}`` or ``{"id", "ok": false, "error": {"code", "message"}}``.
-Ops are a dispatch table (``AdminOps.table``): status, models, set_weights,
-set_rules, rollback, promote, reload, shadow_on, shadow_off, and run-time ``load``/``unload`` of
-model versions (``hotswap``: they answer at once; the load's progress and outcome
-show in ``models`` and ``status``).  Bad input (unknown model or version,
-weights not summing to 100, a malformed rule) is refused with a clear message
-and changes nothing.
+``AdminServer`` binds a ROUTER at ``Config.admin_addr`` (default ``ipc://<runtime dir>/admin.sock``;
+a tcp address must be loopback unless CURVE is on, which ``Config.validate`` enforces).  With
+CURVE it has a ZMQ context of its own, so its authenticator (its own allowed-keys dir) never mixes
+with the client socket's; without, it shares the frontend's.  The loop polls it (``drain``); an op
+is a few dict operations and no file I/O.  One msgpack map in (at most ``MAX_ADMIN_BYTES``, else ZMQ
+drops it), one out: ``{"op", "id", ...}`` -> ``{"id", "ok": true, ...}`` or ``{"id", "ok": false,
+"error": {"code", "message"}}``.  ``AdminOps.table`` dispatches status, models, set_weights, set_rules,
+rollback, promote, reload, shadow_on, shadow_off, load and unload (``Versions``: answered at once,
+progress in ``models``/``status``).  A routing change is in force at once and answered (``Pending``)
+when the state writer's ticket is done: an INTERNAL error saying it is in force but not saved when
+the write failed; ``changed: false`` waits for any earlier unsaved change.  Bad input, or a change
+routing to a version that failed to load, is refused and changes nothing.  Settings, commands and
+the durability contract: docs/rollout.md, sections 6 and 7.
 """
 from __future__ import annotations
 

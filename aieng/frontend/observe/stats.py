@@ -1,30 +1,18 @@
-"""Per-request stage timings, kept by the frontend for the timing report.
+"""Per-request stage timings, kept by the frontend for the ``stats`` op (fields: docs/protocol.md).
 
-The frontend stamps a request's receipt, its dispatch and its answer, and
-the request's ``Trail`` brings back each worker's clock readings (one
-monotonic clock for every process), so each answered request yields one row
-of stage durations (microseconds) that add up to its total:
-
+Each answered request's ``Trail`` (one monotonic clock for every process) yields a row of stage
+durations (us; ``total`` is their sum) in a bounded window per model (``WINDOW``, oldest out first):
     frontend_in        receipt -> sent to a preprocess worker (parse, validate, route; any wait for a worker)
     preprocess_queue   travelling to the preprocess worker and waiting there
     preprocess         tokenize / decode / featurise, write into shared memory
     handoff            preprocess worker -> executor transport
     batch_wait         in the executor's queue until its batch started (batch assembly included)
     inference          the ONNX Runtime run of its batch
-    postprocess_queue  output write, travel to the postprocess worker, waiting there, and the answer's way
-                       back to the frontend
+    postprocess_queue  output write, travel to the postprocess worker, waiting there, the way back
     postprocess        pooling / softmax / labels, packing the answer
-    frontend_out       building and sending the response (after ``total`` is stamped)
-
-Rows live in a bounded window per model (oldest dropped first); ``summary``
-gives p50/p95/p99/mean and each stage's share of the total, the batch-size
-distribution and the padding waste over a chosen time window.
-
-Postprocess steps (a model's chain, ``postprocess_workers/chain.py``) are kept
-apart, per model and step: the time of each run and whether it ran past its
-limit (``skipped``: answered without it; ``timeout``: the request failed), also
-for requests that failed that way.  They break ``postprocess`` down; they do
-not add to the total.
+    frontend_out       building and sending the response (after the answer's ``total`` is stamped)
+``add_steps`` keeps each postprocess step's runs apart (failed requests' too: ``skipped``/``timeout``;
+a pipeline's steps likewise): they break ``postprocess`` down and do not add to the total.
 """
 from __future__ import annotations
 

@@ -1,19 +1,17 @@
 """Per-client fairness on the client socket: message rates and replies nobody reads.
 
-Token buckets per client (its ZMQ routing identity; one second of burst):
-  * every message of the client, any op, when ``client_rate_limit`` > 0;
-  * its non-infer ops (``max_ops_per_s``): health, models and stats are cheap
-    but not free, and one client's flood of them must not starve inference or
-    anyone else's health checks.
-A message over a limit is answered OVERLOADED at once (a small reply).  The
-least recently seen clients' buckets are forgotten beyond ``MAX_TRACKED``.
+``ClientGate`` keeps token buckets per client (its ZMQ routing identity; one second of burst): one
+for every message when ``client_rate_limit`` > 0, one for its non-infer ops (``max_ops_per_s``),
+so a flood of health/models/stats cannot starve inference or anyone else's health checks.
+``allow`` says why a message is over a limit (the server answers it OVERLOADED at once); beyond
+``MAX_TRACKED`` clients the least recently seen one's buckets are forgotten.  ``dropped`` and
+``limited`` hold the counts (``aieng_client_*`` metrics).
 
-``client_socket`` builds that ROUTER (and the CURVE authenticator, when configured).
-
-Replies: the client ROUTER has a per-connection send queue of
-``client_send_queue`` messages (ZMQ_SNDHWM) and ROUTER_MANDATORY, so a reply
-to a client whose queue is full (it does not read) or who is gone raises
-instead of queueing without bound; the reply is dropped and counted here.
+``client_socket`` builds the client ROUTER (and its CURVE authenticator, when configured;
+``curve_server`` serves the admin socket too) with a send queue of ``client_send_queue`` messages
+(SNDHWM) and ROUTER_MANDATORY: a reply to a client that does not read, or is gone, raises instead
+of queueing without bound, and the server drops and counts it.  The limits, as a client sees them:
+docs/protocol.md, "Limits"; how they fit together: docs/architecture.md, "Lifecycle" (overload and fairness).
 """
 from __future__ import annotations
 

@@ -1,20 +1,16 @@
-"""Graceful degradation per model, driven by measured pressure.
+"""Graceful degradation per model version, driven by measured pressure (``degrade:`` in model.yaml).
 
-A model opts in with ``degrade:`` in model.yaml::
-
-    degrade:
-      queue_depth: [16, 32, 64]   # requests of this model in flight that enter levels 1, 2, 3
-      latency_ms: [200, 400, 800] # or: p95 end-to-end latency of its last 200 answers
-      fallback: {label: unknown}  # level 3 answer when the cache has none (omit: shed instead)
-
-Levels, each including the ones below:
+``Degrader`` holds each opted-in version's level, its ``fallback`` answer and the latencies of
+its last 200 answers; the loop calls ``update`` every 0.5 s with each version's requests in flight
+(primaries only).  Levels, each including the ones below:
   1  skip optional postprocessing (e.g. ``top_k``);
   2  stop waiting to fill batches (the executor runs what it has);
   3  answer from the response cache, else the configured fallback answer, else OVERLOADED,
      without queueing the request.
-A level is entered when either measure reaches its threshold and left when both
-fall below half of it, so it does not flap.  Answers given under a level carry
-``"degraded": level``; health shows each model's level.
+A level is entered when either measure (requests in flight, or p95 latency once 20 answers are
+known) reaches its threshold, and left when both fall below half of it, so it does not flap.
+Answers given under a level carry ``"degraded": level``; health shows each version's level.
+The setting: docs/models.md (``degrade``); where it acts: docs/architecture.md, "Lifecycle".
 """
 from __future__ import annotations
 

@@ -1,30 +1,18 @@
 """Model pipelines (``kind: pipeline``, e.g. ``ocr``): one client request fanned out into step requests.
 
-A pipeline request is a table entry like any other (its deadline, in-flight counts, shutdown), but it
-is never sent to a worker: this module runs its steps as *internal* requests (``Request.parent`` =
-the page's rid, a client identity no client can have, no id), which take the normal slot paths
-(``pipeline``) exactly as shadow copies (``mirror``) do, so no step can leak a slot or outlive the
-page's deadline.  For ``ocr``:
-
-  textdet  one request for the page (the client's own frame, sent on unchanged);
-  crop     from its boxes (reading order), one textrec request per box, at most ``max_crops`` (the
-           rest are left out and the answer says ``truncated``); each carries the box
-           (``PreTask.crop``) and the page's frame: the preprocess worker decodes the page once per
-           page (it keeps the last few), cuts and rectifies the box as rapidocr's
-           get_rotate_crop_image does and resizes it as textrec always does.  At most ``WINDOW``
-           crops of a page are in flight at once; the executor batches them with other pages' crops;
-  textrec  the crops' answers, in box order;
-  join     lines ``{box, text, score}`` in reading order, without blank texts and scores under
-           ``min_score`` (rapidocr's text_score).
-
-Why the fan-out lives here: the frontend already owns every request's deadline and its one answer,
-and it is the only process that sees each step's end; the crops are cut in the preprocess pool
-(2+ processes) from the page's encoded bytes rather than shipped as pixels (a decode per page and
-worker is cheaper than copying every crop through the frontend, which has one core for every client).
+The page is a table entry like any other (its deadline covers every step; its in-flight counts;
+shutdown) but is never sent to a worker.  ``Fanout`` runs its steps as *internal* requests
+(``Request.parent`` = the page's rid, ``PIPELINE_CLIENT``, no id) on the normal slot paths, as
+shadow copies do, so no step can leak a slot or outlive the page's deadline.  ``ocr``: textdet on
+the client's frame; one textrec request per box (reading order, at most ``max_crops``, the rest
+left out and the answer says ``truncated``), each with the box (``PreTask.crop``) and the page's
+frame, at most ``WINDOW`` of a page in flight; join their answers as ``{box, text, score}`` lines,
+without blank texts and scores under ``min_score``.
 
 Answered once: the first step that fails (error, TIMEOUT, a worker's death) answers the page with
-its code and ``step <name>: <message>``, and the page's other step requests are ended at once (their
-slots freed by the normal rules); a page past its deadline answers TIMEOUT naming the step it was in.
+its code and ``step <name>: <message>`` and ends the page's other step requests (``page_failed``);
+a page past its deadline answers TIMEOUT naming the step it was in.  The steps: docs/models.md,
+"Pipelines"; why the fan-out and the crops live where they do: docs/architecture.md, "Model pipelines".
 """
 from __future__ import annotations
 

@@ -1,35 +1,18 @@
-"""The frontend's table of requests in flight: lifecycle and slot ownership.
+"""The frontend's table of requests in flight: lifecycle, slot ownership, the counts admission reads.
 
-Every entry is resolved exactly once: ``finish`` removes it, and whoever
-finished it sends the one response.  Deadlines sit in a heap so the loop knows
-when to wake and which requests to answer TIMEOUT.
-
-Slot ownership lives here and nowhere else.  A request's tensors lie in one
-shared-memory slot at a time (``Request.ref``); its holder frees it, and the
-frontend learns of each slot from the hand-off notices::
-
-    pass_on(req, ref) a notice: ``ref`` is the new holder's to free
-    take(req, ref)    a slot came back with a failure: the frontend owns it
-    finish(rid)       the request ends here: the slot is freed if the frontend
-                      owns it, or if its holder died (``holder_dead``)
-    stray(ref)        a slot returned for a request already answered: freed
-
-A request answered while a live worker still holds it (a deadline, a pipeline page failed by another
-of its steps) leaves a *ghost*: its slot goes on along its route as the workers hand it on, and the
-ghost follows the notices (``ghost_passed``), so that when a worker dies holding it, or a hand-off
-went to a worker that died meanwhile, the slot is freed (``ghosts_of``) instead of waiting for its
-ring's lease.  A ghost ends with its route's last notice (``Result``/``Failed``) or after ``GHOST_TTL_S``
-(by then its holder has freed it or the lease will); at most ``MAX_GHOSTS`` are kept, oldest dropped.
-
-Requests that no preprocess worker could take wait in a queue
-(``hold``/``waiting``) until one says hello; they stay in the table, so their
-deadline and the in-flight limit still bound them.  Per-client in-flight
-counts are kept here too, so one client's share is known at admission.
-
-Shadow copies (``mirror``) are entries like any other (same slot rules, own
-deadline) under a client identity no client can have; ``shadows`` counts them
-so that admission's in-flight limit counts primaries only, and ``per_model``
-(what degradation watches) leaves them out.
+Every entry is resolved exactly once: ``finish`` removes it and whoever finished it sends the one
+response.  Deadlines sit in a heap (``expired``, ``next_deadline``).  Slot ownership lives here
+and nowhere else: a request's tensors lie in one slot at a time (``Request.ref``), its holder frees
+it, and the frontend follows the hand-off notices: ``pass_on`` (the new holder frees it), ``take``
+(a failure handed it back: the frontend does), ``finish`` (frees it if the frontend owns it or the
+holder died), ``stray`` (the slot of a request already answered: freed).  A request answered while
+a live worker holds it leaves a *ghost* that follows the notices (``ghost_passed``), so its slot
+is freed if its holder dies (``ghosts_of``); it ends with its route's ``Result``/``Failed``, after
+``GHOST_TTL_S`` (the holder or the lease has freed it by then) or as the oldest of ``MAX_GHOSTS``.
+Also here: requests waiting for a preprocess worker (``hold``), per-client and per-stage counts,
+and ``shadows`` (internal entries: shadow copies and pipeline steps, left out of admission's
+in-flight limit; ``per_model`` leaves out shadows only).  Why: docs/architecture.md,
+"Shared-memory rings" and "Control hub, direct data path".
 """
 from __future__ import annotations
 

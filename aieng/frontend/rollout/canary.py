@@ -1,20 +1,18 @@
 """Automatic rollback: is a canary worse than the stable version, over a recent window?
 
-Pure logic.  The frontend records every answered request of a model that
-configures ``routing.auto_rollback`` (outcome and latency, by version) and
-calls ``verdict`` twice a second.  A version is judged only once it has
-``min_requests`` in the window (``window_s`` seconds), and only against the
-stable version (the one with the largest weight):
+Pure logic.  ``AutoRollback`` is model.yaml's ``routing.auto_rollback`` (``parse``: None when
+off, ValueError when malformed).  A ``Watch`` per model that configures it is told every
+answered request (``observe``: outcome and latency by version; a client's error such as
+INVALID_INPUT is not counted at all), and ``verdict``, called twice a second, names the first
+canary worse than the stable version (the one with the largest weight) once the canary has
+``min_requests`` in the last ``window_s`` seconds:
 
-    error rate   errors / requests, where an error is a fault of the version
-                 (``FAULT_CODES``: INTERNAL, TIMEOUT, UNAVAILABLE), not of the
-                 client (INVALID_INPUT etc. are not counted at all)
+    error rate   errors / requests, an error being the version's fault (``FAULT_CODES``)
     worse when   canary error rate - stable error rate > max_error_rate_delta
-             or  canary p99 > max_p99_ratio x stable p99 (needs min_requests
-                 successful answers of each; an error has no latency)
+             or  canary p99 > max_p99_ratio x stable p99 (min_requests successful answers each)
 
-Each version's window is a bounded deque of (time, ok, latency) samples
-(``MAX_SAMPLES``), so memory stays flat at any rate.
+Each version's window is a bounded deque of (time, ok, latency) samples (``MAX_SAMPLES``), so
+memory stays flat at any rate.  As an operator sees it: docs/rollout.md, section 5.
 """
 from __future__ import annotations
 

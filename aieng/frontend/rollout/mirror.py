@@ -1,34 +1,18 @@
 """Shadow traffic in the frontend: copying a request to a candidate version, pairing, reporting.
 
-When a model's routing has a shadow setting (``shadow.ShadowConfig``), a
-primary request that entered the pipeline is drawn (``percent``) for a
-*shadow copy* at admission, and the copy is sent **once the primary has been
-answered** (its answer already on the client's socket): a primary can never
-wait for its own copy, and no copy is made for a primary that failed
-(``primary_failed``).  The copy is a separate internal ``Request`` for the
-candidate version, with
-
-  * its own table entry and the table's normal slot paths (``pipeline``),
-    so a copy can never leak a slot or outlive its deadline;
-  * a client identity no client can have (``SHADOW_CLIENT``) and no id: its
-    answer comes back here and is never sent; the client's per-client budget
-    never sees it, and admission's ``max_inflight`` counts primaries only;
-  * its own deadline (``timeout_ms``, from when it is sent), not the client's;
-  * none of the model's normal bookkeeping: no answer counts, stage stats,
-    cache, breaker, drift, degradation or auto-rollback watch (``pipeline``
-    skips them for ``shadow_of``); its counters are the ``aieng_shadow_*`` ones.
-
-Shed first: when the primary is answered, the copy is sent only if the
-candidate loaded, the server is not draining, the primary's model was not
-degraded, and everything in flight (primaries and shadows) is below
-``max_load x max_inflight``; else it is counted ``shed``.  A primary routed to
-the candidate itself gets no copy (and nothing is counted).
-
-Pairs are keyed by the primary's rid and live from admission to the copy's
-end (answer, error or deadline: every table entry ends), so they are bounded
-by the requests in flight.  Outcomes: ``compared`` (both answered; latency
-delta = the copy's latency minus the primary's, each from its own send),
-``timeout`` / ``error`` (the copy did not answer), ``shed``, ``primary_failed``.
+When a model's routing has a shadow setting (``shadow.ShadowConfig``), a primary that entered the
+pipeline is drawn (``percent``) at admission (``after_admit``), and its copy is sent only **once the
+primary has been answered** (``primary_end``): a primary never waits for its copy, and one that
+failed gets none (``primary_failed``).  The copy is an internal ``Request`` (``SHADOW_CLIENT``, no
+id, ``shadow_of`` = the primary's rid) for the candidate, on the table's normal slot paths, with its
+own deadline (``timeout_ms`` from its send) and none of the model's bookkeeping; its end comes back
+here (``shadow_end``) and is never sent.  Shed first: it is sent only if the candidate did not fail
+to load, the server is not draining, the primary was not degraded and everything in flight is below
+``max_load x max_inflight``; else ``shed``.  A primary routed to the candidate gets no copy.  Pairs
+are keyed by the primary's rid and live until the copy ends, so they are bounded by the requests in
+flight; outcomes are ``compared`` (``shadow.compare``), ``timeout``, ``error``, ``shed`` and
+``primary_failed``, kept in ``Tally``s and the ``aieng_shadow_*`` metrics (registered here).
+The behaviour and the numbers: docs/rollout.md, section 8; docs/metrics.md.
 """
 from __future__ import annotations
 

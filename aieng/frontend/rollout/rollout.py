@@ -1,31 +1,18 @@
 """The frontend's routing of every model: current state, history, canary watch, persistence.
 
-One ``Model`` per served model holds the current ``routing.RoutingState`` (a
-pointer), the previous states (newest last, at most ``HISTORY``), recent
-events, and, when model.yaml configures ``auto_rollback``, a ``canary.Watch``.
-
-Where a model's routing comes from, at start and on reload (SIGHUP):
-  * the model-wide ``<model>/model.yaml`` ``routing`` section (none: 100 % to
-    the default version, pinning allowed), whose sha256 is its *config digest*;
-  * the saved state (``routestore``), used only when it was derived from a
-    config with the same digest and names only versions still served.  So
-    run-time changes survive a restart, and editing model.yaml then reloading
-    (or restarting) makes model.yaml win, with the old state kept as history.
-
-Changes (admin ops, auto-rollback, loads and unloads, reload) build a new
-state and swap the pointer: the next request is routed the new way.  Then
-the routing of every model is handed to the state writer (``statewriter``:
-its own thread, latest wins; no file I/O on the loop), which returns a
-``Ticket``; admin.py answers the change when its ticket is done.  A write
-that fails leaves the change in force (undoing it after later changes were
-made on top of it could not be done honestly) and is retried; the ticket's
-error says so.  Rollback swaps back to the newest history entry (no model
-load, no I/O before the swap).
-
-History: the last ``HISTORY`` states, fewer when their groups would pass
-``SAVED_GROUP_CHARS`` together with the current state's (each group object
-counted once): so the state file stays bounded, and the previous routing is
-always kept (each routing holds at most ``routing.MAX_GROUP_CHARS``).
+One ``Model`` per served model holds the current ``routing.RoutingState`` (a pointer), the
+previous states (newest last), its last ``EVENTS`` events and, when model.yaml configures
+``auto_rollback``, a ``canary.Watch`` (``tick`` rolls a worse canary back to weight 0).
+``route`` picks each request's version.  A model's routing comes from model.yaml's ``routing``
+section (none: 100 % to the default version, pinning allowed; its sha256 is the *config digest*)
+unless the saved state (``routestore``) was derived from the same digest and names only versions
+still served.  A change (admin op, auto-rollback, load, unload, reload) builds a new state and
+swaps the pointer, then hands every model's routing to the state writer (``save`` -> a
+``Ticket``; no file I/O on the loop); a failed write leaves the change in force.  Rollback swaps
+back to the newest history entry.  History: at most ``HISTORY`` states, fewer when their groups
+with the current state's would pass ``SAVED_GROUP_CHARS`` (``within_budget``; the previous
+routing is always kept).  Where routing comes from, restarts, reloads and why a failed write is
+not undone: docs/rollout.md, sections 4, 5 and 7.
 """
 from __future__ import annotations
 

@@ -1,41 +1,18 @@
 """Routing state on disk: one JSON file, each group stored once, replaced atomically, read at start.
 
-File: ``<state dir>/routing-<12 hex of sha256(realpath of the model repository)>.json``,
-so two servers of different repositories never share one, and a restarted
-server of the same repository finds its own::
-
-    {"format": 2, "saved_at": <unix s>, "models": {
-       "<model>": {"config_digest": "<sha256 of model.yaml's routing section>",
-                   "current": <state>, "history": [<state>, ...],   # newest last
-                   "events": [{"at": <unix s>, "kind": "auto_rollback", ...}, ...]}},
-     "groups": {"<sha256 of the keys' JSON>": [key, ...], ...}}
-    <state> = {"weights": {...}, "ranges": {version: [[start, end], ...]}, "rules": [...],
-               "groups": {name: "<sha256>"}, "allow_pinned": bool, "reason": str,
-               "shadow": null | {"version", "percent", "max_load", "timeout_ms"}}   # absent: null
-
-Groups are content-addressed: every state that routes with the same group (a
-weight change keeps the rules) names one entry of ``groups``, so 16 history
-entries of a 100,000-key group cost one copy.  Format 1 (each state holding
-its groups' keys) is still read; the next write is format 2.
-
-Bounds: the groups of one routing hold at most ``routing.MAX_GROUP_CHARS``
-characters (a key's length + 1 each; a larger one is refused, never cut), and
-``rollout`` keeps a model's history within twice that, so the file holds at
-most 8 Mi characters of keys per model (UTF-8; JSON escapes aside) plus about
-1 KB per state.
-
-Write (``save``, on the state writer's thread, never the frontend loop): a temp
-file in the same directory, fsync, ``os.replace`` over the old one, fsync the
-directory; so a crash leaves the old file or the new one, never half of one.
-A group's JSON and digest are computed once (in chunks, so the loop thread gets
-the GIL between them) and reused while a state names it.
-Read: a missing file is "nothing saved"; an unreadable or malformed one is
-logged and ignored (the model.yaml routing applies), never fatal.
-
-The state dir is checked at start (``state_dir_problem``: created 0700 if
-missing, a probe file written, synced and removed); the supervisor refuses to
-start when it cannot be written, so a change (an automatic rollback too) is
-never kept only in memory without anyone being told.
+File: ``store_path`` = ``<state dir>/routing-<12 hex of sha256(realpath of the model repository)>.json``,
+so servers of different repositories never share one and a restarted server finds its own.
+Format 2 (``FORMAT``; format 1, each state holding its groups' keys, is still read): every model's
+``config_digest``, ``current`` state, ``history`` and ``events``, and one ``groups`` table in which
+each distinct group's keys are stored once under the sha256 of their JSON; states name their groups
+by that digest.  ``save`` (on the state writer's thread, never the loop): a temp file in the same
+directory, fsync, ``os.replace``, fsync the directory, so a crash leaves the old file or the new
+one; a group's JSON and digest are computed once (in ``CHUNK``s) and reused while a state names it.
+``load``: a missing file is "nothing saved"; an unreadable or malformed one is logged and ignored
+(model.yaml's routing applies), never fatal.  ``state_dir_problem`` checks the state dir at start
+(created 0700 if missing, a probe file written, synced and removed) so the supervisor can refuse
+to start where a change could be kept only in memory.  The format in full, its bounds and the
+durability contract: docs/rollout.md, section 7.
 """
 from __future__ import annotations
 

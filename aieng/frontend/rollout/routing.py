@@ -1,38 +1,18 @@
 """Which version of a model serves a request, and why: sticky weights and ordered rules.
 
-Pure logic (no sockets, no clock of its own), held by the frontend.
-
-Buckets.  A request's ``routing_key`` (or, when it has none, its id or trace)
-hashes to one of ``BUCKETS`` = 10,000 buckets (blake2b, so the same key lands
-in the same bucket in every process and every run).  Each version of a model
-*owns* a set of buckets, stored as sorted ranges ``[start, end)``::
-
-    bucket   0 ............ 9499 | 9500 ... 9999
-    owner    "1" (95 %)          | "2" (5 %)
-
-A weight of ``w`` percent owns ``round(w * 100)`` buckets.  Changing the
-weights moves the fewest buckets: a version that shrinks gives up its
-highest-numbered buckets, and only versions that grow take them (lowest
-first).  So raising a canary 5 % -> 10 % moves exactly 500 buckets, all from
-the versions that shrank to the canary; every other key stays where it was.
-The ownership (not just the weights) is what is persisted, because it depends
-on the history of changes.
-
-Decision, in order (the first that applies names the version):
-  1. ``rules``, in their configured order: a *group* rule matches when the
-     request's ``routing_key`` is in a named set; a *feature* rule matches a
-     predicate on ``params.<name>`` or on an input property (``length`` of a
-     text in characters, ``bytes`` of an image/bin, ``value`` of a number or
-     category) -> ``route = "rule:<name>"``;
-  2. an explicit ``version`` in the request -> ``route = "pinned"`` (checked
-     first: a model with ``allow_pinned: false`` refuses such a request, and
-     an unknown version is MODEL_NOT_FOUND, whatever the rules say);
-  3. the weights -> ``route = "weight"``.
-
-``RoutingState`` is immutable; a change builds a new one and the frontend
-swaps its pointer, so a rollback is a pointer flip to the previous state.
-It also carries the model's shadow setting (``shadow.ShadowConfig``), which
-never changes a decision: ``mirror`` reads it to copy requests to a candidate.
+Pure logic (no sockets, no clock of its own), held by the frontend.  A request's ``routing_key``
+(else its id or trace) hashes (blake2b: the same in every process and run) to one of ``BUCKETS``
+= 10,000; each version *owns* sorted bucket ranges ``[start, end)``, ``round(w * 100)`` buckets
+for a weight of ``w`` percent.  A weight change moves the fewest buckets (``reallocate``): a
+version that shrinks gives up its highest buckets and only versions that grow take them, lowest
+first; so the ownership, not just the weights, is what is saved.  ``RoutingState.decide``, the
+first that applies: 1. ``rules`` in order (a group rule: the key is in a named set; a feature rule:
+a predicate on ``params.<name>`` or an input's ``length``/``bytes``/``value``) -> ``rule:<name>``;
+2. a ``version`` the caller already resolved and checked (``allow_pinned``) -> ``pinned``;
+3. the weights -> ``weight``.  ``RoutingState`` is immutable: a change builds a new one (``build``)
+and the frontend swaps its pointer, so a rollback is a pointer flip.  Its shadow setting never
+changes a decision (``mirror`` reads it).  Rules, limits and examples: docs/rollout.md, sections
+2 and 3.
 """
 from __future__ import annotations
 

@@ -1,33 +1,18 @@
 """Shadow traffic, the pure part: the shadow setting, comparing two answers, and the running tallies.
 
-No sockets, no clock of its own, no frontend state; ``mirror`` does the
-plumbing (making the shadow copy, pairing it with its primary) and calls in.
+No sockets, no clock of its own, no frontend state; ``mirror`` does the plumbing (making the
+shadow copy, pairing it with its primary) and calls in.
 
-``ShadowConfig`` is one model's setting (model.yaml ``routing.shadow`` or the
-``shadow_on`` admin op)::
-
-    shadow: {version: "2", percent: 10, max_load: 0.5, timeout_ms: 5000}
-
-  version     the candidate every mirrored request is copied to
-  percent     share of the model's requests (those that reached the pipeline)
-              that get a shadow copy, 0..100, drawn at random per request
-  max_load    a copy is made only while the frontend's requests in flight
-              (primaries and shadows) are below ``max_load x AIENG_MAX_INFLIGHT``
-              (default 0.5): under load shadows are shed first
-  timeout_ms  the shadow's own deadline (default: the candidate's timeout_ms,
-              else AIENG_DEFAULT_TIMEOUT_MS); the client's deadline never applies
-
-``compare(primary, shadow)`` takes two decoded ``outputs`` maps and compares
-each output both have, by what it is:
-  * a str (a classifier's label): agree or not;
-  * a float tensor (embeddings, scores): cosine similarity and max |a - b|;
-  * any other tensor or number: max |a - b|;
-  * a shape or dtype that differs, or an output one side lacks: a mismatch.
-
-``Tally`` keeps, per (model, shadow version): outcomes (compared, shed,
-timeout, error, primary_failed), label agreement, cosine mean and minimum,
-the largest max-abs-diff, mismatches, and the last ``DELTAS`` latency deltas
-(shadow's latency minus its primary's, seconds) for p50/p99.
+``ShadowConfig`` is one model's setting (model.yaml ``routing.shadow`` or the ``shadow_on`` admin
+op; ``parse_config`` raises ``RoutingError`` naming the field): ``version`` the candidate,
+``percent`` (0..100) of the model's requests copied, ``max_load`` (0..1, default 0.5) the share of
+``max_inflight`` above which copies are shed, ``timeout_ms`` the copy's own deadline (0: the
+candidate's).  ``compare(primary, shadow)`` takes two decoded ``outputs`` maps, output by output:
+a str agrees or not; a float tensor gives its cosine and max |a - b|; another tensor or number its
+max |a - b|; another value (a map) is equal or a mismatch, as is a differing shape or dtype kind
+or an output one side lacks.  ``Tally`` keeps, per (model, shadow version), the ``OUTCOMES``, label
+agreement, cosine mean and minimum, the largest max-abs-diff, mismatched pairs and the last
+``DELTAS`` latency deltas (p50/p99).  What each means to an operator: docs/rollout.md, section 8.
 """
 from __future__ import annotations
 

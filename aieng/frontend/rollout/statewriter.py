@@ -1,25 +1,18 @@
 """The routing state file's writer: one thread beside the frontend loop, the latest snapshot wins.
 
-The loop never writes the file.  A change hands over a snapshot (``submit``: references to immutable
-routing states, nothing encoded or copied on the loop) and gets a ``Ticket`` at once; the loop goes on
-serving while this module's thread encodes and writes (``save``, e.g. ``RouteStore.save``: temp file,
-fsync, rename)::
-
-    loop:    submit(s1)  submit(s2)  submit(s3)            poll(): tickets done -> callbacks
-    writer:  [ write s1 .............. ] [ write s3 ... ]
-                         s2 waits; s3 replaces it (s3 holds every change s2 did)
-
-  * At most one write runs and at most one snapshot waits: a snapshot handed over while one waits
-    replaces it, and the waiting tickets move to it.  So a burst of changes costs two writes, not one each.
-  * A ticket is done when a write of its snapshot (or of a newer one) ended: ``error`` is None (the file
-    holds it) or why not.  Its callbacks run on the loop thread, in ``poll()``, which the loop calls when
-    ``fileno()`` (a pipe the thread writes a byte to) is readable.
-  * A failed write is logged (once per run of failures, and again when a write succeeds), counted
-    (``count("failed")``), and retried every ``retry_s`` until a write succeeds or a newer snapshot
-    replaces it.  The change stays in force in memory meanwhile: the caller decides what to tell whom
-    (admin.py answers an error saying so).
-  * ``barrier()``: a ticket done when everything handed over so far is written (at once when it is).
-  * ``close()``: writes what waits (or a failed snapshot once more), then the thread ends; bounded.
+The loop never writes the file.  ``submit`` hands over a snapshot (references to immutable routing
+states, nothing encoded or copied on the loop) and returns a ``Ticket`` at once; this module's
+thread writes it with ``save`` (e.g. ``RouteStore.save``).  At most one write runs and at most one
+snapshot waits: a newer one replaces it and takes over its tickets, so a burst of changes costs
+two writes.  A ticket is done when a write of its snapshot (or a newer one) ended, ``error`` None
+or why not; its callbacks run on the loop thread in ``poll()``, which the loop calls when
+``fileno()`` (a pipe the thread writes a byte to) is readable.  A failed write is logged (once per
+run of failures, and again when one succeeds), counted (``count("failed")``) and retried every
+``retry_s`` until a write succeeds or a newer snapshot replaces it; the change stays in force in
+memory and the caller decides what to tell whom.  ``barrier()``: a ticket done once everything
+handed over so far is written; ``flush(timeout)`` waits for the writes; ``close()`` writes what waits
+(or a failed snapshot once more), then the thread ends, bounded.  The timeline and what a
+command is told: docs/rollout.md, section 7.
 """
 from __future__ import annotations
 

@@ -1,37 +1,18 @@
 """Model pool: the pure bookkeeping behind lazy loading and LRU eviction under a memory budget.
 
-No I/O, no clock, no event loop: the frontend (hot swap, admission) feeds it events and asks it
-questions, passing ``now`` (monotonic seconds) where time matters, so every rule here is unit-tested
-without a server (tests/unit/test_pool.py).
-
-Contract:
-- ``parse_setting`` reads a model-wide ``pool:`` section (``{lazy: bool, pinned: bool}``, both
-  default false) and refuses anything else with a ``ValueError`` naming ``where``.  A model that is
-  not lazy is pinned whatever it says: only lazy, unpinned models are *evictable*, because an
-  evicted version must be able to come back by itself on its next request (the lazy load path).
-- ``Pool`` tracks the resident versions (``loaded``/``unloaded``), their footprint in bytes, their
-  recency (``touch`` on every request routed to them; a load counts as one) and their requests in
-  flight (``begin``/``end``, or ``set_inflight`` from the request table).  ``reserve`` holds a
-  loading version's estimate: it counts against the budget and is never evicted until
-  ``loaded``/``unloaded`` replaces it.
-- **Footprint**: a version's last *measured* footprint (the executor's quiet growth across its build,
-  aieng/runtime/footprint.py; 0 from a load means "not measured" and changes nothing).  Each new reading
-  replaces the one before: an unload trims the heap, so a reload measures the version again, and a bad
-  reading is not kept for good.  ``need(key, default, now)`` is what a load will take: the measured
-  footprint, else ``default`` (the caller's estimate).  A measurement above the whole budget is
-  suspect (nothing that big could ever load again to be measured again): the version is refused for
-  ``remeasure_s`` after it, then ``need`` is ``default`` once more, so a load is tried and measured.
-- ``Pool.plan(key, need, now)`` answers which versions to evict, least recently used first, so that
-  a load of ``need`` bytes fits the budget: never a pinned version, never one with a request in
-  flight, never ``key`` itself, and never a *warm* one (a request routed to it, or its load, within
-  the last ``warm_s`` seconds): a version in steady use keeps serving while someone else cycles cold
-  versions; the cold load is refused instead.  ``[]`` when it fits already (or the budget is 0: no
-  budget); ``None`` when it cannot fit even after every eligible eviction (the caller refuses the
-  load and says why with ``refusal``).
-- ``ColdStarts`` holds the requests that arrive for a version while it loads: bounded per version
-  (``add`` returns False when full: the caller answers OVERLOADED), released all at once by
-  ``ready``/``failed``, and ``expired(now)`` hands back the ones whose deadline passed, which the
-  caller answers UNAVAILABLE with ``cold_start_message``.
+No I/O, no clock, no event loop: the frontend (``poolctl``) feeds it events and asks it questions,
+passing ``now`` (monotonic seconds) where time matters; every rule is unit-tested
+(tests/unit/test_pool.py).  ``parse_setting`` reads a model-wide ``pool:`` section (``lazy``,
+``pinned``: booleans, default false; anything else a ``ValueError`` naming ``where``); only a lazy,
+unpinned model is evictable.  ``Pool`` tracks the resident versions (``loaded``/``unloaded``; a
+loading one ``reserve``s its estimate, never evicted), their footprints (the last measured reading,
+0 meaning "not measured"; ``need`` is what a load will take, the caller's estimate when there is
+none or when a reading above the whole budget is ``remeasure_s`` old), recency (``touch``; a load
+counts as a use) and requests in flight (``begin``/``end``, ``set_inflight``).  ``plan`` names the
+versions to evict, LRU first, so a load fits: never pinned, busy, warm (used within ``warm_s``) or
+the loading one; ``[]`` when it fits (or no budget), ``None`` when it cannot (``refusal`` says why).
+``ColdStarts`` holds the requests waiting for a load, bounded per version, released by ``ready``/``failed``,
+or handed back by ``expired``.  The rules and why: docs/rollout.md, section 10.
 """
 from __future__ import annotations
 
