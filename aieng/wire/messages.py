@@ -1,31 +1,16 @@
 """Every message that crosses a process boundary inside aieng, declared once.
 
-The field names are the internal protocol.  Messages are msgpack maps with a
-``t`` tag naming the type; receivers route on it with a dispatch table.
-Tensors never travel here: a :class:`Ref` names a shared-memory slot (see
-``aieng.wire.shm``).  A request's descriptors go straight from one stage to the
-next; the frontend is told of each hand-off (one notice per preprocess drain
-or executor batch), so it always knows who holds a request (``addresses``
-has the sockets)::
+The field names are the internal protocol.  Messages are msgpack maps with a ``t`` tag naming the
+type; receivers route on it with a dispatch table.  Tensors never travel here: a :class:`Ref` names a
+shared-memory slot (``aieng.wire.shm``).  A request's descriptors go straight from one stage to the
+next; the frontend is told of each hand-off (one notice per preprocess drain or executor batch), so it
+always knows who holds a request.  Who sends what to whom: docs/architecture.md, 'Message flow'.
 
-    client -> FE            request (protocol.py)
-    FE -> pre[i]            PreTask + the client's raw request frame
-    FE -> executor          the same, for a small request while idle (its Result then carries features)
-    pre[i] -> executor      InferTask (slot in pre[i]'s ring)      | pre[i] -> FE: Failed
-    pre[i] -> FE            Preprocessed: who now holds which rows (a notice)
-    executor -> post[j]     PostTask (slot in the executor's ring) | executor -> FE: Failed
-    executor -> FE          Inferred: a notice per batch
-    post[j] -> FE           Result (outputs already msgpack-packed, the request's Trail, per-step
-                            timings) | Failed (a step that ran past its limit is named, with timings)
-    FE -> client            response
-
-A :class:`Trail` travels with the request and collects each stage's clock
-readings (CLOCK_MONOTONIC is one clock for every process), so the frontend
-gets the whole timing with the result, whatever order the notices arrive in.
-
-Unpack limits are derived from the client protocol's (``configure``): every
-internal message may carry client-supplied ``params``, so whatever the
-frontend accepted a worker can decode.
+A :class:`Trail` travels with the request and collects each stage's clock readings (CLOCK_MONOTONIC
+is one clock for every process), so the frontend gets the whole timing with the result, whatever
+order the notices arrive in.  Unpack limits are derived from the client protocol's (``configure``):
+every internal message may carry client-supplied ``params``, so whatever the frontend accepted a
+worker can decode.
 """
 from __future__ import annotations
 
