@@ -5,7 +5,7 @@ session, warms it and has ``InlinePost``/``InlinePre`` consider where the versio
 preprocessing run.  At start (``wide``) it also builds a session on every core for a lone small batch
 while the executor is idle; it owns those (``wide_for``, ``drop``).  A run-time load (``background``)
 builds beside serving at low priority (``AIENG_LOAD_PRIORITY``) with a short, paced warm-up; a cold
-load a request waits for (``urgent``) at the caller's priority, unpaced (docs/rollout.md, 'hot swap').
+load a request waits for (``urgent``) at the caller's priority, unpaced (docs/rollout.md, section 9).
 """
 from __future__ import annotations
 

@@ -1,24 +1,14 @@
 """The executor process: owns every ONNX Runtime session and runs batches.
 
-One loop (the shared ``HubWorker`` runtime) and a few lanes (``lanes``): the
-loop drains ``InferTask`` messages that preprocess workers push to its inbox,
-hands them to the batcher, and while a lane is free and the batcher says so, assembles a padded batch
-straight from the preprocess workers' shared-memory slots (freeing each slot
-as soon as its rows are copied) and gives the run to a lane.  When a lane is
-done the loop writes each request's own rows into a slot of this process's
-output ring, pushes each descriptor to the postprocess worker the frontend
-chose for the request, and tells the frontend with one ``Inferred`` notice per
-batch.
-A small request that finds the server idle may come straight from the frontend (a ``PreTask``, on
-the ``express`` lane): the loop encodes it and queues it alike, its tensors in this process (``inline_pre``).
-All socket and ring work stays on the loop thread.  Internal verification
-requests (``InferTask.background``: a loading version's golden cases) queue
-apart (``bg_batcher``) and run on the lanes' low-priority background lane.
-
-Padding never changes a result: every variable input dimension carries a
-symbolic name (e.g. ``sequence``); output dimensions with the same name are
-cut back to the request's own size before they leave, so a request gets
-exactly the rows it would have got alone.
+One loop (the shared ``HubWorker`` runtime) and a few lanes (``lanes``): the loop drains the
+``InferTask`` messages preprocess workers push to its inbox into the batcher (internal verification
+tasks, ``InferTask.background``, into ``bg_batcher`` for the background lane), and while a lane is free
+and the batcher says so, assembles a padded batch straight from the preprocess workers' shared-memory
+slots (freeing each slot as soon as its rows are copied) and gives the run to a lane.  A finished run's
+answers go out through ``outputs``.  Its parts, each given what it needs: ``builder`` (sessions and the
+idle-time wide ones), ``direct`` (the frontend's direct requests, preprocessed here), ``outputs`` (a
+batch's answers), ``worker_hotswap.Versions`` (run-time loads).  All socket and ring work stays on the
+loop thread.  Padding never changes a result: docs/architecture.md, 'Padding and the cut rule'.
 """
 from __future__ import annotations
 
