@@ -1,27 +1,15 @@
-"""``aieng rollout ...`` and ``aieng models list``: the admin socket's command line.
+"""``aieng rollout ...`` and ``aieng models list|load|unload``: the admin socket's command line.
 
-Subcommands (each one admin op, docs/rollout.md):
-    aieng rollout status [MODEL]               weights, bucket ranges, rules, canary window, events
-    aieng rollout set-weights MODEL V=W ...    e.g. 1=90 2=10 (percent, summing to 100)
-    aieng rollout set-rules MODEL FILE         YAML/JSON: rules, groups, allow_pinned (FILE '-': stdin)
-    aieng rollout rollback MODEL               back to the previous routing (a pointer flip)
-    aieng rollout promote MODEL VERSION        100 % to VERSION
-    aieng rollout reload                       re-read routing from model.yaml and the saved state
-    aieng rollout shadow-on MODEL VERSION PCT  mirror PCT % of MODEL's requests to VERSION and compare
-                                               (--max-load F, --timeout-ms N)
-    aieng rollout shadow-off MODEL             stop mirroring
-    aieng models list                          versions, hashes, metadata, weights, run-time loads
-    aieng models load MODEL VERSION            load a version directory at run time; waits until it is
-                                               routable (golden set passed) or failed (--no-wait: not)
-    aieng models unload MODEL VERSION          unload a version (weight 0, no rule); waits for the drain
+Each subcommand is one admin op (``status``, ``set-weights``, ``set-rules``, ``rollback``,
+``promote``, ``reload``, ``shadow-on``, ``shadow-off``; ``models list``, ``load``, ``unload``); what
+each does: docs/rollout.md, '6. The admin socket', and ``aieng rollout --help``.
 
 Where the admin socket is: ``--admin-addr``, else ``$AIENG_ADMIN_ADDR``, else
 ``ipc://$AIENG_RUNTIME_DIR/admin.sock``, else the one running instance's
-``<tmp>/aieng.<pid>/admin.sock`` (an error names them when there are several).
-With CURVE: ``--curve-client-cert`` (a zmq.auth secret certificate) and
-``--curve-server-cert`` (the server's public certificate).  Exit code 0 on
-success, 1 when the server refused (the message says why), 2 when it could
-not be reached.
+``<tmp>/aieng.<pid>/admin.sock`` (an error names them when there are several).  With CURVE:
+``--curve-client-cert`` (a zmq.auth secret certificate) and ``--curve-server-cert`` (the server's
+public certificate).  Exit code 0 on success, 1 when the server refused (the message says why), 2 when
+it could not be reached.
 """
 from __future__ import annotations
 

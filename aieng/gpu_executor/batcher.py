@@ -1,35 +1,17 @@
 """Length-aware dynamic batching, pure logic (no sockets, no sessions).
 
-Per model version a queue of pending requests, each with its sequence length
-(0 for fixed-shape models).  ``next_batch`` picks what to run now:
-
-* The oldest pending request always anchors the next batch of its model, so a
-  stream of long requests never starves a short one (and vice versa).
-* The batch grows with the requests nearest in length to the anchor while the
-  padding waste ``1 - sum(len) / (rows * max_len)`` stays within
-  ``max_padding_waste`` and rows stay within ``max_batch_size``; of those it
-  runs the smallest count whose measured cost per row is within 5% of the
-  cheapest (``best_rows``): a bigger batch only when it pays.
-* It runs at once when full, when nothing more is known to be on its way
-  (``upstream`` = requests of the model still being preprocessed when the
-  last one was dispatched), when the anchor has waited ``max_wait_ms``, or
-  when waiting is not expected to pay: with ``b`` rows ready and ``u`` more
-  on their way, arriving about ``gap`` seconds apart, it waits only if
-  ``u * gap + cost(b + u) < cost(b) + cost(u)``, i.e. if running them
-  together finishes the lot sooner than running now and again later.
-  ``cost(rows, length)`` is learned online from measured runs (``CostModel``).
-  On a CPU, where a run costs about the same per token whatever the batch,
-  that says "run now"; on a GPU, where a bigger batch is nearly free, "wait".
-  Otherwise the caller sleeps until the earliest such deadline.
-* Among models with a runnable batch, the one with the oldest anchor goes.
-* Lanes are shared (``crowded``): with two lanes or more, the last free lane goes only to a model with no
-  model whose batches run shorter (``run_s``; a model not measured yet counts as shortest) that had a
-  request within ``SHARE_WINDOW_S``.  A flood of long batches (a page's 500 textrec crops beside its
-  textdet) then never holds every lane from a 5 ms model, whichever models the flood is made of; alone, or
-  beside only longer-running models, a model uses every lane.
-
-Expired requests are removed (and returned) before a batch is formed, so the
-model never runs a request whose client has already been told TIMEOUT.
+Per model version a queue of pending requests, each with its sequence length (0 for fixed shapes).
+``next_batch`` picks what to run now:
+* The oldest pending request anchors the next batch of its model, so no length starves.
+* The batch grows with the requests nearest in length to the anchor within ``max_padding_waste`` and
+  ``max_batch_size``; it runs the smallest count whose measured cost per row is within 5% of the
+  cheapest (``best_rows``).
+* It runs when full, when nothing more is on its way (``upstream``), when the anchor has waited
+  ``max_wait_ms``, or when waiting is not expected to pay (``cost`` learned online, ``CostModel``).
+* Among models with a runnable batch, the oldest anchor goes; the last free lane goes only to a model
+  no shorter-running recent model waits behind (``crowded``).
+Expired requests are removed (and returned) before a batch is formed.  The rule in full, with its
+formulas and measurements: docs/architecture.md, 'Batching'.
 """
 from __future__ import annotations
 

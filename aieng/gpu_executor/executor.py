@@ -1,24 +1,14 @@
 """The executor process: owns every ONNX Runtime session and runs batches.
 
-One loop (the shared ``HubWorker`` runtime) and a few lanes (``lanes``): the
-loop drains ``InferTask`` messages that preprocess workers push to its inbox,
-hands them to the batcher, and while a lane is free and the batcher says so, assembles a padded batch
-straight from the preprocess workers' shared-memory slots (freeing each slot
-as soon as its rows are copied) and gives the run to a lane.  When a lane is
-done the loop writes each request's own rows into a slot of this process's
-output ring, pushes each descriptor to the postprocess worker the frontend
-chose for the request, and tells the frontend with one ``Inferred`` notice per
-batch.
-A small request that finds the server idle may come straight from the frontend (a ``PreTask``, on
-the ``express`` lane): the loop encodes it and queues it alike, its tensors in this process (``inline_pre``).
-All socket and ring work stays on the loop thread.  Internal verification
-requests (``InferTask.background``: a loading version's golden cases) queue
-apart (``bg_batcher``) and run on the lanes' low-priority background lane.
-
-Padding never changes a result: every variable input dimension carries a
-symbolic name (e.g. ``sequence``); output dimensions with the same name are
-cut back to the request's own size before they leave, so a request gets
-exactly the rows it would have got alone.
+One loop (the shared ``HubWorker`` runtime) and a few lanes (``lanes``): the loop drains the
+``InferTask`` messages preprocess workers push to its inbox into the batcher (internal verification
+tasks, ``InferTask.background``, into ``bg_batcher`` for the background lane), and while a lane is free
+and the batcher says so, assembles a padded batch straight from the preprocess workers' shared-memory
+slots (freeing each slot as soon as its rows are copied) and gives the run to a lane.  A finished run's
+answers go out through ``outputs``.  Its parts, each given what it needs: ``builder`` (sessions and the
+idle-time wide ones), ``direct`` (the frontend's direct requests, preprocessed here), ``outputs`` (a
+batch's answers), ``worker_hotswap.Versions`` (run-time loads).  All socket and ring work stays on the
+loop thread.  Padding never changes a result: docs/architecture.md, 'Padding and the cut rule'.
 """
 from __future__ import annotations
 
@@ -26,21 +16,21 @@ import time
 
 from aieng import model_repo
 from aieng.config import Config
-from aieng.envs import cpu_count
 from aieng.gpu_executor.batcher import Batcher, Pending
+from aieng.gpu_executor.builder import WIDE_MAX_ROWS, SessionBuilder
+from aieng.gpu_executor.direct import DirectRequests
 from aieng.gpu_executor.inline_post import EXECUTOR, InlinePost
-from aieng.gpu_executor.inline_pre import InlinePre, Prepared
+from aieng.gpu_executor.inline_pre import InlinePre
 from aieng.gpu_executor.lanes import Job, Lanes
-from aieng.gpu_executor.sessions import BACKGROUND_WARM_ROWS, ModelSession, gpu_count, paced_warmup
+from aieng.gpu_executor.outputs import Outputs
+from aieng.gpu_executor.sessions import ModelSession, gpu_count
 from aieng.model_repo import ModelSpec
-from aieng.runtime.worker import HubWorker, own_ring, push_socket
+from aieng.runtime.worker import HubWorker, own_ring
 from aieng.runtime.worker_hotswap import Versions, lower_priority
-from aieng.wire import express, shm
 from aieng.wire import messages as m
-from aieng.wire.addresses import exec_addr, express_path, post_addr
-from aieng.wire.protocol import INTERNAL, INVALID_INPUT, UNAVAILABLE, RequestError
-
-WIDE_MAX_ROWS = 4  # the most rows a lone batch may have to run on the wide session
+from aieng.wire import shm
+from aieng.wire.addresses import exec_addr, express_path
+from aieng.wire.protocol import INTERNAL, INVALID_INPUT, UNAVAILABLE
 
 
 class Executor(HubWorker):
@@ -54,10 +44,8 @@ class Executor(HubWorker):
         self.init_lanes()
         self.init_hotswap()
         self.bind_inbox(exec_addr(cfg.runtime_dir))  # preprocess workers push InferTasks here
-        self.posts = {f"post-{j}": None for j in range(cfg.postprocess_workers)}  # name -> PUSH, on first use
-        self.handlers[m.InferTask] = lambda task, frames: self.accept(task)
-        self.handlers[m.PreTask] = lambda task, frames: self.on_direct(task, frames[1].buffer)
-        self.init_express()
+        self.outputs = Outputs(cfg, self.ring, self.publish, self.inline, self.send, self.fail, log)
+        self.init_direct()
 
     def init_sessions(self, specs: dict[str, ModelSpec]) -> None:
         """One session per model, each built on its own: a model that fails (a corrupt file, a file
@@ -65,67 +53,23 @@ class Executor(HubWorker):
         UNAVAILABLE; the others serve.  Only a strict start fails the executor."""
         self.sessions: dict[str, ModelSession]
         self.failed: dict[str, str]
-        self.wide: dict[str, ModelSession] = {}  # every core on one run: for a lone batch while idle
         self.inline = InlinePost(self.cfg.inline_postprocess_us)  # cheap chains run here (inline_post)
         self.inline_pre = InlinePre(self.cfg.inline_preprocess_bytes, self.cfg.max_message_bytes)
-        self.direct: dict[int, Prepared] = {}  # rid -> a queued inline-preprocessed request's input
+        self.builder = SessionBuilder(self.cfg, self.log, self.inline, self.inline_pre)
         self.sessions, self.failed = model_repo.build_each(
-            specs, self.build_session, self.log, self.cfg.strict_model_load, path=lambda s: s.onnx_path)
+            specs, self.builder.build, self.log, self.cfg.strict_model_load, path=lambda s: s.onnx_path)
 
-    def build_session(self, spec: ModelSpec, wide: bool = True, background: bool = False,
-                      urgent: bool = False) -> ModelSession:
-        """A verified, warmed-up session (and, at start, the idle-time wide one).  ``background``: a
-        run-time load beside serving, at low priority (``AIENG_LOAD_PRIORITY``) with a short, paced
-        warm-up (``paced_warmup``); ``urgent`` (a cold load a request waits for): the same short warm-up,
-        at the loop's priority and unpaced."""
-        t0 = time.perf_counter()
-        threads = self.cfg.intra_op_threads or max(1, cpu_count() // self.cfg.executor_lanes)
-        idle, polite = self.cfg.load_priority == "idle", background and not urgent
-        if polite and threads == 1:  # one thread: the session makes no pool threads that inherit it
-            lower_priority(idle)  # hashing and optimising a 90 MB model take 0.2+ s of a core each
-        model_repo.verify_content(spec)  # never load a file that changed under us
-        sess = ModelSession(spec, self.cfg.device, threads, self.cfg.ort_spinning)
-        if polite:
-            runs = paced_warmup(sess, idle)
-        else:
-            runs = sess.warmup(max_rows=BACKGROUND_WARM_ROWS if background else 0)
-        choice = self.inline.consider(spec, sess)  # in force once the version joins the batcher
-        self.inline_pre.consider(spec)  # likewise
-        if (wide and self.cfg.idle_wide_runs and threads < cpu_count()
-                and sess.provider == "CPUExecutionProvider"):
-            try:  # an optional speed-up: the model serves on its lanes without it
-                w = ModelSession(spec, self.cfg.device, cpu_count(), self.cfg.idle_wide_spinning)
-                # never more rows than the model takes: layout's and textdet's inputs hold one image, and
-                # warming them at 4 rows failed, which left them without their wide session (c=1 ran on
-                # one thread: 125 ms against 73 ms for layout)
-                runs += w.warm_small(min(WIDE_MAX_ROWS, int(spec.batching["max_batch_size"])))
-                self.wide[spec.key] = w
-            except Exception as exc:
-                self.log.warning("%s: no idle-time wide session (%s: %s)", spec.key, type(exc).__name__, exc)
-        how = ""
-        if background:
-            how = (f" (beside serving: at {'idle' if idle else 'low'} priority, warm-up paced)" if polite
-                   else " (cold load, a request waits: at normal priority)")
-        self.log.info("loaded %s (%s) on %s, %d warm-up runs in %.2fs%s; postprocessing in the %s (%s)",
-                      spec.key, spec.content_hash[:12], sess.provider, runs, time.perf_counter() - t0, how,
-                      choice.where, choice.why)
-        return sess
-
-    def init_express(self) -> None:
-        """The frontend's direct requests come on the express lane (``express``) or, while it is down,
-        on the hub; each answer goes back the way its request came (``send``)."""
-        self.express = express.ExecutorEnd(express_path(self.cfg.runtime_dir), m.decode)
-        self.wake_fds.append(self.express.fileno())
-
-    def poll_express(self) -> None:
-        for msg, body in self.express.poll(self.poller, self.ready):
-            if isinstance(msg, m.PreTask):
-                self.on_direct(msg, body)
-            else:
-                self.log.warning("unexpected express message %s", type(msg).__name__)
+    def init_direct(self) -> None:
+        """The frontend's direct requests come on the express lane or, while it is down, on the hub;
+        each answer goes back the way its request came (``send``)."""
+        self.direct = DirectRequests(express_path(self.cfg.runtime_dir), self.inline_pre, self.inline,
+                                     self.accept, self.fail, self.log)
+        self.wake_fds.append(self.direct.fileno())
+        self.handlers[m.InferTask] = lambda task, frames: self.accept(task)
+        self.handlers[m.PreTask] = lambda task, frames: self.direct.on_task(task, frames[1].buffer)
 
     def send(self, msg) -> None:
-        if not self.express.reply(getattr(msg, "rid", None), lambda: m.encode(msg)):
+        if not self.direct.reply(msg):
             super().send(msg)
 
     # -- run-time load/unload (worker_hotswap.Versions; the frontend drains before an unload) ------
@@ -139,7 +83,7 @@ class Executor(HubWorker):
     def build_in_background(self, spec: ModelSpec, urgent: bool) -> ModelSession:
         """A run-time load: on its own thread, no wide session; a cold load (``urgent``: a request waits)
         at the loop's priority with its warm-up unpaced, any other beside serving, politely."""
-        return self.build_session(spec, wide=False, background=True, urgent=urgent)
+        return self.builder.build(spec, wide=False, background=True, urgent=urgent)
 
     def check_loaded(self, key: str, sess: ModelSession) -> None:
         if sess.max_output_bytes > self.ring.slot_bytes:
@@ -164,7 +108,7 @@ class Executor(HubWorker):
                 batcher.observe(spec.key, rows, length, seconds)
 
     def remove_version(self, key: str) -> None:
-        self.wide.pop(key, None)
+        self.builder.drop(key)
         self.inline.drop(key)
         self.inline_pre.drop(key)
         self.bg_runs.pop(key, None)
@@ -193,7 +137,7 @@ class Executor(HubWorker):
         direct = set(self.inline_pre.advertised(self.inline.advertised()))
         return {"ring": self.ring.seg.name, "gpus": gpu_count(), "failed": dict(self.failed),
                 "providers": {k: s.provider for k, s in self.sessions.items()},
-                "sessions": {k: {**s.describe(), "idle_wide_session": k in self.wide,
+                "sessions": {k: {**s.describe(), "idle_wide_session": self.builder.wide_for(k) is not None,
                                  "background_runs": self.bg_runs.get(k, 0),
                                  "postprocess": self.inline.choices[k].view() if k in self.inline.choices
                                  else None,
@@ -207,37 +151,14 @@ class Executor(HubWorker):
         return hello
 
     # -- the loop ---------------------------------------------------------------
-    def on_direct(self, task: m.PreTask, body) -> None:
-        """A request the frontend sent straight here while the server was idle (``inline_pre``):
-        validated and encoded on this thread (a failure is this request's alone, as in the pool), then
-        queued like a preprocessed task with its tensors in this process."""
-        key = f"{task.model}:{task.version}"
-        started = time.monotonic()
-        if not (self.inline_pre.serves(key) and task.post == EXECUTOR and self.inline.serves(key)):
-            self.fail(task.rid, INTERNAL, f"the executor does not preprocess {key}", stage="preprocess")
-            return
-        try:
-            infer, prep = self.inline_pre.task(key, task, body, started)
-        except RequestError as exc:
-            self.fail(task.rid, exc.code, exc.message, stage="preprocess")
-            return
-        except Exception as exc:  # a processor bug or an unreadable body fails its request, not the loop
-            self.log.exception("preprocess failed for rid %s", task.rid)
-            self.fail(task.rid, INTERNAL, f"preprocessing failed: {type(exc).__name__}", stage="preprocess")
-            return
-        self.direct[task.rid] = prep
-        if not self.accept(infer, prep.descs()):
-            self.direct.pop(task.rid, None)
-
     def after_drain(self, now: float) -> int:
-        self.poll_express()
+        self.direct.poll(self.poller, self.ready)
         self.versions.poll()
         for job in self.lanes.finished():
             self.finish_batch(job)
         for p in self.batcher.expire(now) + self.bg_batcher.expire(now):
             if p.payload.ref is None:  # inline-preprocessed: its input is ours alone, and no answer follows
-                self.direct.pop(p.rid, None)
-                self.express.forget(p.rid)
+                self.direct.expire(p.rid)
             else:
                 self.inputs.release(p.payload.ref)  # the frontend answers TIMEOUT itself
         wake = []
@@ -270,7 +191,7 @@ class Executor(HubWorker):
         if problem:
             self.fail(task.rid, INVALID_INPUT, problem, task.ref)
             return False
-        if task.post not in self.posts and not (task.post == EXECUTOR and self.inline.serves(key)):
+        if not self.outputs.knows(task.post) and not (task.post == EXECUTOR and self.inline.serves(key)):
             self.fail(task.rid, INTERNAL, f"no postprocess worker named {task.post!r}", task.ref)
             return False
         now = time.monotonic()
@@ -287,7 +208,7 @@ class Executor(HubWorker):
         # A lone small batch while the executor is otherwise idle gets every core (the wide session):
         # at low load the lanes' one-thread runs would leave a core unused and double the latency
         # of a long input; under load every lane runs its own batch on one thread.
-        wide = self.wide.get(key)
+        wide = self.builder.wide_for(key)
         lone = self.lanes.busy == 0 and self.batcher.pending() == 0 and len(live) <= WIDE_MAX_ROWS
         runner = wide if wide is not None and lone and not background else sess
         # the cost model describes the serving lanes' runs (a background run's time says little)
@@ -301,63 +222,21 @@ class Executor(HubWorker):
 
     def finish_batch(self, job: Job) -> None:
         key, sess, sizes, live, learn = job.context
-        direct = {p.rid: self.direct.pop(p.rid, None) for p in live if p.payload.ref is None}
+        prepared = {p.rid: self.direct.take(p.rid) for p in live if p.payload.ref is None}
         if job.error is not None:  # a failing run fails its batch, not the executor
             self.log.error("%s: run failed: %s: %s", key, type(job.error).__name__, job.error)
             for p in live:
                 self.fail(p.rid, INTERNAL, f"model run failed: {type(job.error).__name__}")
             return
-        outputs, infer_us = job.result, job.run_ns // 1000
+        infer_us = job.run_ns // 1000
         padded = max((max(s.values(), default=0) for s in sizes), default=0)
         if job.background:  # rare (a load's golden cases): shown at the next heartbeat
             self.bg_runs[key] = self.bg_runs.get(key, 0) + 1
             self.versions.refresh()
         if learn:  # the cost model describes the serving lanes' runs, which carry the load
             self.batcher.observe(key, len(live), padded, infer_us / 1e6)
-        done = m.Inferred([], [])
-        for row, p in enumerate(live):
-            task = p.payload
-            trail = task.trail
-            trail.batch_started, trail.infer_us = job.started, infer_us
-            trail.batch, trail.padded = len(live), padded
-            if task.post == EXECUTOR:  # a cheap chain: answered from here, no output slot, no hop
-                prep = direct.get(p.rid)
-                self.answer_inline(key, task, sess.request_outputs(outputs, row, sizes[row]),
-                                   prep.features if prep is not None else None)
-                continue
-            try:
-                tensors = sess.request_outputs(outputs, row, sizes[row])
-                ref = self.publish(self.ring, tensors, p.deadline, INTERNAL)
-            except RequestError as exc:
-                self.fail(p.rid, exc.code, exc.message)
-                continue
-            post_task = m.PostTask(p.rid, task.model, task.version, ref, task.params, task.degraded,
-                                   task.trace, trail, task.geometry)
-            self.post_socket(task.post).send(m.encode(post_task))
-            done.rids.append(p.rid)
-            done.refs.append(ref)
-            self.log.debug("inferred in a batch of %d (padded %d, %d us)", len(live), padded, infer_us,
-                           extra={"trace": task.trace})
-        if done.rids:  # one notice per batch: these output slots are the postprocess workers' now
-            self.send(done)
-
-    def answer_inline(self, key: str, task: m.InferTask, tensors: list, features: dict | None) -> None:
-        """The request's answer from its chain, run here (``inline_post``): a ``Result`` or a
-        ``Failed``, as a postprocess worker would send it; ``features``: an inline-preprocessed
-        request's drift facts, which no ``Preprocessed`` notice told the frontend."""
-        msg = self.inline.answer(key, task, tensors, self.log)
-        if isinstance(msg, m.Result):
-            msg.features = features or {}
-            t = task.trail
-            self.log.debug("inferred in a batch of %d (padded %d, %d us), postprocessed here (%d us)",
-                           t.batch, t.padded, t.infer_us, t.post_us, extra={"trace": task.trace})
-        self.send(msg)
-
-    def post_socket(self, name: str):
-        sock = self.posts[name]
-        if sock is None:
-            sock = self.posts[name] = push_socket(post_addr(self.cfg.runtime_dir, name))
-        return sock
+        features = {rid: prep.features for rid, prep in prepared.items() if prep is not None}
+        self.outputs.deliver(key, sess, job.result, sizes, live, job.started, infer_us, padded, features)
 
     def assemble(self, sess: ModelSession, batch: list[Pending]):
         """Copy each request's tensors into padded batch arrays; free input slots."""
@@ -365,7 +244,7 @@ class Executor(HubWorker):
         for p in batch:
             ref = p.payload.ref
             if ref is None:  # preprocessed here (inline_pre): its tensors are in this process
-                views.append((None, None, self.direct[p.rid].tensors))
+                views.append((None, None, self.direct.tensors(p.rid)))
                 live.append(p)
                 continue
             try:
@@ -389,11 +268,9 @@ class Executor(HubWorker):
         self.send(m.Failed(rid, code, message, stage=stage))
 
     def close(self) -> None:
-        self.express.close()
+        self.direct.close()
         self.lanes.close()
-        for sock in self.posts.values():
-            if sock is not None:
-                sock.close(0)
+        self.outputs.close()
         super().close()
         self.inputs.close()
         self.ring.close()

@@ -1,21 +1,18 @@
 """Postprocessing in the executor, for the models whose chain costs microseconds.
 
-A request's answer normally leaves the executor through its output ring to a
-postprocess worker and from there to the frontend: two hand-offs and a process
-wake-up (about 0.7 ms at concurrency 1 on 2 cores, ``aieng bench``'s per-hop
-table).  For a model whose chain is cheap (pooling, normalising, softmax,
-labels) the executor runs the chain itself on the batch's output rows, right
-after the run, and sends the ``Result`` to the frontend: no output slot, no hop.
+For such a model the executor runs the chain itself on the batch's output rows, right after the run,
+and sends the ``Result`` to the frontend: no output slot, no hop to a postprocess worker.
+``InlinePost`` decides per version:
 
-Which models: a chain is *eligible* when none of its steps has a time limit or
-needs a helper thread (such steps are what the pool's guard is for: a step
-that may run long must not stall the executor's loop), and *advertised* (sent
-in ``Hello.inline_post``; the frontend then routes the model's requests with
-``post = "executor"``) when its measured cost on a real output of the model, at
-a middle warm-up length, is at most ``AIENG_INLINE_POSTPROCESS_US`` (0: never).
-The executor keeps the chain of every eligible model, so a task routed inline
-is always served, whatever a later measurement says.  ``aieng models`` shows the
-choice per version (``onnx.postprocess``).
+* *eligible*: none of its steps has a time limit or needs a helper thread (a step that may run long
+  must not stall the executor's loop, which every model shares);
+* *advertised* (``Hello.inline_post``; the frontend then routes with ``post = "executor"``): eligible,
+  and its measured cost on a real output of the model is at most ``AIENG_INLINE_POSTPROCESS_US`` (0: never).
+
+The chain of every eligible version is kept, so a task routed inline is always served.  ``consider``
+decides when a session is built (on the loader thread at run time); ``adopt`` puts it in force on
+the loop thread.  Why, what it saves and what ``aieng models`` shows: docs/architecture.md,
+'Postprocessing in the executor'.
 """
 from __future__ import annotations
 

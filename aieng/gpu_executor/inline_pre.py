@@ -1,26 +1,15 @@
 """Preprocessing in the executor, for a small request that finds the server idle.
 
-At concurrency 1 a request's way through a preprocess worker is two hand-offs
-and a third process to wake (frontend -> pre-i -> executor, plus the worker's
-``Preprocessed`` notice waking the frontend again: about 1 ms on 2 cores,
-``aieng bench``'s per-hop table) while the pool has nothing else to do.  So the
-executor keeps its own processor for the versions whose preprocessing is cheap
-and bounded (``INLINE_KINDS``: tokenising a short text, reading a few tabular
-features), and the frontend may send such a request (a ``PreTask`` with the
-client's frame, on the hub) straight to it; the executor validates and encodes
-it on its loop thread and queues it like a preprocessed task, its tensors in its
-own memory (no ring slot: nothing to free, nothing to leak).
-
-When the frontend does it (``frontend/requests/pipeline.Pipeline.direct``): the version is
-advertised here, its postprocessing also runs in the executor (``inline_post``:
-the whole request is the executor's, two hand-offs in all), the body is at most
-``AIENG_INLINE_PREPROCESS_BYTES`` (0: never) and nothing else is in
-preprocessing or in the executor.  Under load the pool does this work beside
-the executor's runs, as before; the executor's loop never tokenises while a
-batch waits.  ``aieng models`` shows the choice (``onnx.preprocess``).
-
-Processors are built with the session (on the loader thread for a run-time load)
-and put in force by ``adopt`` on the loop thread, like ``inline_post``'s chains.
+The executor keeps its own processor for the versions whose preprocessing is cheap and bounded
+(``INLINE_KINDS``: tokenising a short text, reading a few tabular features).  The frontend may send
+such a request (a ``PreTask`` with the client's frame, on the express lane or the hub; ``direct``)
+straight to it; ``InlinePre.task`` validates and encodes it with the pool's checks, and the executor
+queues it like a preprocessed task, its tensors in its own memory (no ring slot: nothing to free,
+nothing to leak).  A version is advertised (``Hello.inline_pre``) only when its postprocessing also
+runs in the executor (``inline_post``) and ``AIENG_INLINE_PREPROCESS_BYTES`` is not 0.  Processors are
+made when the session is built (``consider``, on the loader thread for a run-time load) and put in
+force by ``adopt`` on the loop thread, like ``inline_post``'s chains.  When the frontend takes this
+route, and what it saves: docs/architecture.md, 'Preprocessing in the executor, while idle'.
 """
 from __future__ import annotations
 

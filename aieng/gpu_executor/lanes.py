@@ -1,25 +1,16 @@
 """Executor lanes: whole batches run concurrently on a few threads, one ONNX Runtime run each.
 
-Why (measured, docs/architecture.md "Profile"): on a CPU, ONNX Runtime's
-intra-op parallelism over two threads cost about 15% more CPU per request
-than one thread on minilm (a condition-variable wake-up in every parallel
-op), and the executor's Python work (assembling a batch, publishing outputs)
-ran serially with the model.  With ``lanes`` threads each running a whole
-batch on one intra-op thread, every core does useful work and the loop
-assembles the next batch while runs are under way.  ONNX Runtime releases
-the GIL during ``run``, and one session serves concurrent runs.
-
-One more lane, the *background* lane, runs internal verification batches (a
-version's golden cases while it loads: ``InferTask.background``) one at a
-time.  Its thread lowers itself first (``lower``: SCHED_IDLE, as a run-time
-load's build), so that work takes only cores nothing serving wants.
+``lanes`` threads each run a whole batch on one intra-op thread, so every core does useful work and the
+loop assembles the next batch meanwhile (ONNX Runtime releases the GIL during ``run``; one session
+serves concurrent runs).  One more, the *background* lane, runs internal verification batches
+(``InferTask.background``) one at a time on a thread that lowered itself first (``lower``).  Why,
+measured: docs/architecture.md, 'Executor lanes'.
 
 Contract:
-  * ``submit`` and ``finished`` are called from the loop thread only;
-    ``submit`` only while ``free() > 0`` (``bg_free()`` for the background lane).
-  * A lane calls ``job.run()`` (pure compute: no sockets, no rings), puts the
-    finished job on the done queue and writes one byte to ``wake_fd``, which
-    the loop polls beside its hub socket; the loop does all socket and ring
+  * ``submit`` and ``finished`` are called from the loop thread only; ``submit`` only while
+    ``free() > 0`` (``bg_free()`` for the background lane).
+  * A lane calls ``job.run()`` (pure compute: no sockets, no rings), puts the finished job on the done
+    queue and writes one byte to ``wake_fd``, which the loop polls; the loop does all socket and ring
     work, so nothing here needs a lock.
   * ``close`` stops the lanes (a ``None`` job each) and joins them.
 """

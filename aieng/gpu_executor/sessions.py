@@ -8,7 +8,6 @@ lists the CUDA provider even on machines where it cannot load.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass
 
@@ -263,11 +262,6 @@ class ModelSession:
                 self.run(self._feeds(n, length))
                 runs += 1
         return runs
-
-
-def describe_runtime() -> dict:
-    return {"onnxruntime": ort.__version__, "available_providers": ort.get_available_providers(),
-            "gpus": gpu_count(), "pid": os.getpid()}
 
 
 BACKGROUND_WARM_ROWS = 8  # a run-time load warms batches up to this many rows (see ModelSession.warmup)

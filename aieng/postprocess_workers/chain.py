@@ -1,27 +1,17 @@
 """A model's postprocessing as an ordered chain of steps, each with its own time limit.
 
-``model.yaml`` gives either the chain or, as before, one op (``postprocess: {type: classify, ...}``
-becomes a one-step chain named after its op)::
-
-    postprocess:
-      steps:
-        - {op: softmax, source: logits, output: probs, timeout_ms: 5, on_timeout: fail}
-        - {op: top_k, source: probs, k: 3, timeout_ms: 5, on_timeout: skip}
-      answer: [probs, top_k]         # optional: default, every value a step wrote, in order
-
-(``postprocess:`` may also be the list of steps itself.)  Step keys: ``op`` (required), ``name``
-(default: the op; unique), ``timeout_ms`` (0: no limit), ``on_timeout`` (``fail``, default: the
-request gets TIMEOUT naming the step; ``skip``: the answer goes out without the step's values and
-says so), ``isolate`` (``inline`` or ``thread``, default per op; see ``guard``); every other key is
-the op's own parameter.  ``parse`` checks all of it when a spec is loaded (``model_repo``) and its
-ValueError names the step, so a bad chain fails the model's load.
+``model.yaml``'s ``postprocess`` gives either ``steps`` (and an optional ``answer`` list), the list of
+steps itself, or, as before, one op (a one-step chain named after its op).  Step keys: ``op``,
+``name``, ``timeout_ms``, ``on_timeout`` (``fail`` or ``skip``), ``isolate`` (see ``guard``), and the
+op's own parameters (docs/models.md, 'Postprocess chains').  ``parse`` checks all of it when a spec is
+loaded and its ValueError names the step, so a bad chain fails the model's load.
 
 A run starts from the model's outputs.  A step whose inputs are missing because an earlier step was
 skipped is skipped as well.  Each step reports ``[name, microseconds, outcome]`` with outcome ``ok``,
-``skipped`` (ran past its limit with ``skip``, or its input was skipped) or ``timeout`` (ran past its
-limit with ``fail``); those go into ``timing_us`` and the timing report.  An image request's
-``messages.Geometry`` (page size, size of the content in the model input) is in the state as
-``geometry`` for the ops that map boxes back to the page (``scale_boxes``, ``db_boxes`` ``to_page``).
+``skipped`` (past its limit with ``skip``, or its input was skipped) or ``timeout`` (past its limit
+with ``fail``: the request gets TIMEOUT naming the step); those go into ``timing_us``.  An image
+request's ``messages.Geometry`` is in the state as ``geometry`` for the ops that map boxes back to the
+page (``scale_boxes``, ``db_boxes`` ``to_page``).
 """
 from __future__ import annotations
 

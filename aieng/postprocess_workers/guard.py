@@ -2,24 +2,17 @@
 
 Two ways, chosen per step (``isolate``), each paying only when the step has a timeout:
 
-``inline`` (pure Python and numpy; the default): the step runs on the calling (main) thread with
-``signal.setitimer(ITIMER_REAL)`` armed; at the limit the SIGALRM handler raises ``StepTimeout`` between
-two bytecodes, which stops a Python loop where it is.  Cost: two setitimer calls per step.  A single C
-call is not interrupted (the handler runs when it returns), which is what ``thread`` is for.
+* ``inline`` (pure Python and numpy; the default): the step runs on the calling thread with
+  ``signal.setitimer(ITIMER_REAL)`` armed; at the limit the SIGALRM handler raises ``StepTimeout``
+  between two bytecodes.  A single C call is not interrupted: that is what ``thread`` is for.
+* ``thread`` (long C calls that release the GIL, such as OpenCV): the step runs on a helper thread and
+  the caller waits with the timeout; at the limit it *abandons* the helper (which raises ``StepTimeout``
+  once back in Python) and the next step gets a fresh one.  While more than ``MAX_ABANDONED`` abandoned
+  threads still run, a ``thread`` step times out at once instead of starting.
 
-``thread`` (ops whose time is in long C calls that release the GIL, such as OpenCV): the step runs on
-a helper thread and the caller waits on an event with the timeout.  At the limit the caller stops
-waiting and *abandons* the thread: ``PyThreadState_SetAsyncExc`` makes it raise ``StepTimeout`` as soon
-as it is back in Python (a C call runs to its end first), and the next such step gets a fresh
-helper.  While more than ``MAX_ABANDONED`` abandoned threads are still running, a ``thread`` step
-times out at once instead of starting (bounded threads and CPU).  Cost: a hand-off to the helper
-and back (tens of microseconds).
-
-Neither way can stop a C call that holds the GIL: that stalls the whole worker, whose heartbeat then
-stops, and the supervisor kills and restarts it after ``AIENG_HANG_TIMEOUT_S`` (the last resort).
-Steps without a timeout run inline with nothing armed.  Limits are wall-clock time (what the
-request's deadline is made of), so time the process spends preempted by the OS counts too.
-``StepTimeout`` is a ``BaseException`` so an op's own ``except Exception`` cannot swallow it.
+Neither can stop a C call that holds the GIL: the heartbeat stops and the supervisor restarts the
+worker.  Limits are wall-clock time.  ``StepTimeout`` is a ``BaseException`` so an op's own ``except
+Exception`` cannot swallow it.  Costs and details: docs/architecture.md, 'Postprocess chains'.
 """
 from __future__ import annotations
 

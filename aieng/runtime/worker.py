@@ -1,23 +1,17 @@
 """One runtime for every role: the process launcher and the hub worker base.
 
-``run_process(role, cfg_dict, spec_dicts, worker, ready_conn)`` is the only
-process entry point the supervisor spawns.  It does the plumbing once for
-every role (title ``aieng::<role>[<i>]``, log prefix, parent-death hooks,
-internal unpack limits), builds the role's work object, reports ready or the
+``run_process(role, cfg_dict, spec_dicts, worker, ready_conn)`` is the only process entry point the
+supervisor spawns: it does the plumbing once for every role (title ``aieng::<role>[<i>]``, log prefix,
+parent-death hooks, internal unpack limits), builds the role's work object, reports ready or the
 startup failure to the supervisor, runs it until SIGTERM and closes it.
 
-``HubWorker`` is the base of the three worker roles.  Its loop waits on the
-hub socket and the role's data-path socket (``inbox``: a PULL the previous
-stage pushes descriptors to), drains every message waiting, routes each by
-type through a dispatch table (``LogLevel`` is handled here for every role), then calls
-``after_drain`` (the preprocess pool encodes what arrived together; the
-executor forms batches) and sends a heartbeat ``Hello`` at most once a
-second.  A message that cannot be decoded is logged and skipped: it never
-ends the worker.
-
-``publish`` is the one ring-publishing path for both producers: take a slot
-of the payload's size class (waiting while that class is full: backpressure, with heartbeats, bounded by the
-request's deadline), write the tensors, return their ``Ref``.
+``HubWorker`` is the base of the three worker roles.  Its loop waits on the hub socket, the role's
+``inbox`` (a PULL the previous stage pushes descriptors to) and the role's ``wake_fds``, drains every
+message waiting, routes each by type through a dispatch table (``LogLevel`` here for every role), then
+calls ``after_drain`` and sends a heartbeat ``Hello`` at most once a second.  A message that cannot be
+decoded is logged and skipped, never fatal.  ``publish`` is the one ring-publishing path: a slot of the
+payload's size class (waiting while that class is full, bounded by the request's deadline), the tensors
+written, their ``Ref`` returned.
 """
 from __future__ import annotations
 

@@ -1,35 +1,16 @@
 """Run-time load and unload of one model version inside a worker (the worker side of hot swap).
 
 ``Versions`` plugs two handlers into a ``HubWorker``'s dispatch table:
-
-  * ``LoadVersion(spec)``: build the role's state for that version with the
-    role's own ``build(spec)`` (preprocess: its processor; postprocess: its
-    chain; executor: a warmed-up session), store it under ``model:version``,
-    and answer ``VersionLoaded`` or ``VersionFailed`` (one line, why) to the
-    frontend.  A version already built is answered at once (idempotent).
-  * ``UnloadVersion(key)``: drop what was built (the frontend drained the
-    version's requests first), so its memory is released (and, with glibc,
-    returned to the OS: ``malloc_trim``).
-
-With ``background=True`` (the executor) ``build`` runs on a thread: building
-and warming a session takes from 100 ms to seconds, and the executor loop must
-keep batching other models meanwhile.  ONNX Runtime releases the GIL while it
-runs, so warm-up competes for cores, not for the loop.  The loop collects
-finished builds in ``poll()`` (called from ``after_drain``, at least every
-200 ms) and installs them there: every shared structure is touched by the loop
-thread only.  ``check(key, built)`` may refuse a build that the worker cannot
-use (e.g. outputs larger than its ring's slots) with a ``ValueError``.
-
-The footprint a ``VersionLoaded`` reports is the process's RSS growth across
-the build, and, when the built session runs on CUDA, its GPU memory growth read
-from NVML for this process (``gpu_bytes``; best effort, never exercised on the
-CPU-only machine the tests run on): the model pool budgets it.  It is reported
-only when the build was quiet (``footprint.Quiet``: no other build and no unload
-overlapped it), else 0, "not measured": concurrent builds each read the others'
-growth too.
-
-Each change refreshes the worker's heartbeat, so the frontend's view of its
-``failed`` loads (``Hello.info``) follows.
+  * ``LoadVersion(spec)``: build the role's state for that version with the role's own ``build``,
+    store it under ``model:version``, answer ``VersionLoaded`` (with the build's footprint when it was
+    quiet, ``footprint.Quiet``; else 0) or ``VersionFailed`` (one line, why).  Idempotent.
+  * ``UnloadVersion(key)``: drop what was built (the frontend drained the version's requests first)
+    and return the memory to the OS where glibc can (``malloc_trim``).
+With ``background=True`` (the executor) ``build`` runs on a thread and the loop collects finished
+builds in ``poll()`` (from ``after_drain``) and installs them there: every shared structure is
+touched by the loop thread only.  ``check(key, built)`` may refuse a build the worker cannot use with
+a ``ValueError``.  Each change refreshes the worker's heartbeat.  Priorities, timings and footprints:
+docs/rollout.md, '9. Loading and unloading versions while serving'.
 """
 from __future__ import annotations
 

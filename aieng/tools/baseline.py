@@ -1,22 +1,13 @@
 """A plain single-process server, the baseline ``aieng bench`` compares against.
 
-What a user would write without aieng: one process, one ONNX Runtime session
-with ONNX Runtime's defaults (intra-op spinning on, intra-op threads = usable
-CPUs; ``--spinning off`` for the variant beside it), a ``concurrent.futures``
-thread pool (size = usable CPUs) in which each request is validated,
-preprocessed with the same ``PROCESSORS`` class, run alone (no batching) and
-postprocessed inline.
-
-It speaks aieng's wire format (docs/protocol.md) on a ZMQ ROUTER so the same
-clients drive it unchanged: one msgpack map per request in, one per response
-out, ``{"id", "ok": true, "model", "version", "outputs"}`` with tensors as
-``aieng.wire.protocol.encode_tensor`` maps, or ``{"id", "ok": false, "error"}``.
-Ops: ``infer`` and ``health`` (``ready`` once the session is warm).
-
-Threads never touch the ROUTER (ZMQ sockets are single-threaded): each pool
-thread sends its finished reply over its own inproc PUSH socket, and the main
-loop forwards it.  SIGTERM/SIGINT stop the loop; the pool is drained and the
-sockets closed with no linger.
+What a user would write without aieng: one process, one ONNX Runtime session with its defaults
+(spinning on, threads = usable CPUs; ``--spinning off`` for the variant beside it) and a thread pool
+in which each request is validated, preprocessed with the same ``PROCESSORS`` class, run alone and
+postprocessed inline.  It speaks aieng's wire format (docs/protocol.md) on a ZMQ ROUTER, so the same
+clients drive it; ops ``infer`` and ``health`` (``ready`` once the session is warm).  Pool threads
+never touch the ROUTER (ZMQ sockets are single-threaded): each sends its reply over its own inproc
+PUSH, and the main loop forwards it.  SIGTERM/SIGINT stop the loop, drain the pool and close the
+sockets with no linger.  How the bench uses it: BENCHMARKS.md, 'What `aieng bench` reports'.
 
     python -m aieng.tools.baseline --model minilm --repo models --addr tcp://127.0.0.1:5599
 """

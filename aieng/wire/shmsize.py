@@ -1,27 +1,18 @@
 """How much ``/dev/shm`` the configured rings need, and the start-time check against it.
 
 Contract:
-  * ``needed_bytes(cfg)`` is the shared memory one instance may hold at once: one ring per producer
-    (each preprocess worker and the executor; the frontend and postprocess workers only attach), each
-    ``header_bytes(ring_slots) + ring_slots * shm_slot_bytes`` (slot size page-rounded exactly as
-    ``shm.Ring.create`` does), plus ``RESTART_RINGS`` more: a restarted producer creates its new ring
-    while consumers (the executor's and postprocess workers' ring caches) may still map the dead one's
-    unlinked segment, whose pages tmpfs frees only at the last unmap.
-  * A ring's bytes are ``ring_slots * shm_slot_bytes`` whatever its models: a model whose largest request
-    or output is bigger than ``AIENG_SHM_SLOT_BYTES`` grows its producer's slots and the ring gets fewer of
-    them (``ring_shape``, at least ``MIN_SLOTS``: a producer waits for a free slot, backpressure). Only
-    slots above ``ring_slots * shm_slot_bytes / MIN_SLOTS`` (64 MiB at the defaults) exceed the figure.
-  * A producer that also has small requests (some model's largest fits ``AIENG_SHM_SLOT_BYTES``: OCR
-    crops beside textdet's pages in a preprocess worker) gets two size classes in those same bytes
-    (``shm.Ring``): about half for the big slots (at least ``MIN_SLOTS``), the rest as slots of
-    ``AIENG_SHM_SLOT_BYTES`` (at least ``MIN_SLOTS``), so pages never starve crops of slots.  The slot
-    count stays <= ``ring_slots``, so the header too stays within the figure; with both minimums the
-    figure holds for big slots up to ``ring_slots * shm_slot_bytes / MIN_SLOTS - shm_slot_bytes``.
-  * tmpfs allocates only touched pages, so the real use is far smaller, but a write into a page that no
-    longer fits raises SIGBUS in the writer: the space must be there before the first request.
-  * ``check(cfg, path)`` compares with the free space ``os.statvfs(path)`` reports (``path`` defaults to
-    ``shm.SHM_DIR``; tests pass another directory) and raises ``ShmTooSmall`` with a one-line message
-    naming the size and how to grant it (``--shm-size``, Kubernetes ``emptyDir.sizeLimit``).
+  * ``needed_bytes(cfg)``: the shared memory one instance may hold at once: one ring per producer
+    (each preprocess worker and the executor), each ``header_bytes(ring_slots) + ring_slots *
+    shm_slot_bytes`` (page-rounded as ``shm.Ring.create`` does), plus ``RESTART_RINGS`` more for a
+    restarted producer whose dead ring consumers may still map.
+  * ``ring_shape``: a producer whose largest request or output is bigger than ``AIENG_SHM_SLOT_BYTES``
+    gets fewer, bigger slots in the same bytes (at least ``MIN_SLOTS``); one that also has small
+    requests gets two size classes in those bytes (at least ``MIN_SLOTS`` each), so pages never starve
+    crops.  The figure holds for big slots up to about ``ring_slots * shm_slot_bytes / MIN_SLOTS``.
+  * ``check(cfg, path)`` compares with the free space at ``path`` (default ``shm.SHM_DIR``) and raises
+    ``ShmTooSmall`` with one line naming the size and how to grant it.  tmpfs allocates only touched
+    pages, but a write into a page that no longer fits is SIGBUS: the space must be there first.
+  Sizes and examples: docs/operations.md, 'Shared memory'.
 """
 from __future__ import annotations
 

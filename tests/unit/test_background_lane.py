@@ -10,10 +10,12 @@ import time
 from types import SimpleNamespace
 
 from aieng.config import Config
+from aieng.gpu_executor.builder import SessionBuilder
 from aieng.gpu_executor.executor import Executor
 from aieng.gpu_executor.inline_post import InlinePost
 from aieng.gpu_executor.inline_pre import InlinePre
 from aieng.gpu_executor.lanes import Job, Lanes
+from aieng.gpu_executor.outputs import Outputs
 from aieng.runtime.worker_hotswap import lower_priority
 from aieng.wire import messages as m
 from tests.unit.demo import needs_demo_models
@@ -59,12 +61,13 @@ def test_a_background_job_runs_on_the_lowered_lane_and_a_serving_job_does_not():
 def test_the_executor_queues_background_tasks_apart_and_runs_them_on_the_background_lane():
     ex = Executor.__new__(Executor)  # the batching parts only: no sockets, no rings
     ex.cfg, ex.log = Config(device="cpu", intra_op_threads=1), logging.getLogger("t")
-    ex.wide, ex.failed = {}, {}
+    ex.failed = {}
     ex.inline = InlinePost(ex.cfg.inline_postprocess_us)
     ex.inline_pre = InlinePre(0, ex.cfg.max_message_bytes)
+    ex.builder = SessionBuilder(ex.cfg, ex.log, ex.inline, ex.inline_pre)
     spec = demo_spec("tabular")
-    ex.sessions = {spec.key: Executor.build_session(ex, spec, wide=False)}
-    ex.posts = {"post-0": None}
+    ex.sessions = {spec.key: ex.builder.build(spec, wide=False)}
+    ex.outputs = Outputs(ex.cfg, None, None, ex.inline, None, None, ex.log)  # knows post-0; no socket yet
     ex.init_batcher()
     sess = ex.sessions[spec.key]
     tensors = [[i.name, i.dtype.name, [1 if not isinstance(d, int) or d < 0 else d for d in i.dims], 0]
@@ -81,7 +84,7 @@ def test_the_executor_queues_background_tasks_apart_and_runs_them_on_the_backgro
 
     ex.assemble = lambda sess, batch: ({}, [{}] * len(batch), batch)  # no rings here: nothing to copy
     ex.versions = SimpleNamespace(poll=lambda: None)
-    ex.express, ex.poller, ex.ready = SimpleNamespace(poll=lambda poller, ready: []), None, {}  # no frontend
+    ex.direct, ex.poller, ex.ready = SimpleNamespace(poll=lambda poller, ready: None), None, {}  # no frontend
     ex.lanes = OneFreeLaneEach()
     ex.after_drain(time.monotonic() + 1.0)  # both batches are due
     assert ex.lanes.submitted == [([1], False), ([2], True)]

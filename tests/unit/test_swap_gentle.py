@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 from aieng.config import Config
 from aieng.frontend.control.workers import Workers
-from aieng.gpu_executor.executor import Executor
+from aieng.gpu_executor.builder import SessionBuilder
 from aieng.gpu_executor.inline_post import InlinePost
 from aieng.gpu_executor.inline_pre import InlinePre
 from aieng.gpu_executor.sessions import ModelSession
@@ -118,17 +118,16 @@ def test_a_deferred_load_builds_on_a_nice_thread_and_a_cold_one_inline_at_the_wo
 def executor_build(urgent: bool) -> dict:
     """A run-time build of tabular by the executor's own code, on a fresh thread: its session and the
     thread's (policy, nice) afterwards."""
-    fake = SimpleNamespace(cfg=Config(intra_op_threads=1, load_priority="idle"), log=logging.getLogger("t"),
-                           wide={}, inline=InlinePost(200), inline_pre=InlinePre(4096, 1 << 20))
+    builder = SessionBuilder(Config(intra_op_threads=1, load_priority="idle"), logging.getLogger("t"),
+                             InlinePost(200), InlinePre(4096, 1 << 20))
 
     def body(seen: dict) -> None:
-        seen["sess"] = Executor.build_session(fake, demo_spec("tabular"), wide=False, background=True,
-                                              urgent=urgent)
+        seen["sess"] = builder.build(demo_spec("tabular"), wide=False, background=True, urgent=urgent)
         seen["sched"] = sched(threading.get_native_id())
 
     seen = on_a_thread(body)
     assert isinstance(seen["sess"], ModelSession)
-    assert fake.wide == {}  # no wide session at run time
+    assert builder.wide == {}  # no wide session at run time
     return seen
 
 

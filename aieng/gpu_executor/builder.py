@@ -1,0 +1,81 @@
+"""The executor's session builder: a model's verified, warmed-up session, and the idle-time wide ones.
+
+``SessionBuilder.build`` checks the file against the hash the supervisor took, builds the lanes'
+session, warms it and has ``InlinePost``/``InlinePre`` consider where the version's postprocessing and
+preprocessing run.  At start (``wide``) it also builds a session on every core for a lone small batch
+while the executor is idle; it owns those (``wide_for``, ``drop``).  A run-time load (``background``)
+builds beside serving at low priority (``AIENG_LOAD_PRIORITY``) with a short, paced warm-up; a cold
+load a request waits for (``urgent``) at the caller's priority, unpaced (docs/rollout.md, section 9).
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from aieng import model_repo
+from aieng.config import Config
+from aieng.envs import cpu_count
+from aieng.gpu_executor.inline_post import InlinePost
+from aieng.gpu_executor.inline_pre import InlinePre
+from aieng.gpu_executor.sessions import BACKGROUND_WARM_ROWS, ModelSession, paced_warmup
+from aieng.model_repo import ModelSpec
+from aieng.runtime.worker_hotswap import lower_priority
+
+WIDE_MAX_ROWS = 4  # the most rows a lone batch may have to run on the wide session
+
+
+class SessionBuilder:
+    def __init__(self, cfg: Config, log: logging.Logger, inline: InlinePost, inline_pre: InlinePre):
+        self.cfg, self.log, self.inline, self.inline_pre = cfg, log, inline, inline_pre
+        self.wide: dict[str, ModelSession] = {}  # every core on one run: for a lone batch while idle
+
+    def wide_for(self, key: str) -> ModelSession | None:
+        return self.wide.get(key)
+
+    def drop(self, key: str) -> None:
+        self.wide.pop(key, None)
+
+    def build(self, spec: ModelSpec, wide: bool = True, background: bool = False,
+              urgent: bool = False) -> ModelSession:
+        """A verified, warmed-up session (and, at start, the idle-time wide one).  ``background``: a
+        run-time load beside serving, at low priority (``AIENG_LOAD_PRIORITY``) with a short, paced
+        warm-up (``paced_warmup``); ``urgent`` (a cold load a request waits for): the same short warm-up,
+        at the loop's priority and unpaced."""
+        t0 = time.perf_counter()
+        threads = self.cfg.intra_op_threads or max(1, cpu_count() // self.cfg.executor_lanes)
+        idle, polite = self.cfg.load_priority == "idle", background and not urgent
+        if polite and threads == 1:  # one thread: the session makes no pool threads that inherit it
+            lower_priority(idle)  # hashing and optimising a 90 MB model take 0.2+ s of a core each
+        model_repo.verify_content(spec)  # never load a file that changed under us
+        sess = ModelSession(spec, self.cfg.device, threads, self.cfg.ort_spinning)
+        if polite:
+            runs = paced_warmup(sess, idle)
+        else:
+            runs = sess.warmup(max_rows=BACKGROUND_WARM_ROWS if background else 0)
+        choice = self.inline.consider(spec, sess)  # in force once the version joins the batcher
+        self.inline_pre.consider(spec)  # likewise
+        if (wide and self.cfg.idle_wide_runs and threads < cpu_count()
+                and sess.provider == "CPUExecutionProvider"):
+            runs += self.build_wide(spec)
+        how = ""
+        if background:
+            how = (f" (beside serving: at {'idle' if idle else 'low'} priority, warm-up paced)" if polite
+                   else " (cold load, a request waits: at normal priority)")
+        self.log.info("loaded %s (%s) on %s, %d warm-up runs in %.2fs%s; postprocessing in the %s (%s)",
+                      spec.key, spec.content_hash[:12], sess.provider, runs, time.perf_counter() - t0, how,
+                      choice.where, choice.why)
+        return sess
+
+    def build_wide(self, spec: ModelSpec) -> int:
+        """The idle-time wide session of ``spec``; its warm-up runs (0 without one)."""
+        try:  # an optional speed-up: the model serves on its lanes without it
+            w = ModelSession(spec, self.cfg.device, cpu_count(), self.cfg.idle_wide_spinning)
+            # never more rows than the model takes: layout's and textdet's inputs hold one image, and
+            # warming them at 4 rows failed, which left them without their wide session (c=1 ran on
+            # one thread: 125 ms against 73 ms for layout)
+            runs = w.warm_small(min(WIDE_MAX_ROWS, int(spec.batching["max_batch_size"])))
+        except Exception as exc:
+            self.log.warning("%s: no idle-time wide session (%s: %s)", spec.key, type(exc).__name__, exc)
+            return 0
+        self.wide[spec.key] = w
+        return runs

@@ -1,0 +1,87 @@
+"""A finished batch's answers: each request's rows to its postprocess worker, or answered here.
+
+``Outputs.deliver`` takes a run's outputs and, per request, either writes the request's own rows
+(cut back to its size) into a slot of the executor's output ring and pushes a ``PostTask`` to the
+postprocess worker the frontend chose, or, for a version whose chain runs here (``InlinePost``),
+sends the ``Result`` or ``Failed`` itself.  It tells the frontend with one ``Inferred`` notice per
+batch: those output slots are the postprocess workers' now.  It owns the PUSH sockets to the
+postprocess workers, each made on first use.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+from aieng.config import Config
+from aieng.gpu_executor.inline_post import EXECUTOR, InlinePost
+from aieng.gpu_executor.sessions import ModelSession
+from aieng.runtime.worker import push_socket
+from aieng.wire import messages as m
+from aieng.wire import shm
+from aieng.wire.addresses import post_addr
+from aieng.wire.protocol import INTERNAL, RequestError
+
+
+class Outputs:
+    def __init__(self, cfg: Config, ring: shm.Ring, publish: Callable[..., m.Ref], inline: InlinePost,
+                 send: Callable[[object], None], fail: Callable[..., None], log: logging.Logger):
+        """``publish(ring, tensors, deadline, overflow_code)`` writes tensors to a ring slot (waiting
+        while the slot class is full); ``send`` sends to the frontend; ``fail(rid, code, message)``."""
+        self.cfg, self.ring, self.publish, self.inline = cfg, ring, publish, inline
+        self.send, self.fail, self.log = send, fail, log
+        self.posts = {f"post-{j}": None for j in range(cfg.postprocess_workers)}  # name -> PUSH, on first use
+
+    def knows(self, post: str) -> bool:
+        return post in self.posts
+
+    def deliver(self, key: str, sess: ModelSession, outputs, sizes: list, live: list, started: float,
+                infer_us: int, padded: int, features: dict) -> None:
+        """Answer each request of a batch that ran (``live``, row by row); ``features``: rid -> an
+        inline-preprocessed request's drift facts, which no ``Preprocessed`` notice told the frontend."""
+        done = m.Inferred([], [])
+        for row, p in enumerate(live):
+            task = p.payload
+            trail = task.trail
+            trail.batch_started, trail.infer_us = started, infer_us
+            trail.batch, trail.padded = len(live), padded
+            if task.post == EXECUTOR:  # a cheap chain: answered from here, no output slot, no hop
+                self.answer_inline(key, task, sess.request_outputs(outputs, row, sizes[row]),
+                                   features.get(p.rid))
+                continue
+            try:
+                tensors = sess.request_outputs(outputs, row, sizes[row])
+                ref = self.publish(self.ring, tensors, p.deadline, INTERNAL)
+            except RequestError as exc:
+                self.fail(p.rid, exc.code, exc.message)
+                continue
+            post_task = m.PostTask(p.rid, task.model, task.version, ref, task.params, task.degraded,
+                                   task.trace, trail, task.geometry)
+            self.post_socket(task.post).send(m.encode(post_task))
+            done.rids.append(p.rid)
+            done.refs.append(ref)
+            self.log.debug("inferred in a batch of %d (padded %d, %d us)", len(live), padded, infer_us,
+                           extra={"trace": task.trace})
+        if done.rids:  # one notice per batch: these output slots are the postprocess workers' now
+            self.send(done)
+
+    def answer_inline(self, key: str, task: m.InferTask, tensors: list, features: dict | None) -> None:
+        """The request's answer from its chain, run here (``inline_post``): a ``Result`` or a
+        ``Failed``, as a postprocess worker would send it."""
+        msg = self.inline.answer(key, task, tensors, self.log)
+        if isinstance(msg, m.Result):
+            msg.features = features or {}
+            t = task.trail
+            self.log.debug("inferred in a batch of %d (padded %d, %d us), postprocessed here (%d us)",
+                           t.batch, t.padded, t.infer_us, t.post_us, extra={"trace": task.trace})
+        self.send(msg)
+
+    def post_socket(self, name: str):
+        sock = self.posts[name]
+        if sock is None:
+            sock = self.posts[name] = push_socket(post_addr(self.cfg.runtime_dir, name))
+        return sock
+
+    def close(self) -> None:
+        for sock in self.posts.values():
+            if sock is not None:
+                sock.close(0)
