@@ -24,8 +24,8 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from aieng.gateway import codec, models
-from aieng.httpcore.message import HttpError, error_response
 from aieng.gateway.service import HTTP_STATUS, Answer, Service
+from aieng.httpcore.message import HttpError, error_response
 from aieng.wire import protocol as p
 
 JSON = {"Content-Type": "application/json"}

@@ -25,8 +25,19 @@ from typing import Awaitable, Callable
 
 import httptools
 
-from aieng.httpcore.message import (BODY_BUDGET, BODY_CHUNK, HEAD_BYTES, MIN_RATE, REASONS, BodyBudget,
-                                    HttpError, Reader, Request, error_response, parser_error)
+from aieng.httpcore.message import (
+    BODY_BUDGET,
+    BODY_CHUNK,
+    HEAD_BYTES,
+    MIN_RATE,
+    REASONS,
+    BodyBudget,
+    HttpError,
+    Reader,
+    Request,
+    error_response,
+    parser_error,
+)
 
 Handler = Callable[[str, str, str, dict, bytes, str], Awaitable[tuple[int, dict, bytes]]]
 KINDS = ("timeout", "reset", "overflow")  # why a connection ended without an answer

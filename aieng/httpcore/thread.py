@@ -13,7 +13,7 @@ import threading
 
 from aieng.httpcore.server import HttpServer
 
-START_S = 10.0
+START_S = 60.0  # a generous bound: serving a bound socket takes milliseconds, even on a loaded machine
 
 
 class ServerThread:

@@ -109,8 +109,8 @@ def test_the_probe_port_frames_as_the_oip_port(server):
         assert line.split(b" ")[1] == status and headers["connection"] == "close"
     [(line, _, _)] = exchange(probe, b"GET /healthz HTTP/2.0\r\n\r\n")
     assert line.split(b" ")[1] == b"505"
-    (s1, h1, b1), (s2, h2, b2) = exchange(probe, b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n"
-                                          b"GET /readyz HTTP/1.0\r\nConnection: keep-alive\r\n\r\n", answers=2)
+    two = b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\nGET /readyz HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"
+    (s1, h1, b1), (s2, h2, b2) = exchange(probe, two, answers=2)
     assert s1.startswith(b"HTTP/1.1 200 ") and json.loads(b1)["live"] is True and "connection" not in h1
     assert s2.startswith(b"HTTP/1.1 200 ") and json.loads(b2)["ready"] is True
     assert h2["connection"] == "keep-alive"

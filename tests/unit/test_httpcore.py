@@ -7,7 +7,8 @@ import logging
 
 import pytest
 
-from aieng.httpcore import message, server as httpd
+from aieng.httpcore import message
+from aieng.httpcore import server as httpd
 
 
 async def echo(method, path, query, headers, body, peer):
@@ -63,7 +64,7 @@ def test_announced_bodies_hold_no_budget_received_bytes_do():
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"POST /x HTTP/1.1\r\nContent-Length: 10\r\n\r\n0123456789")
         served_beside_announcers = await read_response(reader)
-        for _, w in announced[:message.BODY_BUDGET]:  # now they send most of their bodies: those bytes are held
+        for _, w in announced[:message.BODY_BUDGET]:  # now they send most of their bodies: those bytes held
             w.write(b"x" * 999)
             await w.drain()
         while srv.body_bytes < message.BODY_BUDGET * 999:

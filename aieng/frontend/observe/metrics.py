@@ -117,7 +117,7 @@ class Metrics:
         self.queue = Gauge("aieng_queue_depth", "Requests in flight per pipeline stage", ["stage"],
                            registry=r)
         self.http_dropped = Counter("aieng_http_dropped_connections",
-                                    "Probe-port connections closed without an answer (timeout, reset, overflow)",
+                                    "HTTP connections closed without an answer (timeout, reset, overflow)",
                                     ["reason"], registry=r)
         for reason in ("timeout", "reset", "overflow"):  # present at 0 from the start
             self.http_dropped.labels(reason)
