@@ -210,9 +210,11 @@ REGISTRY: tuple[EnvVar, ...] = (
            "File holding a bearer token that /debug and /metrics require (empty: no auth)",
            "http_token_file"),
     EnvVar("AIENG_HTTP_THREADS", int, 4,
-           "HTTP worker threads (connections beyond them wait in a bounded backlog)", "http_threads"),
+           "Ignored (kept so old settings still load): one thread serves the AIENG_HTTP_ADDR port",
+           "http_threads"),
     EnvVar("AIENG_HTTP_TIMEOUT_S", float, 5.0,
-           "Seconds an HTTP connection may take to send its request or sit idle", "http_timeout_s"),
+           "Seconds an HTTP connection may take to send its request head; on AIENG_HTTP_ADDR also how long "
+           "it may sit idle", "http_timeout_s"),
     EnvVar("AIENG_SNAPSHOT_MS", int, 500,
            "How often the frontend loop publishes the health/stats snapshot HTTP serves", "snapshot_ms"),
     EnvVar("AIENG_STRICT_MODEL_LOAD", boolean, True,

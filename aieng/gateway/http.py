@@ -1,4 +1,4 @@
-"""The OIP REST routes (KServe v2 / Triton HTTP), on ``httpd.HttpServer``.
+"""The OIP REST routes (KServe v2 / Triton HTTP), on ``aieng.httpcore``.
 
     GET  /v2/health/live | /v2/health/ready                 200 or 503, empty body
     GET  /v2                                                server metadata
@@ -24,8 +24,8 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from aieng.gateway import codec, models
-from aieng.gateway.httpd import HttpError, error_response
 from aieng.gateway.service import HTTP_STATUS, Answer, Service
+from aieng.httpcore.message import HttpError, error_response
 from aieng.wire import protocol as p
 
 JSON = {"Content-Type": "application/json"}

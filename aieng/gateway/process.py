@@ -31,11 +31,11 @@ from aieng.gateway.budget import PeerBudget, gateway_share
 from aieng.gateway.decode import Decoder
 from aieng.gateway.grpc import start_grpc
 from aieng.gateway.http import OipHttp
-from aieng.gateway.httpd import HttpServer
 from aieng.gateway.models import Catalog
 from aieng.gateway.repository import Repository
 from aieng.gateway.service import Service
 from aieng.gateway.upstream import Upstream
+from aieng.httpcore.server import HttpServer
 from aieng.model_repo import ModelSpec
 from aieng.runtime import procutil
 from aieng.runtime.hub import HEARTBEAT_S, dispatch

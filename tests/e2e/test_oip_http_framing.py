@@ -4,6 +4,7 @@ curl streaming a body (``-T -``) sends it chunked, as Go and Java clients and ma
 read, not refused with 411.  Transfer-Encoding beside Content-Length is refused (400: a proxy and this
 server could frame the body differently, request smuggling); a coding other than chunked is 501.  Every
 answer carries ``Date``; an HTTP/1.0 client that asks for keep-alive keeps its connection and is told so.
+The frontend's probe port runs on the same server and frames the same way.
 """
 from __future__ import annotations
 
@@ -94,5 +95,24 @@ def test_every_answer_carries_date_and_http10_keep_alive_is_honoured(server):
     assert s1.startswith(b"HTTP/1.1 200 ") and json.loads(b1)["id"] == "c1"
     assert h1["connection"] == "keep-alive"  # asked for, kept, and said
     assert s2.startswith(b"HTTP/1.1 200 ") and h2["connection"] == "close"  # HTTP/1.0 without asking: closed
+    for h in (h1, h2):
+        assert abs(parsedate_to_datetime(h["date"]).timestamp() - time.time()) < 120
+
+
+def test_the_probe_port_frames_as_the_oip_port(server):
+    """The frontend's probe port runs on the same HTTP server: the same framing refusals, Date, keep-alive."""
+    probe = f"127.0.0.1:{server.http_port}"
+    for framing, status in ((b"Transfer-Encoding: chunked\r\nContent-Length: 5", b"400"),
+                            (b"Transfer-Encoding: gzip", b"501")):
+        [(line, headers, _)] = exchange(probe, b"GET /healthz HTTP/1.1\r\nHost: t\r\n" + framing
+                                        + b"\r\n\r\n0\r\n\r\n")
+        assert line.split(b" ")[1] == status and headers["connection"] == "close"
+    [(line, _, _)] = exchange(probe, b"GET /healthz HTTP/2.0\r\n\r\n")
+    assert line.split(b" ")[1] == b"505"
+    two = b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\nGET /readyz HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"
+    (s1, h1, b1), (s2, h2, b2) = exchange(probe, two, answers=2)
+    assert s1.startswith(b"HTTP/1.1 200 ") and json.loads(b1)["live"] is True and "connection" not in h1
+    assert s2.startswith(b"HTTP/1.1 200 ") and json.loads(b2)["ready"] is True
+    assert h2["connection"] == "keep-alive"
     for h in (h1, h2):
         assert abs(parsedate_to_datetime(h["date"]).timestamp() - time.time()) < 120

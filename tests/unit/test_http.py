@@ -1,5 +1,6 @@
-"""The HTTP side's pure parts (request parsing, auth, the /metrics render cache, address errors) and the
-bounded server on a loopback socket (deadlines, overflow, counted drops), without any aieng process."""
+"""The probe port's pure parts (auth, the /metrics render cache, address errors) and the port itself on a
+loopback socket, on aieng.httpcore (deadlines, overflow, counted drops, the answer rate), without any aieng
+process."""
 from __future__ import annotations
 
 import socket
@@ -8,16 +9,21 @@ import time
 
 import pytest
 
-from aieng.frontend.observe import httpserver
-from aieng.frontend.observe.http import HttpServer, authorized, bind, parse_addr, read_token, response
-from aieng.frontend.observe.httpserver import HeadError, parse_head
+from aieng.frontend.observe import http
+from aieng.frontend.observe.http import HttpServer, authorized, bind, parse_addr, read_token
 from tests.conftest import free_port
 
 
-def http_get(port: int, path: str, headers: dict[str, str] | None = None) -> tuple[int, dict, bytes]:
+def http_get(port: int, path: str, headers: dict[str, str] | None = None,
+             method: str = "GET") -> tuple[int, dict, bytes]:
+    return exchange(port, f"{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n".encode()
+                    + "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items()).encode() + b"\r\n")
+
+
+def exchange(port: int, request: bytes) -> tuple[int, dict, bytes]:
+    """Send ``request`` and read until the server closes: (status, headers, body)."""
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
-        s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n{extra}\r\n".encode())
+        s.sendall(request)
         data = b""
         while chunk := s.recv(65536):
             data += chunk
@@ -25,18 +31,6 @@ def http_get(port: int, path: str, headers: dict[str, str] | None = None) -> tup
     lines = head.decode().split("\r\n")
     hdrs = {k.lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
     return int(lines[0].split()[1]), hdrs, body
-
-
-def test_parse_head():
-    head = b"GET /metrics?x=1 HTTP/1.1\r\nHost: a\r\nAuthorization:  Bearer t \r\n\r\n"
-    method, path, headers = parse_head(head)
-    assert (method, path) == ("GET", "/metrics")
-    assert headers == {"host": "a", "authorization": "Bearer t"}
-    assert parse_head(b"HEAD /debug HTTP/1.0\n\n")[:2] == ("HEAD", "/debug")
-    for bad in (b"GET /\r\n\r\n", b"GET / SPDY/3\r\n\r\n", b"GET / HTTP/1.1\r\nno colon here\r\n\r\n"):
-        with pytest.raises(HeadError) as e:
-            parse_head(bad)
-        assert e.value.code == 400
 
 
 def test_bearer_auth():
@@ -56,15 +50,6 @@ def test_read_token(tmp_path):
     f.write_text(" \n")
     with pytest.raises(ValueError, match=str(f)):
         read_token(str(f))
-
-
-def test_response_bytes():
-    data = response(401, b"{}", extra={"WWW-Authenticate": 'Bearer realm="aieng"'})
-    head, _, body = data.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 401 Unauthorized\r\n") and body == b"{}"
-    assert b"Content-Length: 2" in head and b"Connection: close" in head
-    assert b"WWW-Authenticate: Bearer" in head
-    assert response(200, b"abc", head_only=True).endswith(b"\r\n\r\n")
 
 
 def test_address_errors_name_the_address():
@@ -113,6 +98,52 @@ def test_routes_and_token(make_http, tmp_path):
     assert http_get(port, "/nope")[0] == 404
 
 
+def test_answers_headers_head_and_refusals(make_http):
+    srv, port = make_http()
+    code, headers, body = http_get(port, "/healthz")
+    assert code == 200 and headers["content-type"] == "application/json"
+    assert headers["cache-control"] == "no-store" and headers["connection"] == "close" and "date" in headers
+    assert int(headers["content-length"]) == len(body) > 0
+    code, headers, body = http_get(port, "/healthz", method="HEAD")
+    assert code == 200 and body == b"" and int(headers["content-length"]) > 0
+    code, headers, _ = http_get(port, "/healthz", method="POST")
+    assert code == 405 and headers["allow"] == "GET, HEAD"
+    assert exchange(port, b"GET /\r\n\r\n")[0] == 505  # HTTP/0.9
+    assert exchange(port, b"GET / SPDY/3\r\n\r\n")[0] == 400
+    assert exchange(port, b"GET / HTTP/1.1\r\nno colon here\r\n\r\n")[0] == 400
+
+
+def test_keep_alive_answers_in_order(make_http):
+    srv, port = make_http()
+    req = b"GET /readyz HTTP/1.1\r\n\r\nGET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n"
+    code, headers, rest = exchange(port, req)
+    assert code == 503 and "connection" not in headers  # kept open for the next one
+    n = int(headers["content-length"])
+    assert rest[n:].startswith(b"HTTP/1.1 200 OK\r\n")
+
+
+def test_over_the_rate_requests_wait_their_turn_and_beyond_the_queue_get_503(make_http, monkeypatch):
+    monkeypatch.setattr(http, "MAX_RATE", 1.0)
+    monkeypatch.setattr(http, "MAX_WAITING", 2)
+    srv, port = make_http()
+    conns = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(4)]
+    try:
+        codes = []
+        for s in conns:  # one answered at once, two wait (1 s, 2 s), the fourth finds the queue full
+            s.sendall(b"GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n")
+            if not codes:
+                codes.append(int(s.recv(65536).split()[1]))
+        for s in conns[1:]:
+            data = b""
+            while chunk := s.recv(65536):
+                data += chunk
+            codes.append(int(data.split()[1]))
+    finally:
+        for s in conns:
+            s.close()
+    assert codes == [200, 200, 200, 503]
+
+
 def test_metrics_render_at_most_once_per_period(make_http):
     renders = []
 
@@ -154,11 +185,11 @@ def test_half_open_connections_cost_no_thread_and_are_dropped_on_time(make_http)
     drops: list[str] = []
     before = threading.active_count()
     srv, port = make_http(threads=2, timeout_s=0.5, dropped=drops.append)
-    assert threading.active_count() == before + 3  # one reader, two workers
+    assert threading.active_count() == before + 1  # one thread, whatever ``threads`` says
     idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(50)]
     try:
         assert http_get(port, "/healthz")[0] == 200  # answered at once, ahead of the silent ones
-        assert threading.active_count() == before + 3
+        assert threading.active_count() == before + 1
         deadline = time.monotonic() + 5
         while len(drops) < 50 and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -174,18 +205,18 @@ def test_half_open_connections_cost_no_thread_and_are_dropped_on_time(make_http)
     assert drops[50:] == ["reset"]
 
 
-def test_full_backlog_closes_new_connections_at_once(make_http, monkeypatch):
-    monkeypatch.setattr(httpserver, "MAX_PENDING", 3)
+def test_at_the_connection_cap_the_oldest_idle_one_is_closed_for_a_new_one(make_http, monkeypatch):
+    monkeypatch.setattr(http, "MAX_CONNS", 3)
     drops: list[str] = []
     srv, port = make_http(threads=1, timeout_s=5.0, dropped=drops.append)
-    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
+    idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(3)]
     try:
         deadline = time.monotonic() + 5
-        while len(srv.server.pending) < 3 and time.monotonic() < deadline:
+        while len(srv.core.conns) < 3 and time.monotonic() < deadline:
             time.sleep(0.02)
-        extra = socket.create_connection(("127.0.0.1", port), timeout=5)
-        assert extra.recv(1) == b""  # closed at once, not after timeout_s
-        extra.close()
+        assert len(srv.core.conns) == 3
+        assert http_get(port, "/healthz")[0] == 200  # a probe is not locked out by silent connections
+        assert idle[0].recv(1) == b""  # closed at once for it, not after timeout_s
         assert drops == ["overflow"]
     finally:
         for s in idle:

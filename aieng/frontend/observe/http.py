@@ -1,33 +1,32 @@
-"""The frontend's small HTTP server (``AIENG_HTTP_ADDR``, default 127.0.0.1:8000).
+"""The frontend's probe port (``AIENG_HTTP_ADDR``, default 127.0.0.1:8000): ``/healthz`` liveness,
+``/readyz`` and ``/startupz`` (200 or 503, for load balancers and Kubernetes), ``/metrics``
+(Prometheus text) and ``/debug`` (JSON: health, queue depths, stage timings, counts, memory), on
+``aieng.httpcore`` (the OIP port's server: its framing and bounds) run by one thread of its own.
+Nothing here can slow the frontend loop down by more than a bounded amount:
 
-``/healthz`` liveness and ``/readyz`` readiness (200 or 503, for load balancers and Kubernetes
-probes), ``/metrics`` (Prometheus text format) and ``/debug`` (JSON: health, queue depths, stage
-timings, counts, memory).  Nothing here can slow the frontend loop down by more than a bounded amount:
-
-  * every answer but /metrics comes from the snapshot dict the loop publishes (a reference swap, never
-    mutated after); no HTTP thread calls into the loop, over ZMQ or otherwise, so /debug also works
-    with CURVE on.  A /debug sets ``debug_asked``: the loop refreshes the snapshot's stage timings
-    (``stats``, costly with full windows) at its next publish only when someone asked, so a /debug
-    after a quiet spell shows the timings of the last one, and fresh ones one period later;
-  * /metrics is rendered at most once per ``cache_ms`` (under a lock: concurrent scrapers wait for the
-    one render and share it), so any number of scrapers costs the process one render per period;
-  * connections are served by a fixed pool (``httpserver.BoundedHttpServer``: one reader thread plus
-    ``threads`` workers, bounded queues, a ``timeout_s`` deadline per connection).
+  * every answer but /metrics comes from the snapshot dict the loop publishes (swapped whole, never
+    mutated); the HTTP thread never calls into the loop, so /debug also works with CURVE on.  A /debug
+    sets ``debug_asked``: the loop refreshes the costly stage timings at its next publish only then;
+  * /metrics is rendered at most once per ``cache_ms`` (scrapers in between share the last render);
+  * ``timeout_s`` for a request head and for an idle connection, at most ``MAX_CONNS`` connections,
+    at most ``MAX_RATE`` answers a second (``MAX_WAITING`` more wait their turn; beyond, 503).
 
 With ``token_file`` set, /metrics and /debug need ``Authorization: Bearer <token>`` (401 otherwise);
-/healthz and /readyz stay open for probes.  The token is read once, at start.
+the probes stay open.  The token is read once, at start.
 """
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
+import logging
 import socket
 import threading
 import time
-from http import HTTPStatus
 from typing import Any, Callable
 
-from aieng.frontend.observe.httpserver import BoundedHttpServer, HeadError, parse_head
+from aieng.httpcore.server import HttpServer as CoreServer
+from aieng.httpcore.thread import ServerThread
 
 PATHS = ["/healthz", "/readyz", "/startupz", "/metrics", "/debug"]
 STALE_MIN_S = 5.0  # liveness: the loop's snapshot and the supervisor's word may be this old (or 10 periods)
@@ -42,9 +41,15 @@ def liveness(snap: dict[str, Any], now: float, stale_s: float) -> dict[str, Any]
     alive = loop_age <= stale_s and supervisor_age <= stale_s
     return {"alive": alive, "loop_age_s": round(min(loop_age, 1e9), 3),
             "supervisor_age_s": round(min(supervisor_age, 1e9), 3)}
+
 PROTECTED = ("/metrics", "/debug")
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 CHALLENGE = 'Bearer realm="aieng"'
+MAX_CONNS = 512  # open connections (file descriptors, not threads)
+MAX_RATE = 200.0  # answers a second: probes and scrapers need a few; a tight loop does not take the CPU
+MAX_WAITING = 64  # requests waiting for their turn under MAX_RATE; beyond, 503 at once
+MAX_BODY = 4096  # ours are GETs; a small body is read and ignored (405 says why)
+log = logging.getLogger("aieng.frontend.observe.http")
 
 
 def parse_addr(addr: str) -> tuple[str, int]:
@@ -72,14 +77,6 @@ def authorized(header: str | None, token: bytes | None) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode("latin-1"), token)
 
 
-def response(code: int, body: bytes, ctype: str = "application/json", extra: dict[str, str] | None = None,
-             head_only: bool = False) -> bytes:
-    lines = [f"HTTP/1.1 {code} {HTTPStatus(code).phrase}", f"Content-Type: {ctype}",
-             f"Content-Length: {len(body)}", "Connection: close", "Cache-Control: no-store"]
-    lines += [f"{k}: {v}" for k, v in (extra or {}).items()]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (b"" if head_only else body)
-
-
 def bind(addr: str) -> socket.socket:
     """A listening socket on ``addr``; any failure is an OSError that names the address."""
     host, port = parse_addr(addr)
@@ -102,29 +99,41 @@ class HttpServer:
                  token_file: str = "", threads: int = 4, timeout_s: float = 5.0, cache_ms: int = 500,
                  dropped: Callable[[str], None] | None = None):
         """Bind ``addr`` (an OSError naming it if that fails) and start serving; ``dropped(reason)``
-        counts each connection closed without an answer (``Metrics.dropped_connection``)."""
+        counts each connection closed without an answer (``Metrics.dropped_connection``).  ``threads``
+        is ignored (one thread serves every connection), kept for callers and AIENG_HTTP_THREADS."""
         self.snapshot, self.render = snapshot, metrics
         self.token = read_token(token_file) if token_file else None
         self.cache_s = cache_ms / 1000.0
         self.stale_s = max(STALE_MIN_S, 10 * self.cache_s)  # cache_ms is the loop's snapshot period
-        self.metrics_lock = threading.Lock()
         self.metrics_body: bytes | None = None
         self.metrics_at = 0.0
         self.debug_cache: tuple[dict, bytes] | None = None  # (the snapshot, its JSON)
         self.debug_asked = threading.Event()  # tells the loop to refresh the snapshot's stage stats
-        self.server = BoundedHttpServer(bind(addr), self.respond, dropped or (lambda reason: None),
-                                        threads=threads, timeout_s=timeout_s)
+        self.interval, self.next_slot, self.waiting = 1.0 / MAX_RATE, 0.0, 0
+        self.core = CoreServer(self.handle, MAX_BODY, head_s=timeout_s, idle_s=timeout_s, max_conns=MAX_CONNS,
+                               log=log, on_drop=dropped)
+        self.server = ServerThread(self.core, bind(addr), name="http")
 
-    def respond(self, head: bytes) -> bytes:
-        """The whole answer (status line, headers, body) to one request head."""
-        try:
-            method, path, headers = parse_head(head)
-        except HeadError as exc:
-            return response(exc.code, json.dumps({"error": str(exc)}).encode())
+    async def handle(self, method: str, path: str, query: str, headers: dict[str, str], body: bytes,
+                     peer: str) -> tuple[int, dict[str, str], bytes]:
+        """One answer, on the server's thread; its turn comes ``1 / MAX_RATE`` s after the last one's."""
+        if self.waiting >= MAX_WAITING:
+            return 503, {"Content-Type": "application/json", "Retry-After": "1"}, b'{"error": "busy"}'
+        now = time.monotonic()
+        slot = max(now, self.next_slot)
+        self.next_slot = slot + self.interval
+        if slot > now:
+            self.waiting += 1
+            try:
+                await asyncio.sleep(slot - now)
+            finally:
+                self.waiting -= 1
         if method not in ("GET", "HEAD"):
-            return response(405, b'{"error": "only GET and HEAD"}', extra={"Allow": "GET, HEAD"})
-        code, body, ctype, extra = self.route(path, headers)
-        return response(code, body, ctype, extra, head_only=method == "HEAD")
+            code, out, ctype = 405, b'{"error": "only GET and HEAD"}', "application/json"
+            extra = {"Allow": "GET, HEAD"}
+        else:
+            code, out, ctype, extra = self.route(path, headers)
+        return code, {"Content-Type": ctype, "Cache-Control": "no-store", **extra}, out
 
     def route(self, path: str, headers: dict[str, str]) -> tuple[int, bytes, str, dict[str, str]]:
         if path in PROTECTED and not authorized(headers.get("authorization"), self.token):
@@ -147,13 +156,12 @@ class HttpServer:
         return 404, _json({"error": "not found", "paths": PATHS}), "application/json", {}
 
     def metrics_text(self) -> bytes:
-        """The last render if it is younger than ``cache_ms``, else a new one (one thread renders, the
-        others wait for it on the lock rather than rendering too)."""
-        with self.metrics_lock:
-            if self.metrics_body is None or time.monotonic() - self.metrics_at >= self.cache_s:
-                self.metrics_body = self.render()
-                self.metrics_at = time.monotonic()  # from the end: renders are >= cache_ms apart
-            return self.metrics_body
+        """The last render if it is younger than ``cache_ms``, else a new one (renders run on the one
+        server thread: scrapers arriving during one get it from the cache next)."""
+        if self.metrics_body is None or time.monotonic() - self.metrics_at >= self.cache_s:
+            self.metrics_body = self.render()
+            self.metrics_at = time.monotonic()  # from the end: renders are >= cache_ms apart
+        return self.metrics_body
 
     def debug_json(self, snap: dict[str, Any]) -> bytes:
         """The snapshot as JSON, encoded once per published snapshot (it is never mutated)."""

@@ -1,4 +1,4 @@
-"""The gateway's HTTP/1.1 server (aieng/gateway/httpd.py) in-process: keep-alive, pipelined requests in
+"""The HTTP/1.1 server both ports run on (aieng/httpcore) in-process: keep-alive, pipelined requests in
 order, HEAD, the body memory budget and the connection cap, each refusal closing only its connection."""
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import logging
 
 import pytest
 
-from aieng.gateway import httpd
+from aieng.httpcore import message
+from aieng.httpcore import server as httpd
 
 
 async def echo(method, path, query, headers, body, peer):
@@ -55,7 +56,7 @@ def test_announced_bodies_hold_no_budget_received_bytes_do():
     async def go():
         srv, port = await start(max_body=1000)
         announced = []
-        for _ in range(httpd.BODY_BUDGET + 2):  # more announcers than the budget has room for
+        for _ in range(message.BODY_BUDGET + 2):  # more announcers than the budget has room for
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(b"POST /x HTTP/1.1\r\nContent-Length: 1000\r\n\r\n")
             await writer.drain()
@@ -63,10 +64,10 @@ def test_announced_bodies_hold_no_budget_received_bytes_do():
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"POST /x HTTP/1.1\r\nContent-Length: 10\r\n\r\n0123456789")
         served_beside_announcers = await read_response(reader)
-        for _, w in announced[:httpd.BODY_BUDGET]:  # now they send most of their bodies: those bytes are held
+        for _, w in announced[:message.BODY_BUDGET]:  # now they send most of their bodies: those bytes held
             w.write(b"x" * 999)
             await w.drain()
-        while srv.body_bytes < httpd.BODY_BUDGET * 999:
+        while srv.body_bytes < message.BODY_BUDGET * 999:
             await asyncio.sleep(0.01)
         writer.write(b"POST /x HTTP/1.1\r\nContent-Length: 10\r\n\r\n0123456789")
         refused = await read_response(reader)
@@ -157,7 +158,7 @@ def test_a_head_under_the_limit_sent_in_pieces_is_served_and_one_over_it_is_431(
     async def go():
         srv, port = await start()
         got = []
-        for size in (40_000, httpd.HEAD_BYTES + 10):
+        for size in (40_000, message.HEAD_BYTES + 10):
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             head = b"GET /h HTTP/1.1\r\nX: " + b"a" * size + b"\r\n\r\n"
             for i in range(0, len(head), 9_000):  # the parser sees the head in several pieces
@@ -170,3 +171,55 @@ def test_a_head_under_the_limit_sent_in_pieces_is_served_and_one_over_it_is_431(
         return got
 
     assert run(go()) == [200, 431]
+
+
+def test_a_client_that_does_not_read_its_answer_is_cut_and_counted(monkeypatch):
+    monkeypatch.setattr(httpd, "MIN_RATE", 1 << 30)  # the answer's allowance: head_s plus a few ms
+    kinds: list[str] = []
+
+    async def big(method, path, query, headers, body, peer):
+        return 200, {}, b"x" * (64 << 20)  # more than the socket buffers hold
+
+    async def go():
+        srv = httpd.HttpServer(big, 1000, head_s=0.3, idle_s=5.0, max_conns=4, log=logging.getLogger("test"),
+                               on_drop=kinds.append)
+        await srv.start("127.0.0.1", 0)
+        port = srv.server.sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /big HTTP/1.1\r\n\r\n")  # and never reads
+        while not srv.dropped:
+            await asyncio.sleep(0.05)
+        gone = not srv.conns
+        writer.close()
+        await srv.close(1)
+        return dict(srv.dropped), gone
+
+    dropped, gone = run(go())
+    assert dropped == {"answer not read in time": 1} and kinds == ["timeout"] and gone
+
+
+def test_on_drop_counts_connections_that_ended_without_an_answer():
+    kinds: list[str] = []
+
+    async def go():
+        srv = httpd.HttpServer(echo, 1000, head_s=0.3, idle_s=0.3, max_conns=4, log=logging.getLogger("test"),
+                               on_drop=kinds.append)
+        await srv.start("127.0.0.1", 0)
+        port = srv.server.sockets[0].getsockname()[1]
+        _, silent = await asyncio.open_connection("127.0.0.1", port)  # says nothing: timeout
+        _, leaves = await asyncio.open_connection("127.0.0.1", port)
+        leaves.close()  # connects and leaves: reset
+        reader, served = await asyncio.open_connection("127.0.0.1", port)
+        served.write(b"GET /a HTTP/1.1\r\n\r\n")
+        answer = await read_response(reader)  # then idles past idle_s: closed, not counted
+        while len(srv.dropped) < 2 or srv.conns:
+            await asyncio.sleep(0.05)
+        for w in (silent, served):
+            w.close()
+        await srv.close(1)
+        return answer, dict(srv.dropped)
+
+    answer, dropped = run(go())
+    assert answer == (200, b"GET /a 0")
+    assert sorted(kinds) == ["reset", "timeout"]
+    assert dropped == {"closed by the client": 1, "idle": 2}
