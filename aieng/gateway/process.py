@@ -119,7 +119,7 @@ class Gateway:
 
     def info(self) -> dict:
         return {"http": self.cfg.oip_http_addr, "grpc": self.cfg.oip_grpc_addr,
-                "requests": self.upstream.requests, "in_flight": len(self.upstream.waiting),
+                "requests": self.upstream.requests, "in_flight": self.upstream.in_flight,
                 "rows_held": self.service.budget.total, "peers": len(self.service.budget.held),
                 "decoded_off_loop": self.service.decoder.off_loop,
                 "http_dropped": dict(self.http.dropped) if self.http else {}}
@@ -139,7 +139,7 @@ class Gateway:
                 next_hello = now + HEARTBEAT_S
             self._read_hub()
             await asyncio.sleep(TICK_S)
-        self.log.info("stopping: no new connections, %d requests in flight", len(self.upstream.waiting))
+        self.log.info("stopping: no new connections, %d requests in flight", self.upstream.in_flight)
         waits = []
         if self.http is not None:
             waits.append(self.http.close(DRAIN_S))
