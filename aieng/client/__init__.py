@@ -1,6 +1,7 @@
 """The client side: ``Client`` (blocking) and ``AsyncClient`` (many requests in flight) over the native
-protocol (``single.py``); given several endpoints they become ``ReplicaClient`` / ``AsyncReplicaClient``
-(``replica_sync.py``, ``replica_async.py``, on ``replica_base.py`` and the pure ``endpoints.py``)."""
+protocol (``single.py``; ``AsyncClient`` on ``core.py``, the request/reply core the gateway uses too); given
+several endpoints they become ``ReplicaClient`` / ``AsyncReplicaClient`` (``replica_sync.py``,
+``replica_async.py``, on ``replica_base.py`` and the pure ``endpoints.py``)."""
 from aieng.client.replica_async import AsyncReplicaClient
 from aieng.client.replica_sync import ReplicaClient
 from aieng.client.single import AsyncClient, Client, ServerError, build_request, decode_reply, server_addr

@@ -10,7 +10,7 @@ from typing import Any
 import zmq
 
 from aieng.client.endpoints import Backoff, EndpointSet, client_error, expand, should_retry, split_addrs
-from aieng.client.single import ServerError, apply_curve, server_addr
+from aieng.client.single import apply_curve, raise_for_error, server_addr
 
 EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
 
@@ -104,9 +104,8 @@ class ReplicaBase:
     def finish(self, reply: dict, tried: list[str], raise_on_error: bool) -> dict:
         if tried:
             reply["retried_from"] = tried
-        if raise_on_error and not reply.get("ok"):
-            err = reply.get("error") or {}
-            raise ServerError(err.get("code", "?"), err.get("message", ""), reply)
+        if raise_on_error:
+            raise_for_error(reply)
         return reply
 
 

@@ -3,7 +3,7 @@
 ``Client``: blocking, one request at a time over a REQ socket (or DEALER with
 ``dealer=True``, which survives a lost reply: a REQ socket would be stuck).
 ``AsyncClient``: asyncio over a DEALER socket, many requests in flight,
-replies matched by ``id``.
+replies matched by ``id`` (the request/reply core, ``core.py``).
 
 Given several endpoints (a list, or one string with commas: ``Client(["tcp://a:5555", "tcp://b:5555"])``),
 both become replica clients (``replica_sync.py``, ``replica_async.py``; docs/replicas.md):
@@ -18,7 +18,6 @@ arrays.
 """
 from __future__ import annotations
 
-import asyncio
 import itertools
 import os
 from typing import Any
@@ -26,8 +25,8 @@ from typing import Any
 import msgpack
 import numpy as np
 import zmq
-import zmq.asyncio
 
+from aieng.client.core import RpcCore
 from aieng.client.endpoints import split_addrs
 from aieng.wire.protocol import decode_tensor, encode_tensor
 
@@ -43,6 +42,13 @@ class ServerError(Exception):
     def __init__(self, code: str, message: str, reply: dict):
         super().__init__(f"{code}: {message}")
         self.code, self.message, self.reply = code, message, reply
+
+
+def raise_for_error(reply: dict) -> None:
+    """``ServerError`` for a reply that is not ``ok``."""
+    if not reply.get("ok"):
+        err = reply.get("error") or {}
+        raise ServerError(err.get("code", "?"), err.get("message", ""), reply)
 
 
 def _wire_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
@@ -127,9 +133,8 @@ class Client:
             reply = decode_reply(frames[-1])
             if not self.dealer or reply.get("id") == request.get("id"):
                 break  # a DEALER may see a late reply to an earlier, timed-out call: skip it
-        if raise_on_error and not reply.get("ok"):
-            err = reply.get("error") or {}
-            raise ServerError(err.get("code", "?"), err.get("message", ""), reply)
+        if raise_on_error:
+            raise_for_error(reply)
         return reply
 
     def infer(self, model: str, inputs: dict, **kw: Any) -> dict:
@@ -153,7 +158,8 @@ class Client:
 
 
 class AsyncClient:
-    """Many requests in flight over one DEALER socket; replies in any order."""
+    """Many requests in flight over one DEALER socket; replies in any order (the request/reply core,
+    ``core.py``: a late reply is dropped, ``close`` fails what is pending with ``RpcClosed``)."""
 
     def __new__(cls, addr: Any = None, *args: Any, **kw: Any) -> "AsyncClient":
         if cls is AsyncClient and _replicas(addr):
@@ -164,36 +170,15 @@ class AsyncClient:
                  curve: tuple[bytes, bytes, bytes] | None = None):
         self.addr = server_addr(addr)
         self.timeout_s = timeout_s
-        self.ctx = zmq.asyncio.Context.instance()
-        self.sock = self.ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        apply_curve(self.sock, curve)
-        self.sock.connect(self.addr)
+        self.core = RpcCore(self.addr, curve, decode_reply)
         self.ids = itertools.count(1)
-        self.waiting: dict[Any, asyncio.Future] = {}
-        self.reader: asyncio.Task | None = None
-
-    async def _read(self) -> None:
-        while True:
-            frames = await self.sock.recv_multipart()
-            reply = decode_reply(frames[-1])
-            fut = self.waiting.pop(reply.get("id"), None)
-            if fut is not None and not fut.done():
-                fut.set_result(reply)
 
     async def call(self, request: dict, raise_on_error: bool = True) -> dict:
-        if self.reader is None:
-            self.reader = asyncio.get_running_loop().create_task(self._read())
-        fut = asyncio.get_running_loop().create_future()
-        self.waiting[request["id"]] = fut
-        await self.sock.send(msgpack.packb(request, use_bin_type=True))
-        try:
-            reply = await asyncio.wait_for(fut, self.timeout_s)
-        finally:
-            self.waiting.pop(request["id"], None)
-        if raise_on_error and not reply.get("ok"):
-            err = reply.get("error") or {}
-            raise ServerError(err.get("code", "?"), err.get("message", ""), reply)
+        """The reply to ``request`` (its ``id`` is kept; one is added when absent); ``TimeoutError`` after
+        ``timeout_s``."""
+        reply = await self.core.call(request, self.timeout_s)
+        if raise_on_error:
+            raise_for_error(reply)
         return reply
 
     async def infer(self, model: str, inputs: dict, **kw: Any) -> dict:
@@ -204,6 +189,4 @@ class AsyncClient:
         return await self.call({"op": "health", "id": next(self.ids)})
 
     def close(self) -> None:
-        if self.reader is not None:
-            self.reader.cancel()
-        self.sock.close(0)
+        self.core.close()

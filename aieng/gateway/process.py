@@ -129,7 +129,7 @@ class Gateway:
                 next_hello = now + HEARTBEAT_S
             self._read_hub()
             await asyncio.sleep(TICK_S)
-        self.log.info("stopping: no new connections, %d requests in flight", len(self.upstream.waiting))
+        self.log.info("stopping: no new connections, %d requests in flight", self.upstream.in_flight)
         waits = []
         if self.http is not None:
             waits.append(self.http.close(DRAIN_S))

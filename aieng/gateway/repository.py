@@ -28,19 +28,17 @@ gateway processes see it within ``upstream.REFRESH_S``.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import logging
 import os
 import time
 from typing import Any
 
-import msgpack
 import zmq
-import zmq.asyncio
 import zmq.auth
 
 from aieng import model_repo
+from aieng.client.core import RpcCore, RpcError, RpcTimeout
 from aieng.config import Config
 from aieng.wire import protocol as p
 from aieng.wire.addresses import admin_addr
@@ -93,48 +91,24 @@ def versions_of(params: dict) -> list[str] | None:
 
 
 class Repository:
-    """Load, unload and index through the admin socket (one DEALER, replies matched by id)."""
+    """Load, unload and index through the admin socket (the request/reply core, ``client/core.py``)."""
 
     def __init__(self, cfg: Config, curve: bool, log: logging.Logger):
         self.cfg, self.log = cfg, log
-        self.ctx = zmq.asyncio.Context()
-        self.sock = self.ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
+        keys = None
         if curve:  # the admin socket admits any key when no keys dir is set (Config.validate)
             server_public, _ = zmq.auth.load_certificate(cfg.admin_curve_secret_key_file)
-            public, secret = zmq.curve_keypair()
-            self.sock.curve_publickey, self.sock.curve_secretkey = public, secret
-            self.sock.curve_serverkey = server_public
-        self.sock.connect(admin_addr(cfg.admin_addr, cfg.runtime_dir))
-        self.ids = itertools.count(1)
-        self.waiting: dict[int, asyncio.Future] = {}
-        self.reader: asyncio.Task | None = None
-
-    async def _read(self) -> None:
-        while True:
-            frames = await self.sock.recv_multipart()
-            try:
-                reply = msgpack.unpackb(frames[-1], raw=False, strict_map_key=False)
-            except Exception:  # never the gateway's death
-                continue
-            fut = self.waiting.pop(reply.get("id"), None) if isinstance(reply, dict) else None
-            if fut is not None and not fut.done():
-                fut.set_result(reply)
+            keys = (*zmq.curve_keypair(), server_public)
+        self.core = RpcCore(admin_addr(cfg.admin_addr, cfg.runtime_dir), keys, log=log)
 
     async def op(self, name: str, **fields: Any) -> dict:
         """One admin op's reply; an error reply raises ``RequestError`` with its code."""
-        if self.reader is None:
-            self.reader = asyncio.get_running_loop().create_task(self._read())
-        rid = next(self.ids)
-        fut = asyncio.get_running_loop().create_future()
-        self.waiting[rid] = fut
         try:
-            await self.sock.send(msgpack.packb({"op": name, "id": rid, **fields}, use_bin_type=True))
-            reply = await asyncio.wait_for(fut, OP_WAIT_S)
-        except asyncio.TimeoutError:
+            reply = await self.core.call({"op": name, **fields}, OP_WAIT_S)
+        except RpcTimeout:
             raise p.RequestError(p.UNAVAILABLE, "no answer from the admin socket") from None
-        finally:
-            self.waiting.pop(rid, None)
+        except RpcError as exc:
+            raise p.RequestError(p.UNAVAILABLE, f"the admin socket: {exc}") from None
         if not reply.get("ok"):
             err = reply.get("error") or {}
             raise p.RequestError(err.get("code", p.INTERNAL), err.get("message", f"admin {name} failed"))
@@ -213,10 +187,7 @@ class Repository:
         return out
 
     def close(self) -> None:
-        if self.reader is not None:
-            self.reader.cancel()
-        self.sock.close(0)
-        self.ctx.term()
+        self.core.close()
 
 
 def routable(entry: dict) -> bool:

@@ -1,15 +1,10 @@
 """The gateway's one connection to the frontend: a ZMQ DEALER, like any native client.
 
-Many requests are in flight on it at once; each is one msgpack map in one frame with a gateway-unique
-integer ``id``, and the reply is matched by that id.  The socket is a plain (not ``zmq.asyncio``) one
-whose file descriptor the event loop watches: a send is one non-blocking call (the DEALER queues without
-limit, bounded by what the gateway holds), and the reader drains every waiting reply per wake-up; the
-profile showed zmq.asyncio's per-send future and event bookkeeping costing more than the send itself.
-ZMQ's descriptor is edge-triggered, so the loop drains again after every send too.
-
-The frontend answers every request by its deadline, so a reply that never comes means the frontend
-died (its table is lost): a timer fails the request UNAVAILABLE ``GRACE_S`` after its deadline and a
-late reply is dropped.
+Many requests are in flight on it at once, through the request/reply core (``client/core.py``: ids,
+the pending map, the reader on the socket's descriptor, timers; the profile showed zmq.asyncio's
+per-send bookkeeping costing more than the send itself, hence the descriptor).  The frontend answers
+every request by its deadline, so a reply that never comes means the frontend died (its table is
+lost): the request fails UNAVAILABLE ``GRACE_S`` after its deadline and a late reply is dropped.
 
 A background task asks ``health`` every ``HEALTH_S`` and ``models`` every ``REFRESH_S`` (both answered
 from the frontend's state at the cost of a lookup, well under its per-client op rate limit), so
@@ -18,17 +13,14 @@ liveness, readiness and metadata never wait for the frontend, and model changes 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
 from typing import Any
 
-import msgpack
-import zmq
-
 from aieng.client import decode_reply
+from aieng.client.core import RpcClosed, RpcCore, RpcError, RpcFull, RpcTimeout, RpcUnsent
 from aieng.gateway.models import Catalog
-from aieng.wire.protocol import UNAVAILABLE, RequestError
+from aieng.wire.protocol import OVERLOADED, UNAVAILABLE, RequestError
 
 GRACE_S = 2.0
 HEALTH_S = 0.5
@@ -36,71 +28,41 @@ REFRESH_S = 2.0
 FRESH_S = 3.0  # a health reply older than this: the frontend is unreachable (not live, not ready)
 
 
+# the request/reply core's failures as the gateway answers them
+FAILS = {RpcTimeout: (UNAVAILABLE, "no answer from the frontend (restarting?)"),
+         RpcClosed: (UNAVAILABLE, "the gateway is stopping"),
+         RpcFull: (OVERLOADED, "too many requests in flight to the frontend")}
+
+
 class Upstream:
     def __init__(self, addr: str, catalog: Catalog, default_timeout_ms: int, log: logging.Logger,
                  curve: tuple[bytes, bytes, bytes] | None = None):
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.SNDHWM, 0)  # bounded by the requests the gateway holds, not a queue size
-        self.sock.setsockopt(zmq.RCVHWM, 0)
-        if curve is not None:
-            self.sock.curve_publickey, self.sock.curve_secretkey, self.sock.curve_serverkey = curve
-        self.sock.connect(addr)
+        self.core = RpcCore(addr, curve, decode_reply, log=log)
         self.catalog, self.default_timeout_ms, self.log = catalog, default_timeout_ms, log
-        self.ids = itertools.count(1)
-        self.waiting: dict[int, asyncio.Future] = {}
         self.health: dict = {}
         self.health_at = float("-inf")
         self.models_event = asyncio.Event()  # set once a list was taken while the server was ready
         self.listed = False  # any list taken
         self.tasks: list[asyncio.Task] = []
         self.requests = 0
-        self.fd = self.sock.getsockopt(zmq.FD)
-        self.loop: asyncio.AbstractEventLoop | None = None
 
     def start(self) -> None:
-        self.loop = asyncio.get_running_loop()
-        self.loop.add_reader(self.fd, self._drain)
-        self.tasks = [self.loop.create_task(self._poll())]
+        self.core.start()
+        self.tasks = [asyncio.get_running_loop().create_task(self._poll())]
 
-    def _drain(self) -> None:
-        while self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            try:
-                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            try:
-                reply = decode_reply(frames[-1].buffer)
-            except Exception as exc:  # never the gateway's death
-                self.log.error("undecodable reply from the frontend skipped: %s", exc)
-                continue
-            fut = self.waiting.pop(reply.get("id"), None)
-            if fut is not None and not fut.done():
-                fut.set_result(reply)
-
-    def _expire(self, rid: int) -> None:
-        fut = self.waiting.pop(rid, None)
-        if fut is not None and not fut.done():
-            fut.set_exception(RequestError(UNAVAILABLE, "no answer from the frontend (restarting?)"))
+    @property
+    def in_flight(self) -> int:
+        return self.core.in_flight
 
     async def call(self, request: dict, wait_s: float) -> dict:
         """Send one native request; its reply map (``ok`` true or false), or UNAVAILABLE after ``wait_s``."""
-        rid = next(self.ids)
-        request["id"] = rid
-        loop = asyncio.get_running_loop()
-        fut = loop.create_future()
-        self.waiting[rid] = fut
-        timer = loop.call_later(wait_s, self._expire, rid)
         try:
-            self.sock.send(msgpack.packb(request, use_bin_type=True), zmq.NOBLOCK)
-            loop.call_soon(self._drain)  # the send may have consumed the descriptor's edge
-            return await fut
-        except zmq.ZMQError as exc:
+            return await self.core.call(request, wait_s)
+        except RpcUnsent as exc:
             raise RequestError(UNAVAILABLE, f"cannot reach the frontend: {exc}") from None
-        finally:
-            timer.cancel()
-            self.waiting.pop(rid, None)
+        except RpcError as exc:
+            code, message = FAILS[type(exc)]
+            raise RequestError(code, message) from None
 
     async def infer(self, model: str, version: str | None, inputs: dict, params: dict | None,
                     timeout_ms: int | None, model_timeout_ms: int = 0) -> dict:
@@ -192,10 +154,4 @@ class Upstream:
     def close(self) -> None:
         for t in self.tasks:
             t.cancel()
-        if self.loop is not None:
-            self.loop.remove_reader(self.fd)
-        for fut in self.waiting.values():
-            if not fut.done():
-                fut.set_exception(RequestError(UNAVAILABLE, "the gateway is stopping"))
-        self.sock.close(0)
-        self.ctx.term()
+        self.core.close()  # fails what is pending: "the gateway is stopping"
