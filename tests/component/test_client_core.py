@@ -25,7 +25,7 @@ class Router:
         self.sock.bind(addr)
 
     async def take(self) -> tuple[bytes, dict]:
-        frames = await asyncio.wait_for(self.sock.recv_multipart(), 30)  # bounded; generous for a loaded machine
+        frames = await asyncio.wait_for(self.sock.recv_multipart(), 30)  # bounded, generous under load
         return frames[0], msgpack.unpackb(frames[-1], raw=False)
 
     async def answer(self, peer: bytes, reply) -> None:
