@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from aieng.frontend.control.workers import Workers
 from aieng.frontend.observe.metrics import Metrics
@@ -47,6 +47,29 @@ def stage_times(req: Request, t: m.Trail, now: float) -> dict[str, int]:
             "hop.to_postprocess": to_post, "hop.to_frontend": to_frontend, "total": _us(now - req.received)}
 
 
+class Shadows(Protocol):
+    """What the pipeline tells ``mirror.Mirror``: where a primary and a shadow copy ended."""
+
+    def primary_end(self, req: Request, outputs: bytes | None, now: float) -> None: ...
+
+    def shadow_end(self, req: Request, outputs: bytes | None, code: str, now: float) -> None: ...
+
+
+class Pages(Protocol):
+    """What the pipeline asks of ``fanout.Fanout``: pipeline models' pages and their step requests."""
+
+    def owns(self, req: Request) -> bool: ...
+
+    def start(self, req: Request) -> None: ...
+
+    def step_of(self, rid: int) -> str: ...
+
+    def child_end(self, child: Request, outputs: bytes | None, code: str, message: str,
+                  trail: m.Trail | None = None) -> None: ...
+
+    def page_failed(self, rid: int, code: str) -> None: ...
+
+
 class Pipeline:
     def __init__(self, table: RequestTable, workers: Workers, post_names: list[str],
                  send: Callable[[str, list], bool], answers: Answers, metrics: Metrics, stats: StageStats,
@@ -59,14 +82,14 @@ class Pipeline:
         self.send_direct = send_direct or (lambda frames: self.send("executor", frames))
         self.post_names = post_names  # every postprocess worker, live or restarting
         self.metrics, self.stats = metrics, stats
-        self.mirror: Any = None
-        self.fanout: Any = None
+        self.mirror: Shadows | None = None
+        self.fanout: Pages | None = None
         self.handlers: dict[type, Callable[[Any, bytes], None]] = {
             m.Preprocessed: self.on_preprocessed, m.Inferred: self.on_inferred,
             m.Result: self.on_result, m.Failed: self.on_failed,
         }
 
-    def attach(self, mirror: Any, fanout: Any) -> None:
+    def attach(self, mirror: Shadows, fanout: Pages) -> None:
         """The parts built over this pipeline: ``mirror.Mirror`` gets both ends of shadow pairs,
         ``fanout.Fanout`` runs pipeline models."""
         self.mirror, self.fanout = mirror, fanout
