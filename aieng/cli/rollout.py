@@ -103,6 +103,7 @@ def _print_status(reply: dict) -> None:
         print(f"{name}: stable {st['stable']}, weights "
               + ", ".join(f"{v}={w:g}%" for v, w in st["weights"].items())
               + f"; pinning {'allowed' if st['allow_pinned'] else 'refused'}; last change: {st['reason']}")
+        _print_source(st.get("source"))
         for v, spans in st["ranges"].items():
             print(f"  buckets of {v}: " + ", ".join(f"{a}-{b - 1}" for a, b in spans))
         for r in st["rules"]:
@@ -121,6 +122,17 @@ def _print_status(reply: dict) -> None:
             print(f"  version {v}: {ld['state']} ({ld['source']}, golden cases {ld['golden_cases']})"
                   + (f": {ld['error']}" if ld.get("error") else ""))
         print(f"  previous routing: {'yes' if st['previous'] else 'none'} ({st['history']} kept)")
+
+
+def _print_source(src: dict | None) -> None:
+    """Where the routing came from: model.yaml's generation, or a change made on this replica after it."""
+    if not src:
+        return
+    gen = f"model.yaml generation {src['generation']} (routing digest {src['digest']})"
+    print("  routing from " + (gen if src["from"] == "model.yaml"
+                               else f"a local change ({src['reason']}) after {gen}"))
+    if src.get("refused"):
+        print(f"  model.yaml refused since {src['refused']['since']:.0f}: {src['refused']['error']}")
 
 
 def _num(x: float | None, fmt: str, scale: float = 1.0) -> str:

@@ -37,9 +37,10 @@ from aieng.frontend.requests.fanout import Fanout
 from aieng.frontend.requests.pipeline import Pipeline
 from aieng.frontend.requests.table import Request, RequestTable
 from aieng.frontend.rollout.mirror import Mirror
-from aieng.frontend.rollout.rollout import Rollout
+from aieng.frontend.rollout.rollout import Rollout, model_dirs
 from aieng.frontend.rollout.routestore import RouteStore, store_path
 from aieng.frontend.rollout.statewriter import StateWriter
+from aieng.frontend.rollout.watcher import ConfigWatcher, model_yaml_paths
 from aieng.frontend.versions.manager import GOLDEN_CLIENT, VersionManager
 from aieng.model_repo import ModelSpec
 from aieng.runtime import procutil
@@ -72,7 +73,9 @@ class Frontend:
         self.writer = StateWriter(store.save, store.path, self.metrics.state_write) if store else None
         if store is None:
             self.log.warning("AIENG_STATE_DIR is empty: routing changes are not saved (lost at a restart)")
-        self.rollout = Rollout(self.specs, store, self.writer, self.metrics)
+        # every model.yaml is watched by a thread; rollout.tick applies what changed (a fleet's one source)
+        self.watcher = ConfigWatcher(model_yaml_paths(model_dirs(self.specs)))
+        self.rollout = Rollout(self.specs, store, self.writer, self.metrics, self.watcher)
         self.gate = ClientGate(cfg.client_rate_limit, cfg.max_ops_per_s)
         self.admission = Admission(cfg, self.specs, self.rollout, self.table, self.breakers,
                                    self.cache, self.degrader, self.life)
@@ -330,6 +333,7 @@ class Frontend:
         self.hub.close(0)
         self.express.close()
         self.admin.close()
+        self.watcher.close()
         if self.writer is not None:  # what waits is written before the process ends
             self.writer.close()
         self.versions.close()

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from aieng import model_repo
+from aieng.frontend.rollout import model as model_mod
 from aieng.frontend.rollout import rollout as rollout_mod
 from aieng.frontend.rollout import routing
 from aieng.frontend.rollout.canary import AutoRollback, Watch
@@ -189,7 +190,7 @@ def test_a_format_1_file_is_read_and_its_copies_of_a_group_become_one(tmp_path, 
 
 def test_history_keeps_within_the_group_budget_and_always_the_previous_routing(tmp_path, rollout,
                                                                               monkeypatch):
-    monkeypatch.setattr(rollout_mod, "SAVED_GROUP_CHARS", 2 * 1100)
+    monkeypatch.setattr(model_mod, "SAVED_GROUP_CHARS", 2 * 1100)
     repo = repo_with(tmp_path, "routing:\n  weights: {'1': 100}\n")
     r = rollout(repo, tmp_path / "st")
     m = r.models["m"]

@@ -95,6 +95,17 @@ class Metrics:
                                     registry=r)
         for outcome in ("ok", "failed"):  # present at 0 from the start
             self.state_writes.labels(outcome)
+        # Where each model's routing came from (docs/rollout.md, section 11): one series per model, its
+        # ``digest`` label that of the model.yaml routing it follows (the same on every replica that read it)
+        self.generation = Gauge("aieng_routing_generation", "Generations of model.yaml routing this replica "
+                                "applied since start; digest: the routing section's sha256 prefix",
+                                ["model", "digest"], registry=r)
+        self.routing_local = Gauge("aieng_routing_local_change", "1 while a change made on this replica "
+                                   "(admin, auto-rollback) is in force over model.yaml's routing", ["model"],
+                                   registry=r)
+        self.routing_refused = Gauge("aieng_routing_model_yaml_refused", "1 while the model's model.yaml "
+                                     "is refused (malformed, missing): the routing in force stays", ["model"],
+                                     registry=r)
         self.version_loads = Counter("aieng_version_loads", "Run-time loads of model versions, by outcome "
                                      "(ok: routable after its golden set; failed)",
                                      ["model", "version", "outcome"], registry=r)
@@ -166,6 +177,15 @@ class Metrics:
     def state_write(self, outcome: str) -> None:
         """Called from the state writer's thread (prometheus_client counters are thread-safe)."""
         self.state_writes.labels(outcome).inc()
+
+    def routing_source(self, model: str, digest: str, number: int, local: bool, refused: bool,
+                       before: tuple | None = None) -> None:
+        """``before``: what was exported for the model last (its old digest's series is removed)."""
+        if before is not None and before[0] != digest:
+            self.generation.remove(model, before[0])
+        self.generation.labels(model, digest).set(number)
+        self.routing_local.labels(model).set(1 if local else 0)
+        self.routing_refused.labels(model).set(1 if refused else 0)
 
     def version_load(self, model: str, version: str, outcome: str) -> None:
         self.version_loads.labels(model, version, outcome).inc()

@@ -1,23 +1,19 @@
 """The frontend's routing of every model: current state, history, canary watch, persistence.
 
-One ``Model`` per served model holds the current ``routing.RoutingState`` (a pointer), the
-previous states (newest last), its last ``EVENTS`` events and, when model.yaml configures
-``auto_rollback``, a ``canary.Watch`` (``tick`` rolls a worse canary back to weight 0).
-``route`` picks each request's version.  A model's routing comes from model.yaml's ``routing``
-section (none: 100 % to the default version, pinning allowed; its sha256 is the *config digest*)
-unless the saved state (``routestore``) was derived from the same digest and names only versions
-still served.  A change (admin op, auto-rollback, load, unload, reload) builds a new state and
-swaps the pointer, then hands every model's routing to the state writer (``save`` -> a
-``Ticket``; no file I/O on the loop); a failed write leaves the change in force.  Rollback swaps
-back to the newest history entry.  History: at most ``HISTORY`` states, fewer when their groups
-with the current state's would pass ``SAVED_GROUP_CHARS`` (``within_budget``; the previous
-routing is always kept).  Where routing comes from, restarts, reloads and why a failed write is
-not undone: docs/rollout.md, sections 4, 5 and 7.
+One ``model.Model`` per served model (state, history, events, watch, generation).  ``route`` picks
+each request's version.  A model's routing comes from model.yaml's ``routing`` section (none: 100 %
+to the default version, pinning allowed; its sha256 is the *config digest*) unless the saved state
+(``routestore``) was derived from the same digest and names only versions still served.  A change
+(admin op, auto-rollback, load, unload, reload, a model.yaml the watcher saw change: ``follow``)
+builds a new state and swaps the pointer, then hands every model's routing to the state writer
+(``save`` -> a ``Ticket``; no file I/O on the loop); a failed write leaves the change in force.
+Rollback swaps back to the newest history entry.  ``tick`` applies the watcher's model.yaml
+changes, rolls a worse canary back to weight 0 and exports each model's generation.  Where
+routing comes from, restarts, reloads, a fleet, and why a failed write is not undone:
+docs/rollout.md, sections 4, 5, 7 and 11.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import secrets
@@ -25,145 +21,27 @@ import time
 from typing import Any
 
 from aieng import model_repo
-from aieng.frontend.rollout import routing, shadow
-from aieng.frontend.rollout.canary import AutoRollback, Watch
-from aieng.frontend.rollout.routestore import RouteStore, Saved
+from aieng.frontend.rollout import routing
+from aieng.frontend.rollout.generation import Refused, source_view
+from aieng.frontend.rollout.model import Model, digest, dump, within_budget
+from aieng.frontend.rollout.routestore import RouteStore
 from aieng.frontend.rollout.statewriter import StateWriter, Ticket
+from aieng.frontend.rollout.watcher import ConfigWatcher, FileChange
 from aieng.model_repo import ModelSpec
 from aieng.wire import protocol as p
 
-HISTORY = 16
-SAVED_GROUP_CHARS = 2 * routing.MAX_GROUP_CHARS  # one model's current state and history together
-EVENTS = 20
 FLUSH_S = 10.0  # a reload waits this long at most for the writer before reading the file
 MIN_PREFIX = 12  # hex digits of a sha256 prefix that may name a version
 log = logging.getLogger("aieng.frontend.rollout.rollout")
 
 
-def digest(raw: Any) -> str:
-    return hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def dump(state: routing.RoutingState) -> dict:
-    return state.public()
-
-
-def load(raw: dict, versions: set[str]) -> routing.RoutingState:
-    """A saved state back (``RoutingError``/``ValueError`` when it no longer fits the versions)."""
-    owner = routing.from_ranges({str(v): r for v, r in raw["ranges"].items()})
-    if not set(owner) <= versions:
-        raise routing.RoutingError("names a version no longer served")
-    weights = routing.check_weights(raw["weights"], versions)
-    if routing.targets(weights) != {v: owner.count(v) for v in weights}:
-        raise routing.RoutingError("bucket ranges do not match the weights")
-    rules, groups = routing.parse_rules({"rules": raw["rules"], "groups": raw["groups"]}, versions)
-    return routing.RoutingState(weights, tuple(owner), routing.to_ranges(owner), rules, groups,
-                                bool(raw["allow_pinned"]), str(raw.get("reason", "")),
-                                shadow.parse_config(raw.get("shadow"), versions))
-
-
-def within_budget(name: str, current: routing.RoutingState, history: list) -> list:
-    """The newest ``HISTORY`` entries of ``history`` whose groups, with ``current``'s, hold at most
-    ``SAVED_GROUP_CHARS`` characters (each group object once): older ones are dropped, and logged."""
-    history = history[-HISTORY:]
-    seen = {id(g): g.chars for g in current.groups.values()}
-    total, keep = sum(seen.values()), 0
-    for state in reversed(history):
-        extra = {id(g): g.chars for g in state.groups.values() if id(g) not in seen}
-        if total + sum(extra.values()) > SAVED_GROUP_CHARS:
-            log.warning("routing history of %s keeps its %d newest entries: with older ones its groups would "
-                        "hold over %d characters", name, keep, SAVED_GROUP_CHARS)
-            break
-        seen.update(extra)
-        total += sum(extra.values())
-        keep += 1
-    return history[len(history) - keep:]
-
-
-def _without(weights: dict[str, float], version: str) -> dict[str, float]:
-    return {v: w for v, w in weights.items() if v != version}
-
-
-def as_list(value: Any) -> list:
-    """A saved list, or empty when the file holds something else there (logged and ignored, never fatal)."""
-    return value if isinstance(value, list) else []
-
-
-class Model:
-    def __init__(self, name: str, specs: dict[str, ModelSpec], config: dict | None):
-        self.name, self.specs = name, specs
-        self.versions = set(specs)
-        self.history: list[routing.RoutingState] = []
-        self.events: list[dict] = []
-        self.apply_config(config)
-        self.state = self.baseline
-
-    def apply_config(self, config: dict | None) -> None:
-        cfg = config or {}
-        self.config, self.config_digest = config, digest(config)
-        self.baseline = routing.build(
-            None, self.versions, cfg.get("weights") or {model_repo.latest(self.specs): 100},
-            {"rules": cfg.get("rules") or [], "groups": cfg.get("groups") or {}}, cfg.get("allow_pinned"),
-            reason="model.yaml", shadow=shadow.parse_config(cfg.get("shadow"), self.versions))
-        policy = AutoRollback.parse(cfg.get("auto_rollback"))
-        if policy is None:
-            self.watch = None
-        elif getattr(self, "watch", None) is None or self.watch.policy != policy:
-            self.watch = Watch(policy)
-
-    def push(self, new: routing.RoutingState) -> None:
-        self.history = within_budget(self.name, new, self.history + [self.state])
-        self.state = new
-
-    def event(self, kind: str, **fields: Any) -> None:
-        self.events = (self.events + [dict(fields, kind=kind, at=time.time())])[-EVENTS:]
-
-    def drop_version(self, version: str) -> None:
-        """``version`` leaves the routable set; refused (``RequestError``) while weights or rules send
-        traffic to it.  Old routings that did can no longer be rolled back to."""
-        key, state = f"{self.name}:{version}", self.state
-        if state.weights.get(version, 0) > 0:
-            raise p.RequestError(p.INVALID_REQUEST, f"{key} has weight {state.weights[version]:g}%: set "
-                                 "it to 0 first (aieng rollout set-weights); nothing changed")
-        named = [r.name for r in state.rules if r.version == version]
-        if named:
-            raise p.RequestError(p.INVALID_REQUEST, f"{key} is named by rules {named}: change them first; "
-                                                  f"nothing changed")
-        self.versions.discard(version)
-        self.state = routing.build(state, self.versions, _without(state.weights, version),
-                                   reason=state.reason)
-        history = [s for s in self.history if not s.weights.get(version)
-                   and all(r.version != version for r in s.rules)]
-        self.history = [routing.build(s, self.versions, _without(s.weights, version), reason=s.reason)
-                        for s in history]
-
-    def saved(self) -> Saved:
-        return Saved(self.config_digest, self.state, tuple(self.history), tuple(self.events))
-
-    def restore(self, saved: dict | None) -> bool:
-        if not isinstance(saved, dict) or saved.get("config_digest") != self.config_digest:
-            return False
-        try:
-            current = load(saved["current"], self.versions)
-            history = []
-            for raw in as_list(saved.get("history")):
-                try:
-                    history.append(load(raw, self.versions))
-                except (routing.RoutingError, ValueError, KeyError, TypeError, AttributeError):
-                    pass  # an old state naming a version no longer served is just dropped
-        except (routing.RoutingError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            log.warning("saved routing of %s not restored (%s); using model.yaml", self.name, exc)
-            return False
-        self.state, self.history = current, within_budget(self.name, current, history)
-        self.events = [e for e in as_list(saved.get("events")) if isinstance(e, dict)][-EVENTS:]
-        return True
-
-
 class Rollout:
     def __init__(self, specs: dict[str, dict[str, ModelSpec]], store: RouteStore | None,
-                 writer: StateWriter | None = None, metrics=None):
-        """``store`` is read here and on reload; ``writer`` writes it (both None: nothing is saved)."""
-        self.store, self.writer, self.metrics = store, writer, metrics
+                 writer: StateWriter | None = None, metrics=None, watcher: ConfigWatcher | None = None):
+        """``store`` is read here and on reload; ``writer`` writes it (both None: nothing is saved);
+        ``watcher``'s model.yaml changes are applied in ``tick`` (None: only at start and reload)."""
+        self.store, self.writer, self.metrics, self.watcher = store, writer, metrics, watcher
+        self.exported: dict[str, tuple] = {}  # model -> what the metrics show of its source
         saved = store.load() if store else {}
         self.models: dict[str, Model] = {}
         for name, versions in specs.items():
@@ -218,7 +96,10 @@ class Rollout:
             m.watch.observe(version, time.monotonic(), code, latency_s)
 
     def tick(self, now: float) -> None:
-        """Auto-rollback: a canary worse than stable over the window goes to weight 0."""
+        """model.yaml changes the watcher saw; auto-rollback: a canary worse than stable over the window goes
+        to weight 0; the metrics of where each model's routing came from."""
+        for change in self.watcher.take() if self.watcher is not None else ():
+            self.follow(change)
         for m in self.models.values():
             if m.watch is None:
                 continue
@@ -239,6 +120,59 @@ class Rollout:
             log.error("auto-rollback of %s:%s: %s; its weight is now 0", m.name, version, why)
             if self.metrics is not None:
                 self.metrics.auto_rollback(m.name, version)
+        self.export()
+
+    def follow(self, change: FileChange) -> bool:
+        """Apply a model.yaml that changed (the watcher's): a new routing section wins over any local
+        change and routes as the section alone says (the baseline, not moved from the state in force);
+        one that cannot be used is refused, logged once and shown, and the routing in force stays."""
+        m = self.models.get(change.model)
+        if m is None:
+            return False
+        error, config = change.error, (change.settings or {}).get("routing")
+        if change.missing:
+            error = None if m.config is None else (f"{change.path} is missing: the routing in force stays "
+                                                   "(a model.yaml without 'routing' means the default)")
+        elif error is None:
+            try:
+                model_repo.check_routing(config, m.versions, f"model {m.name}: {change.path}")
+            except model_repo.ModelError as exc:
+                error = str(exc)
+        if error is not None:
+            if m.refused is None or (m.refused.digest, m.refused.error) != (change.digest, error):
+                log.error("model.yaml of %s refused, routing unchanged (generation %d): %s", m.name,
+                          m.generation.number, error)
+                m.refused = Refused(change.digest, error)
+                m.event("model_yaml_refused", reason=error)
+            return False
+        m.refused = None
+        if change.missing or digest(config) == m.config_digest:
+            return False
+        prev = m.state
+        m.apply_config(config)
+        if m.baseline.routes_as(prev):
+            m.state = m.baseline  # the same routing, now the generation's: no history entry
+        else:
+            m.push(m.baseline)
+        m.event("model_yaml", reason=f"generation {m.generation.number} ({m.generation.short})",
+                weights=dict(m.state.weights))
+        self.save()
+        log.warning("routing of %s follows model.yaml generation %d (%s): weights %s", m.name,
+                    m.generation.number, m.generation.short, m.state.weights)
+        return True
+
+    def source(self, name: str) -> dict:
+        m = self.models[name]
+        return source_view(m.generation, m.local(), m.state.reason, m.refused)
+
+    def export(self) -> None:
+        if self.metrics is None:
+            return
+        for name, m in self.models.items():
+            shown = (m.generation.short, m.generation.number, m.local(), m.refused is not None)
+            if self.exported.get(name) != shown:
+                self.metrics.routing_source(name, *shown, before=self.exported.get(name))
+                self.exported[name] = shown
 
     # -- changes ---------------------------------------------------------------------------
     def save(self) -> Ticket:
@@ -296,7 +230,8 @@ class Rollout:
     def status(self, name: str, now: float) -> dict:
         m = self.models[name]
         out = dump(m.state)
-        out.update({"stable": m.state.stable, "previous": dump(m.history[-1]) if m.history else None,
+        out.update({"source": self.source(name), "stable": m.state.stable,
+                    "previous": dump(m.history[-1]) if m.history else None,
                     "history": len(m.history), "events": m.events,
                     "auto_rollback": m.watch.policy.public() if m.watch else None,
                     "window": m.watch.views(now) if m.watch else {}})
@@ -353,4 +288,9 @@ class Rollout:
         return self.reload({name: model_repo.model_settings(d) for name, d in self.model_dirs().items()})
 
     def model_dirs(self) -> dict[str, str]:
-        return {name: os.path.dirname(next(iter(m.specs.values())).path) for name, m in self.models.items()}
+        return model_dirs({name: m.specs for name, m in self.models.items()})
+
+
+def model_dirs(specs: dict[str, dict[str, ModelSpec]]) -> dict[str, str]:
+    """Each model's directory (its model-wide model.yaml's), from the path of any of its versions."""
+    return {name: os.path.dirname(next(iter(versions.values())).path) for name, versions in specs.items()}

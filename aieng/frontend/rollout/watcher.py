@@ -1,0 +1,138 @@
+"""Each model's model-wide model.yaml, watched: a thread stats it, reads it only when it changed.
+
+A fleet's routing source is the repository's ``<model>/model.yaml`` (a ConfigMap or a shared volume).
+Every ``poll_s`` the thread stats each file (following symlinks: a ConfigMap swaps its ``..data``
+link, a deploy tool renames a new file over the old, so either way a new inode appears).  A new
+signature (device, inode, size, mtime, ctime) with a new inode is read at once; one with the same
+inode (a write in place) only once it is unchanged for one more poll, so a half-written file is not
+read.  A read hashes the bytes (sha256) and, when they differ from the last read, parses them
+(YAML, the model-wide keys) and hands a ``FileChange`` to the loop; ``take()`` returns the newest
+per model.  The first poll reads every file, so a change made before the thread started is seen.
+Why a thread: a stat on a shared volume (NFS) can block for seconds, and parsing a large rules
+group holds the interpreter far longer than a loop tick may; the loop only validates and applies
+(``Rollout.follow``).  How a fleet uses it: docs/rollout.md, section 11.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from aieng.model_settings import MODEL_KEYS
+
+POLL_S = 2.0
+log = logging.getLogger("aieng.frontend.rollout.watcher")
+
+
+@dataclass(frozen=True)
+class FileChange:
+    """What a model's model.yaml holds now: ``settings`` (the parsed map) or ``error`` (why it cannot be
+    used: unreadable, not YAML, not a map of the model-wide keys), or ``missing``."""
+    model: str
+    path: str
+    digest: str  # sha256 of the file's bytes ("" when missing or unreadable)
+    settings: dict | None = None
+    error: str | None = None
+    missing: bool = False
+
+
+def model_yaml_paths(model_dirs: dict[str, str]) -> dict[str, str]:
+    return {name: os.path.join(d, "model.yaml") for name, d in model_dirs.items()}
+
+
+def parse(path: str, data: bytes) -> tuple[dict | None, str | None]:
+    """(settings, None) or (None, why), with the checks ``model_settings`` makes at the scan."""
+    try:
+        cfg = yaml.safe_load(data.decode("utf-8")) or {}
+    except (UnicodeDecodeError, yaml.YAMLError) as exc:
+        return None, f"{path}: {exc}"
+    if not isinstance(cfg, dict) or set(cfg) - set(MODEL_KEYS):
+        return None, f"{path}: a model-wide model.yaml takes only {', '.join(MODEL_KEYS)}"
+    return cfg, None
+
+
+def signature(st: os.stat_result) -> tuple:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+class ConfigWatcher:
+    def __init__(self, paths: dict[str, str], poll_s: float = POLL_S, start: bool = True):
+        self.paths, self.poll_s = dict(paths), poll_s
+        self.seen: dict[str, Any] = {}  # model -> signature last read (the thread's)
+        self.settling: dict[str, tuple] = {}  # model -> a write in place, read once unchanged for a poll
+        self.digests: dict[str, str] = {}  # model -> digest last handed over
+        self.lock = threading.Lock()
+        self.changes: dict[str, FileChange] = {}  # for take(): the newest per model
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self.run, name="aieng-config-watcher", daemon=True)
+        if start:
+            self.thread.start()
+
+    # -- the loop's side --------------------------------------------------------------------
+    def take(self) -> list[FileChange]:
+        with self.lock:
+            out, self.changes = list(self.changes.values()), {}
+        return out
+
+    def close(self, timeout: float = 5.0) -> None:
+        self.stopping.set()
+        if self.thread.is_alive():
+            self.thread.join(timeout)
+
+    # -- the thread ----------------------------------------------------------------------------
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                self.poll()
+            except Exception:  # a bug here must not stop the watch for good
+                log.exception("model.yaml watch failed; trying again in %gs", self.poll_s)
+            self.stopping.wait(self.poll_s)
+
+    def poll(self) -> None:
+        """One look at every file (the thread; tests call it directly with ``start=False``)."""
+        for model, path in self.paths.items():
+            self.check(model, path)
+
+    def check(self, model: str, path: str) -> None:
+        try:
+            sig: Any = signature(os.stat(path))
+        except FileNotFoundError:
+            sig = None
+        except OSError as exc:
+            sig = ("error", exc.strerror)
+        old = self.seen.get(model, False)
+        if sig == old:
+            self.settling.pop(model, None)
+            return
+        in_place = (isinstance(sig, tuple) and isinstance(old, tuple) and len(old) == len(sig) == 5
+                    and old[:2] == sig[:2])
+        if in_place and self.settling.get(model) != sig:
+            self.settling[model] = sig  # written in place: read it once it stays put for a poll
+            return
+        self.settling.pop(model, None)
+        self.seen[model] = sig
+        if sig is None:
+            self.hand_over(FileChange(model, path, "", missing=True))
+            return
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read()
+        except OSError as exc:
+            self.seen.pop(model, None)  # read again at the next poll
+            self.hand_over(FileChange(model, path, "", error=f"{path}: {exc.strerror or exc}"))
+            return
+        digest = hashlib.sha256(data).hexdigest()
+        if digest == self.digests.get(model):
+            return  # touched, or replaced by the same bytes
+        settings, error = parse(path, data)
+        self.hand_over(FileChange(model, path, digest, settings, error))
+
+    def hand_over(self, change: FileChange) -> None:
+        self.digests[change.model] = change.digest
+        with self.lock:
+            self.changes[change.model] = change
