@@ -234,3 +234,17 @@ def test_two_version_canary_steps_from_model_yaml_move_only_the_buckets_that_cha
         assert moved == canary * routing.BUCKETS // 100 - prev.count("2")
         assert all(y == "2" for x, y in zip(prev, now) if x == "2")  # every user on the canary stays there
         prev = now
+
+
+def test_a_reload_reports_a_generation_the_watcher_applied_first_once(tmp_path):
+    repo = make_repo(tmp_path, W % (90, 10, 0))
+    r, w = replica(repo)
+    step(r, w)
+    assert r.reload_from_disk() == []
+    replace(os.path.join(repo, "m", "model.yaml"), W % (60, 40, 0))
+    step(r, w)  # the watcher got there first
+    assert r.reload_from_disk() == ["m"]  # what an operator who edited the file and reloaded expects
+    m = r.models["m"]
+    assert [e["kind"] for e in m.events[-2:]] == ["model_yaml", "reload"]
+    assert m.state.weights == {"1": 60.0, "2": 40.0, "3": 0.0} and m.generation.number == 2
+    assert r.reload_from_disk() == []

@@ -92,6 +92,7 @@ class Model:
         self._local: tuple = (None, False)  # (serials, local) of the last ``local()``
         self.apply_config(config)
         self.state = self.baseline
+        self.reloaded = self.generation.number  # the generation the last reload (or the start) reported
 
     def apply_config(self, config: dict | None) -> None:
         cfg = config or {}

@@ -200,8 +200,9 @@ class Rollout:
         return self.save()
 
     def reload(self, settings: dict[str, dict]) -> list[str]:
-        """Re-read routing from model.yaml (``{model: settings}``) and the saved state; what changed.  The
-        file is read once the writer has written what it was handed (else it would be older than memory)."""
+        """Re-read routing from model.yaml (``{model: settings}``) and the saved state; what changed since the
+        last reload (a generation the watcher applied first counts too).  The saved state is read once the
+        writer has written what it was handed (else it would be older than memory)."""
         current = self.writer is None or self.writer.flush(FLUSH_S)
         saved = self.store.load() if self.store and current else {}
         for name, m in self.models.items():  # all or nothing: check every model first
@@ -209,14 +210,16 @@ class Rollout:
         changed = []
         for name, m in self.models.items():
             config = settings.get(name, {}).get("routing")
-            if digest(config) == m.config_digest and not self._saved_differs(m, saved.get(name)):
+            if digest(config) != m.config_digest or self._saved_differs(m, saved.get(name)):
+                prev = m.state
+                m.apply_config(config)
+                if not m.restore(saved.get(name)):
+                    m.push(m.baseline)
+                elif m.state != prev:
+                    m.history = within_budget(name, m.state, m.history + [prev])
+            elif m.generation.number == m.reloaded:
                 continue
-            prev = m.state
-            m.apply_config(config)
-            if not m.restore(saved.get(name)):
-                m.push(m.baseline)
-            elif m.state != prev:
-                m.history = within_budget(name, m.state, m.history + [prev])
+            m.reloaded = m.generation.number
             m.event("reload", weights=dict(m.state.weights))
             changed.append(name)
         if changed:
