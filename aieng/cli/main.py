@@ -198,6 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
     so.add_argument("--concurrency", type=int, default=8)
     so.add_argument("--max-rss-mib-per-min", type=float, default=1.0,
                     help="fail when a process's resident memory grows faster (second half of the run)")
+    so.add_argument("--timeout", type=float, default=30.0,
+                    help="seconds a request may wait for its reply (a later reply is counted late)")
     so.set_defaults(func=cmd_soak)
 
     from aieng.tools.quantize import add_parser as add_quantize
