@@ -1,25 +1,14 @@
-"""Clients over several aieng replicas: ``Client([...])`` and ``AsyncClient([...])`` become these classes.
+"""``AsyncClient`` over several replicas: ``AsyncClient([...])`` becomes ``AsyncReplicaClient``.
 
-Contract (user docs: docs/replicas.md; selection, health state and DNS expansion: ``endpoints.py``):
-
-* One request/reply core (``core.py``) per concrete endpoint: its DEALER has ``ZMQ_IMMEDIATE`` (nothing is
-  queued for an endpoint that is not connected) and a socket monitor. A DNS name is re-resolved every
-  ``resolve_every_s``.
-* An endpoint takes requests only after a ``health`` probe (timeout ``probe_timeout_s``) answered ``ready``.
-  A lost TCP connection (the monitor's DISCONNECTED: the replica died or its frontend restarted), a failed
-  probe, or a send that finds no connection marks it down; down endpoints are probed with backoff and come
-  back when ready. ``AsyncClient`` also probes up endpoints every ``probe_every_s`` (a hung replica drops
-  out); the blocking ``Client`` probes only down ones, when a call finds them due.
-* Every request gets exactly one reply. Its deadline is ``timeout_ms / 1000 + margin_s`` when it has
-  ``timeout_ms`` (never more than ``timeout_s``), else ``timeout_s``. Replies made by the client itself carry
-  ``client_error`` and ``endpoint``, raised as ``ServerError`` unless ``raise_on_error=False``:
-  ``UNAVAILABLE`` when the connection to the replica holding the request was lost (the message names it) or
-  no replica was ready until the deadline; ``TIMEOUT`` when the deadline passed with no reply.
-* Retry: at most ``retries`` (default 1) more tries, each on another replica that is up at that moment,
-  only when the reply never came because the connection was lost, or the replica answered ``UNAVAILABLE``,
-  and only when the deadline leaves time (the retried request's ``timeout_ms`` is cut to what is left).
-  Never after a missed deadline. A retried reply has ``retried_from`` (the endpoints tried before).
-  Every reply of a replica client has ``endpoint``: the replica that gave it.
+One request/reply core (``core.py``) per concrete endpoint, with ``ZMQ_IMMEDIATE`` and a connection-state
+callback: a handshake asks for a probe, a lost connection marks the endpoint down and fails its in-flight
+requests (``RpcLost``).  Endpoints take requests once a ``health`` probe says ready; a background task
+probes (down ones with backoff, up ones every ``probe_every_s``) and re-resolves DNS names.  Every request
+gets exactly one reply by its deadline (``timeout_ms / 1000 + margin_s``, at most ``timeout_s``), carrying
+``endpoint``; the client's own have ``client_error``: ``UNAVAILABLE`` (``lost``, ``no_replica``) or
+``TIMEOUT`` (``deadline``).  A ``lost`` or ``UNAVAILABLE`` answer is retried at most ``retries`` times on
+another up replica while the deadline allows (``retried_from``).  ``close`` fails waiting calls
+(``RpcClosed``).  The full contract: docs/replicas.md; selection and health state: ``endpoints.py``.
 """
 from __future__ import annotations
 
@@ -71,7 +60,9 @@ class AsyncReplicaClient(ReplicaBase, AsyncClient):
             return
         self.set.mark_down(addr, now, "connection lost")
         why = self.lost(addr, "connection lost (replica gone or restarting)")["message"]
-        self.cores[addr].fail_pending(lambda: RpcLost(why))
+        core = self.cores.get(addr)
+        if core is not None:
+            core.fail_pending(lambda: RpcLost(why))
 
     async def _maintain(self) -> None:
         loop = asyncio.get_running_loop()
@@ -126,21 +117,20 @@ class AsyncReplicaClient(ReplicaBase, AsyncClient):
                 ep.probing = False
 
     async def _exchange(self, addr: str, request: dict, deadline: float) -> dict:
-        ep = self.set.eps[addr]
+        ep, err = self.set.eps[addr], client_error
         ep.in_flight += 1
         try:
             try:
                 reply = await self.cores[addr].call(request, max(0.0, deadline - time.monotonic()))
             except RpcUnsent:
                 self.set.mark_down(addr, time.monotonic(), "not connected")
-                return client_error(request.get("id"), "UNAVAILABLE", f"replica {addr} is not connected", addr,
-                                    "unsent")
+                return err(request["id"], "UNAVAILABLE", f"replica {addr} is not connected", addr, "unsent")
             except RpcLost as exc:
-                return client_error(request["id"], "UNAVAILABLE", str(exc), addr, "lost")
+                return err(request["id"], "UNAVAILABLE", str(exc), addr, "lost")
             except RpcTimeout:
                 self.set.probe_soon(addr, time.monotonic())
-                return client_error(request["id"], "TIMEOUT", f"no reply from replica {addr} before the client "
-                                    "deadline", addr, "deadline")
+                why = f"no reply from replica {addr} before the client deadline"
+                return err(request["id"], "TIMEOUT", why, addr, "deadline")
             reply["endpoint"] = addr
             if (reply.get("error") or {}).get("code") == "UNAVAILABLE":
                 self.set.probe_soon(addr, time.monotonic())  # draining or restarting: let a probe decide

@@ -1,7 +1,6 @@
 """What both replica clients share (``ReplicaBase``): options, the endpoint set and its DNS resolution,
 deadlines and the retry rule; each client opens and shuts its own connection per endpoint
-(``open_endpoint``, ``shut_endpoint``); ``judge`` reads a health reply.  The contract is in
-``replica_async.py``'s docstring."""
+(``open_endpoint``, ``shut_endpoint``); ``judge`` reads a health reply.  The contract: docs/replicas.md."""
 from __future__ import annotations
 
 import itertools

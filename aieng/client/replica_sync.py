@@ -1,11 +1,12 @@
 """The blocking ``Client`` over several replicas: ``Client([...])`` becomes ``ReplicaClient``.
 
-Contract: as ``replica_async.py`` (one DEALER per endpoint, probes, deadlines, exactly one reply per
-request, the same retry rule), with one request at a time, so selection is round robin. Nothing runs in the
-background: socket events are read, and due probes of down endpoints sent, inside ``call``. So a call may
-spend up to ``probe_timeout_s`` waiting on a probe of a replica that is connected but hung; a replica that
-refuses connections costs nothing (its probe fails at once). An up endpoint goes down on a lost
-connection, a missed deadline or an ``UNAVAILABLE`` answer, and comes back through a probe.
+Contract: as ``AsyncReplicaClient`` (docs/replicas.md: probes, deadlines, exactly one reply per request,
+the same retry rule), over one DEALER and its monitor per endpoint, one request at a time: selection is
+round robin. Nothing runs in the background: socket events are read, and due probes of down endpoints
+sent, inside ``call``. So a call may spend up to ``probe_timeout_s`` waiting on a probe of a replica that
+is connected but hung; a replica that refuses connections costs nothing (its probe fails at once). An up
+endpoint goes down on a lost connection, a missed deadline or an ``UNAVAILABLE`` answer, and comes back
+through a probe.
 """
 from __future__ import annotations
 

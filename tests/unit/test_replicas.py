@@ -319,7 +319,8 @@ def test_async_client_answers_requests_whose_replica_vanishes(fakes, retries):
     assert gone.infers >= 1
     hit = [r for r in replies if not r["ok"] or r.get("retried_from")]  # the ones `gone` held
     assert len(hit) == gone.infers
-    expect = {0: (False, "UNAVAILABLE", "lost", gone.addr, None), 1: (True, None, None, good.addr, [gone.addr])}
+    expect = {0: (False, "UNAVAILABLE", "lost", gone.addr, None),
+              1: (True, None, None, good.addr, [gone.addr])}
     for r in hit:
         got = (r["ok"], (r.get("error") or {}).get("code"), r.get("client_error"), r["endpoint"],
                r.get("retried_from"))
