@@ -4,10 +4,11 @@
 A request is one msgpack map in one frame carrying ``id`` (the caller's, else an int never pending; an id
 already pending is refused, ``ValueError``); its reply is the map with the same ``id``, delivered only to a
 pending request: a timed-out or cancelled one leaves the map at once, so its late reply is dropped
-(``unmatched``); an undecodable or id-less reply is counted ``malformed`` and skipped.  One reader (the
-loop watching the socket's edge-triggered descriptor, drained after sends too).  At most ``max_pending`` in
-flight (``RpcFull``).  ZMQ reconnects by itself; a request sent while disconnected waits in the socket's
-queue (HWM 0) and fails ``RpcTimeout`` at its deadline (``sockopts={zmq.IMMEDIATE: 1}``: ``RpcUnsent`` now).
+(``unmatched``; core ids are never reused); an undecodable or id-less reply is counted ``malformed`` and
+skipped, never the reader's death.  One reader (the loop watching the socket's edge-triggered descriptor,
+drained after sends too).  At most ``max_pending`` in flight (``RpcFull``).  ZMQ reconnects by itself; a
+request sent while disconnected waits in the socket's queue (HWM 0: bounded by ``max_pending``) and fails
+``RpcTimeout`` at its deadline (with ``sockopts={zmq.IMMEDIATE: 1}``: ``RpcUnsent`` at once).
 ``on_state(connected)`` (optional) is told each completed handshake and each lost connection, after the
 replies already received were delivered; ``fail_pending(error)`` fails what is pending (e.g. ``RpcLost``:
 its replies can no longer come).  ``close`` fails every pending request once (``RpcClosed``), later calls too.
@@ -73,7 +74,8 @@ class RpcCore:
         for opt, value in (sockopts or {}).items():
             self.sock.setsockopt(opt, value)
         # the monitor before connect: no event is missed; None when nobody asked for connection states
-        self.mon = self.sock.get_monitor_socket(sum(STATE_EVENTS)) if on_state is not None else None
+        self.mon = self.sock.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED) if on_state is not None else None
         self.connected: bool | None = None  # as the monitor last said (None: not watched or not yet)
         self.sock.connect(addr)
         self.fd = self.sock.getsockopt(zmq.FD)
