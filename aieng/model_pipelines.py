@@ -3,7 +3,6 @@ and the models they name checked to be served.
 """
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from aieng.model_settings import version_metadata

@@ -64,8 +64,8 @@ class ServerProcess:
 
     def start(self, wait: bool = True, timeout: float = 90.0) -> "ServerProcess":
         self.log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(self.prefix + [sys.executable, "-m", "aieng.cli", "serve", *self.args], cwd=ROOT,
-                                     env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
+        argv = self.prefix + [sys.executable, "-m", "aieng.cli", "serve", *self.args]
+        self.proc = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
         if wait:
             self.wait_ready(timeout)
         return self

@@ -61,7 +61,8 @@ def pod_env(tmp_path) -> dict[str, str]:
     """The image's AIENG_* environment and the runtime's env, with what binds or writes moved here."""
     env = {k: v for k, v in image_env().items() if k.startswith("AIENG_")}
     runtime = {e["name"]: e["value"] for e in runtime_container()["env"]}
-    assert runtime["AIENG_OIP_HTTP_ADDR"] == "0.0.0.0:8080" and runtime["AIENG_OIP_GRPC_ADDR"] == "0.0.0.0:8081"
+    oip = (runtime["AIENG_OIP_HTTP_ADDR"], runtime["AIENG_OIP_GRPC_ADDR"])
+    assert oip == ("0.0.0.0:8080", "0.0.0.0:8081"), "KServe's ports, on the pod's address"
     env.update(runtime)
     for addr in ("AIENG_FRONTEND_ADDR", "AIENG_HTTP_ADDR", "AIENG_OIP_HTTP_ADDR", "AIENG_OIP_GRPC_ADDR"):
         del env[addr]  # ServerProcess binds each on a free loopback port
