@@ -7,15 +7,17 @@ KServe storage initializer leaves in /mnt/models.  The view is a directory holdi
 scan, reload, run-time loads, the OIP repository API and the routing state file work unchanged.
 
 Where: under the state dir (``<state dir>/model-views/<16 hex>``, named after the layout, DIR and NAME),
-so a restarted server finds the same repository path and with it its saved routing; each start replaces
-the link atomically.  With no state dir, a fresh private temp dir that ``close`` removes.  The links
-point at DIR as given (not its real path), so a deploy tool swapping a ``current`` symlink is followed.
+so a restarted server finds the same repository path and with it its saved routing; a start that finds
+the link pointing elsewhere replaces it atomically.  With no state dir, a fresh private temp dir that
+``close`` removes.  The links point at DIR as given (not its real path), so a deploy tool swapping a
+``current`` symlink is followed.
 A mistake (DIR missing, no model.yaml, a bad NAME) raises ``ViewError``: one line for the command line.
 """
 from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 import shutil
 import tempfile
 
@@ -45,12 +47,17 @@ def check_name(name: str) -> None:
 
 
 def _link(target: str, at: str) -> None:
-    """``at -> target``, replacing what was there in one step."""
-    tmp = f"{at}.{os.getpid()}.tmp"
-    if os.path.lexists(tmp):
-        os.unlink(tmp)
+    """``at -> target``, replacing what was there in one step (a state dir may be shared by replicas, each
+    PID 1 in its container: the temp name is random)."""
+    if os.path.islink(at) and os.readlink(at) == target:
+        return
+    tmp = f"{at}.{secrets.token_hex(8)}.tmp"
     os.symlink(target, tmp)
-    os.replace(tmp, at)
+    try:
+        os.replace(tmp, at)
+    except OSError:
+        os.unlink(tmp)
+        raise
 
 
 class ModelView:
@@ -66,7 +73,8 @@ class ModelView:
         else:
             tag = hashlib.sha256(f"{kind}\0{target}\0{name}".encode()).hexdigest()[:16]
             self.path = os.path.join(state_dir, "model-views", tag)
-            os.makedirs(self.path, mode=0o700, exist_ok=True)
+            for d in (state_dir, os.path.dirname(self.path), self.path):  # each private, as the state dir
+                os.makedirs(d, mode=0o700, exist_ok=True)
         if kind == "versions":
             _link(target, os.path.join(self.path, name))
         else:
