@@ -3,11 +3,10 @@ and the models they name checked to be served.
 """
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from aieng.model_settings import version_metadata
-from aieng.model_spec import ModelError, ModelSpec, content_hash
+from aieng.model_spec import ModelError, ModelSpec, content_hash, version_dir
 
 # -- pipelines: models made of other models (the frontend runs them: frontend/requests/fanout.py) ---------
 PIPELINE_STEPS = ({"step": "textdet", "model": str},
@@ -53,7 +52,7 @@ def pipeline_spec(name: str, version: str, path: str, cfg: dict, cfg_path: str) 
     if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms < 0:
         raise ModelError(f"{cfg_path}: timeout_ms must be a non-negative int (0: the server default)")
     return ModelSpec(
-        name=name, version=version, path=os.path.realpath(path), content_hash=content_hash(path),
+        name=name, version=version, path=version_dir(path), content_hash=content_hash(path),
         description=str(cfg.get("description", "")), inputs=cfg["inputs"], outputs=cfg["outputs"],
         preprocess={"type": "pipeline"}, postprocess={}, padding={},
         batching={"max_batch_size": 1, "max_wait_ms": 0.0, "max_padding_waste": 0.0}, timeout_ms=timeout_ms,

@@ -33,6 +33,7 @@ from aieng.model_spec import (
     failure_message,
     resolve_inside,
     verify_content,
+    version_dir,
 )
 
 INPUT_KINDS = ("text", "image", "number", "category", "tensor")
@@ -112,7 +113,7 @@ def load_spec(name: str, version: str, path: str) -> ModelSpec:
     if not os.path.isfile(onnx_path):
         raise ModelError(f"{path}: {os.path.basename(onnx_path)} is missing (run scripts/fetch_models.py?)")
     return ModelSpec(
-        name=name, version=version, path=os.path.realpath(path), content_hash=content_hash(path),
+        name=name, version=version, path=version_dir(path), content_hash=content_hash(path),
         description=str(cfg.get("description", "")), inputs=inputs, outputs=outputs,
         preprocess=pre, postprocess=post, padding=dict(cfg.get("padding") or {}),
         batching=batching, timeout_ms=timeout_ms, onnx_path=onnx_path,
@@ -165,4 +166,4 @@ def apply_overrides(specs: dict[str, dict[str, ModelSpec]], max_batch_size: int,
 
 __all__ = ["ContentChanged", "ModelError", "ModelLoadError", "ModelSpec", "apply_overrides", "apply_policy",
            "build_each", "check_pipeline_models", "check_routing", "content_hash", "failure_message",
-           "latest", "load_spec", "model_settings", "resolve_inside", "scan", "verify_content"]
+           "latest", "load_spec", "model_settings", "resolve_inside", "scan", "verify_content", "version_dir"]

@@ -74,6 +74,14 @@ class ModelSpec:
                 **({"kind": "pipeline", "steps": self.pipeline["steps"]} if self.pipeline else {})}
 
 
+def version_dir(path: str) -> str:
+    """A version directory's path with its parents resolved but not the directory itself: a version that is
+    a symlink (a repository view's ``NAME/1 -> DIR``, ``model_view.py``) stays in the model directory it
+    was found in, where reload and run-time loads look for its siblings (the dirname of ``spec.path``)."""
+    path = os.path.normpath(os.path.abspath(path))
+    return os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+
+
 def resolve_inside(root: str, rel: str) -> str:
     """Join ``rel`` to ``root`` and refuse anything that escapes it (.., symlinks)."""
     if not isinstance(rel, str) or not rel or os.path.isabs(rel):

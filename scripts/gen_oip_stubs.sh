@@ -3,7 +3,9 @@
 # (grpc_service.proto and model_config.proto, copied unchanged from triton-inference-server/common, commit
 # 83adf7cf88a2f343005974dff3728be746de2d66, protobuf/), with grpcio-tools (the `dev` extra).
 # The generated modules are committed, so serving needs only grpcio + protobuf; rerun this after updating the
-# protos.  protoc writes top-level imports (`import model_config_pb2`); sed makes them package-relative.
+# protos, and raise grpcio>= and protobuf>= in pyproject.toml to the versions the new stubs name
+# (tests/unit/test_packaging.py checks).  protoc writes top-level imports (`import model_config_pb2`); sed
+# makes them package-relative.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}

@@ -59,12 +59,13 @@ class ServerProcess:
         self.env.update(env)
         self.proc: subprocess.Popen | None = None
         self.prefix: list[str] = []  # a command the server runs under (e.g. prlimit), set before start
+        self.args: list[str] = []  # arguments after `serve` (e.g. a ServingRuntime's), set before start
         self.curve: tuple | None = None  # (client public, client secret, server public) when CURVE is on
 
     def start(self, wait: bool = True, timeout: float = 90.0) -> "ServerProcess":
         self.log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(self.prefix + [sys.executable, "-m", "aieng.cli", "serve"], cwd=ROOT,
-                                     env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
+        argv = self.prefix + [sys.executable, "-m", "aieng.cli", "serve", *self.args]
+        self.proc = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
         if wait:
             self.wait_ready(timeout)
         return self

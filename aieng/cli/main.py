@@ -46,10 +46,42 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except OSError as exc:  # --config names a file that is not there or not readable
         print(f"aieng: {file_problem(exc)}", file=sys.stderr)
         return 2
+    try:
+        view = one_model_view(args, cfg)
+    except UsageError as exc:
+        print(f"aieng: {exc}", file=sys.stderr)
+        return 2
     procutil.setup_logging("supervisor", cfg.log_level, cfg.log_format)
     logging.getLogger("aieng.runtime.supervisor").info("effective configuration: %s", json.dumps(
         {k: v for k, v in cfg.to_dict().items() if k not in INTERNAL}, sort_keys=True))
-    return serve(cfg)
+    try:
+        return serve(cfg)
+    finally:
+        if view is not None:
+            view.close()
+
+
+def one_model_view(args: argparse.Namespace, cfg: Any) -> Any:
+    """``--model-name NAME --model-dir DIR`` (KServe's layout, ``model_view.py``): the repository becomes a
+    view serving DIR as NAME, over AIENG_MODEL_REPOSITORY / AIENG_MODELS from any other source."""
+    from aieng.model_view import ModelView, ViewError
+
+    if args.model_name is None and args.model_dir is None:
+        return None
+    if args.model_name is None or args.model_dir is None:
+        raise UsageError("--model-name and --model-dir go together")
+    if args.models_dir is not None or args.models is not None:
+        raise UsageError("--model-dir serves one model: it cannot be combined with --models-dir or --models")
+    try:
+        view = ModelView(args.model_name, args.model_dir, cfg.state_dir)
+    except ViewError as exc:
+        raise UsageError(str(exc)) from None
+    except OSError as exc:  # the state dir cannot hold the view: the start would refuse it anyway
+        raise UsageError(f"cannot make the model view under AIENG_STATE_DIR {cfg.state_dir!r}: "
+                         f"{file_problem(exc)}") from None
+    cfg.model_repository, cfg.models = view.path, view.name
+    cfg.sources.update(model_repository="flag --model-dir", models="flag --model-name")
+    return view
 
 
 def cmd_config(args: argparse.Namespace) -> int:
@@ -154,6 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--addr", help="client address (AIENG_FRONTEND_ADDR)")
     s.add_argument("--models-dir", help="model repository (AIENG_MODEL_REPOSITORY)")
     s.add_argument("--models", help="comma-separated models to serve (AIENG_MODELS)")
+    s.add_argument("--model-name", help="serve one model directory under this name (with --model-dir)")
+    s.add_argument("--model-dir", help="one model's directory, DIR/<version>/model.yaml or DIR/model.yaml "
+                                       "(served as version 1): KServe's /mnt/models")
     s.add_argument("--preprocess-workers", type=int)
     s.add_argument("--postprocess-workers", type=int)
     s.add_argument("--log-level")
@@ -198,6 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     so.add_argument("--concurrency", type=int, default=8)
     so.add_argument("--max-rss-mib-per-min", type=float, default=1.0,
                     help="fail when a process's resident memory grows faster (second half of the run)")
+    so.add_argument("--timeout", type=float, default=30.0,
+                    help="seconds a request may wait for its reply (a later reply is counted late)")
     so.set_defaults(func=cmd_soak)
 
     from aieng.tools.quantize import add_parser as add_quantize

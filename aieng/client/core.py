@@ -1,17 +1,17 @@
-"""One asyncio request/reply core over a ZeroMQ DEALER: what ``AsyncClient``, the gateway's ``Upstream``
-and its admin ``Repository`` client share.
+"""One asyncio request/reply core over a ZeroMQ DEALER: what ``AsyncClient``, each endpoint of
+``AsyncReplicaClient``, the gateway's ``Upstream`` and its admin ``Repository`` share (docs/protocol.md).
 
-A request is one msgpack map in one frame carrying ``id``; its reply is the map with the same ``id``.
-``call`` uses the caller's ``id`` or allocates an int (never one pending); an id already pending is
-refused (``ValueError``).  One reader (the socket's descriptor watched by the loop: a send is one
-non-blocking call, each wake-up drains every waiting reply; ZMQ's descriptor is edge-triggered, so it
-drains after sends too) matches replies to the pending map.  A reply is delivered only to a pending
-request with its id: a timed-out or cancelled request leaves the map at once, so its late reply is
-dropped (counted ``unmatched``, core ids are never reused); an undecodable or id-less reply is counted
-``malformed`` and skipped, never the reader's death.  At most ``max_pending`` in flight (``RpcFull``
-beyond).  ZMQ reconnects by itself; a request sent while disconnected waits in the socket's queue
-(HWM 0: bounded by ``max_pending``) and fails ``RpcTimeout`` at its deadline if no reply comes.
-``close`` fails every pending request once (``RpcClosed``); later calls fail the same way.
+A request is one msgpack map in one frame carrying ``id`` (the caller's, else an int never pending; an id
+already pending is refused, ``ValueError``); its reply is the map with the same ``id``, delivered only to a
+pending request: a timed-out or cancelled one leaves the map at once, so its late reply is dropped
+(``unmatched``; core ids are never reused); an undecodable or id-less reply is counted ``malformed`` and
+skipped, never the reader's death.  One reader (the loop watching the socket's edge-triggered descriptor,
+drained after sends too).  At most ``max_pending`` in flight (``RpcFull``).  ZMQ reconnects by itself; a
+request sent while disconnected waits in the socket's queue (HWM 0: bounded by ``max_pending``) and fails
+``RpcTimeout`` at its deadline (with ``sockopts={zmq.IMMEDIATE: 1}``: ``RpcUnsent`` at once).
+``on_state(connected)`` (optional) is told each completed handshake and each lost connection, after the
+replies already received were delivered; ``fail_pending(error)`` fails what is pending (e.g. ``RpcLost``:
+its replies can no longer come).  ``close`` fails every pending request once (``RpcClosed``), later calls too.
 """
 from __future__ import annotations
 
@@ -22,8 +22,10 @@ from typing import Any, Callable
 
 import msgpack
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 Curve = tuple[bytes, bytes, bytes]  # (client public, client secret, server public), z85 keys
+STATE_EVENTS = {zmq.EVENT_HANDSHAKE_SUCCEEDED: True, zmq.EVENT_DISCONNECTED: False}
 
 
 class RpcError(Exception):
@@ -42,6 +44,10 @@ class RpcUnsent(RpcError, ConnectionError):
     """The socket refused the send (the ZMQ error is the message)."""
 
 
+class RpcLost(RpcError, ConnectionError):
+    """The connection dropped before the reply came (what a user passes to ``fail_pending``)."""
+
+
 class RpcFull(RpcError):
     """``max_pending`` requests are in flight already."""
 
@@ -55,8 +61,9 @@ class RpcCore:
 
     def __init__(self, addr: str, curve: Curve | None = None, decode: Callable[[Any], Any] = unpack,
                  max_pending: int = 65536, log: logging.Logger | None = None,
-                 ctx: zmq.Context | None = None):
-        self.addr, self.decode, self.max_pending = addr, decode, max_pending
+                 ctx: zmq.Context | None = None, sockopts: dict[int, int] | None = None,
+                 on_state: Callable[[bool], None] | None = None):
+        self.addr, self.decode, self.max_pending, self.on_state = addr, decode, max_pending, on_state
         self.log = log or logging.getLogger("aieng.client.core")
         self.sock = (ctx or zmq.Context.instance()).socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -64,6 +71,12 @@ class RpcCore:
         self.sock.setsockopt(zmq.RCVHWM, 0)
         if curve is not None:
             self.sock.curve_publickey, self.sock.curve_secretkey, self.sock.curve_serverkey = curve
+        for opt, value in (sockopts or {}).items():
+            self.sock.setsockopt(opt, value)
+        # the monitor before connect: no event is missed; None when nobody asked for connection states
+        self.mon = self.sock.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED) if on_state is not None else None
+        self.connected: bool | None = None  # as the monitor last said (None: not watched or not yet)
         self.sock.connect(addr)
         self.fd = self.sock.getsockopt(zmq.FD)
         self.ids = itertools.count(1)
@@ -83,6 +96,9 @@ class RpcCore:
             raise RuntimeError(f"the connection to {self.addr} is in use on another event loop")
         self.loop = loop
         loop.add_reader(self.fd, self._drain)
+        if self.mon is not None:
+            loop.add_reader(self.mon.getsockopt(zmq.FD), self._watch)
+            loop.call_soon(self._watch)  # events from before the loop watched (the edge is gone)
 
     @property
     def in_flight(self) -> int:
@@ -153,6 +169,33 @@ class RpcCore:
             self.counts["replies"] += 1
             fut.set_result(reply)
 
+    def _watch(self) -> None:
+        """The monitor woke: deliver the replies already received, then tell ``on_state`` each change."""
+        self._drain()
+        while not self.closed and self.mon.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            try:
+                event = parse_monitor_message(self.mon.recv_multipart(zmq.NOBLOCK))["event"]
+            except zmq.Again:
+                return
+            if event not in STATE_EVENTS:
+                continue
+            self.connected = STATE_EVENTS[event]
+            try:
+                self.on_state(self.connected)
+            except Exception:  # noqa: BLE001 - the user's callback never stops the reader
+                self.log.exception("the connection-state callback for %s failed", self.addr)
+
+    def fail_pending(self, error: Callable[[], BaseException]) -> int:
+        """Fail every pending request now with its own ``error()``; they leave the map, so a reply that
+        still comes is dropped (``unmatched``).  Returns how many were failed."""
+        pending, self.pending = self.pending, {}
+        failed = 0
+        for fut in pending.values():
+            if not fut.done() and not fut.get_loop().is_closed():
+                fut.set_exception(error())
+                failed += 1
+        return failed
+
     def close(self) -> None:
         """Stop reading, fail every pending request once, close the socket (idempotent)."""
         if self.closed:
@@ -160,8 +203,10 @@ class RpcCore:
         self.closed = True
         if self.loop is not None and not self.loop.is_closed():
             self.loop.remove_reader(self.fd)
-        pending, self.pending = self.pending, {}
-        for fut in pending.values():
-            if not fut.done() and not fut.get_loop().is_closed():
-                fut.set_exception(RpcClosed(f"the connection to {self.addr} was closed"))
+            if self.mon is not None:
+                self.loop.remove_reader(self.mon.getsockopt(zmq.FD))
+        self.fail_pending(lambda: RpcClosed(f"the connection to {self.addr} was closed"))
+        if self.mon is not None:
+            self.sock.disable_monitor()
+            self.mon.close(0)
         self.sock.close(0)

@@ -1,21 +1,15 @@
 """Endpoint set, health state and replica selection for the multi-endpoint clients (pure logic: no sockets).
 
-Contract (the ZeroMQ side is ``replica_async.py``; user docs: docs/replicas.md):
-
-* ``split_addrs``: a list/tuple of addresses, or one string with commas, is a replica list; a plain string
-  without a comma is not (``Client("tcp://a:5555")`` keeps the single-address client).
-* ``expand``: a ``tcp://host:port`` whose host is a DNS name becomes one ``tcp://<ip>:port`` per address the
-  name resolves to (IPv4 only unless ``ipv6``, as ZeroMQ itself connects; IPv6 as ``tcp://[ip]:port``). IP
-  literals and other transports (``ipc://``) pass unchanged. A name that does not resolve keeps the endpoints
-  it had at its last successful resolution (none the first time): a DNS hiccup does not empty the set.
-* ``Endpoint`` state: ``up`` (routable) or down. Every endpoint starts down and becomes up only when a
-  ``health`` probe answers ``ready: true``. Down endpoints are probed with exponential backoff
-  (``Backoff``: base, doubling, capped, +-jitter); up ones every ``probe_every_s``. A ``retired`` endpoint
-  (gone from DNS) takes no new requests and is closed once nothing is in flight on it.
-* ``EndpointSet.pick``: least in flight among up endpoints, ties broken round robin. Least-in-flight because
-  an ``AsyncClient`` keeps many requests in flight: a replica that answers slowly (busy node, executor
-  restarting) accumulates in-flight requests and is given fewer new ones, while equal replicas get an even
-  round-robin share. With one request at a time (blocking ``Client``) it is plain round robin.
+* ``split_addrs``: a list/tuple, or one string with commas, is a replica list; a plain string is not.
+* ``expand``: a ``tcp://host:port`` whose host is a DNS name becomes one ``tcp://<ip>:port`` per address
+  (IPv4 unless ``ipv6``; IPv6 as ``tcp://[ip]:port``); IP literals and ``ipc://`` pass unchanged; a name
+  that does not resolve keeps its last good endpoints (none the first time).
+* ``Endpoint``: ``up`` only after a ``health`` probe answered ready; down ones are probed with ``Backoff``
+  (exponential, capped, jittered), up ones every ``probe_every_s``; a ``retired`` one (gone from DNS)
+  takes no new requests and is closed once nothing is in flight on it.
+* ``EndpointSet.pick``: least in flight among up endpoints, ties round robin.
+* ``client_error`` builds the replies the client makes itself; ``should_retry`` is the retry rule.
+Why each rule, and how the clients use them: docs/replicas.md.
 """
 from __future__ import annotations
 

@@ -1,24 +1,14 @@
-"""Clients over several aieng replicas: ``Client([...])`` and ``AsyncClient([...])`` become these classes.
+"""``AsyncClient`` over several replicas: ``AsyncClient([...])`` becomes ``AsyncReplicaClient``.
 
-Contract (user docs: docs/replicas.md; selection, health state and DNS expansion: ``endpoints.py``):
-
-* One DEALER socket per concrete endpoint (``ZMQ_IMMEDIATE``: nothing is queued for an endpoint that is not
-  connected), each with a socket monitor. A DNS name is re-resolved every ``resolve_every_s``.
-* An endpoint takes requests only after a ``health`` probe (timeout ``probe_timeout_s``) answered ``ready``.
-  A lost TCP connection (the monitor's DISCONNECTED: the replica died or its frontend restarted), a failed
-  probe, or a send that finds no connection marks it down; down endpoints are probed with backoff and come
-  back when ready. ``AsyncClient`` also probes up endpoints every ``probe_every_s`` (a hung replica drops
-  out); the blocking ``Client`` probes only down ones, when a call finds them due.
-* Every request gets exactly one reply. Its deadline is ``timeout_ms / 1000 + margin_s`` when it has
-  ``timeout_ms`` (never more than ``timeout_s``), else ``timeout_s``. Replies made by the client itself carry
-  ``client_error`` and ``endpoint``, raised as ``ServerError`` unless ``raise_on_error=False``:
-  ``UNAVAILABLE`` when the connection to the replica holding the request was lost (the message names it) or
-  no replica was ready until the deadline; ``TIMEOUT`` when the deadline passed with no reply.
-* Retry: at most ``retries`` (default 1) more tries, each on another replica that is up at that moment,
-  only when the reply never came because the connection was lost, or the replica answered ``UNAVAILABLE``,
-  and only when the deadline leaves time (the retried request's ``timeout_ms`` is cut to what is left).
-  Never after a missed deadline. A retried reply has ``retried_from`` (the endpoints tried before).
-  Every reply of a replica client has ``endpoint``: the replica that gave it.
+One request/reply core (``core.py``) per concrete endpoint, with ``ZMQ_IMMEDIATE`` and a connection-state
+callback: a handshake asks for a probe, a lost connection marks the endpoint down and fails its in-flight
+requests (``RpcLost``).  Endpoints take requests once a ``health`` probe says ready; a background task
+probes (down ones with backoff, up ones every ``probe_every_s``) and re-resolves DNS names.  Every request
+gets exactly one reply by its deadline (``timeout_ms / 1000 + margin_s``, at most ``timeout_s``), carrying
+``endpoint``; the client's own have ``client_error``: ``UNAVAILABLE`` (``lost``, ``no_replica``) or
+``TIMEOUT`` (``deadline``).  A ``lost`` or ``UNAVAILABLE`` answer is retried at most ``retries`` times on
+another up replica while the deadline allows (``retried_from``).  ``close`` fails waiting calls
+(``RpcClosed``).  The full contract: docs/replicas.md; selection and health state: ``endpoints.py``.
 """
 from __future__ import annotations
 
@@ -26,11 +16,9 @@ import asyncio
 import time
 from typing import Any
 
-import msgpack
 import zmq
-import zmq.asyncio
-from zmq.utils.monitor import parse_monitor_message
 
+from aieng.client.core import RpcClosed, RpcCore, RpcError, RpcLost, RpcTimeout, RpcUnsent
 from aieng.client.endpoints import client_error, expand
 from aieng.client.replica_base import ReplicaBase, judge
 from aieng.client.single import REPLICA_CLASSES, AsyncClient, decode_reply
@@ -40,50 +28,41 @@ class AsyncReplicaClient(ReplicaBase, AsyncClient):
     """``AsyncClient`` over several replicas (see the module docstring)."""
 
     def __init__(self, addr: Any = None, timeout_s: float = 30.0, curve: Any = None, **opts: Any):
-        self._setup(addr, timeout_s, curve, zmq.asyncio.Context.instance(), **opts)
-        self.waiting: dict[Any, tuple[asyncio.Future, str]] = {}
-        self.tasks: dict[str, asyncio.Task] = {}
+        self.cores: dict[str, RpcCore] = {}  # one per concrete endpoint
+        self._setup(addr, timeout_s, curve, zmq.Context.instance(), **opts)
         self.maintainer: asyncio.Task | None = None
         self.background: set[asyncio.Task] = set()
+        self.closed = False
+
+    def open_endpoint(self, a: str) -> None:
+        self.cores[a] = RpcCore(a, self.curve, decode_reply, ctx=self.ctx, sockopts=self.sockopts(),
+                                on_state=lambda up: self._state(a, up))
+
+    def shut_endpoint(self, a: str) -> None:
+        core = self.cores.pop(a, None)
+        if core is not None:
+            core.close()
 
     def _start(self) -> None:
-        loop = asyncio.get_running_loop()
+        if self.closed:
+            raise RpcClosed(f"the client over {self.addr} is closed")
         if self.maintainer is None:
-            self.maintainer = loop.create_task(self._maintain())
-        for a in self.socks:
-            if a not in self.tasks:
-                self.tasks[a] = loop.create_task(self._read(a))
+            self.maintainer = asyncio.get_running_loop().create_task(self._maintain())
+        for core in self.cores.values():
+            core.start()
 
-    async def _read(self, addr: str) -> None:
-        sock, mon = self.socks[addr], self.mons[addr]
-        poller = zmq.asyncio.Poller()
-        poller.register(sock, zmq.POLLIN)
-        poller.register(mon, zmq.POLLIN)
-        while True:
-            ready = dict(await poller.poll())
-            if mon in ready:
-                event = parse_monitor_message(await mon.recv_multipart())["event"]
-                if event == zmq.EVENT_DISCONNECTED:
-                    self._lost(addr)
-                elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:  # messages can flow now: probe
-                    self.set.probe_soon(addr, time.monotonic())
-            if sock in ready:
-                frames = await sock.recv_multipart()
-                try:
-                    reply = decode_reply(frames[-1])
-                except Exception:  # noqa: BLE001 - a reply we cannot read answers nothing
-                    continue
-                entry = self.waiting.get(reply.get("id"))
-                if entry is not None and entry[1] == addr and not entry[0].done():
-                    reply["endpoint"] = addr
-                    entry[0].set_result(reply)
-
-    def _lost(self, addr: str) -> None:
-        self.set.mark_down(addr, time.monotonic(), "connection lost")
-        for rid, (fut, a) in list(self.waiting.items()):
-            if a == addr and not fut.done():
-                err = self.lost(addr, "connection lost (replica gone or restarting)")
-                fut.set_result(client_error(rid, err["code"], err["message"], addr, "lost"))
+    def _state(self, addr: str, connected: bool) -> None:
+        """The monitor of ``addr``'s core saw a handshake (messages can flow: probe) or a lost connection
+        (its in-flight requests' replies can no longer come: each gets ``UNAVAILABLE`` naming it)."""
+        now = time.monotonic()
+        if connected:
+            self.set.probe_soon(addr, now)
+            return
+        self.set.mark_down(addr, now, "connection lost")
+        why = self.lost(addr, "connection lost (replica gone or restarting)")["message"]
+        core = self.cores.get(addr)
+        if core is not None:
+            core.fail_pending(lambda: RpcLost(why))
 
     async def _maintain(self) -> None:
         loop = asyncio.get_running_loop()
@@ -101,27 +80,27 @@ class AsyncReplicaClient(ReplicaBase, AsyncClient):
                 self.apply_resolution(resolved, time.monotonic())
                 self._start()
             for a in self.set.closable():
-                task = self.tasks.pop(a, None)
-                if task is not None:
-                    task.cancel()
                 self.close_endpoint(a)
             await asyncio.sleep(0.05)
 
     async def _ask(self, addr: str, request: dict, timeout_s: float) -> dict | None:
-        """Send one request to one endpoint and wait for its reply (None when none came in time)."""
-        sock = self.socks[addr]
-        fut = asyncio.get_running_loop().create_future()
-        self.waiting[request["id"]] = (fut, addr)
-        try:
-            if not await sock.poll(int(timeout_s * 1000), zmq.POLLOUT):
+        """One request to one endpoint, waiting (within ``timeout_s``) for its connection first: its reply,
+        a ``lost`` client error, or None when none came in time."""
+        core, deadline = self.cores[addr], time.monotonic() + timeout_s
+        while True:
+            try:
+                reply = await core.call(request, max(0.0, deadline - time.monotonic()))
+            except RpcUnsent:  # not connected (yet): ZMQ_IMMEDIATE refused the send
+                if time.monotonic() >= deadline:
+                    return None
+                await asyncio.sleep(min(0.02, max(0.0, deadline - time.monotonic())))
+                continue
+            except RpcLost as exc:
+                return client_error(request["id"], "UNAVAILABLE", str(exc), addr, "lost")
+            except RpcError:
                 return None
-            await sock.send(msgpack.packb(request, use_bin_type=True), zmq.NOBLOCK)
-            return await asyncio.wait_for(fut, timeout_s)
-        except (asyncio.TimeoutError, zmq.Again):
-            return None
-        finally:
-            if self.waiting.get(request["id"], (None,))[0] is fut:
-                del self.waiting[request["id"]]
+            reply["endpoint"] = addr
+            return reply
 
     async def _probe(self, addr: str) -> None:
         try:
@@ -138,30 +117,27 @@ class AsyncReplicaClient(ReplicaBase, AsyncClient):
                 ep.probing = False
 
     async def _exchange(self, addr: str, request: dict, deadline: float) -> dict:
-        rid, ep = request.get("id"), self.set.eps[addr]
-        fut = asyncio.get_running_loop().create_future()
-        self.waiting[rid] = (fut, addr)
+        ep, err = self.set.eps[addr], client_error
         ep.in_flight += 1
         try:
             try:
-                await self.socks[addr].send(msgpack.packb(request, use_bin_type=True), zmq.NOBLOCK)
-            except zmq.Again:
+                reply = await self.cores[addr].call(request, max(0.0, deadline - time.monotonic()))
+            except RpcUnsent:
                 self.set.mark_down(addr, time.monotonic(), "not connected")
-                return client_error(rid, "UNAVAILABLE", f"replica {addr} is not connected", addr, "unsent")
-            try:
-                reply = await asyncio.wait_for(fut, max(0.0, deadline - time.monotonic()))
-            except asyncio.TimeoutError:
+                return err(request["id"], "UNAVAILABLE", f"replica {addr} is not connected", addr, "unsent")
+            except RpcLost as exc:
+                return err(request["id"], "UNAVAILABLE", str(exc), addr, "lost")
+            except RpcTimeout:
                 self.set.probe_soon(addr, time.monotonic())
-                return client_error(rid, "TIMEOUT", f"no reply from replica {addr} before the client "
-                                    "deadline", addr, "deadline")
+                why = f"no reply from replica {addr} before the client deadline"
+                return err(request["id"], "TIMEOUT", why, addr, "deadline")
+            reply["endpoint"] = addr
             if (reply.get("error") or {}).get("code") == "UNAVAILABLE":
                 self.set.probe_soon(addr, time.monotonic())  # draining or restarting: let a probe decide
             ep.served += 1
             return reply
         finally:
             ep.in_flight -= 1
-            if self.waiting.get(rid, (None,))[0] is fut:
-                del self.waiting[rid]
 
     async def _pick(self, deadline: float) -> str | None:
         while True:
@@ -206,7 +182,7 @@ class AsyncReplicaClient(ReplicaBase, AsyncClient):
         """Every endpoint's own ``health`` reply (None when it did not answer within ``probe_timeout_s``);
         ``ok`` when at least one is ready."""
         self._start()
-        addrs = list(self.socks)
+        addrs = list(self.cores)
         asks = [self._ask(a, {"op": "health", "id": f"aieng-health-{next(self.ids)}"}, self.probe_timeout_s)
                 for a in addrs]
         replies = await asyncio.gather(*asks)
@@ -214,10 +190,12 @@ class AsyncReplicaClient(ReplicaBase, AsyncClient):
         return {"ok": any(judge(r, 0) is None for r in eps.values()), "endpoints": eps}
 
     def close(self) -> None:
-        for task in [self.maintainer, *self.tasks.values(), *self.background]:
+        """Stop probing and resolving; requests still waiting fail with ``RpcClosed`` (idempotent)."""
+        self.closed = True
+        for task in [self.maintainer, *self.background]:
             if task is not None:
                 task.cancel()
-        for a in list(self.socks):
+        for a in list(self.cores):
             self.close_endpoint(a)
 
 

@@ -1,5 +1,6 @@
-"""What both replica clients share (``ReplicaBase``): options, the endpoint set, sockets, deadlines and the
-retry rule; ``judge`` reads a health reply.  The contract is in ``replica_async.py``'s docstring."""
+"""What both replica clients share (``ReplicaBase``): options, the endpoint set and its DNS resolution,
+deadlines and the retry rule; each client opens and shuts its own connection per endpoint
+(``open_endpoint``, ``shut_endpoint``); ``judge`` reads a health reply.  The contract: docs/replicas.md."""
 from __future__ import annotations
 
 import itertools
@@ -10,13 +11,11 @@ from typing import Any
 import zmq
 
 from aieng.client.endpoints import Backoff, EndpointSet, client_error, expand, should_retry, split_addrs
-from aieng.client.single import apply_curve, raise_for_error, server_addr
-
-EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+from aieng.client.single import raise_for_error, server_addr
 
 
 class ReplicaBase:
-    """What both clients share: options, the endpoint set, sockets, deadlines and the retry rule."""
+    """What both clients share: options, the endpoint set, deadlines and the retry rule."""
 
     def _setup(self, addr: Any, timeout_s: float, curve: Any, ctx: zmq.Context, retries: int = 1,
                margin_s: float = 1.0, probe_timeout_s: float = 1.0, probe_every_s: float = 2.0,
@@ -30,8 +29,6 @@ class ReplicaBase:
         self.probe_timeout_s, self.resolve_every_s, self.ipv6, self.resolver = (
             probe_timeout_s, resolve_every_s, ipv6, resolver)
         self.set = EndpointSet(backoff or Backoff(), probe_every_s)
-        self.socks: dict[str, zmq.Socket] = {}
-        self.mons: dict[str, zmq.Socket] = {}
         self.ids = itertools.count(1)
         self.probe_ids = itertools.count(1)
         self.resolved: dict[str, list[str]] = {}
@@ -44,26 +41,25 @@ class ReplicaBase:
         self.next_resolve = now + (min(1.0, self.resolve_every_s) if empty else self.resolve_every_s)
         added, _ = self.set.update([e for eps in resolved.values() for e in eps], now)
         for a in added:
-            s = self.ctx.socket(zmq.DEALER)
-            s.setsockopt(zmq.LINGER, 0)
-            s.setsockopt(zmq.IMMEDIATE, 1)  # a message for an unconnected replica fails now, is not queued
-            if self.ipv6:
-                s.setsockopt(zmq.IPV6, 1)
-            apply_curve(s, self.curve)
-            self.mons[a] = s.get_monitor_socket(EVENTS)  # before connect: no event is missed
-            s.connect(a)
-            self.socks[a] = s
+            self.open_endpoint(a)
         for a in self.set.closable():
             self.close_endpoint(a)
 
+    def sockopts(self) -> dict[int, int]:
+        """Every endpoint's DEALER: a message for an unconnected replica fails now, is not queued."""
+        return {zmq.IMMEDIATE: 1, **({zmq.IPV6: 1} if self.ipv6 else {})}
+
+    def open_endpoint(self, a: str) -> None:
+        """Connect to the new endpoint ``a`` (each client its own way)."""
+        raise NotImplementedError
+
+    def shut_endpoint(self, a: str) -> None:
+        """Close the connection to ``a`` (each client its own way)."""
+        raise NotImplementedError
+
     def close_endpoint(self, a: str) -> None:
         self.set.remove(a)
-        mon, s = self.mons.pop(a, None), self.socks.pop(a, None)
-        if s is not None:
-            s.disable_monitor()
-            s.close(0)
-        if mon is not None:
-            mon.close(0)
+        self.shut_endpoint(a)
 
     def endpoints(self) -> dict[str, str]:
         """Each concrete endpoint's state as this client sees it: ``"up"`` or ``"down: <why>"``."""

@@ -1,11 +1,12 @@
 """The blocking ``Client`` over several replicas: ``Client([...])`` becomes ``ReplicaClient``.
 
-Contract: as ``replica_async.py`` (one DEALER per endpoint, probes, deadlines, exactly one reply per
-request, the same retry rule), with one request at a time, so selection is round robin. Nothing runs in the
-background: socket events are read, and due probes of down endpoints sent, inside ``call``. So a call may
-spend up to ``probe_timeout_s`` waiting on a probe of a replica that is connected but hung; a replica that
-refuses connections costs nothing (its probe fails at once). An up endpoint goes down on a lost
-connection, a missed deadline or an ``UNAVAILABLE`` answer, and comes back through a probe.
+Contract: as ``AsyncReplicaClient`` (docs/replicas.md: probes, deadlines, exactly one reply per request,
+the same retry rule), over one DEALER and its monitor per endpoint, one request at a time: selection is
+round robin. Nothing runs in the background: socket events are read, and due probes of down endpoints
+sent, inside ``call``. So a call may spend up to ``probe_timeout_s`` waiting on a probe of a replica that
+is connected but hung; a replica that refuses connections costs nothing (its probe fails at once). An up
+endpoint goes down on a lost connection, a missed deadline or an ``UNAVAILABLE`` answer, and comes back
+through a probe.
 """
 from __future__ import annotations
 
@@ -18,16 +19,38 @@ from zmq.utils.monitor import parse_monitor_message
 
 from aieng.client.endpoints import client_error, expand
 from aieng.client.replica_base import ReplicaBase, judge
-from aieng.client.single import REPLICA_CLASSES, Client, decode_reply
+from aieng.client.single import REPLICA_CLASSES, Client, apply_curve, decode_reply
+
+EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
 
 
 class ReplicaClient(ReplicaBase, Client):
     def __init__(self, addr: Any = None, timeout_s: float = 30.0, dealer: bool = True, curve: Any = None,
                  **opts: Any):
+        self.socks: dict[str, zmq.Socket] = {}
+        self.mons: dict[str, zmq.Socket] = {}  # each socket's monitor
         self._setup(addr, timeout_s, curve, zmq.Context.instance(), **opts)
         self.dealer = True  # a REQ socket cannot give up on a lost reply; replicas always use DEALERs
         self.waiting: dict[Any, str] = {}  # request id -> the endpoint it was sent to
         self.replies: dict[Any, dict] = {}
+
+    def open_endpoint(self, a: str) -> None:
+        s = self.ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        for opt, value in self.sockopts().items():
+            s.setsockopt(opt, value)
+        apply_curve(s, self.curve)
+        self.mons[a] = s.get_monitor_socket(EVENTS)  # before connect: no event is missed
+        s.connect(a)
+        self.socks[a] = s
+
+    def shut_endpoint(self, a: str) -> None:
+        mon, s = self.mons.pop(a, None), self.socks.pop(a, None)
+        if s is not None:
+            s.disable_monitor()
+            s.close(0)
+        if mon is not None:
+            mon.close(0)
 
     def _pump(self, until: float, done: Callable[[], bool]) -> None:
         """Read replies and monitor events until ``done()`` or ``until`` passes."""

@@ -1,20 +1,12 @@
-"""Python clients for aieng (protocol version 1, see docs/protocol.md).
+"""Python clients for aieng (protocol version 1): ``Client`` and ``AsyncClient`` for one address.
 
-``Client``: blocking, one request at a time over a REQ socket (or DEALER with
-``dealer=True``, which survives a lost reply: a REQ socket would be stuck).
-``AsyncClient``: asyncio over a DEALER socket, many requests in flight,
-replies matched by ``id`` (the request/reply core, ``core.py``).
-
-Given several endpoints (a list, or one string with commas: ``Client(["tcp://a:5555", "tcp://b:5555"])``),
-both become replica clients (``replica_sync.py``, ``replica_async.py``; docs/replicas.md):
-DNS names expand to every address, requests go to the ready replica with the fewest in flight, a replica
-that stops answering is skipped until a health probe finds it ready again, every request gets exactly one
-reply (a lost replica's in-flight requests get ``UNAVAILABLE`` naming it) and is retried once on another
-replica when its reply was lost.  One plain address keeps the single-socket clients below, unchanged.
-
-Inputs may be str (text), bytes (an encoded image), numbers, lists, or numpy
-arrays (sent as tensor maps).  Tensor maps in replies come back as numpy
-arrays.
+``Client``: blocking, one request at a time over a REQ socket (or a DEALER with ``dealer=True``, which
+survives a lost reply).  ``AsyncClient``: asyncio, many requests in flight over one DEALER, replies matched
+by ``id`` (the request/reply core, ``core.py``).  Given several endpoints (a list, or one string with
+commas) both construct their replica forms instead (``REPLICA_CLASSES``, filled by ``replica_sync.py`` and
+``replica_async.py``); one plain address keeps these.  Inputs may be str, bytes, numbers, lists or numpy
+arrays (sent as tensor maps); tensor maps in replies come back as numpy arrays.  Usage and what each
+promises: docs/protocol.md ("The Python client"); replicas: docs/replicas.md.
 """
 from __future__ import annotations
 

@@ -1,20 +1,11 @@
-"""Rows in flight per OIP peer: one client of a gateway can no longer deny the others (issue 20, finding 6).
+"""Rows in flight per OIP peer, so one client of a gateway cannot deny the others.
 
-The frontend sees a gateway as one client, so without this every OIP client of a gateway shared one
-per-client budget, and the gateways together could hold all of ``AIENG_MAX_INFLIGHT``.  Each gateway now
-holds at most ``gateway_share`` rows in flight: half of ``AIENG_MAX_INFLIGHT`` split between the
-gateways, and never more than the frontend's per-client limit (so the frontend never refuses a row for
-that).  Native clients keep the other half.  Within the share one peer (the client's IP address; every
-connection from it counts together) holds at most half, so two peers always fit.
-
-A request is admitted whole or not at all: its rows are taken together before any is sent, so a
-multi-row request never leaves some rows running after others were refused.  A peer with nothing in
-flight is always let through the per-peer check (a request of more rows than the per-peer half still
-runs, alone).  A refusal is OVERLOADED (HTTP 503, gRPC UNAVAILABLE), like the frontend's.  Each row gives
-its place back when its answer (or its timeout) comes.
-
-Behind a proxy every client has the proxy's address and shares one peer budget: put the proxy's own
-limits in front, or run gateways per tenant.
+``gateway_share``: the rows one gateway may hold in flight at the frontend: half of ``AIENG_MAX_INFLIGHT``
+split between the gateways, never more than the frontend's per-client limit.  ``PeerBudget``: within that
+share one peer (a client IP address, all its connections together) holds at most half.  ``take`` admits
+a request's rows whole or not at all (``RequestError`` OVERLOADED, before any row is sent); a peer, or a
+gateway, with nothing in flight always passes its check.  ``give`` returns a row's place when its answer
+(or its timeout) comes.  Why, and what it means behind a proxy: docs/oip.md ("Sharing").
 """
 from __future__ import annotations
 

@@ -1,24 +1,15 @@
 """Open Inference Protocol tensors <-> aieng's native inputs and outputs (pure, no I/O).
 
-An OIP request carries typed tensors, batch first: ``Tensor(name, datatype, shape, data)`` where
-``data`` is a numpy array (numeric datatypes) or a list of ``bytes`` (``BYTES``).  Tensors arrive
-either as JSON ``data`` (``from_json``) or as raw bytes (``from_raw``: the HTTP binary tensor
-extension and gRPC's ``raw_input_contents``; ``BYTES`` elements are each a 4-byte little-endian
-length and the bytes).  ``split_rows`` turns them into one native input map per row, by the
-model's input kinds:
-
-    kind       OIP datatype        shape           native value per row
-    text       BYTES (UTF-8)       [N] or [N, 1]   str
-    category   BYTES (UTF-8)       [N] or [N, 1]   str
-    image      BYTES (JPEG/PNG)    [N] or [N, 1]   bytes
-    number     any numeric         [N] or [N, 1]   float (NaN -> missing)
-    tensor     its numeric type    [N, ...]        tensor map of row i
-
-A model that does not batch (``max_batch_size`` 1) takes no batch dimension, as in Triton: one
-request per OIP request, a ``tensor`` input is the whole tensor and any other input has shape [1].
-``join_rows`` stacks the native answers back into tensors: ``tensor`` outputs keep their dtype with
-the rows first, ``str`` outputs become ``BYTES`` [N], ``number`` outputs ``FP64`` [N].  Every
-problem with a request is a ``RequestError`` with an INVALID_* code (HTTP 400).
+``Tensor(name, datatype, shape, data)``, batch first: ``data`` is a numpy array (numeric datatypes) or a
+list of ``bytes`` (``BYTES``).  ``from_json`` reads JSON ``data``; ``from_raw`` raw bytes (the HTTP binary
+tensor extension, gRPC's ``raw_input_contents``; a ``BYTES`` element is a 4-byte little-endian length and
+its bytes).  ``split_rows`` makes one native input map per row by the model's input kinds (text and
+category: str; image: bytes; number: float, NaN missing; tensor: row i's tensor map); a model that does
+not batch (``max_batch_size`` 1) takes no batch dimension, as in Triton.  ``join_rows`` stacks the native
+answers back: ``tensor`` outputs keep their dtype, rows first; ``str`` outputs become ``BYTES`` [N],
+``number`` outputs ``FP64`` [N], lists and maps (e.g. ``top_k``) ``BYTES`` [N] of JSON text.  Every
+problem with a request is a ``RequestError`` with an INVALID_* code (HTTP 400).  The datatypes and
+shapes each kind takes: docs/oip.md ("Tensors").
 """
 from __future__ import annotations
 

@@ -1,21 +1,11 @@
-"""The OIP REST routes (KServe v2 / Triton HTTP), on ``aieng.httpcore``.
+"""The OIP REST routes (KServe v2 / Triton HTTP) on ``aieng.httpcore``: ``OipHttp.handle`` maps each
+request onto ``Service``.
 
-    GET  /v2/health/live | /v2/health/ready                 200 or 503, empty body
-    GET  /v2                                                server metadata
-    GET  /v2/models/{m}[/versions/{v}]                      model metadata
-    GET  /v2/models/{m}[/versions/{v}]/ready                200 or 503
-    GET  /v2/models/{m}[/versions/{v}]/config               Triton model configuration
-    GET  /v2/models[/{m}[/versions/{v}]]/stats              Triton statistics, every field present
-    POST /v2/models/{m}[/versions/{v}]/infer                JSON tensors and the binary tensor extension
-    POST /v2/repository/index                               every model version and its state
-    POST /v2/repository/models/{m}/load | unload            admin ops, off by default: 403 (repository.py)
-
-Binary tensor extension: with ``Inference-Header-Content-Length: n`` the first n bytes of the body are
-the JSON header and the rest holds, in input order, the data of each input whose parameters give
-``binary_data_size`` (every byte accounted for).  Outputs are binary when requested (``binary_data`` on
-the output, or ``binary_data_output`` on the request) and the answer is then the JSON header followed by
-their bytes, with the header's length in ``Inference-Header-Content-Length``.  Errors are
-``{"error": "..."}`` with the status ``service.HTTP_STATUS`` gives.
+Routes under ``/v2``: server health (live, ready) and metadata; per model (and version) metadata, ready,
+Triton config and statistics, and infer (JSON tensors and the binary tensor extension, ``parse_infer``
+and ``render``); the repository index, load and unload (admin ops, off by default: 403,
+``repository.py``).  Errors are ``{"error": "..."}`` with the status ``service.HTTP_STATUS`` gives.
+Each route's answer, the binary extension's framing and the errors: docs/oip.md.
 """
 from __future__ import annotations
 

@@ -2,19 +2,14 @@
 
 ``AIENG_GATEWAY_WORKERS`` processes, spawned and restarted by the supervisor like every role (through
 ``runtime.worker.run_process``), each serving OIP over HTTP (``AIENG_OIP_HTTP_ADDR``) and gRPC
-(``AIENG_OIP_GRPC_ADDR``) on the same addresses (SO_REUSEPORT: the kernel spreads connections).  A
-gateway is a client of the frontend like any other (``upstream.Upstream``: one DEALER, many requests
-in flight), so the frontend's loop never parses HTTP or protobuf, and its admission, per-client limits,
-deadlines, counts and stage timings apply to these requests as to native ones.  Within the gateway
-each OIP peer has its own budget of rows in flight, and the gateways together hold at most half of
-``AIENG_MAX_INFLIGHT`` (``budget.py``).
-
-Startup binds both listeners before reporting ready (a busy address fails the start naming the
-variable); the frontend need not be up yet (health and metadata follow within a second of it).
-Running: one asyncio loop holds the HTTP server, the gRPC server and the upstream socket; a tick every
-``TICK_S`` sends the heartbeat ``Hello`` to the hub (so the frontend and the supervisor's hang check
-see it), applies ``LogLevel`` and watches the stop flag.  SIGTERM (the supervisor has already drained
-the frontend): stop accepting, let answers under way finish for ``DRAIN_S``, close.
+(``AIENG_OIP_GRPC_ADDR``) on the same addresses (SO_REUSEPORT).  ``Gateway`` builds its parts: the
+``Upstream`` to the frontend (a client like any other), the ``PeerBudget`` (``budget.py``), the decoder,
+the admin ``Repository`` when control is on, and the two servers, each door given its share of file
+descriptors (``connection_cap``).  Both listeners are bound before it reports ready (a busy address fails
+the start naming its variable).  Running: one asyncio loop; the heartbeat ``Hello`` to the hub every
+``HEARTBEAT_S``, the hub's ``LogLevel`` and the stop flag every ``TICK_S``.  On stop: no new connections,
+answers under way finish for ``DRAIN_S``, then close.  The process's life: docs/oip.md; why a role of
+its own: docs/architecture.md ("The OIP front door").
 """
 from __future__ import annotations
 

@@ -1,29 +1,16 @@
 """The OIP repository extension's load and unload, and its index, over the frontend's ADMIN socket.
 
-Load and unload are admin operations: they change what the server serves.  They are off unless
-``AIENG_OIP_REPOSITORY_CONTROL`` is set (then any client that reaches an OIP port can use them), and
-when off they answer PERMISSION_DENIED (403) without touching anything.  When on, the gateway sends
-them to the admin socket (``AIENG_ADMIN_ADDR``, default ``ipc://<runtime dir>/admin.sock``; with
-admin CURVE, an ephemeral key the socket admits when no keys dir restricts it), never to the client
-socket, as the ``load``/``unload`` admin ops that ``aieng models load|unload`` uses (docs/rollout.md).
-
-Which versions (Triton's explicit model-control mode, mapped onto aieng's versions):
-  * a version named by the request: Triton's ``config`` parameter (a JSON model config; its
-    ``version_policy.specific.versions`` names them: what ``tritonclient``'s ``load_model(config=...)``
-    sends), or a ``version`` parameter (string or int; HTTP also takes ``?version=N``);
-  * load without one: every version the model's policy (``versions`` in its ``model.yaml``) serves
-    that is not loaded now (none: success, as Triton's reload of an unchanged model);
-  * unload without one: every loaded version with weight 0 that no rule names (the ones serving no
-    traffic); none such is INVALID_ARGUMENT.  The last version of a model is never unloaded.
-A load waits for its outcome (``validating -> loading -> golden -> ready | failed``, polled from the
-admin ``models`` op) for the request's ``timeout`` parameter (us) or ``DEFAULT_WAIT_S``: ``ready`` is
-success, ``failed`` (a build error, a golden case off) is INVALID_ARGUMENT with the reason, still
-under way at the end is DEADLINE_EXCEEDED (it goes on).  An unload waits for the drain likewise.
-
-The index (with control on) comes from the admin ``models`` op: READY (routable), LOADING (validating,
-loading, golden) or UNAVAILABLE with the reason (a failed load or start, draining, unloaded).  After a
-load or unload this gateway takes the model list afresh, so its next request sees the change; other
-gateway processes see it within ``upstream.REFRESH_S``.
+Load and unload are admin operations, off unless ``AIENG_OIP_REPOSITORY_CONTROL`` (then any client that
+reaches an OIP port may use them); off, they answer PERMISSION_DENIED (403, ``denied``) and touch nothing.
+On, they are the ``load``/``unload`` admin ops (as ``aieng models load|unload``) sent to
+``AIENG_ADMIN_ADDR``, never to the client socket; with admin CURVE on a key made at start.
+``versions_of``: the versions a request names (``config``'s ``version_policy.specific.versions``, or
+``version``).  Without one, load takes every version the model's policy serves that is not loaded, unload
+every loaded version with weight 0 (the admin op refuses one a rule names).  A load waits for ``ready``
+or ``failed`` (polled from the admin ``models`` op) for the request's ``timeout`` or ``DEFAULT_WAIT_S``
+(``TIMEOUT`` after: it goes on); an unload for its drain.  The index comes from the admin ``models`` op.
+After a change this gateway refreshes its model list; the others within ``upstream.REFRESH_S``.
+Which request maps to what, and every answer: docs/oip.md ("Repository extension").
 """
 from __future__ import annotations
 

@@ -8,7 +8,8 @@
    ``--skip-baseline``); at concurrency 1 a per-hop table from the replies' timings.
 4. The in-process limit again (drift check), and its CPU per request at the server's mean batch.
 
-Writes ``<out>/<model>.md`` (the tables) and ``<out>/<model>.png`` (latency vs throughput).  What each
+Writes ``<out>/<model>.md`` (the tables, printed first) and ``<out>/<model>.png`` (latency vs throughput;
+the ``plots`` extra: without matplotlib one line says so and the bench still succeeds).  What each
 column means: BENCHMARKS.md, 'What `aieng bench` reports'.  ``--transport`` naming ``http`` or ``grpc``
 runs the front-door comparison instead (``bench_transports``); ``--model ocr|layout`` a page model
 beside its package's pipeline (``bench_ocr``, ``bench_layout``).  Speed targets live here, never in tests.
@@ -29,6 +30,7 @@ from aieng.tools.bench_transports import TRANSPORTS, main_transports
 from aieng.tools.benchkit import answered, free_addr, ratio, spawn, start_server, stop_server, write_report
 from aieng.tools.benchkit import fmt_num as _f
 from aieng.tools.loadgen import Progress, open_loop, run_level, sample_inputs
+from aieng.tools.plots import MissingExtra, pyplot
 
 # Column order of the per-process CPU table; names not listed follow, sorted.
 _ROLE_ORDER = ("frontend", "preprocess", "executor", "postprocess", "supervisor", "other")
@@ -235,11 +237,7 @@ def fmt_table(model: str, before: dict, after: dict, srv: dict, base: dict | Non
 
 
 def _plot(model: str, srv: dict, base: dict | None, limit: float, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     xs = [r["rps"] for r in srv["closed"]]
     for key, style in (("p50_ms", "o-"), ("p99_ms", "s--")):
@@ -315,8 +313,21 @@ def main_bench(args) -> int:
         r["inprocess_cpu_ms"] = inproc.cpu_at(r["mean_batch"], n_inproc, cache)
     limit = max(before["best"], after["best"])
     text = fmt_table(args.model, before, after, srv, base, limit, base_off)
-    md = write_report(args.out, f"{args.model}.md", text)
-    _plot(args.model, srv, base, limit, os.path.join(args.out, f"{args.model}.png"))
-    print(text)
-    print(f"wrote {md} and {args.model}.png in {args.out} ({time.monotonic() - t_start:.0f} s)")
+    publish(args.out, args.model, text, lambda path: _plot(args.model, srv, base, limit, path))
+    print(f"({time.monotonic() - t_start:.0f} s)")
     return 0
+
+
+def publish(out: str, model: str, text: str, draw: Callable[[str], None]) -> None:
+    """Write and print the tables, then ``draw`` the plot into ``<out>/<model>.png``: the table first, so
+    without the plots extra only the plot is lost (one line on stderr says so)."""
+    md = write_report(out, f"{model}.md", text)
+    print(text, flush=True)
+    png = os.path.join(out, f"{model}.png")
+    try:
+        draw(png)
+    except MissingExtra as exc:
+        print(f"aieng bench: {exc}", file=sys.stderr)
+        print(f"wrote {md}")
+        return
+    print(f"wrote {md} and {png}")

@@ -6,7 +6,7 @@ batch-size distribution and padding waste, and each postprocess step's time
 (a breakdown of ``postprocess``) with how often it ran past its limit:
 ``skipped`` (answered without it) and ``timeout`` (the request failed).  ``--since S`` covers the last S
 seconds, ``--reset`` starts a new window after reading, ``--png FILE`` draws a
-stacked bar per model (mean microseconds per stage).
+stacked bar per model (mean microseconds per stage), after the table (the ``plots`` extra: ``plots.py``).
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from typing import Any
 
 from aieng.cli.checks import reachable
 from aieng.client import Client
+from aieng.tools.plots import pyplot
 
 
 def fetch(addr: str | None, since_s: float | None = None, reset: bool = False,
@@ -69,11 +70,7 @@ def render_steps(steps: dict) -> list[str]:
 
 
 def plot(stats: dict, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     models = sorted(m for m, data in stats.get("models", {}).items() if data["requests"])
     fig, ax = plt.subplots(figsize=(10, 1.6 + 0.8 * max(1, len(models))))
     for row, model in enumerate(models):

@@ -1,5 +1,6 @@
 """The request/reply core (``aieng/client/core.py``) against a real ZMQ ROUTER that the test drives: replies
-matched by id in any order, late replies dropped, malformed ones counted, close failing what is pending."""
+matched by id in any order, late replies dropped, malformed ones counted, close failing what is pending,
+connection states reported, pending requests failed on demand."""
 from __future__ import annotations
 
 import asyncio
@@ -9,7 +10,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from aieng.client.core import RpcClosed, RpcCore, RpcFull, RpcTimeout
+from aieng.client.core import RpcClosed, RpcCore, RpcFull, RpcLost, RpcTimeout, RpcUnsent
 
 
 class Router:
@@ -172,14 +173,16 @@ def test_pending_is_bounded_and_a_caller_id_is_kept_but_never_doubled(addr):
 
 def test_a_request_sent_while_the_server_is_away_is_delivered_on_reconnect(addr):
     async def go():
-        router, core = Router(addr), RpcCore(addr)
+        router, core = Router(addr), RpcCore(addr, on_state=lambda up: None)
         try:
             call = asyncio.ensure_future(core.call({"op": "warm"}, 5))
             peer, req = await router.take()
             await router.answer(peer, {"id": req["id"], "ok": True})
             await call
             router.close()  # the server goes away (a restart), then comes back on the same address
-            call = asyncio.ensure_future(core.call({"op": "again"}, 10))
+            # sent once the core knows it is away (a send racing the old pipe's teardown may be lost)
+            assert await settle(lambda: core.connected is False, 30)
+            call = asyncio.ensure_future(core.call({"op": "again"}, 30))
             assert await settle(lambda: core.counts["sent"] == 2)  # queued while nobody listens
             router = Router(addr)
             peer, req = await router.take()
@@ -227,3 +230,80 @@ def test_a_core_follows_its_caller_to_a_new_loop(addr):
         assert asyncio.run(once(core))["ok"] is True  # asyncio.run twice, one client
     finally:
         core.close()
+
+
+def test_on_state_reports_each_handshake_and_each_lost_connection(addr):
+    async def go():
+        states: list[bool] = []
+        router, core = Router(addr), RpcCore(addr, on_state=states.append)
+        try:
+            core.start()
+            assert await settle(lambda: states == [True])  # a handshake from before the loop watched
+            assert core.connected is True
+            router.close()
+            assert await settle(lambda: states == [True, False])
+            assert core.connected is False
+            router = Router(addr)  # the server is back on the same address: ZMQ reconnects
+            assert await settle(lambda: states == [True, False, True])
+        finally:
+            core.close()
+            router.close()
+    asyncio.run(go())
+
+
+def test_fail_pending_fails_each_request_with_its_own_error_and_drops_late_replies(addr):
+    async def go():
+        router, core = Router(addr), RpcCore(addr)
+        try:
+            calls = [asyncio.ensure_future(core.call({"op": "x"}, 30)) for _ in range(2)]
+            taken = [await router.take() for _ in range(2)]
+            assert core.fail_pending(lambda: RpcLost("gone")) == 2
+            results = await asyncio.gather(*calls, return_exceptions=True)
+            assert [type(r) for r in results] == [RpcLost, RpcLost] and results[0] is not results[1]
+            assert core.in_flight == 0 and core.fail_pending(lambda: RpcLost("again")) == 0
+            peer, req = taken[0]
+            await router.answer(peer, {"id": req["id"], "ok": True})
+            assert await settle(lambda: core.counts["unmatched"] == 1)
+            after = asyncio.ensure_future(core.call({"op": "after"}, 5))  # the core goes on
+            peer, req = await router.take()
+            await router.answer(peer, {"id": req["id"], "ok": True, "after": True})
+            assert (await after)["after"] is True
+        finally:
+            core.close()
+            router.close()
+    asyncio.run(go())
+
+
+def test_a_reply_received_before_the_connection_drops_reaches_its_request(addr):
+    async def go():
+        states: list[bool] = []
+        router = Router(addr)
+        core = RpcCore(addr, on_state=lambda up: states.append(up) or (
+            None if up else core.fail_pending(lambda: RpcLost("gone"))))
+        try:
+            call = asyncio.ensure_future(core.call({"op": "x"}, 30))
+            peer, req = await router.take()
+            await router.answer(peer, {"id": req["id"], "ok": True, "made_it": True})
+            router.sock.setsockopt(zmq.LINGER, 5000)  # the reply leaves before the socket closes
+            router.close()
+            # the reply is in the core's socket; asking so here takes the descriptor's wake-up, so only the
+            # monitor's (the lost connection) is left to deliver it: before the state, not failed by it
+            assert core.sock.poll(5000, zmq.POLLIN)
+            assert (await call)["made_it"] is True
+            assert await settle(lambda: states == [True, False])
+        finally:
+            core.close()
+            router.close()
+    asyncio.run(go())
+
+
+def test_sockopts_are_applied_immediate_refuses_a_send_with_no_connection(addr):
+    async def go():
+        core = RpcCore(addr, sockopts={zmq.IMMEDIATE: 1})  # nobody is bound at addr
+        try:
+            with pytest.raises(RpcUnsent):
+                await core.call({"op": "x"}, 5)
+            assert core.in_flight == 0 and core.counts["sent"] == 0
+        finally:
+            core.close()
+    asyncio.run(go())

@@ -71,10 +71,12 @@ def test_runtime_stage_is_slim_non_root_and_binds_every_interface():
     (user,) = [x.split()[1] for x in stage if x.startswith("USER ")]
     assert user.split(":")[0].isdigit() and int(user.split(":")[0]) != 0
     env = image_env()
-    assert env["AIENG_FRONTEND_ADDR"].startswith("tcp://0.0.0.0:")
-    assert env["AIENG_HTTP_ADDR"].startswith("0.0.0.0:")
+    cfg = load_config(environ={k: v for k, v in env.items() if k.startswith("AIENG_")})
+    addrs = [cfg.frontend_addr.removeprefix("tcp://"), cfg.http_addr, cfg.oip_http_addr, cfg.oip_grpc_addr]
+    assert [a.rpartition(":")[0] for a in addrs] == ["0.0.0.0"] * 4, "every door on every interface"
     assert "STOPSIGNAL SIGTERM" in stage and 'ENTRYPOINT ["aieng", "serve"]' in stage
-    assert "EXPOSE 5555 8000" in stage
+    (expose,) = [x.split()[1:] for x in stage if x.startswith("EXPOSE ")]
+    assert expose == [a.rpartition(":")[2] for a in addrs], "each bound port exposed, nothing else"
     assert not any("pip install" in x for x in stage), "runtime installs nothing: it copies the venv"
 
 

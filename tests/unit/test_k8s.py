@@ -19,7 +19,7 @@ import yaml
 
 from aieng.config import load_config
 from aieng.frontend.observe.metrics import Metrics
-from aieng.wire import shmsize
+from aieng.wire import addresses, shmsize
 from tests.conftest import ROOT
 
 K8S = os.path.join(ROOT, "deploy", "k8s")
@@ -37,11 +37,15 @@ def _named(items) -> bool:
 
 
 def merge(base, patch):
-    """Strategic merge as these patches need it: maps merge, lists of named maps merge by name."""
+    """Strategic merge as these patches need it: maps merge (a null value deletes the key), lists of named
+    maps merge by name."""
     if isinstance(base, dict) and isinstance(patch, dict):
         out = dict(base)
         for k, v in patch.items():
-            out[k] = merge(base[k], v) if k in base else copy.deepcopy(v)
+            if v is None:
+                out.pop(k, None)
+            else:
+                out[k] = merge(base[k], v) if k in base else copy.deepcopy(v)
         return out
     if _named(base) and _named(patch):
         out = {x["name"]: copy.deepcopy(x) for x in base}  # dicts keep order: patched items stay in place
@@ -153,6 +157,71 @@ def test_the_state_dir_is_a_writable_volume(build):
     assert set(vol) & {"emptyDir", "persistentVolumeClaim"}
 
 
+def bound_ports(cfg) -> dict[int, str]:
+    """The TCP ports the configuration binds, each with its host (the four doors; an empty OIP one is off)."""
+    addrs = [cfg.frontend_addr.removeprefix("tcp://"), cfg.http_addr, cfg.oip_http_addr, cfg.oip_grpc_addr]
+    return {int(a.rpartition(":")[2]): a.rpartition(":")[0] for a in addrs if a}
+
+
+@pytest.mark.parametrize("build", sorted(BUILDS))
+def test_every_service_port_reaches_a_declared_port_bound_beyond_loopback(build):
+    """Issue 22: the ConfigMap left the OIP doors on 127.0.0.1 and the Deployment did not declare them, so
+    the Service's 8080/8081 led nowhere.  Each targetPort (a name or a number) must be a container port the
+    configuration binds on the pod's address; every declared port must be bound."""
+    docs = BUILDS[build]()
+    declared = {p["name"]: p["containerPort"] for p in container(docs)["ports"]}
+    bound = bound_ports(env_config(docs))
+    assert set(declared.values()) <= set(bound), f"declared but not bound: {declared} vs {bound}"
+    services = [d for d in docs if d["kind"] == "Service"]
+    assert len(services) == 2
+    for svc in services:
+        for port in svc["spec"]["ports"]:
+            target = port["targetPort"]
+            number = declared[target] if isinstance(target, str) else target
+            assert number in declared.values(), f"{svc['metadata']['name']}:{port['name']} -> {target}"
+            assert bound[number] in ("0.0.0.0", "[::]", "::"), f"{port['name']} bound on {bound[number]}"
+    assert {"oip-http", "oip-grpc"} <= set(declared)
+
+
+def written_paths(docs: list[dict]) -> dict[str, str]:
+    """Every directory the server writes, from the configuration the pod gets: routing state, the runtime
+    dir (ipc sockets, under the temp dir unless AIENG_RUNTIME_DIR says), the temp dir, shared memory.
+    Logs go to stdout; the image sets PYTHONDONTWRITEBYTECODE."""
+    cfg = env_config(docs)
+    env = one(docs, "ConfigMap", "aieng-env")["data"]
+    tmp = env.get("TMPDIR", "/tmp")  # tempfile.gettempdir() in the pod: $TMPDIR, else /tmp
+    return {"state dir": cfg.state_dir, "temp dir": tmp, "shared memory": "/dev/shm",
+            "runtime dir": cfg.runtime_dir or os.path.join(tmp, f"{addresses.RUNTIME_PREFIX}1")}
+
+
+@pytest.mark.parametrize("build", sorted(BUILDS))
+def test_every_path_the_server_writes_is_on_a_writable_volume(build):
+    docs = BUILDS[build]()
+    c = container(docs)
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    spec = one(docs, "Deployment", "aieng")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    for what, path in written_paths(docs).items():
+        assert path and os.path.isabs(path), f"{what}: {path!r}"
+        mounts = [m for m in c["volumeMounts"]
+                  if os.path.commonpath([m["mountPath"], path]) == m["mountPath"]]
+        assert mounts, f"{what} {path} is on the read-only root filesystem"
+        mount = max(mounts, key=lambda m: len(m["mountPath"]))  # the innermost mount holds the path
+        assert mount.get("readOnly", False) is False, f"{what} {path} is on a read-only mount"
+        assert set(volumes[mount["name"]]) & {"emptyDir", "persistentVolumeClaim"}, f"{what}: {mount}"
+
+
+def test_production_keeps_the_state_on_a_claim_the_build_defines():
+    docs = BUILDS["production"]()
+    spec = one(docs, "Deployment", "aieng")["spec"]["template"]["spec"]
+    (vol,) = [v for v in spec["volumes"] if v["name"] == "state"]
+    assert set(vol) == {"name", "persistentVolumeClaim"}, "the claim replaces the base's emptyDir"
+    pvc = one(docs, "PersistentVolumeClaim", vol["persistentVolumeClaim"]["claimName"])
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"], "every replica mounts it"
+    base = one(BUILDS["base"](), "Deployment", "aieng")["spec"]["template"]["spec"]
+    assert [v for v in base["volumes"] if v["name"] == "state"][0]["emptyDir"]
+
+
 @pytest.mark.parametrize("build", sorted(BUILDS))
 def test_grace_period_covers_prestop_drain_and_stop(build):
     docs = BUILDS[build]()
@@ -223,7 +292,20 @@ def test_render_matches_kubectl_kustomize(build):
     d = os.path.join(K8S, "base") if build == "base" else os.path.join(K8S, "overlays", "production")
     out = subprocess.run([kubectl, "kustomize", d], capture_output=True, text=True, timeout=60,
                          check=True).stdout
-    assert sorted(yaml.safe_load_all(out), key=kind_name) == sorted(BUILDS[build](), key=kind_name)
+    assert canonical(sorted(yaml.safe_load_all(out), key=kind_name)) == canonical(
+        sorted(BUILDS[build](), key=kind_name))
+
+
+def canonical(doc):
+    """Lists of named maps sorted by name: kustomize moves a list item patched with a null (the production
+    state volume) to the front, and the order of volumes, ports or env means nothing to Kubernetes."""
+    if isinstance(doc, dict):
+        return {k: canonical(v) for k, v in doc.items()}
+    if _named(doc):
+        return sorted((canonical(x) for x in doc), key=lambda x: x["name"])
+    if isinstance(doc, list):
+        return [canonical(x) for x in doc]
+    return doc
 
 
 def kind_name(doc: dict) -> tuple[str, str]:

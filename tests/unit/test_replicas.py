@@ -294,3 +294,38 @@ def test_blocking_client_answers_a_request_whose_replica_vanishes(fakes, retries
     assert gone.addr in (reply.get("error") or {}).get("message", gone.addr)  # the error names the replica
     assert took < 15, took  # answered when the connection dropped, not at the 21 s deadline
     assert after == [good.addr] * 4
+
+
+@pytest.mark.parametrize("retries", [0, 1])
+def test_async_client_answers_requests_whose_replica_vanishes(fakes, retries):
+    gone, good = fakes("silent"), fakes("ok")
+
+    async def go():
+        c = AsyncClient([gone.addr, good.addr], timeout_s=30, retries=retries)
+        try:
+            assert set((await c.wait_ready(5, every=True)).values()) == {"up"}
+            calls = [asyncio.ensure_future(c.infer("m", {}, timeout_ms=20000, raise_on_error=False))
+                     for _ in range(6)]  # least in flight: half of them to `gone`
+            t0 = time.monotonic()
+            threading.Timer(0.3, gone.close).start()  # vanishes while holding its share
+            replies = await asyncio.gather(*calls)
+            took = time.monotonic() - t0
+            after = [(await c.infer("m", {}, timeout_ms=2000))["endpoint"] for _ in range(4)]
+            return replies, took, after, c.endpoints()[gone.addr]
+        finally:
+            c.close()
+
+    replies, took, after, state = asyncio.run(go())
+    assert gone.infers >= 1
+    hit = [r for r in replies if not r["ok"] or r.get("retried_from")]  # the ones `gone` held
+    assert len(hit) == gone.infers
+    expect = {0: (False, "UNAVAILABLE", "lost", gone.addr, None),
+              1: (True, None, None, good.addr, [gone.addr])}
+    for r in hit:
+        got = (r["ok"], (r.get("error") or {}).get("code"), r.get("client_error"), r["endpoint"],
+               r.get("retried_from"))
+        assert got == expect[retries]
+        assert gone.addr in (r.get("error") or {}).get("message", gone.addr)  # the error names the replica
+    assert all(r["ok"] and r["endpoint"] == good.addr for r in replies if r not in hit)
+    assert took < 15, took  # answered when the connection dropped, not at the 21 s deadline
+    assert after == [good.addr] * 4 and state.startswith("down")
