@@ -34,6 +34,7 @@ from aieng.gateway.http import OipHttp
 from aieng.gateway.models import Catalog
 from aieng.gateway.repository import Repository
 from aieng.gateway.service import Service
+from aieng.gateway.sysshm import SWEEP_S, Limits, SystemShm
 from aieng.gateway.upstream import Upstream
 from aieng.httpcore.server import HttpServer
 from aieng.model_repo import ModelSpec
@@ -80,6 +81,16 @@ def connection_cap(doors: int) -> int:
     return max(16, min(4096, (soft - 128) // max(1, doors)))
 
 
+def shared_memory(cfg: Config) -> SystemShm:
+    """The system shared-memory registry; off with several gateways (a region lives in the process that
+    mapped it, and SO_REUSEPORT sends a client's next connection to any of them)."""
+    limits = Limits(cfg.oip_shm_max_regions, cfg.oip_shm_max_bytes, cfg.oip_shm_client_regions,
+                    cfg.oip_shm_client_bytes)
+    if cfg.gateways > 1:
+        return SystemShm(limits, "off", f"it needs AIENG_GATEWAY_WORKERS=1, not {cfg.gateways}")
+    return SystemShm(limits, cfg.oip_shared_memory)
+
+
 class Gateway:
     role = "gateway"
 
@@ -101,7 +112,8 @@ class Gateway:
         self.repository = Repository(cfg, bool(cfg.admin_curve_secret_key_file), self.log) \
             if cfg.oip_repository_control else None
         share = gateway_share(cfg.max_inflight, cfg.per_client_inflight, cfg.gateways)
-        self.service = Service(self.upstream, PeerBudget(share), Decoder(), self.repository)
+        self.shm = shared_memory(cfg)
+        self.service = Service(self.upstream, PeerBudget(share), Decoder(), self.repository, self.shm)
         cap = connection_cap(bool(cfg.oip_http_addr) + bool(cfg.oip_grpc_addr))
         if cfg.oip_http_addr:
             host, port = split_addr(cfg.oip_http_addr, "AIENG_OIP_HTTP_ADDR")
@@ -121,12 +133,16 @@ class Gateway:
         self.loop.run_until_complete(self._run(stop))
 
     async def _run(self, stop: procutil.StopFlag) -> None:
-        next_hello = 0.0
+        next_hello = next_sweep = 0.0
         while not stop.stop:
             now = self.loop.time()
             if now >= next_hello:
                 self.hub.send(m.encode(m.Hello(self.worker, self.role, os.getpid())))
                 next_hello = now + HEARTBEAT_S
+            if now >= next_sweep and self.shm.regions:
+                for name in self.shm.sweep():
+                    self.log.info("shared memory region %r released: its key was unlinked", name)
+                next_sweep = now + SWEEP_S
             self._read_hub()
             await asyncio.sleep(TICK_S)
         self.log.info("stopping: no new connections, %d requests in flight", self.upstream.in_flight)
@@ -146,6 +162,7 @@ class Gateway:
             dispatch(data, HUB_HANDLERS, self.log, "the frontend")
 
     def close(self) -> None:
+        self.shm.close()
         self.upstream.close()
         self.service.decoder.close()
         if self.repository is not None:
