@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from aieng.gateway import codec
-from aieng.gateway.sysshm import SystemShm
+from aieng.gateway.sysshm import SystemShm, check_size
 from aieng.wire import protocol as p
 
 REGION, OFFSET, BYTE_SIZE = "shared_memory_region", "shared_memory_offset", "shared_memory_byte_size"
@@ -36,12 +36,6 @@ class ShmRef:
         return out
 
 
-def _size(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2 ** 63:
-        raise p.RequestError(p.INVALID_INPUT, f"{what} must be a non-negative integer, got {str(value)[:40]!r}")
-    return value
-
-
 def ref_of(params: Mapping[str, Any] | None, what: str) -> ShmRef | None:
     """The window ``params`` name (None: the tensor does not use shared memory)."""
     if not isinstance(params, Mapping) or params.get(REGION) is None:
@@ -51,8 +45,8 @@ def ref_of(params: Mapping[str, Any] | None, what: str) -> ShmRef | None:
         raise p.RequestError(p.INVALID_INPUT, f"{what}: '{REGION}' must be a region's name")
     if params.get(BYTE_SIZE) is None:
         raise p.RequestError(p.INVALID_INPUT, f"{what}: '{REGION}' needs '{BYTE_SIZE}'")
-    return ShmRef(region, _size(params.get(OFFSET, 0), f"{what}: '{OFFSET}'"),
-                  _size(params[BYTE_SIZE], f"{what}: '{BYTE_SIZE}'"))
+    return ShmRef(region, check_size(params.get(OFFSET, 0), f"{what}: '{OFFSET}'"),
+                  check_size(params[BYTE_SIZE], f"{what}: '{BYTE_SIZE}'"))
 
 
 def read_input(shm: SystemShm, peer: str, name: Any, datatype: Any, shape: Any, ref: ShmRef) -> codec.Tensor:

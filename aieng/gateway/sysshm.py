@@ -74,13 +74,14 @@ def check_key(key: object) -> str:
     """The object's path under /dev/shm for a ``shm_open`` key ("/name": one leading slash, no other)."""
     if (not isinstance(key, str) or not key.startswith("/") or len(key) < 2 or "/" in key[1:]
             or key[1:] in (".", "..") or "\0" in key or len(key) > 255):
-        raise _bad(f"shared memory key {str(key)[:80]!r} must be '/name' (shm_open: one leading '/', no other)")
+        raise _bad(f"shared memory key {str(key)[:80]!r} must be '/name' (as for shm_open: one leading "
+                   "'/', no other)")
     if key[1:].startswith(PREFIX):
         raise _bad(f"shared memory key {key!r} is reserved (aieng's own segments start with '/{PREFIX}')")
     return os.path.join(SHM_DIR, key[1:])
 
 
-def _size(value: object, what: str) -> int:
+def check_size(value: object, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value >= 2 ** 63:
         raise _bad(f"{what} must be a non-negative integer, got {str(value)[:40]!r}")
     return value
@@ -110,7 +111,7 @@ class SystemShm:
         if not isinstance(name, str) or not name or len(name) > 255:
             raise _bad("a shared memory region needs a non-empty name")
         path = check_key(key)
-        offset, byte_size = _size(offset, "offset"), _size(byte_size, "byte_size")
+        offset, byte_size = check_size(offset, "offset"), check_size(byte_size, "byte_size")
         if byte_size == 0:
             raise _bad(f"failed to register shared memory region '{name}': byte_size must be > 0")
         with self.lock:
