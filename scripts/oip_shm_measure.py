@@ -15,16 +15,17 @@ import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import tritonclient.grpc as tg
 import tritonclient.http as th
 from onnx import TensorProto, helper
 from PIL import Image
+from tritonclient.utils import serialize_byte_tensor
 
 from tests.conftest import MODELS, ServerProcess, save_tensor_model
 from tests.tritonshm import shm
-from tritonclient.utils import serialize_byte_tensor
 
 ELEMS = 1 << 18  # 262144 FP32: 1 MiB
 
@@ -36,7 +37,6 @@ def repository(root: str) -> str:
     graph = helper.make_graph([helper.make_node("ReduceSum", ["x"], ["y"], keepdims=1)], "sum1m",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", ELEMS])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1])])
-    from pathlib import Path
     save_tensor_model(Path(repo), "sum1m", graph)
     return repo
 
@@ -96,9 +96,9 @@ def run(srv, png: bytes, tensor: np.ndarray, n: int) -> None:
             for model, plain, by_shm in (("orientation", img_plain, img_shm), ("sum1m", x_plain, x_shm)):
                 a, b = timed([lambda: client.infer(model, [plain]), lambda: client.infer(model, [by_shm])], n)
                 name = "http" if mod is th else "grpc"
-                print(f"{name:4} {model:11} plain median {statistics.median(a):6.2f} mean {statistics.mean(a):6.2f}"
-                      f" | shm median {statistics.median(b):6.2f} mean {statistics.mean(b):6.2f}"
-                      f" | saved median {statistics.median(a) - statistics.median(b):5.2f} ms")
+                ma, mb = statistics.median(a), statistics.median(b)
+                print(f"{name:4} {model:11} plain median {ma:6.2f} mean {statistics.mean(a):6.2f}"
+                      f" | shm median {mb:6.2f} mean {statistics.mean(b):6.2f} | saved {ma - mb:5.2f} ms")
             client.unregister_system_shared_memory()
             client.close()
     finally:
