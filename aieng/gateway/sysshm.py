@@ -1,20 +1,17 @@
 """Triton's system shared-memory extension: the regions one gateway process has mapped.
 
-A client creates a POSIX shared-memory object (``shm_open("/key")``, i.e. ``/dev/shm/key``) and registers
-``(name, key, offset, byte_size)``; the gateway maps that window read/write (``mmap``) and requests then
-name the region, an offset in it and a byte size for an input (read) or a requested output (written).
+A client makes a POSIX shared-memory object ("/key", i.e. /dev/shm/key) and registers (name, key, offset,
+byte_size); the gateway maps that window read/write and requests name a region, offset and size per tensor.
 
-    register    name unused, key "/<name>" (no other "/", not aieng's own "aieng." segments), a regular
-                file, offset + byte_size within it, within the peer's and the total bounds -> mapped
-    read/write  offset + size within the region's byte_size, copied under the lock (no view outlives it)
-    unregister  by name (an unknown name is no error, as in Triton) or all: unmapped at once; a request
-                whose outputs were to go there fails NOT_FOUND
-    swept       every ``SWEEP_S``: a region whose key was unlinked (tritonclient's
-                destroy_shared_memory_region) or replaced is unmapped, so a mapping never pins freed memory
-    close       gateway shutdown: every mapping released
+    register    name unused; key "/<name>", a regular file, not aieng's own "aieng." segments; the window
+                inside it; within the peer's and the total bounds -> mapped (its fd kept)
+    read/write  offset + size inside the window and the object still covering it (a truncated object
+                would SIGBUS); a copy under the lock, so no view outlives the call
+    unregister  one name (unknown: no error, as Triton) or all: unmapped at once
+    sweep       every SWEEP_S: a region whose key was unlinked or replaced is unmapped
+    close       gateway stop: every mapping released
 
-Names are server-wide as in Triton (any client may use or unregister any region); bounds are per peer
-(client address) and in total, counted in regions and mapped bytes.
+Names are server-wide as in Triton; bounds are per peer (client address) and in total (regions, bytes).
 """
 from __future__ import annotations
 
@@ -65,6 +62,7 @@ class Region:
     inode: tuple[int, int]  # (st_dev, st_ino) when registered: a replaced key is a different object
     mm: mmap.mmap | None
     at: int  # where the window starts in ``mm`` (mmap maps from a page boundary)
+    fd: int  # kept open: each access first checks the object still covers the window (below)
 
     def status(self) -> dict:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
@@ -134,10 +132,11 @@ class SystemShm:
                     mm = mmap.mmap(fd, offset + byte_size - base, offset=base)
                 except OSError as exc:
                     raise _bad(f"failed to register shared memory region '{name}': {exc}") from None
-            finally:
+            except BaseException:
                 os.close(fd)
+                raise
             self.regions[name] = Region(name, key, offset, byte_size, peer, (st.st_dev, st.st_ino), mm,
-                                        offset - base)
+                                        offset - base, fd)
 
     def _check_bounds(self, peer: str, byte_size: int) -> None:
         lim = self.limits
@@ -170,6 +169,7 @@ class SystemShm:
         if region.mm is not None:
             region.mm.close()
             region.mm = None
+            os.close(region.fd)
 
     def status(self, peer: str, name: str | None) -> list[dict]:
         self.allowed(peer)
@@ -189,6 +189,9 @@ class SystemShm:
         if offset + size > region.byte_size:
             raise _bad(f"{what}: offset {offset} + byte size {size} is beyond shared memory region "
                        f"'{name}' of {region.byte_size} bytes")
+        # a page of the mapping past the object's end (its owner truncated it) would SIGBUS the gateway
+        if os.fstat(region.fd).st_size < region.offset + region.byte_size:
+            raise _bad(f"{what}: shared memory region '{name}' was truncated below its window by its owner")
         return region, region.at + offset
 
     def check(self, peer: str, name: object, offset: int, size: int, what: str) -> None:

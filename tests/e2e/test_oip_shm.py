@@ -3,9 +3,9 @@
 Against the session server: the extension is advertised; tabular's inputs (FP32 and BYTES, at offsets in
 one region) read from shared memory and its outputs written into another give the same answers as the
 plain path; wrong sizes, windows beyond a region, unknown regions, a taken name and reserved keys are
-refused with Triton's status; after unregister (one or all), and after the client destroys a region
-it never unregistered, the gateway holds no mapping of it (/proc/<gateway>/maps).  A server of its own
-checks the per-client bound."""
+refused with Triton's status; after unregister (one or all), and after the client destroys a region it
+never unregistered, the gateway holds no mapping or descriptor of it (/proc/<gateway>/maps and fd).  A
+server of its own checks the per-client bound."""
 from __future__ import annotations
 
 import os
@@ -66,9 +66,18 @@ def regions():
 
 
 def mapped(server, tag: str) -> bool:
-    pid = server.child_pid("aieng::gateway[0]")
+    """The gateway maps the region's object or holds a descriptor of it."""
+    pid, path = server.child_pid("aieng::gateway[0]"), f"/dev/shm{key_of(tag)}"
     with open(f"/proc/{pid}/maps") as fh:
-        return f"/dev/shm{key_of(tag)}" in fh.read()
+        if path in fh.read():
+            return True
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in (path, path + " (deleted)"):
+                return True
+        except OSError:
+            pass
+    return False
 
 
 def status_of(call) -> str:

@@ -118,3 +118,25 @@ def test_input_and_output_windows(key):
     want = shmio.ShmRef("a", 0, 4)
     assert shmio.ref_of({"shared_memory_region": "a", "shared_memory_byte_size": 4}, "x") == want
     assert shmio.ref_of({"binary_data_size": 4}, "x") is None
+
+
+def test_truncated_object_is_refused_not_read(key):
+    """Reading a mapped page past the object's end would SIGBUS the gateway: the access is refused."""
+    r = registry()
+    r.register(LOCAL, "a", key, 8192, 4096)
+    os.truncate("/dev/shm" + key, 8192)
+    assert "truncated" in code_of(lambda: r.read(LOCAL, "a", 0, 8, "input 'x'"))[1]
+    assert open_on(key)
+    r.unregister(LOCAL, "a")
+    assert not open_on(key)  # the region's descriptors are closed with it
+
+
+def open_on(key: str) -> list[str]:
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == "/dev/shm" + key:
+                out.append(fd)
+        except OSError:
+            pass
+    return out
