@@ -189,7 +189,9 @@ class Servicer(pbg.GRPCInferenceServiceServicer):
         try:
             params = _params(request.parameters)
             peer = peer_host(context.peer())
-            tensors = await self.svc.decoder.run(request.ByteSize(), tensors_of, request, self.svc.shm, peer)
+            size = shmio.decode_size(request.ByteSize(),
+                                     any(shmio.REGION in t.parameters for t in request.inputs))
+            tensors = await self.svc.decoder.run(size, tensors_of, request, self.svc.shm, peer)
             names = [o.name for o in request.outputs] or None
             refs = {o.name: ref for o in request.outputs
                     if o.parameters and (ref := shmio.ref_of(_params(o.parameters), f"output '{o.name}'"))}

@@ -185,7 +185,8 @@ class OipHttp:
 
     async def infer(self, name: str, version: str | None, headers: dict, body: bytes, peer: str):
         await self.svc.view(name, version)  # an unknown model is 404 whatever the body holds
-        req, tensors = await self.svc.decoder.run(len(body), parse_infer, body, headers, self.svc.shm, peer)
+        size = shmio.decode_size(len(body), b'"shared_memory_region"' in body)  # an output's too: rare
+        req, tensors = await self.svc.decoder.run(size, parse_infer, body, headers, self.svc.shm, peer)
         params = req.get("parameters") or {}
         if not isinstance(params, dict):
             raise p.RequestError(p.INVALID_REQUEST, "'parameters' must be an object")

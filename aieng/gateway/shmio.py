@@ -17,6 +17,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from aieng.gateway import codec
+from aieng.gateway.decode import OFF_LOOP_BYTES
 from aieng.gateway.sysshm import SystemShm, check_size
 from aieng.wire import protocol as p
 
@@ -47,6 +48,12 @@ def ref_of(params: Mapping[str, Any] | None, what: str) -> ShmRef | None:
         raise p.RequestError(p.INVALID_INPUT, f"{what}: '{REGION}' needs '{BYTE_SIZE}'")
     return ShmRef(region, check_size(params.get(OFFSET, 0), f"{what}: '{OFFSET}'"),
                   check_size(params[BYTE_SIZE], f"{what}: '{BYTE_SIZE}'"))
+
+
+def decode_size(size: int, reads_shm: bool) -> int:
+    """A request's weight for the decoder (``decode.py``): one that reads from a region is decoded off
+    the loop whatever its own size, since the bytes it decodes are not in the message."""
+    return max(size, OFF_LOOP_BYTES + 1) if reads_shm else size
 
 
 def read_input(shm: SystemShm, peer: str, name: Any, datatype: Any, shape: Any, ref: ShmRef) -> codec.Tensor:
