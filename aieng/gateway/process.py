@@ -34,7 +34,7 @@ from aieng.gateway.http import OipHttp
 from aieng.gateway.models import Catalog
 from aieng.gateway.repository import Repository
 from aieng.gateway.service import Service
-from aieng.gateway.sysshm import SWEEP_S, Limits, SystemShm
+from aieng.gateway.sysshm import SWEEP_S, from_config
 from aieng.gateway.upstream import Upstream
 from aieng.httpcore.server import HttpServer
 from aieng.model_repo import ModelSpec
@@ -81,16 +81,6 @@ def connection_cap(doors: int) -> int:
     return max(16, min(4096, (soft - 128) // max(1, doors)))
 
 
-def shared_memory(cfg: Config) -> SystemShm:
-    """The system shared-memory registry; off with several gateways (a region lives in the process that
-    mapped it, and SO_REUSEPORT sends a client's next connection to any of them)."""
-    limits = Limits(cfg.oip_shm_max_regions, cfg.oip_shm_max_bytes, cfg.oip_shm_client_regions,
-                    cfg.oip_shm_client_bytes)
-    if cfg.gateways > 1:
-        return SystemShm(limits, "off", f"it needs AIENG_GATEWAY_WORKERS=1, not {cfg.gateways}")
-    return SystemShm(limits, cfg.oip_shared_memory)
-
-
 class Gateway:
     role = "gateway"
 
@@ -112,7 +102,7 @@ class Gateway:
         self.repository = Repository(cfg, bool(cfg.admin_curve_secret_key_file), self.log) \
             if cfg.oip_repository_control else None
         share = gateway_share(cfg.max_inflight, cfg.per_client_inflight, cfg.gateways)
-        self.shm = shared_memory(cfg)
+        self.shm = from_config(cfg)
         self.service = Service(self.upstream, PeerBudget(share), Decoder(), self.repository, self.shm)
         cap = connection_cap(bool(cfg.oip_http_addr) + bool(cfg.oip_grpc_addr))
         if cfg.oip_http_addr:

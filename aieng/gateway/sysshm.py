@@ -22,6 +22,7 @@ import stat
 import threading
 from dataclasses import dataclass
 
+from aieng.config import Config
 from aieng.wire import protocol as p
 from aieng.wire.shm import PREFIX
 
@@ -228,3 +229,13 @@ class SystemShm:
 
     def close(self) -> None:
         self._drop(None)
+
+
+def from_config(cfg: Config) -> SystemShm:
+    """The gateway's registry; off with several gateways (a region lives in the process that mapped it,
+    and SO_REUSEPORT sends a client's next connection to any of them)."""
+    limits = Limits(cfg.oip_shm_max_regions, cfg.oip_shm_max_bytes, cfg.oip_shm_client_regions,
+                    cfg.oip_shm_client_bytes)
+    if cfg.gateways > 1:
+        return SystemShm(limits, "off", f"it needs AIENG_GATEWAY_WORKERS=1, not {cfg.gateways}")
+    return SystemShm(limits, cfg.oip_shared_memory)

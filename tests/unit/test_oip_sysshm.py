@@ -10,7 +10,6 @@ import pytest
 
 from aieng.config import Config
 from aieng.gateway import codec, shmio, sysshm
-from aieng.gateway.process import shared_memory
 from aieng.wire import protocol as p
 
 LOCAL = "127.0.0.1"
@@ -93,8 +92,8 @@ def test_local_mode_refuses_remote_clients_and_off_refuses_all(key):
 
 
 def test_several_gateways_turn_it_off():
-    assert shared_memory(Config(gateway_workers=2)).mode == "off"
-    assert shared_memory(Config(gateway_workers=1)).mode == "local"
+    assert sysshm.from_config(Config(gateway_workers=2)).mode == "off"
+    assert sysshm.from_config(Config(gateway_workers=1)).mode == "local"
 
 
 def test_input_and_output_windows(key):
