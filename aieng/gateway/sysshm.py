@@ -118,7 +118,8 @@ class SystemShm:
                 raise p.RequestError(ALREADY_EXISTS, f"shared memory region '{name}' already in manager")
             self._check_bounds(peer, byte_size)
             try:
-                fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+                # O_NONBLOCK: a FIFO someone made there must not hang the loop before the S_ISREG check
+                fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
             except OSError as exc:
                 raise _bad(f"Unable to open shared memory region: '{key}' ({exc.strerror})") from None
             try:

@@ -58,6 +58,11 @@ def test_keys_are_checked(key):
         assert code_of(lambda: r.register(LOCAL, "n", bad, 0, 8))[0] == p.INVALID_INPUT
     assert "beyond" in code_of(lambda: r.register(LOCAL, "n", key, 16000, 1000))[1]
     assert "Unable to open" in code_of(lambda: r.register(LOCAL, "n", key + "-none", 0, 8))[1]
+    os.mkfifo("/dev/shm" + key + "-fifo")  # opened without blocking, then refused
+    try:
+        assert "not a shared memory object" in code_of(lambda: r.register(LOCAL, "n", key + "-fifo", 0, 8))[1]
+    finally:
+        os.unlink("/dev/shm" + key + "-fifo")
     r.register(LOCAL, "n", key, 0, 8)
     assert code_of(lambda: r.register(LOCAL, "n", key, 0, 8))[0] == sysshm.ALREADY_EXISTS
 
