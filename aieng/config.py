@@ -36,6 +36,11 @@ class Config:
     oip_grpc_addr: str = _default("oip_grpc_addr")
     gateway_workers: int = _default("gateway_workers")
     oip_repository_control: bool = _default("oip_repository_control")
+    oip_shared_memory: str = _default("oip_shared_memory")
+    oip_shm_max_regions: int = _default("oip_shm_max_regions")
+    oip_shm_max_bytes: int = _default("oip_shm_max_bytes")
+    oip_shm_client_regions: int = _default("oip_shm_client_regions")
+    oip_shm_client_bytes: int = _default("oip_shm_client_bytes")
     model_repository: str = _default("model_repository")
     models: str = _default("models")
     preprocess_workers: int = _default("preprocess_workers", neutral=1)
@@ -145,6 +150,9 @@ class Config:
              "oip_repository_control cannot be used with admin_curve_client_keys_dir (the gateway's "
              "admin key is not in it): use aieng models load|unload")
         need(0 <= self.gateway_workers <= 64, "gateway_workers must be in 0..64")
+        need(self.oip_shared_memory in ("local", "any", "off"), "oip_shared_memory must be local, any or off")
+        need(min(self.oip_shm_max_regions, self.oip_shm_max_bytes, self.oip_shm_client_regions,
+                 self.oip_shm_client_bytes) >= 0, "the oip_shm_* bounds must be >= 0")
         for name in ("oip_http_addr", "oip_grpc_addr"):
             host, sep, port = getattr(self, name).rpartition(":")
             ok_port = port.isascii() and port.isdigit() and int(port) < 65536

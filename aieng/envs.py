@@ -82,6 +82,18 @@ REGISTRY: tuple[EnvVar, ...] = (
     EnvVar("AIENG_OIP_REPOSITORY_CONTROL", boolean, False,
            "OIP repository load/unload (admin ops, through the admin socket) on the client-facing OIP "
            "ports; off: 403 / PERMISSION_DENIED", "oip_repository_control"),
+    EnvVar("AIENG_OIP_SHARED_MEMORY", str, "local",
+           "OIP system shared-memory extension: local (loopback clients only), any, off; served only with "
+           "AIENG_GATEWAY_WORKERS=1 (regions live in one gateway process)", "oip_shared_memory"),
+    EnvVar("AIENG_OIP_SHM_MAX_REGIONS", int, 64,
+           "Shared-memory regions the gateway maps at most, all clients together", "oip_shm_max_regions"),
+    EnvVar("AIENG_OIP_SHM_MAX_BYTES", int, 1 << 30,
+           "Bytes of shared-memory regions the gateway maps at most, all clients together",
+           "oip_shm_max_bytes"),
+    EnvVar("AIENG_OIP_SHM_CLIENT_REGIONS", int, 16,
+           "Shared-memory regions one client address may register", "oip_shm_client_regions"),
+    EnvVar("AIENG_OIP_SHM_CLIENT_BYTES", int, 256 << 20,
+           "Bytes of shared-memory regions one client address may register", "oip_shm_client_bytes"),
     EnvVar("AIENG_MODEL_REPOSITORY", str, "models",
            "Directory holding <model>/<version>/model.yaml + model.onnx", "model_repository"),
     EnvVar("AIENG_MODELS", str, "",

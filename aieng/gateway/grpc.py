@@ -5,8 +5,10 @@ The stubs in ``aieng/gateway/proto/`` are generated from Triton's ``grpc_service
 live/ready/metadata, model ready/metadata/config/statistics, ModelInfer (tensors as ``contents`` or as
 ``raw_input_contents``; outputs always as ``raw_output_contents``, which is what Triton's clients read),
 and the repository extension (RepositoryModelLoad/Unload: admin ops, PERMISSION_DENIED unless
-AIENG_OIP_REPOSITORY_CONTROL is on; ``repository.py``); the shared-memory, trace, log and streaming
-calls are not registered (UNIMPLEMENTED).  A message that does not parse is INVALID_ARGUMENT.
+AIENG_OIP_REPOSITORY_CONTROL is on; ``repository.py``), and system shared memory (register,
+unregister, status; inputs and outputs by region, ``shmio.py``: an output written to a region has an
+empty ``raw_output_contents`` entry); the CUDA shared-memory, trace, log and streaming calls are not
+registered (UNIMPLEMENTED).  A message that does not parse is INVALID_ARGUMENT.
 Metadata, config and statistics are the same dicts the HTTP side sends, parsed into the messages
 (``json_format``).
 Errors map to status codes by ``service.GRPC_STATUS``; the call's deadline bounds the native timeout.
@@ -20,10 +22,11 @@ import grpc
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
-from aieng.gateway import codec, models
+from aieng.gateway import codec, models, shmio
 from aieng.gateway.proto import grpc_service_pb2 as pb
 from aieng.gateway.proto import grpc_service_pb2_grpc as pbg
 from aieng.gateway.service import GRPC_STATUS, Service
+from aieng.gateway.sysshm import SystemShm
 from aieng.wire import protocol as p
 
 CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
@@ -37,16 +40,32 @@ def _param(value: pb.InferParameter):
     return None if which is None else getattr(value, which)
 
 
-def tensors_of(request: pb.ModelInferRequest) -> list[codec.Tensor]:
+def _params(parameters) -> dict:
+    return {k: _param(v) for k, v in parameters.items()}
+
+
+def tensors_of(request: pb.ModelInferRequest, shm: SystemShm | None = None,
+               peer: str = "") -> list[codec.Tensor]:
+    """The inputs: from a shared-memory region where their parameters name one, else from
+    ``raw_input_contents`` (one per remaining input, in order) or their typed ``contents``."""
     raw = request.raw_input_contents
-    if raw and len(raw) != len(request.inputs):
-        raise p.RequestError(p.INVALID_INPUT,
-                             f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs")
-    out = []
-    for i, t in enumerate(request.inputs):
+    refs = [shmio.ref_of(_params(t.parameters), f"input '{t.name}'") if t.parameters else None
+            for t in request.inputs]
+    plain = sum(ref is None for ref in refs)
+    if raw and len(raw) != plain:
+        raise p.RequestError(p.INVALID_INPUT, f"{len(raw)} raw_input_contents for {plain} inputs "
+                                              "not in shared memory")
+    out, at = [], 0
+    for t, ref in zip(request.inputs, refs):
         shape = list(t.shape)
+        if ref is not None:
+            if shm is None:
+                raise p.RequestError("UNSUPPORTED", "system shared memory is not served here")
+            out.append(shmio.read_input(shm, peer, t.name, t.datatype, shape, ref))
+            continue
         if raw:
-            out.append(codec.from_raw(t.name, t.datatype, shape, raw[i]))
+            out.append(codec.from_raw(t.name, t.datatype, shape, raw[at]))
+            at += 1
             continue
         codec.check_head(t.name, t.datatype, shape)
         if t.datatype == "FP16":
@@ -63,6 +82,15 @@ def tensors_of(request: pb.ModelInferRequest) -> list[codec.Tensor]:
         else:  # typed contents: checked like JSON data (counts, ranges)
             out.append(codec.from_json(t.name, t.datatype, shape, values))
     return out
+
+
+def _set_param(param: pb.InferParameter, value) -> None:
+    if isinstance(value, bool):
+        param.bool_param = value
+    elif isinstance(value, int):
+        param.int64_param = value
+    else:
+        param.string_param = str(value)
 
 
 def peer_host(peer: str) -> str:
@@ -159,11 +187,16 @@ class Servicer(pbg.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request, context):
         failure = None
         try:
-            params = {k: _param(v) for k, v in request.parameters.items()}
-            tensors = await self.svc.decoder.run(request.ByteSize(), tensors_of, request)
+            params = _params(request.parameters)
+            peer = peer_host(context.peer())
+            size = shmio.decode_size(request.ByteSize(),
+                                     any(shmio.REGION in t.parameters for t in request.inputs))
+            tensors = await self.svc.decoder.run(size, tensors_of, request, self.svc.shm, peer)
             names = [o.name for o in request.outputs] or None
+            refs = {o.name: ref for o in request.outputs
+                    if o.parameters and (ref := shmio.ref_of(_params(o.parameters), f"output '{o.name}'"))}
             ans = await self.svc.infer(request.model_name, request.model_version or None, tensors, params,
-                                       names, peer_host(context.peer()), context.time_remaining())
+                                       names, peer, context.time_remaining(), refs)
         except p.RequestError as exc:
             failure = exc
         if failure is not None:  # outside the except block (``_fail``); the request is not needed any more
@@ -172,9 +205,37 @@ class Servicer(pbg.GRPCInferenceServiceServicer):
             return await self._fail(context, failure)
         resp = pb.ModelInferResponse(model_name=ans.view.name, model_version=ans.view.version, id=request.id)
         for name, dt, arr in ans.outputs:
-            resp.outputs.add(name=name, datatype=dt, shape=list(arr.shape))
-            resp.raw_output_contents.append(codec.raw_of(dt, arr))
+            out = resp.outputs.add(name=name, datatype=dt, shape=list(arr.shape))
+            if name in ans.in_shm:  # written into its region: an empty entry keeps the others' places
+                for k, v in ans.in_shm[name].items():
+                    _set_param(out.parameters[k], v)
+                resp.raw_output_contents.append(b"")
+            else:
+                resp.raw_output_contents.append(codec.raw_of(dt, arr))
         return resp
+
+    async def SystemSharedMemoryRegister(self, request, context):
+        try:
+            self.svc.shm.register(peer_host(context.peer()), request.name, request.key, request.offset,
+                                  request.byte_size)
+        except p.RequestError as exc:
+            return await self._fail(context, exc)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    async def SystemSharedMemoryUnregister(self, request, context):
+        try:
+            self.svc.shm.unregister(peer_host(context.peer()), request.name or None)
+        except p.RequestError as exc:
+            return await self._fail(context, exc)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    async def SystemSharedMemoryStatus(self, request, context):
+        try:
+            regions = self.svc.shm.status(peer_host(context.peer()), request.name or None)
+        except p.RequestError as exc:
+            return await self._fail(context, exc)
+        return json_format.ParseDict({"regions": {r["name"]: r for r in regions}},
+                                     pb.SystemSharedMemoryStatusResponse())
 
 
 UNDECODABLE = object()

@@ -13,8 +13,9 @@ import json
 from typing import Any
 from urllib.parse import parse_qsl
 
-from aieng.gateway import codec, models
+from aieng.gateway import codec, models, shmio
 from aieng.gateway.service import HTTP_STATUS, Answer, Service
+from aieng.gateway.sysshm import SystemShm
 from aieng.httpcore.message import HttpError, error_response
 from aieng.wire import protocol as p
 
@@ -30,8 +31,10 @@ def _empty(ok: bool) -> tuple[int, dict, bytes]:
     return (200 if ok else 503), {}, b""
 
 
-def parse_infer(body: bytes, headers: dict) -> tuple[dict, list[codec.Tensor]]:
-    """The request's JSON header and its input tensors (JSON data or binary), fully checked."""
+def parse_infer(body: bytes, headers: dict, shm: SystemShm | None = None,
+                peer: str = "") -> tuple[dict, list[codec.Tensor]]:
+    """The request's JSON header and its input tensors (JSON data, binary, or read from a registered
+    shared-memory region of ``shm``), fully checked."""
     hlen = headers.get(HEADER_LEN)
     if hlen is not None:
         if not (hlen.isascii() and hlen.isdigit()) or int(hlen) > len(body):  # isdigit() alone takes "²"
@@ -54,6 +57,12 @@ def parse_infer(body: bytes, headers: dict) -> tuple[dict, list[codec.Tensor]]:
         if not isinstance(params, dict):
             raise p.RequestError(p.INVALID_REQUEST, "input 'parameters' must be an object")
         name, dt, shape = item.get("name"), item.get("datatype"), item.get("shape")
+        ref = shmio.ref_of(params, f"input {name!r}")
+        if ref is not None:
+            if shm is None:
+                raise p.RequestError("UNSUPPORTED", "system shared memory is not served here")
+            tensors.append(shmio.read_input(shm, peer, name, dt, shape, ref))
+            continue
         size = params.get("binary_data_size")
         if size is None:
             tensors.append(codec.from_json(name, dt, shape, item.get("data")))
@@ -69,7 +78,8 @@ def parse_infer(body: bytes, headers: dict) -> tuple[dict, list[codec.Tensor]]:
 
 
 def requested_outputs(req: dict) -> tuple[list[str] | None, dict[str, bool]]:
-    """The requested output names (None: all) and which of them are binary."""
+    """The requested output names (None: all) and which of them are binary (``out_shm`` says which go
+    to shared memory)."""
     params = req.get("parameters") or {}
     all_binary = params.get("binary_data_output") is True if isinstance(params, dict) else False
     outs = req.get("outputs")
@@ -82,11 +92,23 @@ def requested_outputs(req: dict) -> tuple[list[str] | None, dict[str, bool]]:
     return [o["name"] for o in outs], binary
 
 
+def out_shm(req: dict) -> dict[str, shmio.ShmRef]:
+    """The requested outputs to be written into shared-memory regions, by name."""
+    refs = {}
+    for o in req.get("outputs") or ():
+        ref = shmio.ref_of(o.get("parameters"), f"output {o['name']!r}")
+        if ref is not None:
+            refs[o["name"]] = ref
+    return refs
+
+
 def render(ans: Answer, req_id: Any, binary: dict[str, bool]) -> tuple[int, dict, bytes]:
     outs, blobs = [], []
     for name, dt, arr in ans.outputs:
         item: dict[str, Any] = {"name": name, "datatype": dt, "shape": list(arr.shape)}
-        if binary.get(name, binary.get("*", False)):
+        if name in ans.in_shm:  # written into its region: no data here, as Triton answers
+            item["parameters"] = ans.in_shm[name]
+        elif binary.get(name, binary.get("*", False)):
             raw = codec.raw_of(dt, arr)
             item["parameters"] = {"binary_data_size": len(raw)}
             blobs.append(raw)
@@ -112,6 +134,8 @@ class OipHttp:
         try:
             if parts[:2] == ["v2", "repository"]:
                 return await self.repository(method, parts[2:], query, body)
+            if parts[:2] == ["v2", "systemsharedmemory"]:
+                return self.shared_memory(method, parts[2:], body, peer)
             return await self.route(method, parts, headers, body, peer)
         except p.RequestError as exc:
             return error_response(HTTP_STATUS.get(exc.code, 500), exc.message)
@@ -151,12 +175,13 @@ class OipHttp:
 
     async def infer(self, name: str, version: str | None, headers: dict, body: bytes, peer: str):
         await self.svc.view(name, version)  # an unknown model is 404 whatever the body holds
-        req, tensors = await self.svc.decoder.run(len(body), parse_infer, body, headers)
+        size = shmio.decode_size(len(body), b'"shared_memory_region"' in body)  # an output's too: rare
+        req, tensors = await self.svc.decoder.run(size, parse_infer, body, headers, self.svc.shm, peer)
         params = req.get("parameters") or {}
         if not isinstance(params, dict):
             raise p.RequestError(p.INVALID_REQUEST, "'parameters' must be an object")
         names, binary = requested_outputs(req)
-        ans = await self.svc.infer(name, version, tensors, params, names, peer)
+        ans = await self.svc.infer(name, version, tensors, params, names, peer, None, out_shm(req))
         req_id = req.get("id")
         return render(ans, req_id if isinstance(req_id, str) else None, binary)
 
@@ -179,6 +204,31 @@ class OipHttp:
             await self.svc.repository_change(rest[2], rest[1], params)
             return 200, JSON, b"{}"
         raise HttpError(404, "not found")
+
+
+    def shared_memory(self, method: str, rest: list[str], body: bytes, peer: str):
+        """``region/{name}/register|unregister|status``, ``unregister`` (all), ``status`` (all)."""
+        shm = self.svc.shm
+        name, action = (rest[1], rest[2:]) if rest[:1] == ["region"] and len(rest) == 3 else (None, rest)
+        if action == ["status"]:
+            if method != "GET":
+                raise HttpError(405, "shared memory status takes GET")
+            return _json(shm.status(peer, name))
+        if action not in (["register"], ["unregister"]) or (action == ["register"] and name is None):
+            raise HttpError(404, "not found")
+        if method != "POST":
+            raise HttpError(405, f"shared memory {action[0]} takes POST")
+        if action == ["unregister"]:
+            shm.unregister(peer, name)
+            return 200, {}, b""
+        try:
+            req = json.loads(body or b"{}")
+        except (ValueError, RecursionError) as exc:
+            raise p.RequestError(p.INVALID_REQUEST, f"malformed JSON: {str(exc)[:200]}") from None
+        if not isinstance(req, dict):
+            raise p.RequestError(p.INVALID_REQUEST, "a register request is an object")
+        shm.register(peer, name, req.get("key"), req.get("offset", 0), req.get("byte_size"))
+        return 200, {}, b""
 
 
 def load_params(body: bytes, query: str) -> dict:

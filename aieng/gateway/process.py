@@ -29,6 +29,7 @@ from aieng.gateway.http import OipHttp
 from aieng.gateway.models import Catalog
 from aieng.gateway.repository import Repository
 from aieng.gateway.service import Service
+from aieng.gateway.sysshm import SWEEP_S, from_config
 from aieng.gateway.upstream import Upstream
 from aieng.httpcore.server import HttpServer
 from aieng.model_repo import ModelSpec
@@ -96,7 +97,8 @@ class Gateway:
         self.repository = Repository(cfg, bool(cfg.admin_curve_secret_key_file), self.log) \
             if cfg.oip_repository_control else None
         share = gateway_share(cfg.max_inflight, cfg.per_client_inflight, cfg.gateways)
-        self.service = Service(self.upstream, PeerBudget(share), Decoder(), self.repository)
+        self.shm = from_config(cfg)
+        self.service = Service(self.upstream, PeerBudget(share), Decoder(), self.repository, self.shm)
         cap = connection_cap(bool(cfg.oip_http_addr) + bool(cfg.oip_grpc_addr))
         if cfg.oip_http_addr:
             host, port = split_addr(cfg.oip_http_addr, "AIENG_OIP_HTTP_ADDR")
@@ -116,12 +118,16 @@ class Gateway:
         self.loop.run_until_complete(self._run(stop))
 
     async def _run(self, stop: procutil.StopFlag) -> None:
-        next_hello = 0.0
+        next_hello = next_sweep = 0.0
         while not stop.stop:
             now = self.loop.time()
             if now >= next_hello:
                 self.hub.send(m.encode(m.Hello(self.worker, self.role, os.getpid())))
                 next_hello = now + HEARTBEAT_S
+            if now >= next_sweep and self.shm.regions:
+                for name in self.shm.sweep():
+                    self.log.info("shared memory region %r released: its key was unlinked", name)
+                next_sweep = now + SWEEP_S
             self._read_hub()
             await asyncio.sleep(TICK_S)
         self.log.info("stopping: no new connections, %d requests in flight", self.upstream.in_flight)
@@ -141,6 +147,7 @@ class Gateway:
             dispatch(data, HUB_HANDLERS, self.log, "the frontend")
 
     def close(self) -> None:
+        self.shm.close()
         self.upstream.close()
         self.service.decoder.close()
         if self.repository is not None:

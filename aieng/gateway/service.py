@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from aieng.gateway import codec
+from aieng.gateway import codec, shmio, sysshm
 from aieng.gateway.budget import PeerBudget
 from aieng.gateway.decode import Decoder
 from aieng.gateway.models import ModelView
@@ -31,11 +31,13 @@ from aieng.wire import protocol as p
 
 HTTP_STATUS = {p.INVALID_REQUEST: 400, p.INVALID_INPUT: 400, p.MODEL_NOT_FOUND: 404, p.OVERLOADED: 503,
                p.UNAVAILABLE: 503, p.TIMEOUT: 504, p.INTERNAL: 500, "UNSUPPORTED": 501,
-               "PERMISSION_DENIED": 403}
+               "PERMISSION_DENIED": 403, sysshm.NOT_FOUND: 404, sysshm.ALREADY_EXISTS: 400,
+               sysshm.EXHAUSTED: 429}
 GRPC_STATUS = {p.INVALID_REQUEST: "INVALID_ARGUMENT", p.INVALID_INPUT: "INVALID_ARGUMENT",
                p.MODEL_NOT_FOUND: "NOT_FOUND", p.OVERLOADED: "UNAVAILABLE", p.UNAVAILABLE: "UNAVAILABLE",
                p.TIMEOUT: "DEADLINE_EXCEEDED", p.INTERNAL: "INTERNAL", "UNSUPPORTED": "UNIMPLEMENTED",
-               "PERMISSION_DENIED": "PERMISSION_DENIED"}
+               "PERMISSION_DENIED": "PERMISSION_DENIED", sysshm.NOT_FOUND: "NOT_FOUND",
+               sysshm.ALREADY_EXISTS: "ALREADY_EXISTS", sysshm.EXHAUSTED: "RESOURCE_EXHAUSTED"}
 UNSUPPORTED = "UNSUPPORTED"
 # Triton request parameters that mean something to the protocol, never passed on as model params.
 RESERVED = {"timeout", "binary_data_output", "priority", "sequence_id", "sequence_start", "sequence_end",
@@ -47,6 +49,7 @@ RESERVED = {"timeout", "binary_data_output", "priority", "sequence_id", "sequenc
 class Answer:
     view: ModelView
     outputs: list[tuple[str, str, np.ndarray]]  # (name, datatype, array with the rows first)
+    in_shm: dict[str, dict] = field(default_factory=dict)  # output name -> its shm parameters (no data)
 
 
 def timeout_ms_of(params: dict, deadline_s: float | None = None) -> int | None:
@@ -70,9 +73,10 @@ def model_params(params: dict) -> dict:
 
 class Service:
     def __init__(self, upstream: Upstream, budget: PeerBudget, decoder: Decoder,
-                 repository: Repository | None = None):
+                 repository: Repository | None = None, shm: sysshm.SystemShm | None = None):
         self.up, self.budget, self.decoder = upstream, budget, decoder
         self.repo = repository  # None: AIENG_OIP_REPOSITORY_CONTROL off
+        self.shm = shm if shm is not None else sysshm.SystemShm(sysshm.Limits(0, 0, 0, 0), "off")
 
     async def view(self, name: str, version: str | None) -> ModelView:
         if not await self.up.wait_models():
@@ -84,11 +88,15 @@ class Service:
         return view
 
     async def infer(self, name: str, version: str | None, tensors: list[codec.Tensor], params: dict,
-                    requested: list[str] | None, peer: str, deadline_s: float | None = None) -> Answer:
-        """One OIP request of ``peer`` (its address): all its rows admitted (``budget``) or none."""
+                    requested: list[str] | None, peer: str, deadline_s: float | None = None,
+                    out_shm: dict[str, shmio.ShmRef] | None = None) -> Answer:
+        """One OIP request of ``peer`` (its address): all its rows admitted (``budget``) or none.
+        The outputs named in ``out_shm`` are written into those windows (``shmio``)."""
         view = await self.view(name, version)
         timeout_ms = timeout_ms_of(params, deadline_s)
         rows = codec.split_rows(view.kinds, tensors, view.max_batch_size, view.batched)
+        if out_shm:
+            shmio.check_outputs(self.shm, peer, out_shm)
         mparams = model_params(params)
         self.budget.take(peer, len(rows))
 
@@ -123,13 +131,15 @@ class Service:
             if not view.batched and arr.ndim > 1:  # a model that does not batch: no batch dimension
                 arr = arr[0]
             outputs.append((n, dt, arr))
-        return Answer(view, outputs)
+        written = shmio.write_outputs(self.shm, peer, outputs, out_shm) if out_shm else {}
+        return Answer(view, outputs, {n: out_shm[n].params(size) for n, size in written.items()})
 
     def server_metadata(self) -> dict[str, Any]:
         from aieng import __version__
-        return {"name": "aieng", "version": __version__,
-                "extensions": ["binary_tensor_data", "model_configuration", "statistics",
-                               "model_repository"]}
+        extensions = ["binary_tensor_data", "model_configuration", "statistics", "model_repository"]
+        if self.shm.mode != "off":
+            extensions.append("system_shared_memory")
+        return {"name": "aieng", "version": __version__, "extensions": extensions}
 
     async def repository_index(self) -> list[dict]:
         """With control on, the admin view (loads under way and failed too); else the served versions."""

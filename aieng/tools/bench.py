@@ -24,13 +24,13 @@ from typing import Any, Callable
 
 import numpy as np
 
+from aieng.cli.plots import MissingExtra, pyplot
 from aieng.runtime import cpuacct
 from aieng.tools.bench_limit import InProcess
 from aieng.tools.bench_transports import TRANSPORTS, main_transports
 from aieng.tools.benchkit import answered, free_addr, ratio, spawn, start_server, stop_server, write_report
 from aieng.tools.benchkit import fmt_num as _f
 from aieng.tools.loadgen import Progress, open_loop, run_level, sample_inputs
-from aieng.tools.plots import MissingExtra, pyplot
 
 # Column order of the per-process CPU table; names not listed follow, sorted.
 _ROLE_ORDER = ("frontend", "preprocess", "executor", "postprocess", "supervisor", "other")

@@ -16,8 +16,8 @@ import sys
 from typing import Any
 
 from aieng.cli.checks import reachable
+from aieng.cli.plots import pyplot
 from aieng.client import Client
-from aieng.tools.plots import pyplot
 
 
 def fetch(addr: str | None, since_s: float | None = None, reset: bool = False,

@@ -32,13 +32,16 @@ class Context:
     def time_remaining(self):
         return None
 
+    def peer(self):
+        return "ipv4:127.0.0.1:50000"
+
     async def abort(self, code, message):
         self.status = (code, message)
         raise Aborted(message)
 
 
 def servicer() -> Servicer:
-    return Servicer(service=types.SimpleNamespace(decoder=Decoder()))  # decoding is all it reaches
+    return Servicer(service=types.SimpleNamespace(decoder=Decoder(), shm=None))  # decoding is all it reaches
 
 
 def refused_request() -> pb.ModelInferRequest:
