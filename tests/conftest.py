@@ -42,6 +42,14 @@ def free_port() -> int:
             return port
 
 
+def exited(proc: psutil.Process) -> bool:
+    """The process has exited: it is gone, or a zombie nobody has reaped yet (it holds nothing then)."""
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 class ServerProcess:
     def __init__(self, tmp_path, **env: str):
         self.port = free_port()
@@ -55,7 +63,10 @@ class ServerProcess:
         self.oip_grpc = f"127.0.0.1:{self.oip_grpc_port}"
         self.env.update({"AIENG_FRONTEND_ADDR": self.addr, "AIENG_MODEL_REPOSITORY": MODELS,
                          "AIENG_LOG_LEVEL": "INFO", "AIENG_HTTP_ADDR": f"127.0.0.1:{self.http_port}",
-                         "AIENG_OIP_HTTP_ADDR": self.oip_http, "AIENG_OIP_GRPC_ADDR": self.oip_grpc})
+                         "AIENG_OIP_HTTP_ADDR": self.oip_http, "AIENG_OIP_GRPC_ADDR": self.oip_grpc,
+                         # routing state of this test's own, not the user's ~/.local/state/aieng that every
+                         # other run on the machine (and a parallel test worker) reads and writes
+                         "AIENG_STATE_DIR": os.path.join(str(tmp_path), "state")})
         self.env.update(env)
         self.proc: subprocess.Popen | None = None
         self.prefix: list[str] = []  # a command the server runs under (e.g. prlimit), set before start
@@ -92,6 +103,7 @@ class ServerProcess:
             h = self.health(timeout_s=1.0)
             if h and h.get("ready"):
                 return h
+            time.sleep(0.05)  # the poll's step: a starting server's CPUs go to its start, not to health ops
         raise RuntimeError(f"server not ready within {timeout}s:\n{self.output()}")
 
     def output(self) -> str:
@@ -150,13 +162,12 @@ class ServerProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             code = self.proc.wait(10)
-        for k in kids:  # never leave a worker behind, whatever happened
-            try:
-                k.wait(5)
-            except psutil.TimeoutExpired:
+        # never leave a worker behind, whatever happened: each is gone or a zombie (it exited; only the
+        # reaping is left, and an orphan's reaper here, pid 1, reaps about once a second) within 5 s
+        until(lambda: all(exited(k) for k in kids), 5, 0.02)
+        for k in kids:
+            if not exited(k):
                 k.kill()
-            except psutil.NoSuchProcess:
-                pass
         self.log.close()
         return code
 
