@@ -32,12 +32,16 @@ def free_port() -> int:
     """A loopback port nobody listens on now and that this test process has not handed out before.
 
     The kernel may give the same ephemeral port to two consecutive binds once the first socket is closed, so
-    a server's four ports could collide (seen in CI: the frontend and the OIP HTTP door on one port)."""
+    a server's four ports could collide (seen in CI: the frontend and the OIP HTTP door on one port).  Under
+    pytest-xdist each worker takes only its share of the ports (by ``port // 2``: Linux hands out even ports
+    to ``bind``), so two workers never hand out the same one."""
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    index = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0) % count
     while True:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        if port not in _HANDED_OUT:
+        if (port // 2) % count == index and port not in _HANDED_OUT:
             _HANDED_OUT.add(port)
             return port
 

@@ -51,7 +51,8 @@ CASES = [
     (["infer", "tabular", "--input", "island=Biscoe", "--addr", NOBODY], REFUSED),
 ]
 
-@pytest.mark.parametrize("args, line", CASES, ids=[" ".join(c[0][:3]) for c in CASES])
+@pytest.mark.parametrize("args, line", CASES,  # ids without the port: every xdist worker draws its own
+                         ids=[" ".join(c[0][:3]).replace(NOBODY, "NOBODY") for c in CASES])
 def test_a_mistake_is_one_line_and_exit_2(args, line):
     run = aieng(*args)
     assert (run.returncode, run.stderr.strip().splitlines()) == (2, [line]), run.stderr[-2000:]

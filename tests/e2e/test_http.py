@@ -137,9 +137,16 @@ def test_input_drift_psi_rises_when_inputs_shift(make_server):
     with srv.client() as c:
         for r in rows[:300]:  # the population the model was trained on
             c.infer("tabular", {k: r[k] for k in feats if r[k] is not None})
-    time.sleep(1.2)  # drift scores are published with the frontend's 0.5 s snapshot
-    s = samples(srv.http)
-    stable = value(s, "aieng_input_drift_psi", model="tabular", version="1", feature="bill_length_mm")
+    def published(ok: int) -> bool:  # a snapshot of the loop published after the ok-th answer
+        code, body = get(srv.http + "/debug")
+        return code == 200 and json.loads(body)["counts"]["ok"] >= ok
+
+    def psi(feature: str) -> float:  # the collector serves what that snapshot published
+        return value(samples(srv.http), "aieng_input_drift_psi", model="tabular", version="1",
+                     feature=feature)
+
+    assert until(lambda: published(300), 10)
+    stable = psi("bill_length_mm")
     assert 0 < stable < 0.1, stable
     with srv.client() as c:
         for r in rows[:300]:  # the same birds, but every bill 20 mm longer and all on one island
@@ -147,11 +154,9 @@ def test_input_drift_psi_rises_when_inputs_shift(make_server):
             shifted["bill_length_mm"] = (r["bill_length_mm"] or 44.0) + 20.0
             shifted["island"] = "Dream"
             c.infer("tabular", shifted)
-
-    def drifted() -> float:  # the collector serves the loop's next snapshot (AIENG_SNAPSHOT_MS)
-        return value(samples(srv.http), "aieng_input_drift_psi", model="tabular", version="1",
-                     feature="bill_length_mm")
-    assert until(lambda: drifted() > 1.0, 10), drifted()
+    assert until(lambda: published(600), 10)
+    s = samples(srv.http)
+    assert value(s, "aieng_input_drift_psi", model="tabular", version="1", feature="bill_length_mm") > 1.0
     assert value(s, "aieng_input_drift_psi", model="tabular", version="1", feature="island") > 0.25
     assert value(s, "aieng_input_drift_psi", model="tabular", version="1", feature="body_mass_g") < 0.1
 
