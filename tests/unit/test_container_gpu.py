@@ -14,21 +14,16 @@ import onnxruntime
 
 from aieng.config import load_config
 from tests.conftest import ROOT
-from tests.unit.test_container import hadolint
+from tests.dockerfile import env_of, hadolint, instructions
 
 GPU = os.path.join(ROOT, "deploy", "Dockerfile.gpu")
 TEXT = open(GPU, encoding="utf-8").read()
 CPU_TEXT = open(os.path.join(ROOT, "deploy", "Dockerfile"), encoding="utf-8").read()
-LINES = re.sub(r"\\\n\s*", " ", "\n".join(x for x in TEXT.splitlines() if not x.lstrip().startswith("#")))
-INSTRUCTIONS = [x.strip() for x in LINES.splitlines() if x.strip()]
+INSTRUCTIONS = instructions(GPU)
 
 
 def env() -> dict[str, str]:
-    out = {}
-    for ins in INSTRUCTIONS:
-        if ins.startswith("ENV "):
-            out.update(tok.split("=", 1) for tok in ins[4:].split())
-    return out
+    return env_of(INSTRUCTIONS)
 
 
 def test_hadolint_passes():

@@ -22,7 +22,7 @@ from aieng.cli.main import build_parser
 from aieng.config import load_config
 from aieng.wire import addresses, shmsize
 from tests.conftest import ROOT
-from tests.unit.test_container import image_env
+from tests.dockerfile import image_env
 
 KSERVE = os.path.join(ROOT, "deploy", "kserve")
 SCHEMAS = os.path.join(ROOT, "tests", "data", "kserve")
