@@ -117,6 +117,10 @@ REGISTRY: tuple[EnvVar, ...] = (
     EnvVar("AIENG_IDLE_WIDE_RUNS", boolean, True,
            "While the executor is idle, run a lone small batch on a second session using every usable CPU "
            "(lower latency at low load; twice the session memory)", "idle_wide_runs"),
+    EnvVar("AIENG_WARMUP_MAX_ROWS", int, 0,
+           "Start-up warm-up batches of at most this many rows (0: each model's max_batch_size). Fewer start "
+           "faster (minilm: 32 rows x 128 tokens is most of its start); a bigger batch later grows ONNX "
+           "Runtime's arena once, and the batcher learns its cost from real runs", "warmup_max_rows"),
     EnvVar("AIENG_IDLE_WIDE_SPINNING", boolean, False,
            "Let the idle-time wide session's intra-op threads spin (measured on 2 cores: no gain, the "
            "spinning thread takes the core the workers need next; aieng tune tries it)",

@@ -51,7 +51,7 @@ class SessionBuilder:
         if polite:
             runs = paced_warmup(sess, idle)
         else:
-            runs = sess.warmup(max_rows=BACKGROUND_WARM_ROWS if background else 0)
+            runs = sess.warmup(max_rows=BACKGROUND_WARM_ROWS if background else self.cfg.warmup_max_rows)
         choice = self.inline.consider(spec, sess)  # in force once the version joins the batcher
         self.inline_pre.consider(spec)  # likewise
         if (wide and self.cfg.idle_wide_runs and threads < cpu_count()
