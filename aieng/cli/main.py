@@ -219,6 +219,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--transport", default="zmq",
                    help="front doors, comma-separated: zmq (default: the full bench), or a list naming http "
                         "and/or grpc (the OIP gateway) to run the same closed loop over each in one run")
+    b.add_argument("--tracing", action="store_true",
+                   help="instead: what exporting spans costs, three servers side by side (no endpoint; "
+                        "sampled to a loopback OTLP receiver; an endpoint nobody listens on)")
+    b.add_argument("--trace-ratio", type=float, default=0.01,
+                   help="with --tracing: the sampled servers' parent-based ratio (default 0.01)")
     b.add_argument("--skip-baseline", action="store_true",
                    help="do not run the plain one-process baseline server (python -m aieng.tools.baseline)")
     b.add_argument("--quick", action="store_true",

@@ -27,6 +27,7 @@ import msgpack
 import yaml
 import zmq
 
+from aieng.cli.checks import UsageError
 from aieng.wire.addresses import admin_addr
 
 _ids = itertools.count(1)
@@ -41,7 +42,7 @@ def find_admin_addr(given: str | None) -> str:
     if len(found) == 1:
         return "ipc://" + found[0]
     where = ", ".join(found) if found else "none found under " + tempfile.gettempdir()
-    raise SystemExit(f"aieng: which admin socket? give --admin-addr or AIENG_ADMIN_ADDR ({where})")
+    raise UsageError(f"which admin socket? give --admin-addr or AIENG_ADMIN_ADDR ({where})")
 
 
 def call(addr: str, op: str, timeout_s: float = 10.0, curve: tuple | None = None, **fields: Any) -> dict:
@@ -84,7 +85,7 @@ def _weights(items: list[str]) -> dict[str, float]:
         except ValueError:
             out[version] = None
         if out[version] is None:
-            raise SystemExit(f"aieng: weights are VERSION=PERCENT, got {item!r}")
+            raise UsageError(f"weights are VERSION=PERCENT, got {item!r}")
     return out
 
 
@@ -94,7 +95,7 @@ def _rules(path: str) -> dict:
     if isinstance(data, list):
         data = {"rules": data}
     if not isinstance(data, dict):
-        raise SystemExit("aieng: a rules file holds a map (rules, groups, allow_pinned) or a list of rules")
+        raise UsageError("a rules file holds a map (rules, groups, allow_pinned) or a list of rules")
     return {k: data[k] for k in ("rules", "groups", "allow_pinned") if k in data}
 
 
@@ -176,7 +177,7 @@ def main_rollout(args: argparse.Namespace) -> int:
             fields["timeout_ms"] = args.timeout_ms
     elif action in ("load", "unload"):
         if not args.model or not args.version:
-            raise SystemExit(f"aieng: models {action} needs MODEL VERSION")
+            raise UsageError(f"models {action} needs MODEL VERSION")
         fields.update(model=args.model, version=args.version)
         rc = _run(args, op, fields, quiet=not args.no_wait)
         return _wait_load(args, rc, action) if rc == 0 and not args.no_wait else rc

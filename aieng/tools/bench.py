@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from aieng.cli import checks as cli_checks
 from aieng.cli.plots import MissingExtra, pyplot
 from aieng.runtime import cpuacct
 from aieng.tools.bench_limit import InProcess
@@ -268,10 +269,16 @@ def main_bench(args) -> int:
     transports = [t.strip() for t in str(getattr(args, "transport", "zmq")).split(",") if t.strip()]
     unknown = [t for t in transports if t not in TRANSPORTS]
     if unknown or not transports:
-        raise SystemExit(f"--transport: unknown {unknown or transports} "
+        raise cli_checks.UsageError(f"--transport: unknown {unknown or transports} "
                          f"(a comma-separated list of zmq, http, grpc)")
     if transports != ["zmq"]:
         return main_transports(args, transports)
+    if getattr(args, "tracing", False):
+        if not 0.0 <= args.trace_ratio <= 1.0:
+            raise cli_checks.UsageError(f"--trace-ratio is a share between 0 and 1, got {args.trace_ratio!r}")
+        from aieng.tools.bench_tracing import main_tracing
+
+        return main_tracing(args)
     if args.model == "ocr":  # a pipeline: beside rapidocr's own pipeline instead of an in-process limit
         from aieng.tools.bench_ocr import main_ocr
 

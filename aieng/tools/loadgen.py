@@ -60,7 +60,7 @@ def sample_inputs(model: str, n: int, seed: int = 0) -> list[dict[str, Any]]:
                  "island": rng.choice(["Biscoe", "Dream", "Torgersen"]),
                  "sex": rng.choice(["male", "female"])}
                 for _ in range(n)]
-    raise SystemExit(f"no input generator for model {model!r}")
+    raise cli_checks.UsageError(f"no input generator for model {model!r}")
 
 
 class Progress:
@@ -183,7 +183,7 @@ def make_sender(transport: str, addr: str, model: str) -> Callable[[], Any]:
     if transport == "grpc":
         shared = GrpcSender(addr, model)
         return lambda: shared
-    raise SystemExit(f"unknown transport {transport!r} (zmq, http or grpc)")
+    raise cli_checks.UsageError(f"unknown transport {transport!r} (zmq, http or grpc)")
 
 
 async def run_level(addr: str | None, model: str, inputs: list[dict], concurrency: int,

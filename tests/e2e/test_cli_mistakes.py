@@ -47,6 +47,11 @@ CASES = [
     (["serve", "--config", "/nonexistent.yaml"], NO_FILE.format("/nonexistent.yaml")),
     (["infer", "tabular", "--input", "island", "--addr", NOBODY],
      "aieng: --input takes NAME=VALUE, got 'island'"),
+    (["bench", "--transport", "carrier-pigeon"],
+     "aieng: --transport: unknown ['carrier-pigeon'] (a comma-separated list of zmq, http, grpc)"),
+    (["bench", "--tracing", "--trace-ratio", "2"], "aieng: --trace-ratio is a share between 0 and 1, got 2.0"),
+    (["rollout", "set-weights", "tabular", "1", "--admin-addr", "ipc:///nonexistent.sock"],
+     "aieng: weights are VERSION=PERCENT, got '1'"),
     (["health", "--addr", NOBODY], REFUSED),
     (["infer", "tabular", "--input", "island=Biscoe", "--addr", NOBODY], REFUSED),
 ]
