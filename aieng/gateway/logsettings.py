@@ -51,6 +51,8 @@ def check(change: Any, fmt: str) -> dict[str, Any]:
             raise _bad("log setting 'log_verbose_level' must be an unsigned integer")
         if key in ("log_file", "log_format") and not isinstance(value, str):
             raise _bad(f"log setting '{key}' must be a string")
+    if change.get("log_error") is False:
+        raise _bad("aieng always logs errors: log_error cannot be false")
     if change.get("log_file"):
         raise _bad("log_file cannot be set here: every process logs to its stderr (the service manager or "
                    "container runtime keeps it)")
@@ -70,10 +72,8 @@ def level_of(current: str, change: Any, fmt: str) -> str:
         level = "INFO"
     elif merged["log_warning"]:
         level = "WARNING"
-    elif merged["log_error"]:
+    else:  # log_error: never false (``check``)
         level = "ERROR"
-    else:
-        raise _bad("aieng always logs errors: log_error cannot be false")
     got = settings_of(level, fmt)
     for key, value in change.items():
         want = min(value, 1) if key == "log_verbose_level" else value
