@@ -36,6 +36,7 @@ class Config:
     oip_grpc_addr: str = _default("oip_grpc_addr")
     gateway_workers: int = _default("gateway_workers")
     oip_repository_control: bool = _default("oip_repository_control")
+    oip_logging_control: bool = _default("oip_logging_control")
     oip_shared_memory: str = _default("oip_shared_memory")
     oip_shm_max_regions: int = _default("oip_shm_max_regions")
     oip_shm_max_bytes: int = _default("oip_shm_max_bytes")

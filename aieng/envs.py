@@ -82,6 +82,10 @@ REGISTRY: tuple[EnvVar, ...] = (
     EnvVar("AIENG_OIP_REPOSITORY_CONTROL", boolean, False,
            "OIP repository load/unload (admin ops, through the admin socket) on the client-facing OIP "
            "ports; off: 403 / PERMISSION_DENIED", "oip_repository_control"),
+    EnvVar("AIENG_OIP_LOGGING_CONTROL", boolean, False,
+           "OIP logging extension changes (POST /v2/logging, gRPC LogSettings with settings: the log level "
+           "of every process) on the client-facing OIP ports; reading is always served; off: 403 / "
+           "PERMISSION_DENIED", "oip_logging_control"),
     EnvVar("AIENG_OIP_SHARED_MEMORY", str, "local",
            "OIP system shared-memory extension: local (loopback clients only), any, off; served only with "
            "AIENG_GATEWAY_WORKERS=1 (regions live in one gateway process)", "oip_shared_memory"),

@@ -7,8 +7,9 @@ live/ready/metadata, model ready/metadata/config/statistics, ModelInfer (tensors
 and the repository extension (RepositoryModelLoad/Unload: admin ops, PERMISSION_DENIED unless
 AIENG_OIP_REPOSITORY_CONTROL is on; ``repository.py``), and system shared memory (register,
 unregister, status; inputs and outputs by region, ``shmio.py``: an output written to a region has an
-empty ``raw_output_contents`` entry); the CUDA shared-memory, trace, log and streaming calls are not
-registered (UNIMPLEMENTED).  A message that does not parse is INVALID_ARGUMENT.
+empty ``raw_output_contents`` entry), and the logging extension (LogSettings, ``logsettings.py``); the
+CUDA shared-memory, trace and streaming calls are not registered (UNIMPLEMENTED).  A message that does
+not parse is INVALID_ARGUMENT.
 Metadata, config and statistics are the same dicts the HTTP side sends, parsed into the messages
 (``json_format``).
 Errors map to status codes by ``service.GRPC_STATUS``; the call's deadline bounds the native timeout.
@@ -236,6 +237,26 @@ class Servicer(pbg.GRPCInferenceServiceServicer):
             return await self._fail(context, exc)
         return json_format.ParseDict({"regions": {r["name"]: r for r in regions}},
                                      pb.SystemSharedMemoryStatusResponse())
+
+    async def LogSettings(self, request, context):
+        """Reads the settings; with ``settings`` given, changes them (``logsettings.py``)."""
+        try:
+            if request.settings:
+                now = await self.svc.logs.update({k: _param(v) for k, v in request.settings.items()})
+            else:
+                now = await self.svc.logs.get()
+        except p.RequestError as exc:
+            return await self._fail(context, exc)
+        resp = pb.LogSettingsResponse()
+        for key, value in now.items():
+            slot = resp.settings[key]
+            if isinstance(value, bool):
+                slot.bool_param = value
+            elif isinstance(value, int):
+                slot.uint32_param = value
+            else:
+                slot.string_param = value
+        return resp
 
 
 UNDECODABLE = object()

@@ -4,7 +4,8 @@ request onto ``Service``.
 Routes under ``/v2``: server health (live, ready) and metadata; per model (and version) metadata, ready,
 Triton config and statistics, and infer (JSON tensors and the binary tensor extension, ``parse_infer``
 and ``render``); the repository index, load and unload (admin ops, off by default: 403,
-``repository.py``).  Errors are ``{"error": "..."}`` with the status ``service.HTTP_STATUS`` gives.
+``repository.py``); the logging extension (``/v2/logging``, ``logsettings.py``).  Errors are
+``{"error": "..."}`` with the status ``service.HTTP_STATUS`` gives.
 Each route's answer, the binary extension's framing and the errors: docs/oip.md.
 """
 from __future__ import annotations
@@ -136,6 +137,8 @@ class OipHttp:
                 return await self.repository(method, parts[2:], query, body)
             if parts[:2] == ["v2", "systemsharedmemory"]:
                 return self.shared_memory(method, parts[2:], body, peer)
+            if parts == ["v2", "logging"]:
+                return await self.logging(method, body)
             return await self.route(method, parts, headers, body, peer)
         except p.RequestError as exc:
             return error_response(HTTP_STATUS.get(exc.code, 500), exc.message)
@@ -205,6 +208,17 @@ class OipHttp:
             return 200, JSON, b"{}"
         raise HttpError(404, "not found")
 
+    async def logging(self, method: str, body: bytes):
+        """The logging extension: GET reads the settings, POST changes them (``logsettings.py``)."""
+        if method == "GET":
+            return _json(await self.svc.logs.get())
+        if method != "POST":
+            raise HttpError(405, "logging takes GET or POST")
+        try:
+            change = json.loads(body or b"{}")
+        except (ValueError, RecursionError) as exc:
+            raise p.RequestError(p.INVALID_REQUEST, f"malformed JSON: {str(exc)[:200]}") from None
+        return _json(await self.svc.logs.update(change))
 
     def shared_memory(self, method: str, rest: list[str], body: bytes, peer: str):
         """``region/{name}/register|unregister|status``, ``unregister`` (all), ``status`` (all)."""

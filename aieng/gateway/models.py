@@ -148,7 +148,8 @@ def stats(catalog: Catalog, reply: dict, only: str | None, version: str | None) 
     """Triton's ``model_stats`` entries (every field present) from the frontend's ``stats`` reply.
 
     The frontend keeps stage timings per model (a bounded window), so counts and durations cover that
-    window; failures are not kept per model and read 0.
+    window; ``fail`` is each version's admitted requests answered with an error and their time from
+    receipt to the error (counters since the start or the last stats reset).
     """
     out = []
     for name, versions in sorted(catalog.views.items()):
@@ -163,10 +164,13 @@ def stats(catalog: Catalog, reply: dict, only: str | None, version: str | None) 
 
         batches = {int(b): c for b, c in (s.get("batch_sizes") or {}).items()}
         execs = sum(c / b for b, c in batches.items() if b)  # rows in batches of b -> c/b runs
+        failed = reply.get("failures", {}).get(name, {})
         for v, view in sorted(versions.items()):
             if version is not None and v != version:
                 continue
             inf = {k: _duration(0, 0) for k in STAT_KEYS}
+            fail = failed.get(v) or {}
+            inf["fail"] = _duration(fail.get("count", 0), fail.get("ns", 0))
             if v == catalog.default.get(name):
                 inf.update(success=_duration(n, ns("total")), compute_infer=_duration(n, ns("inference")),
                            queue=_duration(n, ns("frontend_in", "preprocess_queue", "handoff", "batch_wait")),

@@ -4,12 +4,12 @@
 ``runtime.worker.run_process``), each serving OIP over HTTP (``AIENG_OIP_HTTP_ADDR``) and gRPC
 (``AIENG_OIP_GRPC_ADDR``) on the same addresses (SO_REUSEPORT).  ``Gateway`` builds its parts: the
 ``Upstream`` to the frontend (a client like any other), the ``PeerBudget`` (``budget.py``), the decoder,
-the admin ``Repository`` when control is on, and the two servers, each door given its share of file
-descriptors (``connection_cap``).  Both listeners are bound before it reports ready (a busy address fails
-the start naming its variable).  Running: one asyncio loop; the heartbeat ``Hello`` to the hub every
-``HEARTBEAT_S``, the hub's ``LogLevel`` and the stop flag every ``TICK_S``.  On stop: no new connections,
-answers under way finish for ``DRAIN_S``, then close.  The process's life: docs/oip.md; why a role of
-its own: docs/architecture.md ("The OIP front door").
+the admin ``Repository`` when control is on, the logging extension's ``LogSettings``, and the two servers,
+each door given its share of file descriptors (``connection_cap``).  Both listeners are bound before it
+reports ready (a busy address fails the start naming its variable).  Running: one asyncio loop; the
+heartbeat ``Hello`` to the hub every ``HEARTBEAT_S``, the hub's ``LogLevel`` and the stop flag every
+``TICK_S``.  On stop: no new connections, answers under way finish for ``DRAIN_S``, then close.  The
+process's life: docs/oip.md; why a role of its own: docs/architecture.md ("The OIP front door").
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from aieng.gateway.budget import PeerBudget, gateway_share
 from aieng.gateway.decode import Decoder
 from aieng.gateway.grpc import start_grpc
 from aieng.gateway.http import OipHttp
+from aieng.gateway.logsettings import LogSettings
 from aieng.gateway.models import Catalog
 from aieng.gateway.repository import Repository
 from aieng.gateway.service import Service
@@ -98,7 +99,8 @@ class Gateway:
             if cfg.oip_repository_control else None
         share = gateway_share(cfg.max_inflight, cfg.per_client_inflight, cfg.gateways)
         self.shm = from_config(cfg)
-        self.service = Service(self.upstream, PeerBudget(share), Decoder(), self.repository, self.shm)
+        logs = LogSettings(self.upstream.op, cfg.log_format, cfg.oip_logging_control)
+        self.service = Service(self.upstream, PeerBudget(share), Decoder(), self.repository, self.shm, logs)
         cap = connection_cap(bool(cfg.oip_http_addr) + bool(cfg.oip_grpc_addr))
         if cfg.oip_http_addr:
             host, port = split_addr(cfg.oip_http_addr, "AIENG_OIP_HTTP_ADDR")

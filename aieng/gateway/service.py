@@ -24,6 +24,7 @@ import numpy as np
 from aieng.gateway import codec, shmio, sysshm
 from aieng.gateway.budget import PeerBudget
 from aieng.gateway.decode import Decoder
+from aieng.gateway.logsettings import LogSettings
 from aieng.gateway.models import ModelView
 from aieng.gateway.repository import DEFAULT_WAIT_S, Repository, denied
 from aieng.gateway.upstream import Upstream
@@ -73,8 +74,11 @@ def model_params(params: dict) -> dict:
 
 class Service:
     def __init__(self, upstream: Upstream, budget: PeerBudget, decoder: Decoder,
-                 repository: Repository | None = None, shm: sysshm.SystemShm | None = None):
+                 repository: Repository | None = None, shm: sysshm.SystemShm | None = None,
+                 logs: LogSettings | None = None):
         self.up, self.budget, self.decoder = upstream, budget, decoder
+        # the logging extension (logsettings.py); without one, reading only
+        self.logs = logs if logs is not None else LogSettings(upstream.op, "text", False)
         self.repo = repository  # None: AIENG_OIP_REPOSITORY_CONTROL off
         self.shm = shm if shm is not None else sysshm.SystemShm(sysshm.Limits(0, 0, 0, 0), "off")
 
@@ -136,7 +140,8 @@ class Service:
 
     def server_metadata(self) -> dict[str, Any]:
         from aieng import __version__
-        extensions = ["binary_tensor_data", "model_configuration", "statistics", "model_repository"]
+        extensions = ["binary_tensor_data", "model_configuration", "statistics", "model_repository",
+                      "logging"]
         if self.shm.mode != "off":
             extensions.append("system_shared_memory")
         return {"name": "aieng", "version": __version__, "extensions": extensions}

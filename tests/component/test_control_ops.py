@@ -1,7 +1,8 @@
 """Client ops and admin ops against fake peers: workers known from hellos, a hub that records what it
 is sent, a versions fake that records loads and unloads, a mirror fake; the routing (``Rollout``) and the
 serving state (``Lifecycle``) are the real ones.  Covered: health follows the supervisor and draining;
-log_level reaches every process, and a bad level reaches none; a version a worker failed to load shows its
+log_level reaches every process, and a bad level reaches none; log_level without a level reads it and tells
+no process; a version a worker failed to load shows its
 error in ``models`` and cannot be given weight; admin requests that are not maps or name no op are refused.
 """
 from __future__ import annotations
@@ -129,6 +130,21 @@ def test_log_level_reaches_every_connected_process_and_a_bad_level_reaches_none(
     assert out["processes"] == ["pre-0", "executor", "gateway-http", "supervisor"]
     assert [(w, msg.level) for w, msg in hub.sent] == [(w, "DEBUG") for w in out["processes"]]
     logging.getLogger().setLevel("WARNING")
+
+
+def test_log_level_without_a_level_reads_it_and_tells_nobody(parts):
+    ops, _, _, hub, *_ = parts
+    root = logging.getLogger()
+    before = root.level
+    try:
+        root.setLevel("ERROR")
+        assert ops.handle("log_level", 9, {}) == {"id": 9, "ok": True, "level": "ERROR"}
+        ops.handle("log_level", 10, {"level": "DEBUG"})
+        assert ops.handle("log_level", 11, {"level": None}) == {"id": 11, "ok": True, "level": "DEBUG"}
+        assert [msg.level for _, msg in hub.sent] == ["DEBUG"] * len(hub.sent) and hub.sent
+        assert len(hub.sent) == 4  # the one change, to each connected process; the reads sent nothing
+    finally:
+        root.setLevel(before)
 
 
 def test_models_shows_a_failed_load_and_admin_refuses_weight_for_it(parts):

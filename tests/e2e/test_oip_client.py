@@ -249,6 +249,22 @@ def test_repository_index_and_refused_load(http, grpc_client):
     assert sorted((m["name"], m["version"]) for m in after) == [(name, "1") for name in DEMO_MODELS]
 
 
+def test_logging_is_read_and_a_change_refused_by_default(server, http, grpc_client):
+    """AIENG_OIP_LOGGING_CONTROL is off by default: the settings are read, a change is 403 /
+    PERMISSION_DENIED and changes nothing (changing them: test_oip_logging.py)."""
+    want = {"log_file": "", "log_info": True, "log_warning": True, "log_error": True, "log_verbose_level": 0,
+            "log_format": "json"}
+    assert "logging" in http.get_server_metadata()["extensions"]
+    assert "logging" in grpc_client.get_server_metadata().extensions
+    assert http.get_log_settings() == want
+    assert _status(lambda: http.update_log_settings({"log_verbose_level": 1})) == "403"
+    assert _status(lambda: grpc_client.update_log_settings({"log_verbose_level": 1})) \
+        == "StatusCode.PERMISSION_DENIED"
+    assert http.get_log_settings() == want
+    with server.client() as c:
+        assert c.call({"op": "log_level", "id": 1})["level"] == "INFO"
+
+
 def test_tensor_model_without_batching(make_server, tmp_path):
     """A tensor model that does not batch: shapes without the batch dimension, config max_batch_size 0,
     the request's tensor is the native request's tensor (a transpose checks the data's order)."""

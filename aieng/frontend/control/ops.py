@@ -107,8 +107,10 @@ class ClientOps:
         return summary
 
     def log_level(self, req_id: Any, req: dict) -> dict:
-        """Change every process's log level at run time, no restart."""
+        """Change every process's log level at run time, no restart; without ``level``, read it."""
         level = req.get("level")
+        if level is None:  # a read (the OIP logging extension's GET): the frontend's level is every process's
+            return {"id": req_id, "ok": True, "level": logging.getLevelName(logging.getLogger().level)}
         if level not in LEVELS:
             return {"id": req_id, "ok": False,
                     "error": {"code": p.INVALID_REQUEST,

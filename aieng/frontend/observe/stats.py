@@ -13,6 +13,8 @@ durations (us; ``total`` is their sum) in a bounded window per model (``WINDOW``
     frontend_out       building and sending the response (after the answer's ``total`` is stamped)
 ``add_steps`` keeps each postprocess step's runs apart (failed requests' too: ``skipped``/``timeout``;
 a pipeline's steps likewise): they break ``postprocess`` down and do not add to the total.
+``add_failure`` counts the admitted requests answered with an error, per model and version, and their
+time from receipt to the error (ns): counters since the start or the last ``reset``, not the window.
 """
 from __future__ import annotations
 
@@ -83,7 +85,17 @@ class StageStats:
         self.window = window
         self.rings: dict[str, _Ring] = {}
         self.steps: dict[str, dict[str, _StepRing]] = {}  # model -> step name -> its runs
+        self.failures: dict[tuple[str, str], list[int]] = {}  # (model, version) -> [count, ns]
         self.since = time.time()
+
+    def add_failure(self, model: str, version: str, ns: int) -> None:
+        """An admitted request of ``model``/``version`` answered with an error ``ns`` after its receipt
+        (the keys are served versions: bounded)."""
+        row = self.failures.get((model, version))
+        if row is None:
+            row = self.failures[(model, version)] = [0, 0]
+        row[0] += 1
+        row[1] += max(0, int(ns))
 
     def add_steps(self, model: str, steps: list) -> None:
         """``[name, us, outcome]`` per postprocess step of one request (answered or failed)."""
@@ -106,11 +118,15 @@ class StageStats:
     def reset(self) -> None:
         self.rings.clear()
         self.steps.clear()
+        self.failures.clear()
         self.since = time.time()
 
     def summary(self, since_s: float | None = None) -> dict[str, Any]:
         cut = time.time() - since_s if since_s else 0.0
-        out: dict[str, Any] = {"stages": list(STAGES), "window_start": self.since, "models": {}}
+        out: dict[str, Any] = {"stages": list(STAGES), "window_start": self.since, "models": {},
+                               "failures": {}}
+        for (model, version), (count, ns) in self.failures.items():
+            out["failures"].setdefault(model, {})[version] = {"count": count, "ns": ns}
         for model, ring in self.rings.items():
             ts, mat, meta = ring.rows(cut)
             if len(ts) == 0:

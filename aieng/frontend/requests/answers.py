@@ -2,9 +2,10 @@
 
 Every answer the frontend sends for an admitted request goes through here: one reply, and with it the
 counts (``Counts``: what health and stats report), the breaker, the response cache, the metrics, the
-stage stats, drift, degradation, and the ``outcome`` the auto-rollback watches.  Metrics are recorded
-before the reply, so a client that reads /metrics after its answer sees it.  Shadow copies and pipeline
-steps never come here (``pipeline`` sends them to ``mirror`` and ``fanout``).
+stage stats (an error for a request in the pipeline as a failure of its version), drift, degradation,
+and the ``outcome`` the auto-rollback watches.  Metrics are recorded before the reply, so a client that
+reads /metrics after its answer sees it.  Shadow copies and pipeline steps never come here (``pipeline``
+sends them to ``mirror`` and ``fanout``).
 """
 from __future__ import annotations
 
@@ -92,7 +93,9 @@ class Answers:
         else:
             self.breakers.neutral(req.key, req.probe)
         self.count_error(code, req.model, req.version)
-        self.outcome(req.model, req.version, code, time.monotonic() - req.received)
+        took = time.monotonic() - req.received
+        self.stats.add_failure(req.model, req.version, int(took * 1e9))  # OIP statistics' "fail"
+        self.outcome(req.model, req.version, code, took)
         log.debug("answered %s at stage %s", code, req.stage, extra={"trace": req.trace})
         self.refuse(req, code, message, counted=True)
 
