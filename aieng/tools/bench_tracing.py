@@ -62,8 +62,8 @@ def tracing_side(model: str, repo: str, inputs: list[dict], levels: list[int], n
             for v in VARIANTS:
                 r = merge_levels(parts[v])
                 r["variant"] = v
-                print(f"{v} c={c}: {r['rps']:.1f} req/s, p50 {r['p50_ms']:.2f} ms, errors {r['errors'] or '-'}",
-                      flush=True)
+                print(f"{v} c={c}: {r['rps']:.1f} req/s, p50 {r['p50_ms']:.2f} ms, "
+                      f"errors {r['errors'] or '-'}", flush=True)
                 rows.append(r)
         spans = {"received": sink.count,
                  "dropped_sampled": metric(servers["sampled"][2], "aieng_trace_spans_dropped_total"),

@@ -5,16 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import numpy as np
 import pytest
+import reference  # scripts/ (setup.cfg's pythonpath)
 
 from tests.conftest import MODELS, ROOT
-
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import reference  # noqa: E402
-
 from tests.e2e.texts import TEXTS, _documents
 
 pytestmark = pytest.mark.e2e
