@@ -11,7 +11,6 @@ answered UNAVAILABLE before the client socket closes.
 """
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
@@ -68,7 +67,7 @@ class Frontend:
         self.table, self.workers = RequestTable(), Workers()
         self.metrics, self.stats = Metrics(), StageStats()
         # spans per stage over OTLP when the OTEL_* variables name a collector; else ids only
-        self.tracing = Tracing.from_env(os.environ, self.metrics.spans_sent, self.metrics.spans_lost)
+        self.tracing = Tracing.from_env(self.metrics.spans_sent, self.metrics.spans_lost)
         self.breakers = Breakers(cfg.breaker_failures, cfg.breaker_cooldown_s)
         self.cache, self.degrader = ResponseCache(cfg.cache_bytes), Degrader(self.specs)
         self.drift = DriftMonitor(self.specs)

@@ -12,6 +12,7 @@ on a daemon thread and waits at most its timeout; past it, the exporter is told 
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Callable
@@ -33,6 +34,21 @@ def remote_parent(parent, state: str):
     sc = SpanContext(int(parent.trace_id, 16), int(parent.span_id, 16), is_remote=True,
                      trace_flags=TraceFlags(parent.flags & 1), trace_state=ts)
     return api.set_span_in_context(api.NonRecordingSpan(sc))
+
+
+class _Seldom(logging.Filter):
+    """One record a minute: a collector that is gone would log each retry of each batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last = -1e9
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        now = time.monotonic()
+        if now - self.last < 60.0:
+            return False
+        self.last = now
+        return True
 
 
 class _Ids(IdGenerator):
@@ -87,6 +103,7 @@ class Sink:
         self.lock = threading.Lock()
         self.offset = time.time_ns() - time.monotonic_ns()
         self.ids = _Ids()
+        logging.getLogger("opentelemetry.exporter.otlp.proto.http.trace_exporter").addFilter(_Seldom())
         self.exporter = _Counted(OTLPSpanExporter(), self.settled)
         self.processor = BatchSpanProcessor(self.exporter, max_queue_size=limit)
         self.provider = TracerProvider(sampler=ALWAYS_ON, resource=Resource.create({"service.name": service}),

@@ -16,6 +16,7 @@ collector.  ``close`` flushes for at most ``CLOSE_S`` and never hangs the stop.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
@@ -90,14 +91,19 @@ class Tracing:
         self.sample = self._sample if sampler is not None else None
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str], exported: Callable[[int], None],
-                 dropped: Callable[[str, int], None]) -> "Tracing":
-        """``exported(n)`` and ``dropped(reason, n)`` count spans (called from the SDK's thread too)."""
+    def from_env(cls, exported: Callable[[int], None], dropped: Callable[[str, int], None]) -> "Tracing":
+        """From ``os.environ``, which the SDK reads too (one source); ``exported(n)`` and
+        ``dropped(reason, n)`` count spans (called from the SDK's thread too)."""
+        env = os.environ
         if not enabled_by(env):
             return cls()
-        from aieng.frontend.observe.otel import Sink
-        limit = int(env.get("OTEL_BSP_MAX_QUEUE_SIZE", "") or 2048)
-        sink = Sink(env.get("OTEL_SERVICE_NAME", "").strip() or "aieng", limit, exported, dropped)
+        try:  # a bad OTEL_* value turns tracing off with a log line, never stops the server
+            from aieng.frontend.observe.otel import Sink
+            limit = int(env.get("OTEL_BSP_MAX_QUEUE_SIZE", "").strip() or 2048)
+            sink = Sink(env.get("OTEL_SERVICE_NAME", "").strip() or "aieng", limit, exported, dropped)
+        except Exception as exc:
+            log.error("tracing is off: the OTEL_* variables do not make an exporter: %s", exc)
+            return cls()
         return cls(sink, sampler_from_env(env))
 
     @property
