@@ -37,6 +37,8 @@ def test_enabled_only_with_an_endpoint_and_not_disabled():
     assert enabled_by({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://x:4318/v1/traces"})
     assert not enabled_by({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4318", "OTEL_SDK_DISABLED": "true"})
     assert not enabled_by({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4318", "OTEL_TRACES_EXPORTER": "none"})
+    assert enabled_by({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4318", "OTEL_TRACES_EXPORTER": ""})
+    assert not enabled_by({"OTEL_EXPORTER_OTLP_ENDPOINT": "  "})
     off = Tracing()
     assert not off.enabled and off.sample is None
 

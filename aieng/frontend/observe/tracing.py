@@ -77,7 +77,7 @@ def enabled_by(env: Mapping[str, str]) -> bool:
     """Whether the variables ask for spans: an OTLP endpoint named, the SDK and the exporter not off."""
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return False
-    if env.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() in ("none", ""):
+    if (env.get("OTEL_TRACES_EXPORTER", "").strip().lower() or "otlp") == "none":  # empty: the default
         return False
     return bool(env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
                 or env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip())
