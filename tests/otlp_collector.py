@@ -30,6 +30,7 @@ class Got(NamedTuple):
     attrs: dict
     status: int  # Status.StatusCode: 0 unset, 1 ok, 2 error
     resource: dict
+    trace_state: str
 
 
 class Collector:
@@ -72,7 +73,8 @@ class Collector:
                 for s in ss.spans:
                     got.append(Got(s.trace_id.hex(), s.span_id.hex(), s.parent_span_id.hex(), s.name, s.kind,
                                    s.start_time_unix_nano, s.end_time_unix_nano,
-                                   {a.key: _value(a.value) for a in s.attributes}, s.status.code, resource))
+                                   {a.key: _value(a.value) for a in s.attributes}, s.status.code, resource,
+                                   s.trace_state))
         with self.lock:
             self.posts += 1
             self.spans.extend(got)

@@ -142,6 +142,7 @@ def test_trace_in_and_out_on_every_door_and_spans_per_stage(served, collector):
     ans = check_answer(dict(call.trailing_metadata())["traceparent"], sent)
     root, kids = trace_spans(collector, ans, 1 + len(CHAIN))
     check_server_span(root, ans, sent, "minilm")
+    assert root.trace_state == "k=v"  # the caller's tracestate, kept
 
     # ocr: the pipeline's steps, one page
     from tests.e2e.ocr_pages import make_page, png

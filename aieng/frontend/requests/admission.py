@@ -1,20 +1,18 @@
 """Admission: a client's ``infer`` map becomes a typed request, an immediate answer, or a refusal.
 
 Checks, in order (the first that fails answers the request with its code):
-  1. shape of the request: model, inputs, params, routing_key
-     (INVALID_REQUEST / MODEL_NOT_FOUND); then routing (``rollout``) picks
-     the version and says why (``route``): a pinned version the model
-     refuses is INVALID_REQUEST, an unknown one MODEL_NOT_FOUND; then
-     timeout_ms; a version that failed to load is UNAVAILABLE with its error;
+  1. shape of the request: model, inputs, params, routing_key (INVALID_REQUEST / MODEL_NOT_FOUND); then
+     routing (``rollout``) picks the version and says why (``route``): a pinned version the model refuses
+     is INVALID_REQUEST, an unknown one MODEL_NOT_FOUND; then timeout_ms; a version that failed to load
+     is UNAVAILABLE with its error;
   2. serving state: not ready yet or draining (UNAVAILABLE);
-  3. fairness: this client's requests in flight (``per_client_inflight``),
-     then everyone's (``max_inflight``, shadow copies not counted): OVERLOADED;
+  3. fairness: this client's requests in flight (``per_client_inflight``), then everyone's
+     (``max_inflight``, shadow copies not counted): OVERLOADED;
   4. response cache (a hit is answered at once, even while shedding);
   5. degradation level 3: the model's fallback answer, or OVERLOADED;
   6. the model's circuit breaker (UNAVAILABLE while open).
-An admitted or immediate answer gets its trace (``trace_of``): a valid W3C ``traceparent`` field joins
-the caller's trace, else the client's ``trace_id``, else a fresh one; sampling is decided here once.
-Nothing here blocks or does per-request work a worker could do.
+What passes gets its trace (``trace_of``: a valid ``traceparent`` joins the caller's, else the client's
+``trace_id`` or a fresh id) and sampling decision.  Nothing here blocks or does a worker's work.
 """
 from __future__ import annotations
 
