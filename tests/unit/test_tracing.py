@@ -29,6 +29,13 @@ def test_bad_settings_turn_tracing_off_never_fail(monkeypatch):
     assert not Tracing.from_env(lambda n: None, lambda r, n: None).enabled
     monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "10")  # below the export batch size (512): the SDK refuses
     assert not Tracing.from_env(lambda n: None, lambda r, n: None).enabled
+    monkeypatch.delenv("OTEL_BSP_MAX_QUEUE_SIZE")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "5")  # not a probability
+    assert not Tracing.from_env(lambda n: None, lambda r, n: None).enabled
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0.5")
+    good = Tracing.from_env(lambda n: None, lambda r, n: None)
+    assert good.enabled
+    good.close(0.5)
 
 
 def test_enabled_only_with_an_endpoint_and_not_disabled():

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -99,12 +98,13 @@ class Tracing:
             return cls()
         try:  # a bad OTEL_* value turns tracing off with a log line, never stops the server
             from aieng.frontend.observe.otel import Sink
+            sampler = sampler_from_env(env)
             limit = int(env.get("OTEL_BSP_MAX_QUEUE_SIZE", "").strip() or 2048)
             sink = Sink(env.get("OTEL_SERVICE_NAME", "").strip() or "aieng", limit, exported, dropped)
         except Exception as exc:
-            log.error("tracing is off: the OTEL_* variables do not make an exporter: %s", exc)
+            log.error("tracing is off: the OTEL_* variables do not make a sampler and exporter: %s", exc)
             return cls()
-        return cls(sink, sampler_from_env(env))
+        return cls(sink, sampler)
 
     @property
     def enabled(self) -> bool:
@@ -115,8 +115,12 @@ class Tracing:
 
     def _sample(self, trace_id: str, parent: tp.TraceParent | None, state: str) -> bool:
         from aieng.frontend.observe.otel import remote_parent
-        ctx = remote_parent(parent, state) if parent is not None else None
-        return self.sampler.should_sample(ctx, int(trace_id, 16), "aieng infer").decision.is_sampled()
+        try:  # on the admission path: a failure is an unsampled request, never a refused one
+            ctx = remote_parent(parent, state) if parent is not None else None
+            return self.sampler.should_sample(ctx, int(trace_id, 16), "aieng infer").decision.is_sampled()
+        except Exception:
+            log.exception("the sampler failed")
+            return False
 
     # -- after the answer ----------------------------------------------------------------------
     def request(self, req: Any, trail: Any, steps: Any, answered_at: float, sent: float) -> None:
@@ -147,7 +151,7 @@ class Tracing:
             return
         attrs = {"aieng.model": model, "aieng.version": version, "aieng.route": route, "aieng.outcome": "OK",
                  "aieng.immediate": True}
-        self.sink.emit(ctx, f"aieng infer {model}", attrs, received, sent, [], "")
+        self.hand_over(ctx, model, attrs, [], received, sent, "")
 
     def emit(self, req: Any, ctx: TraceCtx, stages: list[Stage], start: float, end: float, code: str,
              message: str) -> None:
@@ -155,17 +159,15 @@ class Tracing:
                  "aieng.outcome": code, "aieng.trace": req.trace}
         if code != "OK":
             attrs["error.type"] = code
+        self.hand_over(ctx, req.model, attrs, stages, start, end, message)
+
+    def hand_over(self, ctx: TraceCtx, model: str, attrs: dict, stages: list[Stage], start: float, end: float,
+                  message: str) -> None:
         try:
-            self.sink.emit(ctx, f"aieng infer {req.model}", attrs, start, end, stages, message)
+            self.sink.emit(ctx, f"aieng infer {model}", attrs, start, end, stages, message)
         except Exception:  # spans are a view of the request: never a reason to fail the loop
             log.exception("building the spans of a request failed")
 
     def close(self, timeout_s: float = CLOSE_S) -> None:
         if self.sink is not None:
             self.sink.close(timeout_s)
-
-
-def epoch_offset_ns() -> int:
-    """Add to ``monotonic_ns`` for nanoseconds since the epoch (taken once: spans use one offset)."""
-    return time.time_ns() - time.monotonic_ns()
-
