@@ -57,9 +57,10 @@ def decode_reply(raw: bytes, tensors: bool = True) -> dict:
 
 def build_request(req_id: Any, model: str, inputs: dict, version: str | None = None,
                   params: dict | None = None, timeout_ms: int | None = None,
-                  routing_key: str | None = None) -> dict:
+                  routing_key: str | None = None, traceparent: str | None = None) -> dict:
     """``routing_key`` (e.g. a user id) keeps a caller on the same model version while the rollout's
-    weights stand (docs/rollout.md); without it the request id is hashed."""
+    weights stand (docs/rollout.md); without it the request id is hashed.  ``traceparent``: the caller's
+    W3C trace context (the answer's ``traceparent`` carries the server's span)."""
     req: dict[str, Any] = {"op": "infer", "id": req_id, "model": model, "inputs": _wire_inputs(inputs)}
     if version is not None:
         req["version"] = version
@@ -69,6 +70,8 @@ def build_request(req_id: Any, model: str, inputs: dict, version: str | None = N
         req["params"] = params
     if timeout_ms is not None:
         req["timeout_ms"] = timeout_ms
+    if traceparent is not None:
+        req["traceparent"] = traceparent
     return req
 
 

@@ -27,6 +27,7 @@ from aieng.frontend.observe.http import HttpServer
 from aieng.frontend.observe.metrics import Metrics
 from aieng.frontend.observe.snapshot import Snapshots
 from aieng.frontend.observe.stats import StageStats
+from aieng.frontend.observe.tracing import Tracing
 from aieng.frontend.requests.admission import Admission, Immediate
 from aieng.frontend.requests.answers import Answers
 from aieng.frontend.requests.breaker import Breakers
@@ -65,6 +66,8 @@ class Frontend:
         cfg = self.cfg
         self.table, self.workers = RequestTable(), Workers()
         self.metrics, self.stats = Metrics(), StageStats()
+        # spans per stage over OTLP when the OTEL_* variables name a collector; else ids only
+        self.tracing = Tracing.from_env(self.metrics.spans_sent, self.metrics.spans_lost)
         self.breakers = Breakers(cfg.breaker_failures, cfg.breaker_cooldown_s)
         self.cache, self.degrader = ResponseCache(cfg.cache_bytes), Degrader(self.specs)
         self.drift = DriftMonitor(self.specs)
@@ -78,11 +81,11 @@ class Frontend:
         self.rollout = Rollout(self.specs, store, self.writer, self.metrics, self.watcher)
         self.gate = ClientGate(cfg.client_rate_limit, cfg.max_ops_per_s)
         self.admission = Admission(cfg, self.specs, self.rollout, self.table, self.breakers,
-                                   self.cache, self.degrader, self.life)
+                                   self.cache, self.degrader, self.life, self.tracing)
         posts = [f"post-{j}" for j in range(cfg.postprocess_workers)]
         # every answer: counted, cached, measured; the auto-rollback watches each (rollout.observe)
         self.answers = Answers(self.reply, self.metrics, self.stats, self.breakers, self.cache, self.drift,
-                               self.degrader, self.rollout.observe)
+                               self.degrader, self.rollout.observe, self.tracing)
         self.pipeline = pl = Pipeline(self.table, self.workers, posts, self.send_hub, self.answers,
                                       self.metrics, self.stats, cfg.inline_preprocess_bytes, self.send_direct)
         self.mirror = Mirror(cfg, self.specs, self.rollout, self.admission, self.table, pl.start,
@@ -240,7 +243,7 @@ class Frontend:
         a = decision
         r = Request(self.table.new_rid(), envelope, req_id, a.model, a.version, a.deadline, received,
                     a.params, trace=a.trace, probe=a.probe, cache_key=a.cache_key, degraded=a.degraded,
-                    body=body, route=a.route)
+                    body=body, route=a.route, tctx=a.tctx)
         self.log.debug("admitted %s:%s", a.model, a.version, extra={"trace": a.trace})
         if self.versions.start(r, req["inputs"]):  # else it waits for its cold load (no shadow copy then)
             self.mirror.after_admit(r, body)  # after the primary is on its way: a shadow never delays it
@@ -338,3 +341,4 @@ class Frontend:
             self.writer.close()
         self.versions.close()
         self.table.close()
+        self.tracing.close()  # bounded (tracing.CLOSE_S): a gone collector never holds the stop

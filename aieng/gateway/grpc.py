@@ -13,6 +13,7 @@ not parse is INVALID_ARGUMENT.
 Metadata, config and statistics are the same dicts the HTTP side sends, parsed into the messages
 (``json_format``).
 Errors map to status codes by ``service.GRPC_STATUS``; the call's deadline bounds the native timeout.
+ModelInfer joins the ``traceparent`` metadata's trace and answers with the server span's (trailing).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from aieng.gateway.proto import grpc_service_pb2_grpc as pbg
 from aieng.gateway.service import GRPC_STATUS, Service
 from aieng.gateway.sysshm import SystemShm
 from aieng.wire import protocol as p
+from aieng.wire import traceparent
 
 CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
             "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents",
@@ -196,8 +198,10 @@ class Servicer(pbg.GRPCInferenceServiceServicer):
             names = [o.name for o in request.outputs] or None
             refs = {o.name: ref for o in request.outputs
                     if o.parameters and (ref := shmio.ref_of(_params(o.parameters), f"output '{o.name}'"))}
+            md = {k: v for k, v in context.invocation_metadata() or () if k in ("traceparent", "tracestate")}
             ans = await self.svc.infer(request.model_name, request.model_version or None, tensors, params,
-                                       names, peer, context.time_remaining(), refs)
+                                       names, peer, context.time_remaining(), refs,
+                                       traceparent.native_fields(md.get("traceparent"), md.get("tracestate")))
         except p.RequestError as exc:
             failure = exc
         if failure is not None:  # outside the except block (``_fail``); the request is not needed any more
@@ -205,6 +209,8 @@ class Servicer(pbg.GRPCInferenceServiceServicer):
             tensors = None
             return await self._fail(context, failure)
         resp = pb.ModelInferResponse(model_name=ans.view.name, model_version=ans.view.version, id=request.id)
+        if ans.traceparent:  # the frontend's server span, as trailing metadata
+            context.set_trailing_metadata((("traceparent", ans.traceparent),))
         for name, dt, arr in ans.outputs:
             out = resp.outputs.add(name=name, datatype=dt, shape=list(arr.shape))
             if name in ans.in_shm:  # written into its region: an empty entry keeps the others' places

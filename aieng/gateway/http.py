@@ -5,7 +5,8 @@ Routes under ``/v2``: server health (live, ready) and metadata; per model (and v
 Triton config and statistics, and infer (JSON tensors and the binary tensor extension, ``parse_infer``
 and ``render``); the repository index, load and unload (admin ops, off by default: 403,
 ``repository.py``); the logging extension (``/v2/logging``, ``logsettings.py``).  Errors are
-``{"error": "..."}`` with the status ``service.HTTP_STATUS`` gives.
+``{"error": "..."}`` with the status ``service.HTTP_STATUS`` gives.  Infer joins the caller's W3C
+``traceparent`` and answers with the frontend's server span.
 Each route's answer, the binary extension's framing and the errors: docs/oip.md.
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ from aieng.gateway.service import HTTP_STATUS, Answer, Service
 from aieng.gateway.sysshm import SystemShm
 from aieng.httpcore.message import HttpError, error_response
 from aieng.wire import protocol as p
+from aieng.wire import traceparent
 
 JSON = {"Content-Type": "application/json"}
 HEADER_LEN = "inference-header-content-length"
@@ -184,9 +186,11 @@ class OipHttp:
         if not isinstance(params, dict):
             raise p.RequestError(p.INVALID_REQUEST, "'parameters' must be an object")
         names, binary = requested_outputs(req)
-        ans = await self.svc.infer(name, version, tensors, params, names, peer, None, out_shm(req))
+        trace = traceparent.native_fields(headers.get("traceparent"), headers.get("tracestate"))
+        ans = await self.svc.infer(name, version, tensors, params, names, peer, None, out_shm(req), trace)
         req_id = req.get("id")
-        return render(ans, req_id if isinstance(req_id, str) else None, binary)
+        status, head, out = render(ans, req_id if isinstance(req_id, str) else None, binary)
+        return status, ({**head, "traceparent": ans.traceparent} if ans.traceparent else head), out
 
     async def stats(self, name: str | None, version: str | None) -> list[dict]:
         if name is not None:

@@ -51,6 +51,7 @@ class Answer:
     view: ModelView
     outputs: list[tuple[str, str, np.ndarray]]  # (name, datatype, array with the rows first)
     in_shm: dict[str, dict] = field(default_factory=dict)  # output name -> its shm parameters (no data)
+    traceparent: str = ""  # the frontend's server span (the first row's), for the caller
 
 
 def timeout_ms_of(params: dict, deadline_s: float | None = None) -> int | None:
@@ -93,9 +94,10 @@ class Service:
 
     async def infer(self, name: str, version: str | None, tensors: list[codec.Tensor], params: dict,
                     requested: list[str] | None, peer: str, deadline_s: float | None = None,
-                    out_shm: dict[str, shmio.ShmRef] | None = None) -> Answer:
+                    out_shm: dict[str, shmio.ShmRef] | None = None, trace: dict | None = None) -> Answer:
         """One OIP request of ``peer`` (its address): all its rows admitted (``budget``) or none.
-        The outputs named in ``out_shm`` are written into those windows (``shmio``)."""
+        The outputs named in ``out_shm`` are written into those windows (``shmio``); ``trace``: the
+        trace fields every row carries (``traceparent.native_fields``)."""
         view = await self.view(name, version)
         timeout_ms = timeout_ms_of(params, deadline_s)
         rows = codec.split_rows(view.kinds, tensors, view.max_batch_size, view.batched)
@@ -106,7 +108,8 @@ class Service:
 
         async def one(row: dict) -> dict:
             try:
-                return await self.up.infer(name, view.version, row, mparams, timeout_ms, view.timeout_ms)
+                return await self.up.infer(name, view.version, row, mparams, timeout_ms, view.timeout_ms,
+                                           trace)
             finally:
                 self.budget.give(peer)
 
@@ -136,7 +139,8 @@ class Service:
                 arr = arr[0]
             outputs.append((n, dt, arr))
         written = shmio.write_outputs(self.shm, peer, outputs, out_shm) if out_shm else {}
-        return Answer(view, outputs, {n: out_shm[n].params(size) for n, size in written.items()})
+        return Answer(view, outputs, {n: out_shm[n].params(size) for n, size in written.items()},
+                      replies[0].get("traceparent") or "")
 
     def server_metadata(self) -> dict[str, Any]:
         from aieng import __version__

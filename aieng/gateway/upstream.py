@@ -65,8 +65,10 @@ class Upstream:
             raise RequestError(code, message) from None
 
     async def infer(self, model: str, version: str | None, inputs: dict, params: dict | None,
-                    timeout_ms: int | None, model_timeout_ms: int = 0) -> dict:
+                    timeout_ms: int | None, model_timeout_ms: int = 0, trace: dict | None = None) -> dict:
         req: dict[str, Any] = {"op": "infer", "model": model, "inputs": inputs}
+        if trace:  # traceparent / tracestate / trace_id (``traceparent.native_fields``)
+            req.update(trace)
         if version:
             req["version"] = version
         if params:

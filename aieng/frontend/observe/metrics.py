@@ -132,6 +132,12 @@ class Metrics:
                                     ["reason"], registry=r)
         for reason in ("timeout", "reset", "overflow"):  # present at 0 from the start
             self.http_dropped.labels(reason)
+        self.spans_exported = Counter("aieng_trace_spans_exported", "Spans the OTLP exporter delivered",
+                                      registry=r)
+        self.spans_dropped = Counter("aieng_trace_spans_dropped", "Spans never delivered: the export queue "
+                                     "was full or the collector failed the batch", ["reason"], registry=r)
+        for reason in ("queue_full", "export_failed"):
+            self.spans_dropped.labels(reason)
         self._published: dict[str, Any] = {}  # swapped whole by ``publish``; read by the collector
         self._kids: dict[tuple[str, str], tuple] = {}
         self._routes: dict[tuple[str, str, str], Any] = {}
@@ -202,6 +208,13 @@ class Metrics:
     def dropped_connection(self, reason: str) -> None:
         """Called from HTTP threads (prometheus_client counters are thread-safe)."""
         self.http_dropped.labels(reason).inc()
+
+    def spans_sent(self, n: int) -> None:
+        """Called from the OTel SDK's export thread, as ``spans_lost``."""
+        self.spans_exported.inc(n)
+
+    def spans_lost(self, reason: str, n: int) -> None:
+        self.spans_dropped.labels(reason).inc(n)
 
     def publish(self, snap: dict[str, Any]) -> None:
         """What the collector serves from now on (restarts, memory, models, ready, drift, clients)."""

@@ -1,27 +1,27 @@
 """Admission: a client's ``infer`` map becomes a typed request, an immediate answer, or a refusal.
 
 Checks, in order (the first that fails answers the request with its code):
-  1. shape of the request: model, inputs, params, routing_key
-     (INVALID_REQUEST / MODEL_NOT_FOUND); then routing (``rollout``) picks
-     the version and says why (``route``): a pinned version the model
-     refuses is INVALID_REQUEST, an unknown one MODEL_NOT_FOUND; then
-     timeout_ms; a version that failed to load is UNAVAILABLE with its error;
+  1. shape of the request: model, inputs, params, routing_key (INVALID_REQUEST / MODEL_NOT_FOUND); then
+     routing (``rollout``) picks the version and says why (``route``): a pinned version the model refuses
+     is INVALID_REQUEST, an unknown one MODEL_NOT_FOUND; then timeout_ms; a version that failed to load
+     is UNAVAILABLE with its error;
   2. serving state: not ready yet or draining (UNAVAILABLE);
-  3. fairness: this client's requests in flight (``per_client_inflight``),
-     then everyone's (``max_inflight``, shadow copies not counted): OVERLOADED;
+  3. fairness: this client's requests in flight (``per_client_inflight``), then everyone's
+     (``max_inflight``, shadow copies not counted): OVERLOADED;
   4. response cache (a hit is answered at once, even while shedding);
   5. degradation level 3: the model's fallback answer, or OVERLOADED;
   6. the model's circuit breaker (UNAVAILABLE while open).
-Nothing here blocks or does per-request work a worker could do.
+What passes gets its trace (``trace_of``: a valid ``traceparent`` joins the caller's, else the client's
+``trace_id`` or a fresh id) and sampling decision.  Nothing here blocks or does a worker's work.
 """
 from __future__ import annotations
 
-import secrets
 from dataclasses import dataclass
 from typing import Any
 
 from aieng.config import Config
 from aieng.frontend.control.lifecycle import Lifecycle
+from aieng.frontend.observe.tracing import TraceCtx, Tracing
 from aieng.frontend.requests.breaker import Breakers
 from aieng.frontend.requests.cache import ResponseCache, cache_key
 from aieng.frontend.requests.degrade import Degrader
@@ -29,6 +29,7 @@ from aieng.frontend.requests.table import RequestTable
 from aieng.frontend.rollout.rollout import Rollout
 from aieng.model_repo import ModelSpec
 from aieng.wire import protocol as p
+from aieng.wire import traceparent as tp
 
 
 @dataclass(slots=True)
@@ -42,6 +43,7 @@ class Admitted:
     cache_key: bytes | None
     degraded: int
     route: str = "weight"
+    tctx: TraceCtx | None = None
 
 
 @dataclass(slots=True)
@@ -51,13 +53,15 @@ class Immediate:
     version: str
     outputs: bytes  # packed outputs map
     extra: dict  # carries "route" too
+    tctx: TraceCtx | None = None
 
 
 class Admission:
     def __init__(self, cfg: Config, specs: dict[str, dict[str, ModelSpec]], rollout: Rollout,
                  table: RequestTable, breakers: Breakers, cache: ResponseCache, degrader: Degrader,
-                 life: Lifecycle):
+                 life: Lifecycle, tracing: Tracing | None = None):
         self.cfg, self.specs, self.rollout = cfg, specs, rollout
+        self.tracing = tracing if tracing is not None else Tracing()  # disabled: ids only
         self.table, self.breakers, self.cache, self.degrader = table, breakers, cache, degrader
         self.life = life  # started, draining
         self.failed_models: dict[str, str] = {}  # "model:version" -> load error (from the workers' hellos)
@@ -107,28 +111,38 @@ class Admission:
         primaries = len(self.table) - self.table.shadows  # shadow copies never take a primary's place
         if primaries >= self.cfg.max_inflight:
             raise p.RequestError(p.OVERLOADED, f"{primaries} requests in flight; try again later")
+        trace, tctx = self.trace_of(req)
         key = None
         if self.cache.enabled:  # a hit costs nothing: served even when shedding or a breaker is open
             key = cache_key(model, version, req["inputs"], params)
             hit = self.cache.get(key)
             if hit is not None:
-                return Immediate(model, version, hit, {"batch": 0, "cached": True, "route": route})
+                return Immediate(model, version, hit, {"batch": 0, "cached": True, "route": route}, tctx)
         level = self.degrader.level(spec.key)
         if level >= 3:  # the cache had nothing: the configured fallback, or shed
             fallback = self.degrader.fallback(spec.key)
             if fallback is None:
                 raise p.RequestError(p.OVERLOADED, f"{spec.key} is degraded (level 3): shedding load")
             return Immediate(model, version, p.pack(fallback),
-                             {"batch": 0, "degraded": 3, "fallback": True, "route": route})
+                             {"batch": 0, "degraded": 3, "fallback": True, "route": route}, tctx)
         allowed, probe, why = self.breakers.allow(spec.key, received)
         if not allowed:
             self.rollout.observe(model, version, p.UNAVAILABLE, 0.0)  # the routed version's fault
             raise p.RequestError(p.UNAVAILABLE, why)
-        trace = req.get("trace_id")
-        if not (isinstance(trace, str) and 0 < len(trace) <= 64 and trace.isprintable()):
-            trace = secrets.token_hex(8)
         return Admitted(model, version, received + timeout_ms / 1000.0, params, trace, probe, key, level,
-                        route)
+                        route, tctx)
+
+    def trace_of(self, req: dict) -> tuple[str, TraceCtx]:
+        """The request's trace id for logs and its trace context (module doc); never an error."""
+        parent = tp.parse(req.get("traceparent"))
+        if parent is not None:
+            trace = parent.trace_id
+        else:
+            trace = req.get("trace_id")
+            if not (isinstance(trace, str) and 0 < len(trace) <= 64 and trace.isprintable()):
+                trace = tp.new_trace_id()
+        state = tp.parse_state(req.get("tracestate")) if parent is not None else ""
+        return trace, self.tracing.begin(parent, trace, state)
 
     @staticmethod
     def labels_of(req: Any, specs: dict) -> tuple[str, str]:

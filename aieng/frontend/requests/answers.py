@@ -4,7 +4,8 @@ Every answer the frontend sends for an admitted request goes through here: one r
 counts (``Counts``: what health and stats report), the breaker, the response cache, the metrics, the
 stage stats (an error for a request in the pipeline as a failure of its version), drift, degradation,
 and the ``outcome`` the auto-rollback watches.  Metrics are recorded before the reply, so a client that
-reads /metrics after its answer sees it.  Shadow copies and pipeline steps never come here (``pipeline``
+reads /metrics after its answer sees it; the answer carries the request's ``traceparent``, and its spans
+(``tracing``) are built after the reply.  Shadow copies and pipeline steps never come here (``pipeline``
 sends them to ``mirror`` and ``fanout``).
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, Callable
 from aieng.frontend.observe.drift import DriftMonitor
 from aieng.frontend.observe.metrics import Metrics
 from aieng.frontend.observe.stats import StageStats
+from aieng.frontend.observe.tracing import Tracing
 from aieng.frontend.requests.admission import Immediate
 from aieng.frontend.requests.breaker import Breakers
 from aieng.frontend.requests.cache import ResponseCache
@@ -42,10 +44,11 @@ class Counts:
 class Answers:
     def __init__(self, reply: Callable[[list, bytes], None], metrics: Metrics, stats: StageStats,
                  breakers: Breakers, cache: ResponseCache, drift: DriftMonitor, degrader: Degrader,
-                 outcome: Callable[[str, str, str, float], None]):
+                 outcome: Callable[[str, str, str, float], None], tracing: Tracing | None = None):
         """``reply(envelope, body)`` sends; ``outcome(model, version, code, seconds)`` sees every answer."""
         self.reply, self.metrics, self.stats, self.breakers = reply, metrics, stats, breakers
         self.cache, self.drift, self.degrader, self.outcome = cache, drift, degrader, outcome
+        self.tracing = tracing if tracing is not None else Tracing()
         self.counts = Counts()
 
     def admitted(self) -> None:
@@ -63,12 +66,16 @@ class Answers:
             extra["degraded"] = max(req.degraded, 1 if skipped else 0)
         if skipped:
             extra["skipped_steps"] = skipped
+        if req.tctx is not None:
+            extra["traceparent"] = req.tctx.header()
         timing = timing or {"total": int((now - req.received) * 1e6)}
         body = p.result_body(req.client_id, req.model, req.version, msg.outputs, timing, extra)
         self.reply(req.envelope, body)
         log.debug("answered OK in %d us", timing["total"], extra={"trace": req.trace})
-        timing["frontend_out"] = int((time.monotonic() - now) * 1e6)
+        sent = time.monotonic()
+        timing["frontend_out"] = int((sent - now) * 1e6)
         self.stats.add(req.model, timing, req.batch, req.seq_len, req.padded or req.seq_len)
+        self.tracing.request(req, msg.trail, msg.steps, now, sent)
 
     def account(self, req: Request, msg: m.Result, timing: dict[str, int], now: float) -> None:
         for name, us, _ in msg.steps:  # a breakdown of "postprocess", not more stages of the total
@@ -98,6 +105,7 @@ class Answers:
         self.outcome(req.model, req.version, code, took)
         log.debug("answered %s at stage %s", code, req.stage, extra={"trace": req.trace})
         self.refuse(req, code, message, counted=True)
+        self.tracing.failed(req, code, message, time.monotonic())
 
     def refuse(self, req: Request, code: str, message: str, counted: bool = False) -> None:
         """An error for a request that never entered the pipeline (a cold load's waiter: no breaker, no
@@ -105,6 +113,8 @@ class Answers:
         if not counted:
             self.count_error(code, req.model, req.version)
         where = {"model": req.model, "version": req.version, "route": req.route}
+        if req.tctx is not None:
+            where["traceparent"] = req.tctx.header()
         self.reply(req.envelope, p.error_body(req.client_id, code, message, req.trace, where))
 
     def count_error(self, code: str, model: str = "", version: str = "") -> None:
@@ -125,8 +135,11 @@ class Answers:
         self.degrader.observe_latency(req.key, now - req.received)
         self.outcome(req.model, req.version, "OK", now - req.received)
         extra = {"trace_id": req.trace, "route": req.route, **extra}
+        if req.tctx is not None:
+            extra["traceparent"] = req.tctx.header()
         self.reply(req.envelope, p.result_body(req.client_id, req.model, req.version, outputs, timing, extra))
         self.stats.add(req.model, timing, 1, 0, 0)
+        self.tracing.page(req, timing, extra, time.monotonic())
 
     def immediate(self, envelope: list, req_id: Any, d: Immediate, received: float) -> None:
         """An answer admission found without the pipeline (a cache hit, a degradation fallback)."""
@@ -136,4 +149,7 @@ class Answers:
             self.metrics.cache_hits.labels(d.model).inc()
         self.counts.ok += 1
         timing = {"frontend_in": us, "total": us}
-        self.reply(envelope, p.result_body(req_id, d.model, d.version, d.outputs, timing, d.extra))
+        extra = d.extra if d.tctx is None else {**d.extra, "traceparent": d.tctx.header()}
+        self.reply(envelope, p.result_body(req_id, d.model, d.version, d.outputs, timing, extra))
+        self.tracing.immediate(d.tctx, d.model, d.version, d.extra.get("route", ""), received,
+                               time.monotonic())

@@ -64,6 +64,7 @@ class Request:
     background: bool = False  # internal work for the executor's background lane (a swap's golden case)
     parent: int | None = None  # a pipeline's step request (``fanout``): the page's rid; never answered
     crop: dict | None = None  # a crop step request: the box to cut from the page (PreTask.crop)
+    tctx: Any = None  # its trace context (``tracing.TraceCtx``): the answer's traceparent, its spans
 
     @property
     def internal(self) -> bool:
