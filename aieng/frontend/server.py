@@ -23,6 +23,7 @@ from aieng.frontend.control.lifecycle import Lifecycle
 from aieng.frontend.control.ops import ClientOps
 from aieng.frontend.control.workers import Workers
 from aieng.frontend.observe.drift import DriftMonitor
+from aieng.frontend.observe.driftstore import DriftStore, drift_path
 from aieng.frontend.observe.http import HttpServer
 from aieng.frontend.observe.metrics import Metrics
 from aieng.frontend.observe.snapshot import Snapshots
@@ -67,7 +68,7 @@ class Frontend:
         self.metrics, self.stats = Metrics(), StageStats()
         self.breakers = Breakers(cfg.breaker_failures, cfg.breaker_cooldown_s)
         self.cache, self.degrader = ResponseCache(cfg.cache_bytes), Degrader(self.specs)
-        self.drift = DriftMonitor(self.specs)
+        self.init_drift()
         store = RouteStore(store_path(cfg.state_dir, cfg.model_repository)) if cfg.state_dir else None
         # The state file is written off the loop, by one thread (statewriter); none without a state dir.
         self.writer = StateWriter(store.save, store.path, self.metrics.state_write) if store else None
@@ -93,7 +94,7 @@ class Frontend:
         self.views = {"breakers": self.breakers.view, "degradation": self.degrader.view,
                       "cache": lambda: self.cache.view() if self.cache.enabled else None,
                       "clients": self.gate.view, "counts": self.answers.counts.view,
-                      "pool": self.versions.pool_view, "routing": self.rollout.view}
+                      "pool": self.versions.pool_view, "routing": self.rollout.view, "drift": self.drift.view}
         self.ops = ClientOps(self.workers, self.life, self.table, self.specs, self.rollout, self.stats,
                              self.mirror, self.send_hub, self.views, self.log)
         self.handlers = dict(self.pipeline.handlers)
@@ -101,6 +102,15 @@ class Frontend:
         self.handlers.update({m.Hello: self.on_hello, m.WorkerDown: self.on_worker_down,
                               m.ServiceState: self.on_state, m.Drain: self.on_drain,
                               m.Reload: self.on_reload})
+
+    def init_drift(self) -> None:
+        """Drift references built from traffic are saved beside the routing state, off the loop."""
+        cfg = self.cfg
+        dstore = DriftStore(drift_path(cfg.state_dir, cfg.model_repository)) if cfg.state_dir else None
+        self.drift_writer = StateWriter(dstore.save, dstore.path, what="drift references") if dstore else None
+        self.drift = DriftMonitor(self.specs, cfg.drift_window, cfg.drift_reference_n,
+                                  dstore.load() if dstore else None,
+                                  self.drift_writer.submit if self.drift_writer else None)
 
     def init_sockets(self) -> None:
         self.ctx = zmq.Context.instance()
@@ -141,6 +151,8 @@ class Frontend:
                 self.degrader.update(self.table.per_model())
                 self.rollout.tick(now)
                 self.versions.tick(now)
+                if self.drift_writer is not None:
+                    self.drift_writer.poll()  # nobody waits on its tickets: this only clears them
                 next_pulse = now + 0.5
             if now >= next_snapshot:
                 self.snapshots.publish(now)
@@ -336,5 +348,7 @@ class Frontend:
         self.watcher.close()
         if self.writer is not None:  # what waits is written before the process ends
             self.writer.close()
+        if self.drift_writer is not None:
+            self.drift_writer.close()
         self.versions.close()
         self.table.close()

@@ -285,12 +285,12 @@ def test_an_idle_small_request_goes_straight_to_the_executor_and_a_second_throug
     second, frames = r.expect("pre-0")
     assert (type(second), second.post, msgpack.unpackb(frames[1])["id"]) == (m.PreTask, "executor", "b")
     answer = result(task.rid)
-    answer.features = {"features": {"island": "Dream"}}  # what a Preprocessed notice would have carried
+    answer.features = {"island": "Dream"}  # what a Preprocessed notice would have carried
     r.peers["executor"].send(m.encode(answer))
     reply = r.answer()
     assert (reply["id"], reply["ok"], reply["outputs"]) == ("a", True, {"label": "Gentoo"})
-    assert list(r.fe.drift.features[("tabular", "1")]["island"].recent) == [
-        r.fe.drift.features[("tabular", "1")]["island"].index["Dream"]]
+    island = r.fe.drift.versions[("tabular", "1")].inputs["island"]
+    assert list(island.recent) == [island.index["Dream"]]
     assert worker_counts(r) == {("preprocess", "executor"): 1, ("executor", "executor"): 1,
                                 ("postprocess", "executor"): 1}
 

@@ -80,7 +80,7 @@ class Answers:
         if req.cache_key is not None and all(step[2] == "ok" for step in msg.steps):  # never a partial one
             self.cache.put(req.cache_key, msg.outputs)
         self.metrics.answered(req.model, req.version, timing, req.batch, msg.confidence)
-        self.drift.observe(req.model, req.version, req.features)
+        self.drift.observe(req.model, req.version, req.features, msg.confidence, msg.distance)
         self.degrader.observe_latency(req.key, now - req.received)
         self.outcome(req.model, req.version, "OK", now - req.received)
 
