@@ -3,9 +3,9 @@
 A reference is, per feature, either numeric bin ``edges`` (sorted, ``len(edges) + 1`` bins: value v
 falls in bin ``bisect_right(edges, v)``) or ``categories`` (the last bin is "anything else"), and the
 reference ``proportions`` of each bin (they sum to 1).  ``build(values)`` makes one from a sample:
-numeric edges at the sample's deciles (duplicates dropped, so a feature with few distinct values gets
-fewer bins), categories the most frequent values seen.  ``Binned`` keeps the last ``window`` bin
-indices and scores them with the population stability index
+numeric edges at the sample's deciles, values it holds (duplicates dropped: a feature with few
+distinct values gets fewer bins), categories the most frequent values seen.  ``Binned`` keeps the
+last ``window`` bin indices and scores them with the population stability index
 
     PSI = sum_i (a_i - e_i) * ln(a_i / e_i)
 
@@ -45,7 +45,7 @@ def build(values: list) -> dict | None:
         return {"categories": categories, "proportions": [n / len(cats) for n in counts]}
     if not nums:
         return None
-    qs = np.quantile(np.asarray(nums), [i / BINS for i in range(1, BINS)])
+    qs = np.quantile(np.asarray(nums), [i / BINS for i in range(1, BINS)], method="lower")  # seen values
     edges = sorted({round(float(q), 6) for q in qs})
     counts = [0] * (len(edges) + 1)
     for v in nums:
