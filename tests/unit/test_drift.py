@@ -54,13 +54,13 @@ def test_a_reference_built_from_a_sample_has_quantile_edges_and_proportions_summ
     rng = random.Random(0)
     values = [rng.uniform(0, 100) for _ in range(1000)]
     ref = build(values)
-    assert len(ref["edges"]) == 9 and ref["edges"] == sorted(ref["edges"])
+    assert len(ref["edges"]) == 10 and ref["edges"] == sorted(ref["edges"]) and ref["edges"][-1] > max(values)
     for edge, q in zip(ref["edges"], range(10, 100, 10)):
         assert abs(edge - q) < 5.0, (edge, q)
     assert abs(sum(ref["proportions"]) - 1.0) < 1e-9
-    assert all(abs(p - 0.1) < 0.01 for p in ref["proportions"])
+    assert all(abs(p - 0.1) < 0.01 for p in ref["proportions"][:-1]) and ref["proportions"][-1] == 0.0
     few = build([3, 3, 3, 5, 5, 7] * 10)  # few distinct values: fewer bins, no empty duplicates
-    assert few["edges"] == sorted(set(few["edges"])) and len(few["edges"]) <= 3
+    assert few["edges"] == sorted(set(few["edges"])) and len(few["edges"]) <= 4
     assert abs(sum(few["proportions"]) - 1.0) < 1e-9
     cats = build(["Dream"] * 60 + ["Biscoe"] * 40)
     assert cats["categories"] == ["Biscoe", "Dream"] and cats["proportions"] == [0.4, 0.6, 0.0]
@@ -77,6 +77,10 @@ def test_psi_of_the_same_distribution_is_near_zero_and_of_a_shifted_one_above_a_
     assert same.psi() < 0.05
     assert shifted.psi() > 0.25
     assert psi([0.5, 0.5], [0.5, 0.5]) == 0.0
+    constant = Binned(build([0.0] * 100), 100)  # a feature always 0 (English: no word out of vocabulary)
+    for _ in range(100):
+        constant.observe(0.8)
+    assert constant.psi() > 0.25
     few = Binned(ref, 1000)
     for _ in range(10):
         few.observe(10.0)

@@ -4,7 +4,8 @@ A reference is, per feature, either numeric bin ``edges`` (sorted, ``len(edges) 
 falls in bin ``bisect_right(edges, v)``) or ``categories`` (the last bin is "anything else"), and the
 reference ``proportions`` of each bin (they sum to 1).  ``build(values)`` makes one from a sample:
 numeric edges at the sample's deciles, values it holds (duplicates dropped: a feature with few
-distinct values gets fewer bins), categories the most frequent values seen.  ``Binned`` keeps the
+distinct values gets fewer bins), and one just above its largest value (a value beyond the sample has
+a bin of its own, whose reference share is 0), categories the most frequent values seen.  ``Binned`` keeps the
 last ``window`` bin indices and scores them with the population stability index
 
     PSI = sum_i (a_i - e_i) * ln(a_i / e_i)
@@ -46,7 +47,10 @@ def build(values: list) -> dict | None:
     if not nums:
         return None
     qs = np.quantile(np.asarray(nums), [i / BINS for i in range(1, BINS)], method="lower")  # seen values
-    edges = sorted({round(float(q), 6) for q in qs})
+    top = max(nums)
+    # one more edge just above the largest value: anything beyond the sample gets a bin of its own (else
+    # a feature that was always 0 would put 0.8 in the same bin as 0, and no shift would show)
+    edges = sorted({float(q) for q in qs} | {float(np.nextafter(top, np.inf))})
     counts = [0] * (len(edges) + 1)
     for v in nums:
         counts[bisect.bisect_right(edges, v)] += 1
