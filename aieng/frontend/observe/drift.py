@@ -21,7 +21,7 @@ from typing import Any, Callable
 from aieng.frontend.observe.driftref import Binned, build
 from aieng.model_repo import ModelSpec
 
-OUTPUTS = ("confidence", "distance")
+MAX_REFERENCE_N = 100_000  # values held per feature while a reference is collected: a bound on memory
 log = logging.getLogger("aieng.frontend.observe.drift")
 
 
@@ -101,7 +101,7 @@ class DriftMonitor:
                  saved: dict[str, dict] | None = None, persist: Callable[[dict], Any] | None = None):
         """``specs`` is the live table (versions loaded at run time appear in it); ``saved``: the
         persisted traffic references by ``model:version``; ``persist(all)`` hands them to the writer."""
-        self.specs, self.window, self.reference_n = specs, window, max(1, reference_n)
+        self.specs, self.window, self.reference_n = specs, window, min(max(1, reference_n), MAX_REFERENCE_N)
         self.saved, self.persist = dict(saved or {}), persist
         self.versions: dict[tuple[str, str], VersionDrift] = {}
         for name, versions in specs.items():  # a bad reference file fails the start, not each answer
