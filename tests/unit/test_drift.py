@@ -54,13 +54,16 @@ def test_a_reference_built_from_a_sample_has_quantile_edges_and_proportions_summ
     rng = random.Random(0)
     values = [rng.uniform(0, 100) for _ in range(1000)]
     ref = build(values)
-    assert len(ref["edges"]) == 10 and ref["edges"] == sorted(ref["edges"]) and ref["edges"][-1] > max(values)
-    for edge, q in zip(ref["edges"], range(10, 100, 10)):
+    edges = ref["edges"]
+    assert len(edges) == 11 and edges == sorted(edges) and edges[0] < min(values) and edges[-1] > max(values)
+    for edge, q in zip(edges[1:-1], range(10, 100, 10)):
         assert abs(edge - q) < 5.0, (edge, q)
+        assert edge not in values  # halfway between two sample values: a value a few ulps off keeps its bin
     assert abs(sum(ref["proportions"]) - 1.0) < 1e-9
-    assert all(abs(p - 0.1) < 0.01 for p in ref["proportions"][:-1]) and ref["proportions"][-1] == 0.0
+    props = ref["proportions"]
+    assert props[0] == props[-1] == 0.0 and all(abs(p - 0.1) < 0.01 for p in props[1:-1])
     few = build([3, 3, 3, 5, 5, 7] * 10)  # few distinct values: fewer bins, no empty duplicates
-    assert few["edges"] == sorted(set(few["edges"])) and len(few["edges"]) <= 4
+    assert few["edges"] == [3 - 3e-3, 4.0, 6.0, 7 + 7e-3]
     assert abs(sum(few["proportions"]) - 1.0) < 1e-9
     cats = build(["Dream"] * 60 + ["Biscoe"] * 40)
     assert cats["categories"] == ["Biscoe", "Dream"] and cats["proportions"] == [0.4, 0.6, 0.0]

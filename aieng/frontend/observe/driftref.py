@@ -3,10 +3,11 @@
 A reference is, per feature, either numeric bin ``edges`` (sorted, ``len(edges) + 1`` bins: value v
 falls in bin ``bisect_right(edges, v)``) or ``categories`` (the last bin is "anything else"), and the
 reference ``proportions`` of each bin (they sum to 1).  ``build(values)`` makes one from a sample:
-numeric edges at the sample's deciles, values it holds (duplicates dropped: a feature with few
-distinct values gets fewer bins), and one just above its largest value (a value beyond the sample has
-a bin of its own, whose reference share is 0), categories the most frequent values seen.  ``Binned`` keeps the
-last ``window`` bin indices and scores them with the population stability index
+numeric edges at the sample's deciles, halfway to the next value it holds (duplicates dropped: a
+feature with few distinct values gets fewer bins), and one just below its smallest and one just above
+its largest value (a value beyond the sample falls in a bin whose reference share is 0); categories:
+the most frequent values seen.  ``Binned`` keeps the last ``window`` bin indices and scores them with
+the population stability index
 
     PSI = sum_i (a_i - e_i) * ln(a_i / e_i)
 
@@ -46,15 +47,26 @@ def build(values: list) -> dict | None:
         return {"categories": categories, "proportions": [n / len(cats) for n in counts]}
     if not nums:
         return None
-    qs = np.quantile(np.asarray(nums), [i / BINS for i in range(1, BINS)], method="lower")  # seen values
-    top = max(nums)
-    # one more edge just above the largest value: anything beyond the sample gets a bin of its own (else
-    # a feature that was always 0 would put 0.8 in the same bin as 0, and no shift would show)
-    edges = sorted({float(q) for q in qs} | {float(np.nextafter(top, np.inf))})
+    distinct = sorted(set(nums))
+    lo, hi = distinct[0], distinct[-1]
+    # Each decile's edge lies halfway to the next distinct value, so the same input computed again a few
+    # ulps apart (another batch's padding) stays in its bin; one more edge just below the smallest and
+    # one just above the largest value give what the sample never held bins of their own (else a feature
+    # that was always 0 would put 0.8 in the same bin as 0, and no shift would show).
+    edges = {lo - margin(lo), hi + margin(hi)}
+    for q in np.quantile(np.asarray(nums), [i / BINS for i in range(1, BINS)], method="lower"):
+        j = bisect.bisect_left(distinct, float(q))
+        if j + 1 < len(distinct):
+            edges.add((distinct[j] + distinct[j + 1]) / 2)
+    edges = sorted(edges)
     counts = [0] * (len(edges) + 1)
     for v in nums:
         counts[bisect.bisect_right(edges, v)] += 1
     return {"edges": edges, "proportions": [n / len(nums) for n in counts]}
+
+
+def margin(v: float) -> float:
+    return max(abs(v), 1.0) * 1e-3
 
 
 def psi(actual: list[float], expected: list[float]) -> float:
