@@ -80,6 +80,11 @@ def test_psi_of_the_same_distribution_is_near_zero_and_of_a_shifted_one_above_a_
     assert same.psi() < 0.05
     assert shifted.psi() > 0.25
     assert psi([0.5, 0.5], [0.5, 0.5]) == 0.0
+    window = Binned(ref, 100)  # the counts follow the window as it moves
+    for i in range(250):
+        window.observe(rng.gauss(10, 2) if i < 150 else rng.gauss(13, 2))
+    assert window.counts == [list(window.recent).count(b) for b in range(len(window.expected))]
+    assert sum(window.counts) == 100 and window.psi() > 0.25
     constant = Binned(build([0.0] * 100), 100)  # a feature always 0 (English: no word out of vocabulary)
     for _ in range(100):
         constant.observe(0.8)

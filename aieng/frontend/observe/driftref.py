@@ -86,21 +86,25 @@ class Binned:
         self.index = {c: i for i, c in enumerate(ref.get("categories") or [])}
         self.expected = [float(p) for p in ref["proportions"]]
         self.recent: deque[int] = deque(maxlen=window)
+        self.counts = [0] * len(self.expected)  # of ``recent`` per bin, kept as it moves: psi() is O(bins)
+
+    def add(self, b: int) -> None:
+        if len(self.recent) == self.recent.maxlen:
+            self.counts[self.recent[0]] -= 1
+        self.recent.append(b)
+        self.counts[b] += 1
 
     def observe(self, value) -> None:
         if value is None or isinstance(value, bool):
             return
         if self.edges is not None:
             if numeric(value):
-                self.recent.append(bisect.bisect_right(self.edges, value))
+                self.add(bisect.bisect_right(self.edges, value))
         elif isinstance(value, str):
-            self.recent.append(self.index.get(value, len(self.expected) - 1))
+            self.add(self.index.get(value, len(self.expected) - 1))
 
     def psi(self) -> float | None:
         n = len(self.recent)
         if n < MIN_OBSERVATIONS:
             return None
-        counts = [0] * len(self.expected)
-        for b in self.recent:
-            counts[b] += 1
-        return psi([c / n for c in counts], self.expected)
+        return psi([c / n for c in self.counts], self.expected)
