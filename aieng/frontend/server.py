@@ -22,8 +22,7 @@ from aieng.frontend.control.admin import AdminOps, AdminServer
 from aieng.frontend.control.lifecycle import Lifecycle
 from aieng.frontend.control.ops import ClientOps
 from aieng.frontend.control.workers import Workers
-from aieng.frontend.observe.drift import DriftMonitor
-from aieng.frontend.observe.driftstore import DriftStore, drift_path
+from aieng.frontend.observe.driftstore import build_drift
 from aieng.frontend.observe.http import HttpServer
 from aieng.frontend.observe.metrics import Metrics
 from aieng.frontend.observe.snapshot import Snapshots
@@ -68,7 +67,8 @@ class Frontend:
         self.metrics, self.stats = Metrics(), StageStats()
         self.breakers = Breakers(cfg.breaker_failures, cfg.breaker_cooldown_s)
         self.cache, self.degrader = ResponseCache(cfg.cache_bytes), Degrader(self.specs)
-        self.init_drift()
+        # drift references built from traffic are saved beside the routing state by a writer of their own
+        self.drift, self.drift_writer = build_drift(cfg, self.specs)
         store = RouteStore(store_path(cfg.state_dir, cfg.model_repository)) if cfg.state_dir else None
         # The state file is written off the loop, by one thread (statewriter); none without a state dir.
         self.writer = StateWriter(store.save, store.path, self.metrics.state_write) if store else None
@@ -102,15 +102,6 @@ class Frontend:
         self.handlers.update({m.Hello: self.on_hello, m.WorkerDown: self.on_worker_down,
                               m.ServiceState: self.on_state, m.Drain: self.on_drain,
                               m.Reload: self.on_reload})
-
-    def init_drift(self) -> None:
-        """Drift references built from traffic are saved beside the routing state, off the loop."""
-        cfg = self.cfg
-        dstore = DriftStore(drift_path(cfg.state_dir, cfg.model_repository)) if cfg.state_dir else None
-        self.drift_writer = StateWriter(dstore.save, dstore.path, what="drift references") if dstore else None
-        self.drift = DriftMonitor(self.specs, cfg.drift_window, cfg.drift_reference_n,
-                                  dstore.load() if dstore else None,
-                                  self.drift_writer.submit if self.drift_writer else None)
 
     def init_sockets(self) -> None:
         self.ctx = zmq.Context.instance()

@@ -6,6 +6,7 @@
 thread (``rollout/statewriter``), never on the loop; ``load`` runs once at start.  A missing file is no
 reference yet; an unreadable one is logged and ignored (the references are collected again).  A saved
 reference applies only to a version whose content hash still matches (``drift.VersionDrift``).
+``build_drift`` makes the frontend's ``DriftMonitor`` with what was saved and a writer of its own.
 """
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import json
 import logging
 import os
 
+from aieng.frontend.observe.drift import DriftMonitor
 from aieng.frontend.rollout.routestore import store_path, write_atomically
+from aieng.frontend.rollout.statewriter import StateWriter
 
 FORMAT = 1
 log = logging.getLogger("aieng.frontend.observe.driftstore")
@@ -47,3 +50,12 @@ class DriftStore:
         """Replace the file atomically; raises OSError."""
         body = json.dumps({"format": FORMAT, "references": references}, sort_keys=True)
         write_atomically(self.path, body.encode())
+
+
+def build_drift(cfg, specs: dict) -> tuple[DriftMonitor, StateWriter | None]:
+    """The monitor, and its writer (None without ``AIENG_STATE_DIR``: references live until a restart)."""
+    store = DriftStore(drift_path(cfg.state_dir, cfg.model_repository)) if cfg.state_dir else None
+    writer = StateWriter(store.save, store.path, what="drift references") if store else None
+    monitor = DriftMonitor(specs, cfg.drift_window, cfg.drift_reference_n, store.load() if store else None,
+                           writer.submit if writer else None)
+    return monitor, writer
