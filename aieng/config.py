@@ -77,6 +77,8 @@ class Config:
     admin_curve_secret_key_file: str = _default("admin_curve_secret_key_file")
     admin_curve_client_keys_dir: str = _default("admin_curve_client_keys_dir")
     state_dir: str = _default("state_dir", neutral="")
+    drift_reference_n: int = _default("drift_reference_n")
+    drift_window: int = _default("drift_window")
     shm_slot_bytes: int = _default("shm_slot_bytes")
     shm_slots: int = _default("shm_slots")
     drain_grace_s: float = _default("drain_grace_s")

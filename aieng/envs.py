@@ -199,6 +199,11 @@ REGISTRY: tuple[EnvVar, ...] = (
     EnvVar("AIENG_STATE_DIR", str, _default_state_dir,
            "Directory for routing state that survives restarts (routing-<repo hash>.json); the start "
            "refuses one it cannot write (empty: routing changes are not saved)", "state_dir"),
+    EnvVar("AIENG_DRIFT_REFERENCE_N", int, 200,
+           "Answered requests a version's drift reference is built from when it has no reference file "
+           "(saved in AIENG_STATE_DIR)", "drift_reference_n"),
+    EnvVar("AIENG_DRIFT_WINDOW", int, 1000,
+           "Recent answers per model version and feature that drift (PSI) is scored on", "drift_window"),
     EnvVar("AIENG_SHM_SLOT_BYTES", int, 1 << 20,
            "Minimum bytes per shared-memory slot (each ring raises it to fit its models' largest request)",
            "shm_slot_bytes"),

@@ -22,7 +22,7 @@ from aieng.frontend.control.admin import AdminOps, AdminServer
 from aieng.frontend.control.lifecycle import Lifecycle
 from aieng.frontend.control.ops import ClientOps
 from aieng.frontend.control.workers import Workers
-from aieng.frontend.observe.drift import DriftMonitor
+from aieng.frontend.observe.driftstore import build_drift
 from aieng.frontend.observe.http import HttpServer
 from aieng.frontend.observe.metrics import Metrics
 from aieng.frontend.observe.snapshot import Snapshots
@@ -70,7 +70,8 @@ class Frontend:
         self.tracing = Tracing.from_env(self.metrics.spans_sent, self.metrics.spans_lost)
         self.breakers = Breakers(cfg.breaker_failures, cfg.breaker_cooldown_s)
         self.cache, self.degrader = ResponseCache(cfg.cache_bytes), Degrader(self.specs)
-        self.drift = DriftMonitor(self.specs)
+        # drift references built from traffic are saved beside the routing state by a writer of their own
+        self.drift, self.drift_writer = build_drift(cfg, self.specs)
         store = RouteStore(store_path(cfg.state_dir, cfg.model_repository)) if cfg.state_dir else None
         # The state file is written off the loop, by one thread (statewriter); none without a state dir.
         self.writer = StateWriter(store.save, store.path, self.metrics.state_write) if store else None
@@ -96,7 +97,7 @@ class Frontend:
         self.views = {"breakers": self.breakers.view, "degradation": self.degrader.view,
                       "cache": lambda: self.cache.view() if self.cache.enabled else None,
                       "clients": self.gate.view, "counts": self.answers.counts.view,
-                      "pool": self.versions.pool_view, "routing": self.rollout.view}
+                      "pool": self.versions.pool_view, "routing": self.rollout.view, "drift": self.drift.view}
         self.ops = ClientOps(self.workers, self.life, self.table, self.specs, self.rollout, self.stats,
                              self.mirror, self.send_hub, self.views, self.log)
         self.handlers = dict(self.pipeline.handlers)
@@ -144,6 +145,8 @@ class Frontend:
                 self.degrader.update(self.table.per_model())
                 self.rollout.tick(now)
                 self.versions.tick(now)
+                if self.drift_writer is not None:
+                    self.drift_writer.poll()  # nobody waits on its tickets: this only clears them
                 next_pulse = now + 0.5
             if now >= next_snapshot:
                 self.snapshots.publish(now)
@@ -339,6 +342,8 @@ class Frontend:
         self.watcher.close()
         if self.writer is not None:  # what waits is written before the process ends
             self.writer.close()
+        if self.drift_writer is not None:
+            self.drift_writer.close()
         self.versions.close()
         self.table.close()
         self.tracing.close()  # bounded (tracing.CLOSE_S): a gone collector never holds the stop

@@ -93,6 +93,7 @@ class Outcome:
     steps: list[Step] = field(default_factory=list)
     skipped: list = field(default_factory=list)
     confidence: float | None = None
+    distance: float | None = None  # an embedding's cosine distance to the golden centroid (drift)
 
 
 class StepTimedOut(RequestError):
@@ -133,7 +134,7 @@ class Chain:
         written: list[str] = []
         missing: set[str] = set()
         out = Outcome({})
-        confidence_op = None
+        confidence_op = distance_op = None
         for s, op in self.steps:
             name = s["name"]
             if missing.intersection(op.inputs):
@@ -166,8 +167,12 @@ class Chain:
                     written.append(key)
             if hasattr(op, "confidence"):
                 confidence_op = (op, values)
+            if hasattr(op, "distance"):
+                distance_op = (op, values)
         keys = self.answer if self.answer is not None else written
         out.values = {k: state[k] for k in keys if k in state and k not in missing}
         if confidence_op is not None:
             out.confidence = confidence_op[0].confidence(confidence_op[1])
+        if distance_op is not None:
+            out.distance = distance_op[0].distance(distance_op[1])
         return out

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from aieng.onnx_meta import read_metadata
+from aieng.postprocess_workers.centroid import Centroid
 from aieng.postprocess_workers.schema import Op, Param, register
 from aieng.wire.protocol import INVALID_INPUT, RequestError
 
@@ -103,12 +104,16 @@ class L2Normalize(_OneToOne):
 @register
 class MeanPool(_OneToOne):
     """Mean over the token axis of ``[tokens, dim]`` (the executor already cut padding, so no mask),
-    optionally L2-normalised -> output (float32)."""
+    optionally L2-normalised -> output (float32); also reports ``distance`` to the golden centroid."""
     NAME = "mean_pool"
     PARAMS = (SOURCE, out_param("embedding"), Param("normalize", "bool", True, "L2-normalise the mean"))
 
     def __init__(self, cfg: dict, spec):
         super().__init__({**cfg, "output": cfg.get("output") or "embedding"}, spec)
+        self.centroid = Centroid(spec, self.output)
+
+    def distance(self, result: dict[str, Any]) -> float | None:
+        return self.centroid.distance(result[self.output])
 
     def __call__(self, state, params, degraded=0):
         x = state[self.source]

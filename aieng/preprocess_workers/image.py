@@ -22,6 +22,7 @@ import numpy as np
 
 from aieng.model_repo import ModelSpec
 from aieng.preprocess_workers import image_config
+from aieng.preprocess_workers.features import image_features
 from aieng.wire.messages import Geometry
 from aieng.wire.protocol import INVALID_INPUT, RequestError
 
@@ -218,4 +219,4 @@ class ImagePreprocessor:
         x = self.transform(img)
         geometry = Geometry(int(h), int(w), int(x.shape[1]), int(x.shape[2]))
         return Prepared([(self.tensor, x)], image_config.seq_len(self.mode, x.shape[1], x.shape[2]),
-                        {"width": int(w), "height": int(h)}, geometry)
+                        image_features(img), geometry)

@@ -61,4 +61,4 @@ class TabularPreprocessor:
         # The raw values go to the frontend's drift monitor (binned there, never logged).
         feats = {k: v for k, v in inputs.items()
                  if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
-        return [(self.tensor, vec)], 0, {"features": feats}
+        return [(self.tensor, vec)], 0, feats

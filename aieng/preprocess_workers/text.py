@@ -13,6 +13,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from aieng.model_repo import ModelSpec
+from aieng.preprocess_workers.features import text_features
 from aieng.wire.protocol import INVALID_INPUT, RequestError
 
 
@@ -33,6 +34,8 @@ class TextPreprocessor:
         self.tok = Tokenizer.from_file(spec.file(cfg.get("tokenizer", "tokenizer.json")))
         self.tok.no_padding()
         self.tok.enable_truncation(max_length=self.max_length)
+        unk = getattr(self.tok.model, "unk_token", None)
+        self.unk_id = self.tok.token_to_id(unk) if unk else None  # drift's out-of-vocabulary share
 
     def check(self, inputs: dict[str, Any]) -> str:
         text = inputs.get(self.input)
@@ -54,7 +57,7 @@ class TextPreprocessor:
                 tensors.append((self.mask_name, np.asarray(enc.attention_mask, dtype=np.int64)))
             if self.type_name:
                 tensors.append((self.type_name, np.asarray(enc.type_ids, dtype=np.int64)))
-            out.append((tensors, int(ids.shape[0]), {"tokens": int(ids.shape[0])}))
+            out.append((tensors, int(ids.shape[0]), text_features(enc, self.unk_id)))
         return out
 
     def process(self, inputs: dict[str, Any]):

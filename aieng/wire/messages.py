@@ -88,7 +88,8 @@ class Preprocessed:
     T: ClassVar[str] = "preprocessed"
     rids: list[int]
     refs: list[Ref]
-    # per row: its small facts for input-drift monitoring (token count, image size, features)
+    # per row: its small facts for input-drift monitoring (preprocess_workers/features: token count and
+    # out-of-vocabulary share, image size, aspect and brightness; tabular features as given)
     features: list[dict[str, float]]
 
 
@@ -128,6 +129,7 @@ class Result:
     steps: list[Step] = field(default_factory=list)
     # a request the executor preprocessed itself (inline_pre): its drift facts, as Preprocessed carries them
     features: dict[str, float] = field(default_factory=dict)
+    distance: float | None = None  # embeddings: cosine distance to the golden centroid (output drift)
 
 
 @dataclass(slots=True)

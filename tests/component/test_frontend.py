@@ -178,6 +178,26 @@ def test_success_path_and_who_frees(rig):
     assert r.busy(inp) and r.busy(out)  # the executor and the postprocess worker free those, not the frontend
 
 
+@pytest.mark.parametrize("shadow", [False, True])
+def test_an_answer_feeds_drift_and_a_shadow_copy_never_does(rig, shadow):
+    r, task = running(rig)
+    if shadow:  # the same request as a shadow copy would be: compared by the mirror, never accounted
+        r.fe.table.get(task.rid).shadow_of = 10 ** 9
+    inp, out = r.slot("pre-0"), r.slot("executor")
+    r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp], [{"island": "Dream"}])))
+    r.peers["executor"].send(m.encode(m.Inferred([task.rid], [out])))
+    r.until(lambda: r.fe.table.get(task.rid).stage == "postprocess")
+    answer = result(task.rid)
+    answer.confidence = 0.9
+    r.peers["post-0"].send(m.encode(answer))
+    r.until(lambda: len(r.fe.table) == 0)
+    r.settle()
+    drift = r.fe.drift.versions[("tabular", "1")]
+    dream = drift.inputs["island"].index["Dream"]
+    want = ([], 0, {}) if shadow else ([dream], 1, {"out:confidence": [0.9]})
+    assert (list(drift.inputs["island"].recent), drift.collected, drift.sample) == want
+
+
 def test_notices_out_of_order(rig):
     """The executor's notice can overtake the preprocess worker's: the request only moves forward."""
     r, task = running(rig)
@@ -285,12 +305,12 @@ def test_an_idle_small_request_goes_straight_to_the_executor_and_a_second_throug
     second, frames = r.expect("pre-0")
     assert (type(second), second.post, msgpack.unpackb(frames[1])["id"]) == (m.PreTask, "executor", "b")
     answer = result(task.rid)
-    answer.features = {"features": {"island": "Dream"}}  # what a Preprocessed notice would have carried
+    answer.features = {"island": "Dream"}  # what a Preprocessed notice would have carried
     r.peers["executor"].send(m.encode(answer))
     reply = r.answer()
     assert (reply["id"], reply["ok"], reply["outputs"]) == ("a", True, {"label": "Gentoo"})
-    assert list(r.fe.drift.features[("tabular", "1")]["island"].recent) == [
-        r.fe.drift.features[("tabular", "1")]["island"].index["Dream"]]
+    island = r.fe.drift.versions[("tabular", "1")].inputs["island"]
+    assert list(island.recent) == [island.index["Dream"]]
     assert worker_counts(r) == {("preprocess", "executor"): 1, ("executor", "executor"): 1,
                                 ("postprocess", "executor"): 1}
 

