@@ -24,7 +24,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from aieng.tools.benchkit import free_addr, spawn, stop_server  # noqa: E402
+from aieng.tools.bench.kit import free_addr, spawn, stop_server  # noqa: E402
 from aieng.tools.loadgen import run_level, sample_inputs  # noqa: E402
 
 STEPS = ("frontend_in", "preprocess_queue", "preprocess", "handoff", "batch_wait", "inference", "postprocess",

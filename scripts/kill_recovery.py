@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from aieng.client import Client  # noqa: E402
 from aieng.config import load_config  # noqa: E402
-from aieng.tools.benchkit import start_server  # noqa: E402
+from aieng.tools.bench.kit import start_server  # noqa: E402
 
 
 def child(sup: int, title: str) -> int:

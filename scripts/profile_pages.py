@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/profile_pages.py --model ocr --concurrency 4 --seconds 25 --out prof-out
 
-Starts a server as ``aieng bench`` does (``benchkit.start_server``), warms it, then records each of its
+Starts a server as ``aieng bench`` does (``bench.kit.start_server``), warms it, then records each of its
 processes with ``py-spy record --idle -f raw`` (50 samples/s, every thread) while the same closed loop
 as the bench (``bench_pages.closed``) sends ``1.2 x seconds`` pages, and prints for each process the
 share of samples per leaf frame and per aieng frame on the stack.  ``--idle`` keeps waiting threads in
@@ -24,8 +24,8 @@ sys.path.insert(0, ROOT)
 
 from aieng.config import load_config  # noqa: E402
 from aieng.runtime import cpuacct  # noqa: E402
-from aieng.tools import bench_pages  # noqa: E402
-from aieng.tools.benchkit import start_server, stop_server  # noqa: E402
+from aieng.tools.bench import pages as bench_pages  # noqa: E402
+from aieng.tools.bench.kit import start_server, stop_server  # noqa: E402
 
 
 def summarise(path: str, top: int = 8) -> list[str]:
@@ -55,10 +55,10 @@ def main() -> int:
     ap.add_argument("--out", default="prof-out")
     args = ap.parse_args()
     if args.model == "ocr":
-        from aieng.tools.bench_ocr import REPORT, steps_of
+        from aieng.tools.bench.ocr import REPORT, steps_of
         images = bench_pages.pages()
     else:
-        from aieng.tools.bench_layout import REPORT, steps_of
+        from aieng.tools.bench.layout import REPORT, steps_of
         images = bench_pages.pages(figure=True)
     os.makedirs(args.out, exist_ok=True)
     spy = os.path.join(os.path.dirname(sys.executable), "py-spy")

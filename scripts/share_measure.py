@@ -23,8 +23,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from aieng.client import AsyncClient  # noqa: E402
-from aieng.tools.bench_pages import pages  # noqa: E402
-from aieng.tools.benchkit import free_addr, spawn, stop_server  # noqa: E402
+from aieng.tools.bench.kit import free_addr, spawn, stop_server  # noqa: E402
+from aieng.tools.bench.pages import pages  # noqa: E402
 
 PENGUIN = {"island": "Biscoe", "bill_length_mm": 45.1, "body_mass_g": 4000.0, "sex": "female"}
 

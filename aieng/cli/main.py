@@ -164,7 +164,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from aieng.tools.bench import main_bench
+    from aieng.tools.bench.run import main_bench
 
     return main_bench(args)
 

@@ -2,18 +2,16 @@
 
 The stubs in ``aieng/gateway/proto/`` are generated from Triton's ``grpc_service.proto`` and
 ``model_config.proto`` (unchanged) by ``scripts/gen_oip_stubs.sh`` with grpcio-tools.  Served: server
-live/ready/metadata, model ready/metadata/config/statistics, ModelInfer (tensors as ``contents`` or as
-``raw_input_contents``; outputs always as ``raw_output_contents``, which is what Triton's clients read),
-and the repository extension (RepositoryModelLoad/Unload: admin ops, PERMISSION_DENIED unless
-AIENG_OIP_REPOSITORY_CONTROL is on; ``repository.py``), and system shared memory (register,
-unregister, status; inputs and outputs by region, ``shmio.py``: an output written to a region has an
-empty ``raw_output_contents`` entry), and the logging extension (LogSettings, ``logsettings.py``); the
-CUDA shared-memory, trace and streaming calls are not registered (UNIMPLEMENTED).  A message that does
-not parse is INVALID_ARGUMENT.
-Metadata, config and statistics are the same dicts the HTTP side sends, parsed into the messages
-(``json_format``).
-Errors map to status codes by ``service.GRPC_STATUS``; the call's deadline bounds the native timeout.
-ModelInfer joins the ``traceparent`` metadata's trace and answers with the server span's (trailing).
+live/ready/metadata, model ready/metadata/config/statistics, ModelInfer (tensors as ``contents`` or
+``raw_input_contents``; outputs always as ``raw_output_contents``, which Triton's clients read; it joins
+the ``traceparent`` metadata's trace and answers with the server span's, trailing), the repository
+extension (RepositoryModelLoad/Unload: admin ops, PERMISSION_DENIED unless AIENG_OIP_REPOSITORY_CONTROL
+is on; ``repository.py``), system shared memory (register, unregister, status; ``shmio.py``: an output
+written to a region has an empty ``raw_output_contents`` entry) and logging (LogSettings,
+``logsettings.py``); the CUDA shared-memory, trace and streaming calls are UNIMPLEMENTED.  A message
+that does not parse is INVALID_ARGUMENT.  Metadata, config and statistics are the dicts the HTTP side
+sends, parsed into the messages (``json_format``).  Errors map to status codes by
+``service.GRPC_STATUS``; the call's deadline bounds the native timeout.
 """
 from __future__ import annotations
 

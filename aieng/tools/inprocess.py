@@ -1,6 +1,6 @@
 """One model version's whole pipeline in this process, for the tools that measure against the server: the
 model's preprocessor, ONNX Runtime sessions (one per thread count and spinning setting, warmed once) and
-its postprocess chain.  The in-process limit (``bench_limit.py``) and the plain baseline server
+its postprocess chain.  The in-process limit (``bench/limit.py``) and the plain baseline server
 (``baseline.py``) both run requests through it, so they compute exactly what the server computes."""
 from __future__ import annotations
 

@@ -130,7 +130,7 @@ def soak(model: str, seconds: float, interval: float, concurrency: int, max_rss_
          timeout_s: float = 30.0) -> int:
     from aieng.client import AsyncClient
     from aieng.config import load_config
-    from aieng.tools.benchkit import start_server
+    from aieng.tools.bench.kit import start_server
 
     cfg = load_config()
     proc, addr, log = start_server(model, cfg.model_repository)

@@ -3,7 +3,7 @@
 The defaults were found on a 2-core machine; a bigger one wants other lanes and worker counts.  The
 search is coordinate-wise: start from this machine's defaults, then vary one setting at a time
 (``axes``), keeping a value only when it beats the best row so far.  Each row is a real server
-with those settings (``benchkit.start_server``), warmed, then a closed loop at concurrency 1 (p50) and
+with those settings (``bench.kit.start_server``), warmed, then a closed loop at concurrency 1 (p50) and
 at ``--concurrency`` (throughput, the score).  A live progress line runs through every row.
 
 The written YAML holds ``Config`` field names (``aieng serve --config FILE``; ``aieng config
@@ -70,7 +70,7 @@ def as_env(settings: dict[str, Any]) -> dict[str, str]:
 
 def measure(model: str, repo: str, settings: dict[str, Any], inputs: list[dict], n: int,
             concurrency: int, label: str) -> Row:
-    from aieng.tools.benchkit import start_server, stop_server
+    from aieng.tools.bench.kit import start_server, stop_server
 
     proc, addr, _log = start_server(model, repo, as_env(settings))
     row = Row(dict(settings))

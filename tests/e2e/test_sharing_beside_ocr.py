@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 
 from aieng.client import AsyncClient
-from aieng.tools.bench_pages import pages
+from aieng.tools.bench.pages import pages
 
 PENGUIN = {"island": "Biscoe", "bill_length_mm": 45.1, "body_mass_g": 4000.0, "sex": "female"}
 

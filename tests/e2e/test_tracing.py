@@ -1,6 +1,6 @@
 """W3C trace context and OpenTelemetry spans per stage through the real server (issue 23).
 
-A real OTLP/HTTP receiver runs on loopback in the test (``tests/otlp_collector.py``: the published
+A real OTLP/HTTP receiver runs on loopback in the test (``aieng/tools/otlp_sink.py``: the published
 protos decode each ``ExportTraceServiceRequest``); the server exports to it by the standard variables
 (``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_SERVICE_NAME``; the default parent-based sampler, so the
 caller's sampled flag decides).
@@ -27,9 +27,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from aieng.frontend.observe.spans import CHAIN, PAGE_STEPS
 from aieng.gateway.proto import grpc_service_pb2 as pb
 from aieng.gateway.proto import grpc_service_pb2_grpc as pbg
+from aieng.tools.otlp_sink import Collector
 from aieng.wire import traceparent as tp
 from tests.conftest import ServerProcess
-from tests.otlp_collector import Collector
 from tests.waits import until
 
 pytestmark = pytest.mark.e2e

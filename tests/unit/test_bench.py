@@ -15,7 +15,7 @@ import pytest
 
 from aieng.client import Client
 from aieng.runtime import cpuacct
-from aieng.tools.bench import fmt_closed, fmt_cpu, fmt_hops, fmt_table, ratio
+from aieng.tools.bench.run import fmt_closed, fmt_cpu, fmt_hops, fmt_table, ratio
 from tests.unit.demo import MODELS, ROOT, needs_demo_models, spec
 
 
@@ -224,7 +224,7 @@ def test_baseline_answers_like_the_in_process_pipeline(tmp_path):
 def test_inprocess_cpu_is_read_at_the_nearest_measured_batch():
     """The gap printed against the server's mean batch uses the batch sizes the limit measured
     (cheapest configuration there), not a fresh run in a worse configuration."""
-    from aieng.tools.bench_limit import InProcess
+    from aieng.tools.bench.limit import InProcess
 
     inproc = InProcess.__new__(InProcess)
     inproc.max_batch = 32

@@ -1,7 +1,9 @@
 """``aieng bench --model ocr|layout``'s pure parts: the report table, the target ratios, step reading."""
 from __future__ import annotations
 
-from aieng.tools import bench_layout, bench_ocr, bench_pages
+from aieng.tools.bench import layout as bench_layout
+from aieng.tools.bench import ocr as bench_ocr
+from aieng.tools.bench import pages as bench_pages
 
 
 def _srv(c: int, rate: float, p50: float, steps: dict, batch=None) -> dict:

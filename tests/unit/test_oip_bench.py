@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import struct
 
-from aieng.tools import bench_transports, loadgen
+from aieng.tools import loadgen
+from aieng.tools.bench import transports as bench_transports
 
 
 def _row(c: int, t: str, rps: float, p50: float) -> dict:

@@ -1,5 +1,5 @@
 """Tracing without a server: the sampling decision, spans from a request's clock readings, and the SDK
-sink exporting to a real OTLP receiver on loopback (tests/otlp_collector.py) or counting its drops."""
+sink exporting to a real OTLP receiver on loopback (aieng/tools/otlp_sink.py) or counting its drops."""
 from __future__ import annotations
 
 import socket
@@ -10,9 +10,9 @@ import pytest
 from aieng.frontend.observe import spans
 from aieng.frontend.observe.tracing import Tracing, begin_ctx, enabled_by, sampler_from_env
 from aieng.frontend.requests.table import Request
+from aieng.tools.otlp_sink import Collector
 from aieng.wire import traceparent as tp
 from aieng.wire.records import Step, Trail
-from tests.otlp_collector import Collector
 from tests.waits import until
 
 TID, SID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"

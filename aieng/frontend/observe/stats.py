@@ -2,15 +2,11 @@
 
 Each answered request's ``Trail`` (one monotonic clock for every process) yields a row of stage
 durations (us; ``total`` is their sum) in a bounded window per model (``WINDOW``, oldest out first):
-    frontend_in        receipt -> sent to a preprocess worker (parse, validate, route; any wait for a worker)
-    preprocess_queue   travelling to the preprocess worker and waiting there
-    preprocess         tokenize / decode / featurise, write into shared memory
-    handoff            preprocess worker -> executor transport
-    batch_wait         in the executor's queue until its batch started (batch assembly included)
-    inference          the ONNX Runtime run of its batch
-    postprocess_queue  output write, travel to the postprocess worker, waiting there, the way back
-    postprocess        pooling / softmax / labels, packing the answer
-    frontend_out       building and sending the response (after the answer's ``total`` is stamped)
+``frontend_in`` (parse, validate, route, any wait for a worker), ``preprocess_queue``, ``preprocess``
+(tokenize / decode / featurise, write into shared memory), ``handoff`` (preprocess -> executor),
+``batch_wait`` (batch assembly included), ``inference`` (the run of its batch), ``postprocess_queue``
+(output write, travel to the postprocess worker and back), ``postprocess`` and ``frontend_out``
+(building and sending the response, after ``total`` is stamped); docs/protocol.md defines each.
 ``add_steps`` keeps each postprocess step's runs apart (failed requests' too: ``skipped``/``timeout``;
 a pipeline's steps likewise): they break ``postprocess`` down and do not add to the total.
 ``add_failure`` counts the admitted requests answered with an error, per model and version, and their

@@ -21,7 +21,7 @@ from typing import Callable
 
 import numpy as np
 
-from aieng.tools import bench_pages
+from aieng.tools.bench import pages as bench_pages
 
 STEPS = ("textdet", "crop", "textrec", "join")
 REPORT = bench_pages.Report(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 
 from aieng.runtime import cpuacct
-from aieng.tools.benchkit import answered, fmt_num, free_port, ratio, start_server, stop_server, write_report
+from aieng.tools.bench.kit import answered, fmt_num, free_port, ratio, start_server, stop_server, write_report
 from aieng.tools.loadgen import Progress, merge_levels, run_level, sample_inputs
 
 TRANSPORTS = ("zmq", "http", "grpc")

@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 import urllib.request
 
-from aieng.tools.benchkit import fmt_num, free_port, ratio, start_server, stop_server, write_report
+from aieng.tools.bench.kit import fmt_num, free_port, ratio, start_server, stop_server, write_report
 from aieng.tools.loadgen import Progress, merge_levels, run_level, sample_inputs
-from aieng.tools.otlp_sink import OtlpSink
+from aieng.tools.otlp_sink import Collector
 
 ROUNDS = 3
 VARIANTS = ("off", "sampled", "gone")
@@ -32,7 +32,7 @@ def metric(http: str, name: str) -> float:
 
 def tracing_side(model: str, repo: str, inputs: list[dict], levels: list[int], n: int,
                  trace_ratio: float) -> tuple[list[dict], dict]:
-    sink = OtlpSink(keep=0).start()
+    sink = Collector(keep=0)
     closed = f"http://127.0.0.1:{free_port()}"  # nobody listens: every export fails
     base = {k: "" for k in OTEL_VARS}  # the caller's OTEL_* never leak into a variant
     endpoints = {"off": "", "sampled": sink.endpoint, "gone": closed}
@@ -71,7 +71,7 @@ def tracing_side(model: str, repo: str, inputs: list[dict], levels: list[int], n
     finally:
         for proc, _, _ in servers.values():
             stop_server(proc)
-        sink.stop()
+        sink.close()
     return rows, spans
 
 

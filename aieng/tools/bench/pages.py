@@ -4,7 +4,7 @@
   other page slightly rotated), so the bench needs no data files.
 * ``reference``: the package's pipeline through ``call(bgr) -> {step: seconds}``, ``n`` pages in a row
   after a warm-up, with latency and this process's CPU per page; run before and after the server.
-* ``server``: a server subprocess (``benchkit.start_server``), a closed loop per concurrency level;
+* ``server``: a server subprocess (``bench.kit.start_server``), a closed loop per concurrency level;
   ``steps_of(reply)`` reads the server's own timing of each answer (``timing_us``).
 * ``fmt``: one markdown report with the reference rows, the server rows and the two target ratios of
   issue 13.
@@ -128,7 +128,7 @@ def server(serve: str, model: str, repo: str, images: list[bytes], levels: list[
     CPU seconds per answered page of every server process (``cpuacct``; the figure a noisy shared machine
     moves least)."""
     from aieng.runtime import cpuacct
-    from aieng.tools.benchkit import start_server, stop_server
+    from aieng.tools.bench.kit import start_server, stop_server
 
     proc, addr, _ = start_server(serve, repo)
     try:
@@ -211,7 +211,7 @@ def run(args, rep: Report, images: list[bytes], make_ref: Callable[[str], Any], 
     ``make_ref(repo)`` returns the reference's ``call`` (its ``note``, if any, goes into the report) or None
     when the package is missing."""
     from aieng.config import load_config
-    from aieng.tools.benchkit import write_report
+    from aieng.tools.bench.kit import write_report
 
     repo = load_config().model_repository
     levels = [int(x) for x in str(args.concurrency).split(",") if x]

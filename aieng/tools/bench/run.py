@@ -1,6 +1,6 @@
 """``aieng bench``: the server, the in-process limit and a plain baseline server, in one run.
 
-1. The in-process limit (``bench_limit``): the best a user could run in one process with the same files.
+1. The in-process limit (``limit``): the best a user could run in one process with the same files.
 2. The aieng server (a subprocess serving only this model): closed loop at each concurrency, then open
    loop with Poisson arrivals at fractions of the limit; CPU per request from ``/proc``
    (``runtime.cpuacct``), total and per process.
@@ -10,9 +10,10 @@
 
 Writes ``<out>/<model>.md`` (the tables, printed first) and ``<out>/<model>.png`` (latency vs throughput;
 the ``plots`` extra: without matplotlib one line says so and the bench still succeeds).  What each
-column means: BENCHMARKS.md, 'What `aieng bench` reports'.  ``--transport`` naming ``http`` or ``grpc``
-runs the front-door comparison instead (``bench_transports``); ``--model ocr|layout`` a page model
-beside its package's pipeline (``bench_ocr``, ``bench_layout``).  Speed targets live here, never in tests.
+column means: BENCHMARKS.md, 'What `aieng bench` reports'.  Instead: ``--transport`` naming ``http`` or
+``grpc`` the front doors (``transports``), ``--tracing`` what exporting spans costs (``tracing``),
+``--model ocr|layout`` a page model beside its package's pipeline (``ocr``, ``layout``).  Speed targets
+live here, never in tests.
 """
 from __future__ import annotations
 
@@ -27,10 +28,10 @@ import numpy as np
 from aieng.cli import checks as cli_checks
 from aieng.cli.plots import MissingExtra, pyplot
 from aieng.runtime import cpuacct
-from aieng.tools.bench_limit import InProcess
-from aieng.tools.bench_transports import TRANSPORTS, main_transports
-from aieng.tools.benchkit import answered, free_addr, ratio, spawn, start_server, stop_server, write_report
-from aieng.tools.benchkit import fmt_num as _f
+from aieng.tools.bench.kit import answered, free_addr, ratio, spawn, start_server, stop_server, write_report
+from aieng.tools.bench.kit import fmt_num as _f
+from aieng.tools.bench.limit import InProcess
+from aieng.tools.bench.transports import TRANSPORTS, main_transports
 from aieng.tools.loadgen import Progress, open_loop, run_level, sample_inputs
 
 # Column order of the per-process CPU table; names not listed follow, sorted.
@@ -276,15 +277,15 @@ def main_bench(args) -> int:
     if getattr(args, "tracing", False):
         if not 0.0 <= args.trace_ratio <= 1.0:
             raise cli_checks.UsageError(f"--trace-ratio is a share between 0 and 1, got {args.trace_ratio!r}")
-        from aieng.tools.bench_tracing import main_tracing
+        from aieng.tools.bench.tracing import main_tracing
 
         return main_tracing(args)
     if args.model == "ocr":  # a pipeline: beside rapidocr's own pipeline instead of an in-process limit
-        from aieng.tools.bench_ocr import main_ocr
+        from aieng.tools.bench.ocr import main_ocr
 
         return main_ocr(args)
     if args.model == "layout":  # beside rapid_layout's own pipeline, as ocr beside rapidocr's
-        from aieng.tools.bench_layout import main_layout
+        from aieng.tools.bench.layout import main_layout
 
         return main_layout(args)
     cfg = load_config()
