@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from aieng.client import AsyncClient, build_request
-from tests.e2e.test_http import get, samples, value
+from tests.e2e.scrape import get, samples, value
 from tests.waits import until
 
 pytestmark = pytest.mark.e2e

@@ -5,37 +5,13 @@ import json
 import os
 import signal
 import time
-import urllib.error
-import urllib.request
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
+from tests.e2e.scrape import get, samples, value
 from tests.waits import until
 
 pytestmark = pytest.mark.e2e
-
-
-def get(url: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-
-
-def samples(base: str) -> dict:
-    code, body = get(base + "/metrics")
-    assert code == 200
-    out: dict = {}
-    for fam in text_string_to_metric_families(body.decode()):
-        for s in fam.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
-def value(s: dict, name: str, **labels) -> float:
-    return s.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 def test_health_endpoints_and_metrics_add_up(server):

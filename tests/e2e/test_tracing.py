@@ -22,7 +22,6 @@ import urllib.request
 
 import grpc
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import service_pb2 as pb  # tritonclient's own stubs: the published protos
 from tritonclient.grpc import service_pb2_grpc as pbg
 
@@ -30,6 +29,7 @@ from aieng.frontend.observe.spans import CHAIN, PAGE_STEPS
 from aieng.tools.otlp_sink import Collector
 from aieng.wire import traceparent as tp
 from tests.conftest import ServerProcess
+from tests.e2e.scrape import samples, total
 from tests.waits import until
 
 pytestmark = pytest.mark.e2e
@@ -190,10 +190,7 @@ def test_unsampled_malformed_and_failed(served, collector):
 
 
 def dropped(srv) -> float:
-    with urllib.request.urlopen(srv.http + "/metrics", timeout=5) as r:
-        text = r.read().decode()
-    return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
-               if s.name == "aieng_trace_spans_dropped_total")
+    return total(samples(srv.http), "aieng_trace_spans_dropped_total")
 
 
 def test_collector_gone_costs_counted_drops_only(make_server):
