@@ -10,7 +10,7 @@ forwards to the frontend in each native request of one call.
 """
 from __future__ import annotations
 
-import secrets
+import random
 from typing import Any, NamedTuple
 
 HEADER = "traceparent"
@@ -81,18 +81,19 @@ def valid_trace_id(s: Any) -> bool:
 
 
 def new_trace_id() -> str:
-    """A random 32-hex trace id (W3C: never all zeros)."""
+    """A random 32-hex trace id (W3C: never all zeros).  ``random``, as the OpenTelemetry SDK's own id
+    generator: ids must be unique, not secret, and ``secrets`` costs a system call per request."""
     while True:
-        tid = secrets.token_hex(16)
-        if tid != _ZERO_TRACE:
-            return tid
+        tid = random.getrandbits(128)
+        if tid:
+            return f"{tid:032x}"
 
 
 def new_span_id() -> str:
     while True:
-        sid = secrets.token_hex(8)
-        if sid != _ZERO_SPAN:
-            return sid
+        sid = random.getrandbits(64)
+        if sid:
+            return f"{sid:016x}"
 
 
 def native_fields(traceparent: Any, tracestate: Any = None) -> dict[str, str]:

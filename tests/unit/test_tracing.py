@@ -9,7 +9,14 @@ import time
 import pytest
 
 from aieng.frontend.observe import spans
-from aieng.frontend.observe.tracing import Tracing, begin_ctx, enabled_by, sampler_from_env
+from aieng.frontend.observe.otel import remote_parent
+from aieng.frontend.observe.tracing import (
+    Tracing,
+    begin_ctx,
+    decision_from_env,
+    enabled_by,
+    sampler_from_env,
+)
 from aieng.frontend.requests.table import Request
 from aieng.tools.otlp_sink import Collector
 from aieng.wire import traceparent as tp
@@ -26,8 +33,12 @@ def trace_ids(n: int, seed: int) -> list[str]:
 
 
 def decide(env: dict, parent: tp.TraceParent | None, trace_id: str = TID) -> bool:
-    t = Tracing(sink=None, sampler=sampler_from_env(env))
-    return t.sample(trace_id, parent, "")
+    """The server's decision (``decision_from_env``), checked against the SDK's own sampler's."""
+    fast = Tracing(sink=None, decide=decision_from_env(env)).sample(trace_id, parent, "")
+    ctx = remote_parent(parent, "") if parent is not None else None
+    sdk = sampler_from_env(env).should_sample(ctx, int(trace_id, 16), "aieng infer").decision.is_sampled()
+    assert fast == sdk, (env, parent, trace_id)
+    return fast
 
 
 def test_bad_settings_turn_tracing_off_never_fail(monkeypatch):
