@@ -9,8 +9,8 @@ slightly.
   text exactly equal on at least 95% of them.
 * The steps show in the models op, the timing report (``stats``) and the stage metrics.
 * Pages in flight together (their crops batched together) get the answers they get alone.
-* Bad input: a page with no text has no lines; a 1x1 image gets an answer; a page with more boxes than
-  the crop cap (500) is answered with the first 500 and ``truncated``.
+* Bad input: a page with no text has no lines; a 1x1 image gets an answer (the crop cap:
+  ``test_ocr_crop_cap.py``).
 * A worker (preprocess, postprocess, the executor) SIGKILLed while a page is in its textrec phase:
   the page is answered once, UNAVAILABLE naming the step, and the service goes on serving; no shared
   memory is left after the server stops (the fixture).
@@ -124,16 +124,6 @@ def test_a_one_pixel_image_is_answered_with_no_lines(server):
     r = ocr(server.addr, [png(np.zeros((1, 1, 3), np.uint8))])[0]
     assert r["ok"], r
     assert r["outputs"]["lines"] == []
-
-
-def test_a_page_with_more_boxes_than_the_cap_is_truncated(server):
-    r = ocr(server.addr, [png(dense_page())])[0]
-    assert r["ok"], r
-    out = r["outputs"]
-    assert out["truncated"] is True and out["boxes_found"] > 500, out["boxes_found"]
-    assert r["crops"] == 500 and 0 < len(out["lines"]) <= 500
-    # and the service goes on serving
-    assert ocr(server.addr, [png(make_page(0))])[0]["ok"]
 
 
 def busy_slots(server: ServerProcess) -> dict[str, int]:
