@@ -8,12 +8,11 @@
    ``--skip-baseline``); at concurrency 1 a per-hop table from the replies' timings.
 4. The in-process limit again (drift check), and its CPU per request at the server's mean batch.
 
-Writes ``<out>/<model>.md`` (the tables, printed first) and ``<out>/<model>.png`` (latency vs throughput;
-the ``plots`` extra: without matplotlib one line says so and the bench still succeeds).  What each
-column means: BENCHMARKS.md, 'What `aieng bench` reports'.  Instead: ``--transport`` naming ``http`` or
-``grpc`` the front doors (``transports``), ``--tracing`` what exporting spans costs (``tracing``),
-``--model ocr|layout`` a page model beside its package's pipeline (``ocr``, ``layout``).  Speed targets
-live here, never in tests.
+Writes ``<out>/<model>.md`` (the tables, printed first) and ``<out>/<model>.png`` (the ``plots`` extra;
+without matplotlib one line says so).  Columns: BENCHMARKS.md, 'What `aieng bench` reports'.  Instead:
+``--transport`` naming ``http`` or ``grpc`` the front doors (``transports``), ``--tracing`` what exporting
+spans costs (``tracing``), ``--model ocr|layout`` a page model beside its package's pipeline (``ocr``,
+``layout``).  Speed targets live here, never in tests.
 """
 from __future__ import annotations
 
