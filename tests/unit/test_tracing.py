@@ -34,7 +34,7 @@ def trace_ids(n: int, seed: int) -> list[str]:
 
 def decide(env: dict, parent: tp.TraceParent | None, trace_id: str = TID) -> bool:
     """The server's decision (``decision_from_env``), checked against the SDK's own sampler's."""
-    fast = Tracing(sink=None, decide=decision_from_env(env)).sample(trace_id, parent, "")
+    fast = begin_ctx(parent, trace_id, "", decision_from_env(env)).sampled
     ctx = remote_parent(parent, "") if parent is not None else None
     sdk = sampler_from_env(env).should_sample(ctx, int(trace_id, 16), "aieng infer").decision.is_sampled()
     assert fast == sdk, (env, parent, trace_id)
@@ -65,7 +65,7 @@ def test_enabled_only_with_an_endpoint_and_not_disabled():
     assert enabled_by({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4318", "OTEL_TRACES_EXPORTER": ""})
     assert not enabled_by({"OTEL_EXPORTER_OTLP_ENDPOINT": "  "})
     off = Tracing()
-    assert not off.enabled and off.sample is None
+    assert not off.enabled and off.decide is None
 
 
 def test_default_sampler_is_parent_based_one_percent():
@@ -93,7 +93,8 @@ def test_begin_joins_or_starts_and_disabled_never_samples():
     assert (ctx.trace_id, ctx.parent, ctx.state, ctx.sampled) == (TID, parent, "k=v", False)
     assert ctx.span_id != SID and len(ctx.span_id) == 16
     assert ctx.header() == f"00-{TID}-{ctx.span_id}-00"
-    own = begin_ctx(None, "my-trace", "", lambda *a: True)  # a client's non-W3C trace_id: fresh OTel id
+    # a client's non-W3C trace_id: a fresh OTel id
+    own = begin_ctx(None, "my-trace", "", lambda trace_id, parent: True)
     assert tp.valid_trace_id(own.trace_id) and own.parent is None and own.sampled
     assert own.header().endswith("-01")
     w3c = begin_ctx(None, TID, "", None)  # a client's W3C trace_id is the trace

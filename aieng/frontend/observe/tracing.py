@@ -43,13 +43,14 @@ class TraceCtx:
 
 
 def begin_ctx(parent: tp.TraceParent | None, trace: str, state: str,
-              sample: Callable[[str, tp.TraceParent | None, str], bool] | None) -> TraceCtx:
-    """``trace`` is the request's trace id for logs: the OTel trace id too when it is a W3C one."""
+              decide: Callable[[str, tp.TraceParent | None], bool] | None) -> TraceCtx:
+    """``trace`` is the request's trace id for logs: the OTel trace id too when it is a W3C one;
+    ``decide``: the sampler's decision (``decision_from_env``; None: tracing off, never sampled)."""
     if parent is not None:
         trace_id = parent.trace_id
     else:
         trace_id = trace if tp.valid_trace_id(trace) else tp.new_trace_id()
-    sampled = sample(trace_id, parent, state) if sample is not None else False
+    sampled = decide(trace_id, parent) if decide is not None else False
     return TraceCtx(trace_id, tp.new_span_id(), parent, state, sampled)
 
 
@@ -118,7 +119,6 @@ class Tracing:
     def __init__(self, sink: Any = None, decide: Callable[[str, tp.TraceParent | None], bool] | None = None
                  ) -> None:
         self.sink, self.decide = sink, decide  # both None: disabled
-        self.sample = self._sample if decide is not None else None
 
     @classmethod
     def from_env(cls, exported: Callable[[int], None], dropped: Callable[[str, int], None]) -> "Tracing":
@@ -142,14 +142,7 @@ class Tracing:
         return self.sink is not None
 
     def begin(self, parent: tp.TraceParent | None, trace: str, state: str) -> TraceCtx:
-        return begin_ctx(parent, trace, state, self.sample)
-
-    def _sample(self, trace_id: str, parent: tp.TraceParent | None, state: str) -> bool:
-        try:  # on the admission path: a failure is an unsampled request, never a refused one
-            return self.decide(trace_id, parent)
-        except Exception:
-            log.exception("the sampler failed")
-            return False
+        return begin_ctx(parent, trace, state, self.decide)
 
     # -- after the answer ----------------------------------------------------------------------
     def request(self, req: Any, trail: Any, steps: Any, answered_at: float, sent: float) -> None:
