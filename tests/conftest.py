@@ -6,6 +6,7 @@ sends SIGTERM and checks that nothing of its instance is left in /dev/shm.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -118,6 +119,17 @@ class ServerProcess:
             self.log.flush()
         with open(self.log_path, "rb") as fh:
             return fh.read().decode(errors="replace")
+
+    def records(self) -> list[dict]:
+        """The server's JSON log lines so far (``AIENG_LOG_FORMAT=json``), as maps; a line that is not JSON
+        (a native library's own stderr) is skipped."""
+        out = []
+        for raw in self.output().splitlines():
+            try:
+                out.append(json.loads(raw))
+            except ValueError:
+                pass
+        return out
 
     def children(self) -> dict[str, psutil.Process]:
         out = {}

@@ -2,23 +2,11 @@
 the level changed at run time without a restart, and no raw input in the logs."""
 from __future__ import annotations
 
-import json
-
 import pytest
 
 pytestmark = pytest.mark.e2e
 
 SECRET = "zebra-quartz-unguessable-7731"
-
-
-def lines(srv) -> list[dict]:
-    out = []
-    for raw in srv.output().splitlines():
-        try:
-            out.append(json.loads(raw))
-        except ValueError:
-            pass  # a child's own stderr (e.g. a native library) need not be JSON
-    return out
 
 
 def test_trace_lines_across_processes_and_runtime_log_level(make_server):
@@ -30,7 +18,7 @@ def test_trace_lines_across_processes_and_runtime_log_level(make_server):
                     "trace_id": "trace-before"})
         assert r["trace_id"] == "trace-before"
         # INFO: no per-request lines
-        assert not any(record.get("trace") == "trace-before" for record in lines(srv))
+        assert not any(record.get("trace") == "trace-before" for record in srv.records())
         ok = c.call({"op": "log_level", "id": 2, "level": "DEBUG"})
         assert ok["ok"] and {"pre-0", "executor", "post-0", "supervisor"} <= set(ok["processes"])
         c.call({"op": "infer", "id": 3, "model": "minilm", "inputs": {"text": SECRET},
@@ -38,7 +26,7 @@ def test_trace_lines_across_processes_and_runtime_log_level(make_server):
         bad = c.call({"op": "log_level", "id": 4, "level": "LOUD"}, raise_on_error=False)
         assert bad["ok"] is False and bad["error"]["code"] == "INVALID_REQUEST"
     srv.stop()
-    logs = lines(srv)
+    logs = srv.records()
     assert logs, "no JSON log lines"
     assert all({"ts", "level", "role", "pid", "msg"} <= set(record) for record in logs)
     traced = [record for record in logs if record.get("trace") == "trace-42"]

@@ -30,20 +30,6 @@ DEMO_MODELS = sorted(p.name for p in Path(__file__).resolve().parents[2].joinpat
                      if (p / "1" / "model.yaml").is_file())
 
 
-@pytest.fixture(scope="module")
-def http(server):
-    c = th.InferenceServerClient(server.oip_http, concurrency=16)
-    yield c
-    c.close()
-
-
-@pytest.fixture(scope="module")
-def grpc_client(server):
-    c = tg.InferenceServerClient(server.oip_grpc)
-    yield c
-    c.close()
-
-
 def native(server, model: str, inputs: dict) -> dict:
     with server.client() as c:
         return c.infer(model, inputs)["outputs"]

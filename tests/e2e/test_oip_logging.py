@@ -17,7 +17,6 @@ import urllib.request
 
 import numpy as np
 import pytest
-import tritonclient.grpc as tg
 import tritonclient.http as th
 from tritonclient.utils import InferenceServerException
 
@@ -32,7 +31,7 @@ WARNING = dict(INFO, log_info=False)
 
 
 @pytest.fixture(scope="module")
-def srv(tmp_path_factory):
+def server(tmp_path_factory):
     s = ServerProcess(tmp_path_factory.mktemp("oiplog"), AIENG_MODELS="tabular", AIENG_LOG_FORMAT="json",
                       AIENG_LOG_LEVEL="INFO", AIENG_OIP_LOGGING_CONTROL="1",
                       AIENG_PREPROCESS_WORKERS="1").start()
@@ -41,39 +40,15 @@ def srv(tmp_path_factory):
     assert s.segments() == [], "shared memory left behind after a clean stop"
 
 
-@pytest.fixture(scope="module")
-def http(srv):
-    c = th.InferenceServerClient(srv.oip_http)
-    yield c
-    c.close()
-
-
-@pytest.fixture(scope="module")
-def grpc_client(srv):
-    c = tg.InferenceServerClient(srv.oip_grpc)
-    yield c
-    c.close()
-
-
-def records(srv) -> list[dict]:
-    out = []
-    for raw in srv.output().splitlines():
-        try:
-            out.append(json.loads(raw))
-        except ValueError:
-            pass  # a native library's own stderr line
-    return out
-
-
-def answered(srv) -> int:
+def answered(server) -> int:
     """The frontend's per-request DEBUG lines so far."""
-    return sum(1 for r in records(srv) if r.get("role") == "frontend" and r.get("level") == "DEBUG"
+    return sum(1 for r in server.records() if r.get("role") == "frontend" and r.get("level") == "DEBUG"
                and r.get("msg", "").startswith("answered OK"))
 
 
-def level_lines(srv, level: str) -> set[str]:
+def level_lines(server, level: str) -> set[str]:
     """The processes that logged taking ``level`` (the frontend's own line names it too)."""
-    return {r["role"] for r in records(srv) if r.get("msg") == f"log level is now {level}"}
+    return {r["role"] for r in server.records() if r.get("msg") == f"log level is now {level}"}
 
 
 def penguin(mod, bill_length: float = 45.1):
@@ -99,20 +74,20 @@ def test_server_metadata_lists_logging(http, grpc_client):
     assert "logging" in grpc_client.get_server_metadata().extensions
 
 
-def test_logging_reads_and_changes_every_process_level(srv, http, grpc_client):
+def test_logging_reads_and_changes_every_process_level(server, http, grpc_client):
     assert http.get_log_settings() == INFO
     assert grpc_settings(grpc_client) == INFO
     http.infer("tabular", penguin(th))
-    assert answered(srv) == 0  # INFO: no per-request lines
+    assert answered(server) == 0  # INFO: no per-request lines
 
     assert http.update_log_settings({"log_verbose_level": 1}) == DEBUG
     assert http.get_log_settings() == DEBUG and grpc_settings(grpc_client) == DEBUG
     # every process takes it (the supervisor keeps it for restarted children)
-    took = until(lambda: {"pre-0", "executor", "post-0", "gw-0", "supervisor"} <= level_lines(srv, "DEBUG"),
-                 10)
-    assert took, level_lines(srv, "DEBUG")
+    every = {"pre-0", "executor", "post-0", "gw-0", "supervisor"}
+    took = until(lambda: every <= level_lines(server, "DEBUG"), 10)
+    assert took, level_lines(server, "DEBUG")
     http.infer("tabular", penguin(th))
-    assert until(lambda: answered(srv) == 1, 10), answered(srv)
+    assert until(lambda: answered(server) == 1, 10), answered(server)
 
     # back to INFO over gRPC, then WARNING: a request in between logs nothing per request
     back = grpc_client.update_log_settings({"log_verbose_level": 0}, as_json=True)["settings"]
@@ -121,31 +96,31 @@ def test_logging_reads_and_changes_every_process_level(srv, http, grpc_client):
     http.infer("tabular", penguin(th))
     grpc_client.update_log_settings({"log_info": False})
     # the frontend logs the change after the request's answer (one loop): once it shows, so would a DEBUG line
-    assert until(lambda: "frontend" in level_lines(srv, "WARNING") or any(
-        r.get("msg", "").startswith("log level set to WARNING") for r in records(srv)), 10)
-    assert answered(srv) == 1
+    assert until(lambda: "frontend" in level_lines(server, "WARNING") or any(
+        r.get("msg", "").startswith("log level set to WARNING") for r in server.records()), 10)
+    assert answered(server) == 1
     assert http.get_log_settings() == WARNING and grpc_settings(grpc_client) == WARNING
     assert http.update_log_settings({"log_info": True}) == INFO
 
 
-def test_settings_aieng_cannot_honour_are_refused_and_change_nothing(srv, http, grpc_client):
+def test_settings_aieng_cannot_honour_are_refused_and_change_nothing(server, http, grpc_client):
     assert http.get_log_settings() == INFO
     for bad in ({"log_file": "/tmp/triton.log"}, {"log_format": "ISO8601"}, {"log_colour": True},
                 {"log_info": "yes"}, {"log_error": False}, {"log_info": True, "log_warning": False},
                 {"log_verbose_level": 1, "log_info": False}):
         assert _status(lambda: http.update_log_settings(bad)) == "400", bad
-    req = urllib.request.Request(f"http://{srv.oip_http}/v2/logging", data=b"{not json", method="POST")
+    req = urllib.request.Request(f"http://{server.oip_http}/v2/logging", data=b"{not json", method="POST")
     with pytest.raises(urllib.error.HTTPError) as info:
         urllib.request.urlopen(req, timeout=10)
     assert info.value.code == 400 and "malformed JSON" in json.loads(info.value.read())["error"]
-    req = urllib.request.Request(f"http://{srv.oip_http}/v2/logging", method="DELETE")
+    req = urllib.request.Request(f"http://{server.oip_http}/v2/logging", method="DELETE")
     with pytest.raises(urllib.error.HTTPError) as info:
         urllib.request.urlopen(req, timeout=10)
     assert info.value.code == 405
     for bad in ({"log_file": "x.log"}, {"log_colour": True}, {"log_info": None}, {"log_error": False}):
         assert _status(lambda: grpc_client.update_log_settings(bad)) == "StatusCode.INVALID_ARGUMENT", bad
     assert http.get_log_settings() == INFO and grpc_settings(grpc_client) == INFO
-    assert level_lines(srv, "ERROR") == set()
+    assert level_lines(server, "ERROR") == set()
 
 
 def test_statistics_count_a_failed_request_exactly(http, grpc_client):

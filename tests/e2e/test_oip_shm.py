@@ -29,20 +29,6 @@ def key_of(tag: str) -> str:
     return f"/aieng-test-{os.getpid()}-{tag}"
 
 
-@pytest.fixture(scope="module")
-def http(server):
-    c = th.InferenceServerClient(server.oip_http)
-    yield c
-    c.close()
-
-
-@pytest.fixture(scope="module")
-def grpc_client(server):
-    c = tg.InferenceServerClient(server.oip_grpc)
-    yield c
-    c.close()
-
-
 class Regions:
     """Regions made by a test, destroyed (unlinked) at its end whatever happened."""
 
