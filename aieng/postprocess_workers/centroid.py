@@ -8,24 +8,20 @@ distribution (``frontend/observe/drift``); docs/metrics.md, 'Drift'.
 """
 from __future__ import annotations
 
-import json
-import os
-
 import numpy as np
 
-GOLDEN_FILE = "golden.json"
+from aieng.model_golden import read_golden
+from aieng.model_spec import ModelError
 
 
 class Centroid:
     def __init__(self, spec, output: str):
         self.vector: np.ndarray | None = None
-        path = os.path.join(getattr(spec, "path", "") or "", GOLDEN_FILE)
         try:
-            with open(path, encoding="utf-8") as fh:
-                cases = json.load(fh).get("cases") or []
-            rows = [np.asarray(c["expected"][output], np.float64).ravel() for c in cases
-                    if isinstance(c, dict) and output in (c.get("expected") or {})]
-        except (OSError, ValueError, TypeError, AttributeError):
+            golden = read_golden(spec.path)
+            rows = [np.asarray(c["expected"][output], np.float64).ravel()
+                    for c in (golden or {}).get("cases", []) if output in c["expected"]]
+        except (ModelError, ValueError, TypeError):  # a malformed set (its load is refused) or non-numbers
             return
         if not rows or len({r.shape for r in rows}) != 1:
             return

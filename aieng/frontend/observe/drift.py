@@ -19,7 +19,9 @@ import logging
 from typing import Any, Callable
 
 from aieng.frontend.observe.driftref import Binned, build
+from aieng.model_golden import read_golden
 from aieng.model_repo import ModelSpec
+from aieng.model_spec import ModelError
 
 MAX_REFERENCE_N = 100_000  # values held per feature while a reference is collected: a bound on memory
 log = logging.getLogger("aieng.frontend.observe.drift")
@@ -89,10 +91,8 @@ class VersionDrift:
 
 def _has_golden(spec: ModelSpec) -> bool:
     try:
-        with open(spec.file("golden.json"), encoding="utf-8") as fh:
-            json.load(fh)
-        return True
-    except (OSError, ValueError):
+        return read_golden(spec.path) is not None
+    except ModelError:
         return False
 
 

@@ -1,50 +1,17 @@
 """Golden sets: a version directory's ``golden.json`` (docs/models.md), read and compared.
 
-``read_golden`` checks the file's shape (a malformed one refuses the load: ``ModelError``);
-``compare`` says whether one answer matches its case within the set's tolerances (None) or why not,
-in one line.  Pure: the hot swap (``hotswap.py``) runs the cases through the real pipeline.
+``read_golden`` (``aieng.model_golden``) checks the file's shape (a malformed one refuses the load:
+``ModelError``); ``compare`` says whether one answer matches its case within the set's tolerances (None)
+or why not, in one line.  Pure: the hot swap (``hotswap.py``) runs the cases through the real pipeline.
 """
 from __future__ import annotations
 
 import base64
-import json
-import os
 from typing import Any
 
 import numpy as np
 
-from aieng import model_repo
 from aieng.wire import protocol as p
-
-GOLDEN_FILE = "golden.json"
-MAX_CASES = 256
-
-
-def read_golden(path: str) -> dict | None:
-    """``<version dir>/golden.json`` checked for shape, or None when there is none (ModelError if bad)."""
-    gpath = os.path.join(path, GOLDEN_FILE)
-    if not os.path.isfile(gpath):
-        return None
-    try:
-        with open(gpath, encoding="utf-8") as fh:
-            raw = json.load(fh)
-    except (OSError, ValueError) as exc:
-        raise model_repo.ModelError(f"{gpath}: {exc}") from None
-    cases = raw.get("cases") if isinstance(raw, dict) else None
-    if not isinstance(cases, list) or not 0 < len(cases) <= MAX_CASES:
-        raise model_repo.ModelError(f"{gpath}: 'cases' must be a list of 1..{MAX_CASES} cases")
-    for i, case in enumerate(cases):
-        if (not isinstance(case, dict) or not isinstance(case.get("inputs"), dict)
-                or not isinstance(case.get("expected"), dict) or not case["expected"]
-                or not isinstance(case.get("params", {}), dict)):
-            raise model_repo.ModelError(f"{gpath}: case {i} needs 'inputs' and 'expected' maps "
-                                        f"(and optional 'params')")
-    for key in ("atol", "rtol"):
-        if not isinstance(raw.get(key, 0), (int, float)):
-            raise model_repo.ModelError(f"{gpath}: '{key}' must be a number")
-    if not isinstance(raw.get("outputs", {}), dict):
-        raise model_repo.ModelError(f"{gpath}: 'outputs' maps an output name to its tolerance")
-    return raw
 
 
 def _input(value: Any) -> Any:

@@ -22,8 +22,9 @@ from aieng.frontend.control.workers import Workers
 from aieng.frontend.observe.metrics import Metrics
 from aieng.frontend.requests.table import Request, RequestTable
 from aieng.frontend.rollout.rollout import Rollout
-from aieng.frontend.versions.golden import GOLDEN_FILE, _input, compare, read_golden
+from aieng.frontend.versions.golden import _input, compare
 from aieng.frontend.versions.load import BUSY, Load, LoadBook
+from aieng.model_golden import GOLDEN_FILE, read_golden
 from aieng.runtime.worker_hotswap import lower_priority
 from aieng.wire import messages as m
 from aieng.wire import protocol as p
