@@ -286,6 +286,7 @@ class Frontend:
             self.express.executor_seen(msg.pid, self.poller)
         if self.workers.hello(msg, now):
             self.log.info("%s (pid %d) is up", msg.worker, msg.pid)
+            self.ops.joined(msg.worker)  # a log level changed at run time reaches it too
             self.admission.set_failed(self.workers.failed_models())
             self.snapshots.publish(now, full=False)  # health over HTTP follows at once
         if self.table.waiting.get(msg.role):

@@ -132,6 +132,17 @@ def test_log_level_reaches_every_connected_process_and_a_bad_level_reaches_none(
     logging.getLogger().setLevel("WARNING")
 
 
+def test_a_process_heard_from_after_a_change_gets_that_level(parts):
+    ops, _, _, hub, *_ = parts
+    ops.joined("gateway-late")  # no change at run time yet: it keeps the level it started with
+    assert hub.sent == []
+    ops.handle("log_level", 12, {"level": "DEBUG"})
+    told = len(hub.sent)
+    ops.joined("gateway-late")  # said hello only after the change (e.g. just after the start)
+    assert [(w, msg.level) for w, msg in hub.sent[told:]] == [("gateway-late", "DEBUG")]
+    logging.getLogger().setLevel("WARNING")
+
+
 def test_log_level_without_a_level_reads_it_and_tells_nobody(parts):
     ops, _, _, hub, *_ = parts
     root = logging.getLogger()

@@ -38,6 +38,7 @@ class ClientOps:
         and ``pool``; ``hub(worker, frames)`` sends to a worker or the supervisor."""
         self.workers, self.life, self.table, self.specs, self.rollout = workers, life, table, specs, rollout
         self.stats, self.mirror, self.hub, self.views, self.log = stats, mirror, hub, views, log
+        self.level_set: str | None = None  # the last level log_level set at run time (None: none yet)
         self.table_ops: dict[str, Callable[[Any, dict], dict]] = {
             "health": self.health, "models": self.models, "stats": self.stats_op, "log_level": self.log_level,
         }
@@ -118,8 +119,16 @@ class ClientOps:
                     "error": {"code": p.INVALID_REQUEST,
                               "message": "level must be DEBUG, INFO, WARNING or ERROR"}}
         logging.getLogger().setLevel(level)
+        self.level_set = level
         msg = m.encode(m.LogLevel(level))
         names = self.workers.all_names() + ["supervisor"]
         told = [name for name in names if self.hub(name, [msg])]
         self.log.warning("log level set to %s (%s)", level, ", ".join(told))
         return {"id": req_id, "ok": True, "level": level, "processes": told}
+
+    def joined(self, name: str) -> None:
+        """``name`` said hello for the first time: after a run-time change it gets that level too (a
+        process started before the change but heard from only after it, a gateway just after the start,
+        was not among those told)."""
+        if self.level_set is not None:
+            self.hub(name, [m.encode(m.LogLevel(self.level_set))])
