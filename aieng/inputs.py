@@ -1,7 +1,7 @@
 """A request's inputs checked against a model version's declared ones, without its processor or session.
 
 ``validate_inputs`` is the check every preprocessing path runs first (the preprocess worker, the
-executor's idle route, the baseline): each input is declared, of its declared kind and finite; every
+executor's direct route, the baseline): each input is declared, of its declared kind and finite; every
 required one is there.  ``precheck`` adds what a tensor-in model's processor would refuse from the
 tensor map's header alone (dtype, shape, byte count: ``protocol.decode_tensor``, O(1), no copy); the
 frontend runs it before a request may start a cold load (``versions/poolctl.py``), so a request that would

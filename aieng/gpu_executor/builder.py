@@ -53,7 +53,7 @@ class SessionBuilder:
         else:
             runs = sess.warmup(max_rows=BACKGROUND_WARM_ROWS if background else self.cfg.warmup_max_rows)
         choice = self.inline.consider(spec, sess)  # in force once the version joins the batcher
-        self.inline_pre.consider(spec)  # likewise
+        pre_why = self.inline_pre.consider(spec, sess)  # likewise
         if (wide and self.cfg.idle_wide_runs and threads < cpu_count()
                 and sess.provider == "CPUExecutionProvider"):
             runs += self.build_wide(spec)
@@ -61,9 +61,9 @@ class SessionBuilder:
         if background:
             how = (f" (beside serving: at {'idle' if idle else 'low'} priority, warm-up paced)" if polite
                    else " (cold load, a request waits: at normal priority)")
-        self.log.info("loaded %s (%s) on %s, %d warm-up runs in %.2fs%s; postprocessing in the %s (%s)",
-                      spec.key, spec.content_hash[:12], sess.provider, runs, time.perf_counter() - t0, how,
-                      choice.where, choice.why)
+        self.log.info("loaded %s (%s) on %s, %d warm-up runs in %.2fs%s; postprocessing in the %s (%s); "
+                      "preprocessing: %s", spec.key, spec.content_hash[:12], sess.provider, runs,
+                      time.perf_counter() - t0, how, choice.where, choice.why, pre_why)
         return sess
 
     def build_wide(self, spec: ModelSpec) -> int:

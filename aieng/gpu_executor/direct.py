@@ -5,7 +5,7 @@ express lane (``wire/express``) or, while that is down, on the hub.  ``DirectReq
 encodes it on the loop thread (``InlinePre``; a failure is that request's alone, as in the pool), keeps
 its tensors (``prepared``) until its batch is assembled and hands it to the executor's ``accept`` like
 a preprocessed task.  Each answer goes back the way its request came (``reply``).  Why and when the
-frontend sends one: docs/architecture.md, 'Preprocessing in the executor, while idle'.
+frontend sends one: docs/architecture.md, 'Preprocessing in the executor'.
 """
 from __future__ import annotations
 

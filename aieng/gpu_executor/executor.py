@@ -148,6 +148,7 @@ class Executor(HubWorker):
         hello = super().hello_msg()
         hello.inline_post = self.inline.advertised()
         hello.inline_pre = self.inline_pre.advertised(hello.inline_post)
+        hello.inline_pre_any = self.inline_pre.advertised_any_load(hello.inline_post)
         return hello
 
     # -- the loop ---------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Preprocessing in the executor, for a small request that finds the server idle.
+"""Preprocessing in the executor: a small request while idle, or at any load where inference dwarfs it.
 
 The executor keeps its own processor for the versions whose preprocessing is cheap and bounded
 (``INLINE_KINDS``: tokenising a short text, reading a few tabular features).  The frontend may send
@@ -6,10 +6,12 @@ such a request (a ``PreTask`` with the client's frame, on the express lane or th
 straight to it; ``InlinePre.task`` validates and encodes it with the pool's checks, and the executor
 queues it like a preprocessed task, its tensors in its own memory (no ring slot: nothing to free,
 nothing to leak).  A version is advertised (``Hello.inline_pre``) only when its postprocessing also
-runs in the executor (``inline_post``) and ``AIENG_INLINE_PREPROCESS_BYTES`` is not 0.  Processors are
-made when the session is built (``consider``, on the loader thread for a run-time load) and put in
-force by ``adopt`` on the loop thread, like ``inline_post``'s chains.  When the frontend takes this
-route, and what it saves: docs/architecture.md, 'Preprocessing in the executor, while idle'.
+runs in the executor (``inline_post``) and ``AIENG_INLINE_PREPROCESS_BYTES`` is not 0; at any load
+(``Hello.inline_pre_any``) when, measured as it is built, the largest request the route admits costs
+at most ``ANY_LOAD_SHARE`` of that request's own one-row run.  Processors are made and measured when
+the session is built (``consider``) and put in force by ``adopt`` on the loop thread, like
+``inline_post``'s chains.  When, why and what it saves: docs/architecture.md, 'Preprocessing in the
+executor'.
 """
 from __future__ import annotations
 
@@ -17,10 +19,16 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from aieng.gpu_executor.inline_post import MEASURE_RUNS
 from aieng.model_repo import ModelSpec
 from aieng.wire import messages as m
 
 INLINE_KINDS = ("text", "tabular")  # processors with a small, bounded cost per small request
+# at any load when the largest admitted request's preprocessing costs at most this share of its own run:
+# the executor's loop then spends a few percent of its time encoding at saturation, and the pool's hand-offs
+# and notices go (minilm here: 3.1 ms for a 4 KiB text against 93 ms for its 128-token run; tabular: 15 us
+# against 23 us, so it stays with the pool under load)
+ANY_LOAD_SHARE = 0.1
 
 
 @dataclass(slots=True)
@@ -45,10 +53,12 @@ class InlinePre:
         self.procs: dict[str, Any] = {}
         self.specs: dict[str, ModelSpec] = {}
         self.why: dict[str, str] = {}  # key -> why it is (not) preprocessed here
-        self.pending: dict[str, tuple[ModelSpec, Any, str]] = {}  # decided, not yet in force
+        self.any_load: set[str] = set()  # keys preprocessed here at any load, not only while idle
+        self.pending: dict[str, tuple[ModelSpec, Any, str, bool]] = {}  # decided, not yet in force
 
-    def consider(self, spec: ModelSpec) -> str:
-        """Build ``spec``'s processor when it may run here; file the decision for ``adopt``."""
+    def consider(self, spec: ModelSpec, sess=None) -> str:
+        """Build ``spec``'s processor when it may run here and, given its built ``sess``, measure
+        whether it may at any load; file the decision for ``adopt``."""
         from aieng.preprocess_workers.processors import PROCESSORS
 
         kind = spec.preprocess.get("type", "")
@@ -60,27 +70,42 @@ class InlinePre:
             proc = PROCESSORS[kind](spec)
         except Exception as exc:  # the pool reports a processor that does not build; leave it there
             return self._set(spec, None, f"processor does not build: {type(exc).__name__}")
-        return self._set(spec, proc, f"'{kind}' requests up to {self.limit_bytes} bytes, while idle")
+        idle = f"'{kind}' requests up to {self.limit_bytes} bytes, while idle"
+        if sess is None:
+            return self._set(spec, proc, idle)
+        try:
+            pre_us, run_us = measure(proc, sess, self.limit_bytes)
+        except Exception as exc:  # a sample the model cannot take: the idle rule alone
+            return self._set(spec, proc, f"{idle} (measuring failed: {type(exc).__name__})")
+        costs = f"{pre_us} us to encode its largest, {run_us} us to run it"
+        if pre_us > ANY_LOAD_SHARE * run_us:
+            return self._set(spec, proc, f"{idle}: {costs}, over {ANY_LOAD_SHARE:.0%}")
+        anyload = f"'{kind}' requests up to {self.limit_bytes} bytes, at any load: {costs}"
+        return self._set(spec, proc, anyload, any_load=True)
 
-    def _set(self, spec: ModelSpec, proc: Any, why: str) -> str:
-        self.pending[spec.key] = (spec, proc, why)
+    def _set(self, spec: ModelSpec, proc: Any, why: str, any_load: bool = False) -> str:
+        self.pending[spec.key] = (spec, proc, why, any_load)
         return why
 
     def adopt(self, key: str) -> None:
         decided = self.pending.pop(key, None)
         if decided is None:
             return
-        spec, proc, why = decided
+        spec, proc, why, any_load = decided
         self.why[key] = why
+        self.any_load.discard(key)
         if proc is None:
             self.procs.pop(key, None)
             self.specs.pop(key, None)
-        else:
-            self.procs[key], self.specs[key] = proc, spec
+            return
+        self.procs[key], self.specs[key] = proc, spec
+        if any_load:
+            self.any_load.add(key)
 
     def drop(self, key: str) -> None:
         for d in (self.procs, self.specs, self.why, self.pending):
             d.pop(key, None)
+        self.any_load.discard(key)
 
     def serves(self, key: str) -> bool:
         return key in self.procs
@@ -89,10 +114,16 @@ class InlinePre:
         """What the frontend may send here: versions preprocessed *and* postprocessed in the executor."""
         return sorted(k for k in inline_post if k in self.procs)
 
+    def advertised_any_load(self, inline_post: list[str]) -> list[str]:
+        """Of those, the versions the frontend may send here at any load."""
+        return sorted(k for k in self.advertised(inline_post) if k in self.any_load)
+
     def view(self, key: str, advertised: bool) -> dict[str, Any] | None:
         if key not in self.why:
             return None
-        return {"where": "executor when idle" if advertised else "pool", "why": self.why[key]}
+        where = ("pool" if not advertised else "executor at any load" if key in self.any_load
+                 else "executor when idle")
+        return {"where": where, "why": self.why[key]}
 
     def task(self, key: str, task: m.PreTask, body, started: float) -> tuple[m.InferTask, Prepared]:
         """``prepare``, and the ``InferTask`` the request then queues as (no slot: ``ref`` is None)."""
@@ -109,3 +140,16 @@ class InlinePre:
         inputs, params = read_request(self.specs[key], body, self.max_message_bytes)
         tensors, seq_len, features = self.procs[key].process(inputs)
         return Prepared(dict(tensors), int(seq_len), features, params)
+
+
+def measure(proc: Any, sess, limit_bytes: int) -> tuple[int, int]:
+    """``(encode us, run us)`` of the largest request the route admits (``proc.sample``): its
+    preprocessing, the least of ``MEASURE_RUNS`` (noise only adds time), and its own one-row run at the
+    length it encodes to (``ModelSession.row_cost_us``)."""
+    sample = proc.sample(limit_bytes)
+    costs = []
+    for _ in range(MEASURE_RUNS):
+        t0 = time.perf_counter_ns()
+        _tensors, seq_len, _features = proc.process(sample)
+        costs.append((time.perf_counter_ns() - t0) // 1000)
+    return int(min(costs)), sess.row_cost_us(int(seq_len))

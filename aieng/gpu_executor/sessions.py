@@ -263,6 +263,18 @@ class ModelSession:
                 runs += 1
         return runs
 
+    def row_cost_us(self, length: int, budget_s: float = 0.02) -> int:
+        """One row's run at ``length`` (us), after one unmeasured run: the least of at least three runs,
+        more while they fit in ``budget_s`` (at most 50), since noise only adds time."""
+        feeds = self._feeds(1, length)
+        self.run(feeds)
+        costs, t_end = [], time.perf_counter() + budget_s
+        while len(costs) < 3 or (len(costs) < 50 and time.perf_counter() < t_end):
+            t0 = time.perf_counter_ns()
+            self.run(feeds)
+            costs.append((time.perf_counter_ns() - t0) // 1000)
+        return int(min(costs))
+
 
 BACKGROUND_WARM_ROWS = 8  # a run-time load warms batches up to this many rows (see ModelSession.warmup)
 WARM_DUTY = 0.5  # a background warm-up runs at most this share of the time: serving keeps the cores

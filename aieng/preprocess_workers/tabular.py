@@ -62,3 +62,9 @@ class TabularPreprocessor:
         feats = {k: v for k, v in inputs.items()
                  if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
         return [(self.tensor, vec)], 0, feats
+
+    def sample(self, nbytes: int) -> dict[str, Any]:
+        """A row with every feature set (``nbytes`` does not change a row's cost), for measuring what
+        preprocessing costs."""
+        return ({f["name"]: f["fill"] for f in self.numeric}
+                | {c["name"]: (c["categories"] or [None])[0] for c in self.categorical})

@@ -62,3 +62,9 @@ class TextPreprocessor:
 
     def process(self, inputs: dict[str, Any]):
         return self.process_many([self.check(inputs)])[0]
+
+    def sample(self, nbytes: int) -> dict[str, Any]:
+        """An input of about ``nbytes`` of English-like words: the costliest request of that size (the
+        tokenizer reads the whole text before truncating), for measuring what preprocessing costs."""
+        words = "the quick brown fox jumps over a lazy dog while seven wizards quietly judge boxing "
+        return {self.input: (words * (nbytes // len(words) + 1))[:max(1, nbytes)]}

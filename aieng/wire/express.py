@@ -1,6 +1,6 @@
 """The express lane: one ``AF_UNIX SOCK_SEQPACKET`` connection between the frontend and the executor, for
 the requests the frontend sends straight to the executor while idle and for their answers.  Why,
-measured: docs/architecture.md, 'Preprocessing in the executor, while idle'.
+measured: docs/architecture.md, 'Preprocessing in the executor'.
 
 Contract:
 - The executor listens at ``addresses.express_path`` (``Listener``, mode 0600) and keeps the newest

@@ -39,6 +39,8 @@ class Hello:
     inline_post: list[str] = field(default_factory=list)
     # the executor's: versions it may also preprocess, for a small request while idle (inline_pre)
     inline_pre: list[str] = field(default_factory=list)
+    # the executor's: of those, the versions it preprocesses at any load, not only while idle
+    inline_pre_any: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -141,7 +143,7 @@ class Failed:
     message: str
     ref: Optional[Ref] = None
     steps: list[Step] = field(default_factory=list)  # from postprocessing: the steps run, the last "timeout"
-    stage: str = ""  # the failing stage, where the sender runs several ("preprocess": the idle route)
+    stage: str = ""  # the failing stage, where the sender runs several ("preprocess": the direct route)
 
 
 # -- supervisor <-> frontend control ------------------------------------------

@@ -285,12 +285,15 @@ def test_a_dead_executor_fails_the_inline_requests_it_held(rig):
     assert not r.busy(inp)  # the dead holder's input slot is the frontend's to free
 
 
-def direct_ready(r: Rig) -> Rig:
-    """Every peer up, the executor advertising tabular:1 as pre- and postprocessed by itself."""
+def direct_ready(r: Rig, any_load: bool = False) -> Rig:
+    """Every peer up, the executor advertising tabular:1 as pre- and postprocessed by itself (while idle, or
+    at any load)."""
     r.hello("pre-0", "post-0")
     r.peers["executor"].send(m.encode(m.Hello("executor", "executor", 1000 + len("executor"),
-                                              inline_post=["tabular:1"], inline_pre=["tabular:1"])))
-    r.until(lambda: r.fe.workers.preprocessed_by_executor("tabular:1", time.monotonic()))
+                                              inline_post=["tabular:1"], inline_pre=["tabular:1"],
+                                              inline_pre_any=["tabular:1"] if any_load else [])))
+    want = "any load" if any_load else "idle"
+    r.until(lambda: r.fe.workers.preprocessed_by_executor("tabular:1", time.monotonic()) == want)
     return r
 
 
@@ -313,6 +316,22 @@ def test_an_idle_small_request_goes_straight_to_the_executor_and_a_second_throug
     assert list(island.recent) == [island.index["Dream"]]
     assert worker_counts(r) == {("preprocess", "executor"): 1, ("executor", "executor"): 1,
                                 ("postprocess", "executor"): 1}
+
+
+def test_a_version_the_executor_takes_at_any_load_goes_straight_to_it_with_others_in_flight(rig):
+    r = direct_ready(rig(), any_load=True)
+    sent = []
+    for rid in ("a", "b", "c"):  # each sent while the ones before are still in the executor
+        r.send({"id": rid, "model": "tabular", "inputs": TAB})
+        task, frames = r.expect("executor")
+        assert (type(task), task.post, msgpack.unpackb(frames[1])["id"]) == (m.PreTask, "executor", rid)
+        r.until(lambda: r.fe.table.get(task.rid).stage == "executor")
+        sent.append(task)
+    assert not r.peers["pre-0"].poll(100)  # the pool saw none of them
+    for task in reversed(sent):
+        r.peers["executor"].send(m.encode(result(task.rid)))
+    assert sorted(r.answer()["id"] for _ in sent) == ["a", "b", "c"]
+    assert worker_counts(r)[("preprocess", "executor")] == 3
 
 
 def test_a_direct_request_and_its_answer_take_the_express_lane_when_the_executor_listens(rig):

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from aieng.gpu_executor.inline_pre import InlinePre
+from aieng.gpu_executor.sessions import ModelSession
 from aieng.preprocess_workers.processors import PROCESSORS
 from aieng.wire.protocol import INVALID_INPUT, RequestError
 from tests.unit.demo import needs_demo_models, spec
@@ -34,6 +35,33 @@ def test_text_and_tabular_are_kept_images_stay_in_the_pool_and_0_turns_it_off():
     off = adopted("minilm", limit=0)
     assert not off.serves("minilm:1")
     assert off.view("minilm:1", False)["why"] == "AIENG_INLINE_PREPROCESS_BYTES is 0"
+
+
+def test_a_version_whose_run_dwarfs_its_encoding_is_taken_at_any_load_measured_on_its_built_session():
+    pre = InlinePre(4096, 1 << 20)
+    for name in ("minilm", "tabular"):
+        pre.consider(spec(name), ModelSession(spec(name), "cpu", 1))
+        pre.adopt(spec(name).key)
+    # minilm: tokenising a 4 KiB text costs a few percent of its 128-token run; tabular: encoding a row costs
+    # about what running it does, so under load its requests keep the pool
+    assert pre.advertised_any_load(["minilm:1", "tabular:1"]) == ["minilm:1"]
+    assert pre.advertised(["minilm:1", "tabular:1"]) == ["minilm:1", "tabular:1"]
+    assert pre.advertised_any_load(["tabular:1"]) == []  # never what the executor does not postprocess
+    minilm, tabular = pre.view("minilm:1", True), pre.view("tabular:1", True)
+    assert (minilm["where"], tabular["where"]) == ("executor at any load", "executor when idle")
+    assert minilm["why"].startswith("'text' requests up to 4096 bytes, at any load: ")
+    assert tabular["why"].endswith("over 10%")
+    pre.drop("minilm:1")
+    assert pre.advertised_any_load(["minilm:1"]) == []
+
+
+def test_the_measured_sample_is_the_largest_request_the_route_admits():
+    text = PROCESSORS["text"](spec("minilm"))
+    sample = text.sample(4096)
+    assert (list(sample), len(sample["text"].encode())) == (["text"], 4096)
+    assert text.process(sample)[1] == text.max_length  # truncated: it runs at the longest length
+    tab = PROCESSORS["tabular"](spec("tabular"))
+    assert tab.process(tab.sample(4096))[0][0][1].shape == (tab.width,)  # every feature set: no error
 
 
 def test_nothing_is_in_force_before_adopt_and_drop_forgets():

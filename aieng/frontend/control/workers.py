@@ -16,6 +16,7 @@ from aieng.wire import messages as m
 
 SILENCE_S = 5.0  # no heartbeat for this long: stop routing to it
 ROLES = ("preprocess", "executor", "postprocess")
+IDLE, ANY_LOAD = "idle", "any load"  # when the executor takes a version's requests straight from the frontend
 
 
 @dataclass(slots=True)
@@ -27,6 +28,7 @@ class WorkerState:
     hello: m.Hello  # its last: what it reported of itself (ring, sessions, failed loads)
     inline_post: frozenset = frozenset()  # the executor's: versions it postprocesses itself
     inline_pre: frozenset = frozenset()  # the executor's: versions it may also preprocess (while idle)
+    inline_pre_any: frozenset = frozenset()  # of those, the ones it preprocesses at any load
 
 
 class Workers:
@@ -44,12 +46,14 @@ class Workers:
         w = self.by_name.get(msg.worker)
         if w is None or w.pid != msg.pid:
             self.by_name[msg.worker] = WorkerState(msg.worker, msg.role, msg.pid, now, msg,
-                                                   frozenset(msg.inline_post), frozenset(msg.inline_pre))
+                                                   frozenset(msg.inline_post), frozenset(msg.inline_pre),
+                                                   frozenset(msg.inline_pre_any))
             return True
         w.seen = now
         w.hello = msg  # a run-time load or unload changes what it serves and what failed
         w.inline_post = frozenset(msg.inline_post)
         w.inline_pre = frozenset(msg.inline_pre)
+        w.inline_pre_any = frozenset(msg.inline_pre_any)
         return False
 
     def postprocessed_by_executor(self, key: str) -> bool:
@@ -57,12 +61,15 @@ class Workers:
         w = self.by_name.get("executor")
         return w is not None and key in w.inline_post
 
-    def preprocessed_by_executor(self, key: str, now: float) -> bool:
+    def preprocessed_by_executor(self, key: str, now: float) -> str:
         """May ``key``'s request go straight to the executor, which then runs its whole path (a live, not
-        resting executor that advertises it: ``inline_pre`` only names versions it also postprocesses)?"""
+        resting executor that advertises it: ``inline_pre`` only names versions it also postprocesses)?
+        ``ANY_LOAD`` (``inline_pre_any``), ``IDLE`` (only while the server is idle), or "" (no)."""
         w = self.by_name.get("executor")
-        return (w is not None and key in w.inline_pre and now - w.seen <= SILENCE_S
-                and "executor" not in self.resting)
+        if not (w is not None and key in w.inline_pre and now - w.seen <= SILENCE_S
+                and "executor" not in self.resting):
+            return ""
+        return ANY_LOAD if key in w.inline_pre_any else IDLE
 
     def down(self, name: str, pid: int, now: float) -> None:
         w = self.by_name.get(name)

@@ -5,8 +5,9 @@ each hand-off, and the request moves in the table to its new holder.  It is answ
 ``Result``, a ``Failed``, TIMEOUT at its deadline, or UNAVAILABLE when its holder dies.  Notices may arrive
 in any order: a request only moves forward.  With no live preprocess worker a request is held (bounded by
 its deadline and the in-flight limit), never refused.  A shadow copy's end goes to ``mirror``, a pipeline
-step's to ``fanout``; a small request of an idle executor that does its whole path goes straight to it
-(``direct``).  docs/architecture.md ("The request path in the frontend") has the rules in full.
+step's to ``fanout``; a small request of a version the executor does whole goes straight to it while the
+server is idle, or at any load when the executor says so (``direct``).  docs/architecture.md ("The request
+path in the frontend") has the rules in full.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import logging
 import time
 from typing import Any, Callable, Protocol
 
-from aieng.frontend.control.workers import Workers
+from aieng.frontend.control.workers import IDLE, Workers
 from aieng.frontend.observe.metrics import Metrics
 from aieng.frontend.observe.stats import StageStats
 from aieng.frontend.requests.answers import Answers
@@ -129,13 +130,15 @@ class Pipeline:
     def direct(self, req: Request, now: float) -> bool:
         """Send ``req`` straight to the executor when the module's doc says so; False: it was not."""
         totals = self.table.stage_totals
-        if totals[PRE] + totals[EXEC] + totals[POST] > 1:  # not alone: the pool's turn for a while
+        busy = totals[PRE] + totals[EXEC] + totals[POST] > 1
+        if busy:  # not alone: the pool's turn for a while, unless the executor takes the version at any load
             self.busy_until = now + DIRECT_QUIET_S
-            return False
         if not (self.direct_bytes > 0 and req.parent is None and req.crop is None and not req.background
-                and now >= self.busy_until  # idle for a while, not a gap between two batches under load
-                and req.body is not None and len(req.body) <= self.direct_bytes
-                and self.workers.preprocessed_by_executor(req.key, now)):
+                and req.body is not None and len(req.body) <= self.direct_bytes):
+            return False
+        when = self.workers.preprocessed_by_executor(req.key, now)
+        # while idle: idle for a while, not a gap between two batches under load
+        if not when or (when == IDLE and (busy or now < self.busy_until)):
             return False
         if not req.post:
             self.table.route(req, EXEC)
