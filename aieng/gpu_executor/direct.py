@@ -1,11 +1,12 @@
-"""The frontend's direct requests: preprocessed in the executor while the server is idle.
+"""The frontend's direct requests: preprocessed in the executor (while idle, or at any load).
 
-A small request that finds the server idle comes straight from the frontend as a ``PreTask``, on the
-express lane (``wire/express``) or, while that is down, on the hub.  ``DirectRequests`` validates and
-encodes it on the loop thread (``InlinePre``; a failure is that request's alone, as in the pool), keeps
-its tensors (``prepared``) until its batch is assembled and hands it to the executor's ``accept`` like
-a preprocessed task.  Each answer goes back the way its request came (``reply``).  Why and when the
-frontend sends one: docs/architecture.md, 'Preprocessing in the executor'.
+A small request comes straight from the frontend as a ``PreTask``, on the express lane
+(``wire/express``) or, while that is down, on the hub.  ``DirectRequests`` validates and encodes it on
+the loop thread (``InlinePre``; a failure is that request's alone, as in the pool; at most
+``ENCODE_PER_TURN`` per turn of the loop), keeps its tensors (``prepared``) until its batch is assembled
+and hands it to the executor's ``accept`` like a preprocessed task.  Each answer goes back the way its
+request came (``reply``).  Why and when the frontend sends one: docs/architecture.md, 'Preprocessing in
+the executor'.
 """
 from __future__ import annotations
 
@@ -18,6 +19,10 @@ from aieng.gpu_executor.inline_pre import InlinePre, Prepared
 from aieng.wire import express
 from aieng.wire import messages as m
 from aieng.wire.protocol import INTERNAL, RequestError
+
+# the most direct requests encoded per turn of the loop: a burst at any load (minilm's 4 KiB text costs about
+# 3 ms) must not keep the loop from starting batches and heartbeating for long; the rest wait in the lane
+ENCODE_PER_TURN = 64
 
 
 class DirectRequests:
@@ -34,7 +39,7 @@ class DirectRequests:
 
     def poll(self, poller, ready) -> None:
         """Take what the express lane holds (``ready``: what the loop's last poll found readable)."""
-        for msg, body in self.express.poll(poller, ready):
+        for msg, body in self.express.poll(poller, ready, ENCODE_PER_TURN):
             if isinstance(msg, m.PreTask):
                 self.on_task(msg, body)
             else:

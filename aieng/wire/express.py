@@ -142,10 +142,11 @@ class ExecutorEnd:
     def fileno(self) -> int:
         return self.listener.fileno()
 
-    def poll(self, poller, ready=None) -> list[tuple[Any, memoryview]]:
-        """Take a new connection (registered in ``poller``), then the ``(message, frame)`` records waiting.
-        ``ready``: the fds the caller's poll found readable (None: look at both); the executor's loop passes
-        it, so a wake-up for anything else costs no system call here."""
+    def poll(self, poller, ready=None, limit: int = 1000) -> list[tuple[Any, memoryview]]:
+        """Take a new connection (registered in ``poller``), then at most ``limit`` of the ``(message,
+        frame)`` records waiting (the rest keep the connection readable for the next poll).  ``ready``: the
+        fds the caller's poll found readable (None: look at both); the executor's loop passes it, so a
+        wake-up for anything else costs no system call here."""
         conn = self.listener.accept() if ready is None or self.listener.fileno() in ready else None
         if conn is not None:  # a (restarted) frontend: the newest connection is the one
             self.drop(poller)
@@ -154,7 +155,7 @@ class ExecutorEnd:
         if self.chan is None or (ready is not None and self.chan.fileno() not in ready):
             return []
         out = []
-        for head, body in self.chan.recv():
+        for head, body in self.chan.recv(limit):
             try:
                 msg = self.decode(head)
             except Exception as exc:  # never the executor's death: the request times out at the frontend

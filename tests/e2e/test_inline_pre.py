@@ -47,8 +47,8 @@ def test_an_idle_servers_small_requests_skip_the_pool_and_answer_as_the_pool_doe
                          AIENG_INLINE_POSTPROCESS_US="5000").start()  # postprocessed here whatever the load
     models, emb, tab, errors = run(direct)
     # measured when built: tokenising a 200-byte text is a small share of minilm's run, not so a tabular row's
-    assert [models[name]["versions"]["1"]["onnx"]["preprocess"]["where"] for name in ("minilm", "tabular")] == [
-        "executor at any load", "executor when idle"]
+    where = [models[name]["versions"]["1"]["onnx"]["preprocess"]["where"] for name in ("minilm", "tabular")]
+    assert where == ["executor at any load", "executor when idle"]
     small = len(TEXTS) + len(PENGUINS) + len(BAD)
     # the long text's body is over 200 bytes: the pool encodes it; everything else the executor did (the bad
     # inputs failed there, counted as its preprocessing: Failed.stage)

@@ -59,6 +59,16 @@ def test_a_record_over_the_limit_is_refused_so_the_caller_uses_the_hub(lane):
     assert not fe.send(m.encode(task(1)), b"x" * express.MAX_RECORD)
 
 
+def test_a_poll_takes_at_most_its_limit_and_the_rest_wait_readable_for_the_next(lane):
+    ex, fe, ex_poll, _ = lane
+    for rid in range(10):
+        assert fe.send(m.encode(task(rid)), memoryview(b"body"))
+    first = until(lambda: ex.poll(ex_poll, limit=4), 2)
+    assert [msg.rid for msg, _ in first] == [0, 1, 2, 3]
+    assert [fd for fd, _ in ex_poll.poll(0)] == [ex.chan.fileno()]  # still readable: the loop comes back
+    assert [msg.rid for msg, _ in ex.poll(ex_poll, limit=100)] == list(range(4, 10))
+
+
 def test_a_full_buffer_refuses_instead_of_blocking(lane):
     ex, fe, _, _ = lane
     body = b"x" * 4096
