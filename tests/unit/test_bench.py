@@ -232,3 +232,13 @@ def test_inprocess_cpu_is_read_at_the_nearest_measured_batch():
     assert inproc.cpu_at(4.55, 64, cache) == 7.4
     assert inproc.cpu_at(6.5, 64, cache) == 7.6
     assert inproc.cpu_at(1.0, 64, cache) == 8.4
+
+
+def test_a_rows_batches_keep_their_members_but_run_in_a_shuffled_fixed_order():
+    from aieng.tools.bench.limit import batches_of
+
+    by_len = list(range(100))  # stand-in for indices sorted by length
+    chunks = batches_of(by_len, 8)
+    assert sorted(tuple(c) for c in chunks) == [tuple(by_len[s:s + 8]) for s in range(0, 100, 8)]
+    assert chunks != [by_len[s:s + 8] for s in range(0, 100, 8)]  # not shortest first
+    assert chunks[:3] == batches_of(by_len, 8)[:3]  # the same order every run
