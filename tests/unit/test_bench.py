@@ -242,3 +242,21 @@ def test_a_rows_batches_keep_their_members_but_run_in_a_shuffled_fixed_order():
     assert sorted(tuple(c) for c in chunks) == [tuple(by_len[s:s + 8]) for s in range(0, 100, 8)]
     assert chunks != [by_len[s:s + 8] for s in range(0, 100, 8)]  # not shortest first
     assert chunks[:3] == batches_of(by_len, 8)[:3]  # the same order every run
+
+
+def test_stopping_a_spawned_process_removes_its_log_only_when_nothing_was_written(tmp_path):
+    import subprocess
+    import sys
+
+    from aieng.tools.bench.kit import stop_server
+
+    kept = []
+    for name, text in (("quiet.log", ""), ("noisy.log", "a warning\n")):
+        path = tmp_path / name
+        path.write_text(text)
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        proc.log_path = str(path)
+        stop_server(proc)
+        assert proc.returncode is not None
+        kept.append(path.exists())
+    assert kept == [False, True]

@@ -46,6 +46,8 @@ def spawn(what: str, argv: list[str], env: dict[str, str], addr: str, ready: Cal
 
     log = tempfile.NamedTemporaryFile(prefix=f"aieng-bench-{what}-", suffix=".log", delete=False)
     proc = subprocess.Popen(argv, env=env, stdout=log, stderr=log)
+    proc.log_path = log.name  # stop_server removes it when nothing was written
+    log.close()  # the child has its own descriptor
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -72,12 +74,16 @@ def free_addr() -> str:
 
 
 def stop_server(proc: subprocess.Popen) -> None:
+    """Stop a process ``spawn`` started; its log goes too when it stayed empty (one is kept to be read)."""
     proc.send_signal(signal.SIGTERM)
     try:
         proc.wait(60)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(10)
+    path = getattr(proc, "log_path", None)
+    if path and os.path.exists(path) and os.path.getsize(path) == 0:
+        os.unlink(path)
 
 
 def start_server(model: str, repo: str, extra_env: dict[str, str] | None = None
