@@ -45,3 +45,8 @@ def test_rounds_merge_into_one_row():
     b = dict(a, requests=30, seconds=1.0, errors={"HTTP_503": 2}, latencies_ms=np.full(30, 9.0))
     r = loadgen.merge_levels([a, b])
     assert (r["requests"], r["rps"], r["p50_ms"], r["errors"]) == (40, 20.0, 9.0, {"HTTP_503": 3})
+    # the mean batch over every request (it was the first round's), every round's hop timings
+    a.update(mean_batch=1.0, hops=[{"total": 1}])
+    b.update(mean_batch=3.0, hops=[{"total": 2}, {"total": 3}])
+    r = loadgen.merge_levels([a, b])
+    assert (r["mean_batch"], r["hops"]) == (2.5, [{"total": 1}, {"total": 2}, {"total": 3}])

@@ -1,11 +1,11 @@
 """``aieng bench``: the server, the in-process limit and a plain baseline server, in one run.
 
 1. The in-process limit (``limit``): the best a user could run in one process with the same files.
-2. The aieng server (a subprocess serving only this model): closed loop at each concurrency, then open
-   loop with Poisson arrivals at fractions of the limit; CPU per request from ``/proc``
-   (``runtime.cpuacct``), total and per process.
-3. The baseline (``baseline``), spinning on and off, driven by the same closed loop (skip with
-   ``--skip-baseline``); at concurrency 1 a per-hop table from the replies' timings.
+2. The aieng server (a subprocess serving only this model) and the baseline (``baseline``), spinning on
+   and off (skip with ``--skip-baseline``), all running: at each concurrency the same closed loop in
+   ``ROUNDS`` rounds, the servers taking turns within each, so drift falls on all alike; CPU per request
+   from ``/proc`` (``runtime.cpuacct``), total and per process; at concurrency 1 a per-hop table.
+3. The aieng server's open loop, Poisson arrivals at fractions of the limit.
 4. The in-process limit again (drift check), and its CPU per request at the server's mean batch.
 
 Writes ``<out>/<model>.md`` (the tables, printed first) and ``<out>/<model>.png`` (the ``plots`` extra;
@@ -20,7 +20,7 @@ import asyncio
 import os
 import sys
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
@@ -31,57 +31,82 @@ from aieng.tools.bench.kit import answered, free_addr, ratio, spawn, start_serve
 from aieng.tools.bench.kit import fmt_num as _f
 from aieng.tools.bench.limit import InProcess
 from aieng.tools.bench.transports import TRANSPORTS, main_transports
-from aieng.tools.loadgen import Progress, open_loop, run_level, sample_inputs
+from aieng.tools.loadgen import Progress, merge_levels, open_loop, run_level, sample_inputs
 
 # Column order of the per-process CPU table; names not listed follow, sorted.
 _ROLE_ORDER = ("frontend", "preprocess", "executor", "postprocess", "supervisor", "other")
+ROUNDS = 3  # closed-loop rounds per level, the servers taking turns: a shared machine's drift hits all alike
 
-def closed_levels(addr: str, pid: int, model: str, inputs: list[dict], levels: list[int], n: int,
-                  report: bool) -> list[dict]:
-    """Warm, then one measured closed-loop run per level, with the CPU the tree under ``pid`` used."""
+
+def closed_rounds(sides: dict[str, tuple[str, int, bool]], model: str, inputs: list[dict], levels: list[int],
+                  n: int, rounds: int) -> dict[str, list[dict]]:
+    """Every server in ``sides`` (label -> ``(addr, pid, report)``) at each level: warmed, then ``rounds``
+    rounds of ``n / rounds`` requests, the servers taking turns within a round on the same inputs; per
+    server one row per level (``merge_levels``), with the CPU its process tree used and, for ``report``,
+    the server's own stage report over the level's rounds."""
     from aieng.tools.report import fetch
 
-    out = []
+    out: dict[str, list[dict]] = {label: [] for label in sides}
+    per = max(1, n // rounds)
     for c in levels:
-        asyncio.run(run_level(addr, model, inputs[:min(len(inputs), 4 * c)], c, 60))  # warm this level
-        if report:
-            fetch(addr, reset=True)
-        before = cpuacct.snapshot(pid)
-        progress = Progress(f"closed loop c={c}", n)
-        r = asyncio.run(run_level(addr, model, inputs[:n], c, 60, progress=progress))
-        progress.close()
-        used = cpuacct.delta(before, cpuacct.snapshot(pid))
-        r["cpu"] = cpuacct.per_request_ms(used, answered(r))
-        if report:
-            r["report"] = fetch(addr)["models"].get(model, {})
-        out.append(r)
+        for addr, _pid, report in sides.values():
+            asyncio.run(run_level(addr, model, inputs[:min(len(inputs), 4 * c)], c, 60))  # warm this level
+            if report:
+                fetch(addr, reset=True)
+        parts: dict[str, list[dict]] = {label: [] for label in sides}
+        used: dict[str, dict[str, float]] = {label: {} for label in sides}
+        for k in range(rounds):
+            chunk = [inputs[(k * per + i) % len(inputs)] for i in range(per)]
+            for label, (addr, pid, _report) in sides.items():
+                before = cpuacct.snapshot(pid)
+                progress = Progress(f"{label} c={c} round {k + 1}/{rounds}", per)
+                parts[label].append(asyncio.run(run_level(addr, model, chunk, c, 60, progress=progress)))
+                progress.close()
+                for name, secs in cpuacct.delta(before, cpuacct.snapshot(pid)).items():
+                    used[label][name] = used[label].get(name, 0.0) + secs
+        for label, (addr, _pid, report) in sides.items():
+            r = merge_levels(parts[label])
+            r["cpu"], r["rounds"] = cpuacct.per_request_ms(used[label], answered(r)), rounds
+            if report:
+                r["report"] = fetch(addr)["models"].get(model, {})
+            out[label].append(r)
     return out
 
 
-def server_side(model: str, repo: str, inputs: list[dict], levels: list[int], rates: list[float],
-                duration: float, limit: float, n_requests: int) -> dict[str, Any]:
-    proc, addr, log = start_server(model, repo)
-    try:
-        closed = closed_levels(addr, proc.pid, model, inputs, levels, n_requests, report=True)
-        opened = [asyncio.run(open_loop(addr, model, inputs, f * limit, duration, 60)) for f in rates]
-    finally:
-        stop_server(proc)
-    return {"closed": closed, "open": opened, "log": log}
-
-
-def baseline_side(model: str, repo: str, inputs: list[dict], levels: list[int], n_requests: int,
-                  spinning: bool = True) -> dict:
+def start_baseline(model: str, repo: str, spinning: bool):
     """The plain one-process server (``aieng.tools.baseline``) with ONNX Runtime's intra-op spinning on (its
-    default, what a user's script runs) or off, driven by the same closed loop."""
+    default, what a user's script runs) or off: ``(proc, addr)``."""
     addr = free_addr()
     argv = [sys.executable, "-m", "aieng.tools.baseline", "--model", model, "--repo", repo, "--addr", addr,
             "--spinning", "on" if spinning else "off"]
-    proc, log = spawn("baseline", argv, dict(os.environ), addr, lambda h: bool(h.get("ready")))
+    proc, _log = spawn("baseline", argv, dict(os.environ), addr, lambda h: bool(h.get("ready")))
+    return proc, addr
+
+
+def measured_sides(model: str, repo: str, inputs: list[dict], levels: list[int], rates: list[float],
+                   duration: float, limit: float, n_requests: int, baseline: bool, rounds: int
+                   ) -> tuple[dict, dict | None, dict | None]:
+    """The aieng server and (``baseline``) the two baselines, all started first and measured in
+    interleaved rounds (``closed_rounds``); then the aieng server's open loop alone."""
+    procs = []
     try:
-        closed = closed_levels(addr, proc.pid, model, inputs, levels, n_requests, report=False)
+        proc, addr, _log = start_server(model, repo)
+        procs.append(proc)
+        sides = {"aieng": (addr, proc.pid, True)}
+        if baseline:
+            for label, spinning in (("baseline", True), ("baseline spinning off", False)):
+                bproc, baddr = start_baseline(model, repo, spinning)
+                procs.append(bproc)
+                sides[label] = (baddr, bproc.pid, False)
+        closed = closed_rounds(sides, model, inputs, levels, n_requests, rounds)
+        opened = [asyncio.run(open_loop(addr, model, inputs, f * limit, duration, 60)) for f in rates]
     finally:
-        stop_server(proc)
-    return {"closed": closed, "log": log}
+        for p in procs:
+            stop_server(p)
+    srv = {"closed": closed["aieng"], "open": opened}
+    if not baseline:
+        return srv, None, None
+    return srv, {"closed": closed["baseline"]}, {"closed": closed["baseline spinning off"]}
 
 
 def _role_columns(rows: list[dict]) -> list[str]:
@@ -207,6 +232,7 @@ def fmt_table(model: str, before: dict, after: dict, srv: dict, base: dict | Non
     beside = (" and baseline (one process, one session with ONNX Runtime's defaults, intra-op spinning on; "
               "thread pool, no batching, same transport; and the same with spinning off)")
     lines += ["", "Closed loop, aieng server" + (beside if base else "")
+              + f", all running, in {srv['closed'][0].get('rounds', 1)} rounds per level taking turns"
               + "; latency, mean batch and CPU columns are aieng's:", ""]
     lines += fmt_closed(srv["closed"], base and base["closed"], limit, base_off and base_off["closed"])
     c1 = next((r for r in srv["closed"] if r["concurrency"] == 1), None)
@@ -304,11 +330,9 @@ def main_bench(args) -> int:
     inproc = InProcess(args.model, repo, inputs, threads, row_seconds=1.5 if args.quick else 5.0)
     before = inproc.limit(n_inproc)
     print(f"in-process limit (before): {before['best']:.1f} req/s", flush=True)
-    srv = server_side(args.model, repo, inputs, levels, rates, duration, before["best"], n_req)
-    print("server done", flush=True)
-    base = None if args.skip_baseline else baseline_side(args.model, repo, inputs, levels, n_req)
-    base_off = None if args.skip_baseline else baseline_side(args.model, repo, inputs, levels, n_req,
-                                                             spinning=False)
+    srv, base, base_off = measured_sides(args.model, repo, inputs, levels, rates, duration, before["best"],
+                                         n_req, not args.skip_baseline, 1 if args.quick else ROUNDS)
+    print("servers done", flush=True)
     after = inproc.recheck(before, n_inproc)
     # CPU per request in process at a batch size: the cheapest configuration measured there (lanes
     # when measured: the executor's own way of running), so the gap printed is not flattered.

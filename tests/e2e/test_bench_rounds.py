@@ -1,0 +1,41 @@
+"""``aieng bench``'s closed loop over real servers side by side (``bench/run.closed_rounds``): the aieng
+server and the one-process baseline both running, each level measured in rounds in which the servers take
+turns on the same inputs, merged into one row per server and level with the CPU of that server's processes
+alone.  tabular, small counts: a run of the mechanism, not of speed (no figure here is compared to a bar).
+"""
+from __future__ import annotations
+
+import pytest
+
+from aieng.tools.bench.kit import start_server, stop_server
+from aieng.tools.bench.run import closed_rounds, start_baseline
+from aieng.tools.loadgen import sample_inputs
+from tests.conftest import MODELS
+
+pytestmark = pytest.mark.e2e
+
+
+def test_each_server_gets_every_round_of_every_level_and_only_its_own_cpu():
+    inputs = sample_inputs("tabular", 40)
+    procs = []
+    try:
+        proc, addr, _log = start_server("tabular", MODELS, {"AIENG_WARMUP_MAX_ROWS": "8"})
+        procs.append(proc)
+        bproc, baddr = start_baseline("tabular", MODELS, spinning=False)
+        procs.append(bproc)
+        sides = {"aieng": (addr, proc.pid, True), "baseline": (baddr, bproc.pid, False)}
+        out = closed_rounds(sides, "tabular", inputs, [1, 4], 30, rounds=3)
+    finally:
+        for p in procs:
+            stop_server(p)
+    for label in ("aieng", "baseline"):
+        rows = out[label]
+        assert [(r["concurrency"], r["requests"], r["rounds"], r["errors"]) for r in rows] == [
+            (1, 30, 3, {}), (4, 30, 3, {})]
+        assert all(r["cpu"]["total"] > 0 for r in rows)
+    aieng_roles = set(out["aieng"][0]["cpu"])
+    assert {"frontend", "executor", "total"} <= aieng_roles  # the server's processes, by title
+    assert set(out["baseline"][0]["cpu"]) == {"supervisor", "total"}  # one process, its tree's root
+    assert out["aieng"][0]["report"]  # the server's own stage report over the level's rounds
+    assert "report" not in out["baseline"][0]
+    assert len([h for h in out["aieng"][0]["hops"] if "total" in h]) == 30  # every native reply's timings
