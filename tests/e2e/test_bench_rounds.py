@@ -1,7 +1,8 @@
 """``aieng bench``'s closed loop over real servers side by side (``bench/run.closed_rounds``): the aieng
 server and the one-process baseline both running, each level measured in rounds in which the servers take
 turns on the same inputs, merged into one row per server and level with the CPU of that server's processes
-alone.  tabular, small counts: a run of the mechanism, not of speed (no figure here is compared to a bar).
+alone; after each round a probe (the in-process limit; here a stand-in counting its calls) gets its inputs.
+tabular, small counts: a run of the mechanism, not of speed (no figure here is compared to a bar).
 """
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ def test_each_server_gets_every_round_of_every_level_and_only_its_own_cpu():
         bproc, baddr = start_baseline("tabular", MODELS, spinning=False)
         procs.append(bproc)
         sides = {"aieng": (addr, proc.pid, True), "baseline": (baddr, bproc.pid, False)}
-        out = closed_rounds(sides, "tabular", inputs, [1, 4], 30, rounds=3)
+        probed: list[list[int]] = []
+        out = closed_rounds(sides, "tabular", inputs, [1, 4], 30, rounds=3,
+                            probe=lambda indices: probed.append(indices) or 100.0 * len(probed))
     finally:
         for p in procs:
             stop_server(p)
@@ -39,3 +42,7 @@ def test_each_server_gets_every_round_of_every_level_and_only_its_own_cpu():
     assert out["aieng"][0]["report"]  # the server's own stage report over the level's rounds
     assert "report" not in out["baseline"][0]
     assert len([h for h in out["aieng"][0]["hops"] if "total" in h]) == 30  # every native reply's timings
+    # the limit is probed after each round on that round's inputs; each level's rows get their mean
+    assert probed == [list(range(k * 10, k * 10 + 10)) for k in range(3)] * 2
+    assert [r["round_limit"] for r in out["aieng"]] == [200.0, 500.0]
+    assert [r["round_limit"] for r in out["baseline"]] == [200.0, 500.0]

@@ -260,3 +260,19 @@ def test_stopping_a_spawned_process_removes_its_log_only_when_nothing_was_writte
         assert proc.returncode is not None
         kept.append(path.exists())
     assert kept == [False, True]
+
+
+def test_the_best_row_is_found_and_rerun_on_a_rounds_inputs():
+    from aieng.tools.bench.limit import InProcess
+    from aieng.tools.loadgen import sample_inputs
+    from tests.conftest import MODELS
+
+    inproc = InProcess("tabular", MODELS, sample_inputs("tabular", 12), threads=2, row_seconds=2.0)
+    before = {"rows": [{"batch": 4, "spinning": False, "arrival": 10.0, "sorted": 20.0},
+                       {"batch": 1, "spinning": False, "arrival": 30.0, "sorted": None, "lanes": 2},
+                       {"batch": 8, "spinning": True, "arrival": 25.0, "sorted": 29.0}]}
+    assert inproc.best_config(before) == (1, "arrival", True, False)
+    before["rows"][2]["sorted"] = 31.0
+    assert inproc.best_config(before) == (8, "sorted", False, True)
+    assert inproc.rerun((4, "sorted", False, False), [5, 1, 7, 3]) > 0
+    assert inproc.rerun((1, "arrival", True, False), [5, 1, 7, 3]) > 0

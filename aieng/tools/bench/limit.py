@@ -9,7 +9,8 @@ threads included); it stops early after ``row_seconds``, so a slow setting canno
 (its batches run in a fixed shuffled order, ``batches_of``, so a row cut short measures a fair sample).
 ``limit(n)`` runs every row (batch sizes, orders, spinning, threads, and ``lanes`` threads side by side
 as the executor does); the best row is the limit.  ``recheck`` re-runs the best row of each spinning
-setting, so drift of a shared machine shows.  The rows: BENCHMARKS.md, 'What `aieng bench` reports'.
+setting, so drift of a shared machine shows; ``rerun`` runs the best row inside each round of the servers.
+The rows: BENCHMARKS.md, 'What `aieng bench` reports'.
 """
 from __future__ import annotations
 
@@ -135,6 +136,22 @@ class InProcess:
             b, order = before["best_lanes_row"]
             out["lanes"] = self.run_lanes(b, by_len if order == "sorted" else arrival, self.threads)[0]
         return {"best": max(out.values()), "by_spinning": out}
+
+    def best_config(self, before: dict) -> tuple[int, str, bool, bool]:
+        """The best row of ``limit``'s table: ``(batch, order, lanes, spinning)``."""
+        row = max(before["rows"], key=lambda r: max(r["arrival"], r["sorted"] or 0))
+        order = "sorted" if (row["sorted"] or 0) > row["arrival"] else "arrival"
+        return row["batch"], order, bool(row.get("lanes")), bool(row["spinning"])
+
+    def rerun(self, config: tuple[int, str, bool, bool], indices: list[int]) -> float:
+        """req/s of the ``config`` row (``best_config``) on the inputs ``indices``, now: the limit measured
+        inside a bench round, beside the servers' turns on the same inputs."""
+        batch, order, lanes, spinning = config
+        keep = set(indices)
+        ordered = [i for i in self.by_len if i in keep] if order == "sorted" else list(indices)
+        if lanes:
+            return self.run_lanes(batch, ordered, self.threads)[0]
+        return self.run(batch, ordered, self.threads, spinning)[0]
 
     def cpu_at(self, batch: float, n: int, cache: dict[int, float]) -> float:
         """CPU ms/request in process at the measured batch size nearest to ``batch`` (the cheapest
