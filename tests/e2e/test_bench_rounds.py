@@ -1,7 +1,7 @@
-"""``aieng bench``'s closed loop over real servers side by side (``bench/run.closed_rounds``): the aieng
+"""``aieng bench``'s closed loop over real servers side by side (``bench/rounds.closed_rounds``): the aieng
 server and the one-process baseline both running, each level measured in rounds in which the servers take
 turns on the same inputs, merged into one row per server and level with the CPU of that server's processes
-alone; after each round a probe (the in-process limit; here a stand-in counting its calls) gets its inputs.
+alone; after each round a probe (the in-process limit; here a stand-in counting its calls) is read.
 tabular, small counts: a run of the mechanism, not of speed (no figure here is compared to a bar).
 """
 from __future__ import annotations
@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from aieng.tools.bench.kit import start_server, stop_server
-from aieng.tools.bench.run import closed_rounds, start_baseline
+from aieng.tools.bench.rounds import Side, closed_rounds
+from aieng.tools.bench.run import start_baseline
 from aieng.tools.loadgen import sample_inputs
 from tests.conftest import MODELS
 
@@ -24,10 +25,10 @@ def test_each_server_gets_every_round_of_every_level_and_only_its_own_cpu():
         procs.append(proc)
         bproc, baddr = start_baseline("tabular", MODELS, spinning=False)
         procs.append(bproc)
-        sides = {"aieng": (addr, proc.pid, True), "baseline": (baddr, bproc.pid, False)}
-        probed: list[list[int]] = []
+        sides = {"aieng": Side(addr, proc.pid, report=True), "baseline": Side(baddr, bproc.pid)}
+        probes = []
         out = closed_rounds(sides, "tabular", inputs, [1, 4], 30, rounds=3,
-                            probe=lambda indices: probed.append(indices) or 100.0 * len(probed))
+                            probe=lambda: probes.append(len(probes) + 1) or 100.0 * len(probes))
     finally:
         for p in procs:
             stop_server(p)
@@ -42,7 +43,7 @@ def test_each_server_gets_every_round_of_every_level_and_only_its_own_cpu():
     assert out["aieng"][0]["report"]  # the server's own stage report over the level's rounds
     assert "report" not in out["baseline"][0]
     assert len([h for h in out["aieng"][0]["hops"] if "total" in h]) == 30  # every native reply's timings
-    # the limit is probed after each round on that round's inputs; each level's rows get their mean
-    assert probed == [list(range(k * 10, k * 10 + 10)) for k in range(3)] * 2
+    # the limit is probed once after each round (3 rounds x 2 levels); each level's rows get their mean
+    assert probes == [1, 2, 3, 4, 5, 6]
     assert [r["round_limit"] for r in out["aieng"]] == [200.0, 500.0]
     assert [r["round_limit"] for r in out["baseline"]] == [200.0, 500.0]

@@ -26,58 +26,15 @@ import numpy as np
 
 from aieng.cli import checks as cli_checks
 from aieng.cli.plots import MissingExtra, pyplot
-from aieng.runtime import cpuacct
-from aieng.tools.bench.kit import answered, free_addr, ratio, spawn, start_server, stop_server, write_report
 from aieng.tools.bench.kit import fmt_num as _f
+from aieng.tools.bench.kit import free_addr, ratio, spawn, start_server, stop_server, write_report
 from aieng.tools.bench.limit import InProcess
+from aieng.tools.bench.rounds import ROUNDS, Side, closed_rounds
 from aieng.tools.bench.transports import TRANSPORTS, main_transports
-from aieng.tools.loadgen import Progress, merge_levels, open_loop, run_level, sample_inputs
+from aieng.tools.loadgen import open_loop, sample_inputs
 
 # Column order of the per-process CPU table; names not listed follow, sorted.
 _ROLE_ORDER = ("frontend", "preprocess", "executor", "postprocess", "supervisor", "other")
-ROUNDS = 3  # closed-loop rounds per level, the servers taking turns: a shared machine's drift hits all alike
-
-
-def closed_rounds(sides: dict[str, tuple[str, int, bool]], model: str, inputs: list[dict], levels: list[int],
-                  n: int, rounds: int, probe: Callable[[list[int]], float] | None = None
-                  ) -> dict[str, list[dict]]:
-    """Every server in ``sides`` (label -> ``(addr, pid, report)``) at each level: warmed, then ``rounds``
-    rounds of ``n / rounds`` requests, the servers taking turns within a round on the same inputs; per
-    server one row per level (``merge_levels``), with the CPU its process tree used and, for ``report``,
-    the server's own stage report over the level's rounds.  ``probe(indices)``: the in-process limit's
-    req/s on the round's inputs, run after the servers' turns; each row gets their mean (``round_limit``)."""
-    from aieng.tools.report import fetch
-
-    out: dict[str, list[dict]] = {label: [] for label in sides}
-    per = max(1, n // rounds)
-    for c in levels:
-        for addr, _pid, report in sides.values():
-            asyncio.run(run_level(addr, model, inputs[:min(len(inputs), 4 * c)], c, 60))  # warm this level
-            if report:
-                fetch(addr, reset=True)
-        parts: dict[str, list[dict]] = {label: [] for label in sides}
-        used: dict[str, dict[str, float]] = {label: {} for label in sides}
-        limits = []
-        for k in range(rounds):
-            indices = [(k * per + i) % len(inputs) for i in range(per)]
-            chunk = [inputs[i] for i in indices]
-            for label, (addr, pid, _report) in sides.items():
-                before = cpuacct.snapshot(pid)
-                progress = Progress(f"{label} c={c} round {k + 1}/{rounds}", per)
-                parts[label].append(asyncio.run(run_level(addr, model, chunk, c, 60, progress=progress)))
-                progress.close()
-                for name, secs in cpuacct.delta(before, cpuacct.snapshot(pid)).items():
-                    used[label][name] = used[label].get(name, 0.0) + secs
-            if probe is not None:
-                limits.append(probe(indices))
-        for label, (addr, _pid, report) in sides.items():
-            r = merge_levels(parts[label])
-            r["cpu"], r["rounds"] = cpuacct.per_request_ms(used[label], answered(r)), rounds
-            r["round_limit"] = sum(limits) / len(limits) if limits else None
-            if report:
-                r["report"] = fetch(addr)["models"].get(model, {})
-            out[label].append(r)
-    return out
 
 
 def start_baseline(model: str, repo: str, spinning: bool):
@@ -92,20 +49,19 @@ def start_baseline(model: str, repo: str, spinning: bool):
 
 def measured_sides(model: str, repo: str, inputs: list[dict], levels: list[int], rates: list[float],
                    duration: float, limit: float, n_requests: int, baseline: bool, rounds: int,
-                   probe: Callable[[list[int]], float] | None = None
-                   ) -> tuple[dict, dict | None, dict | None]:
+                   probe: Callable[[], float] | None = None) -> tuple[dict, dict | None, dict | None]:
     """The aieng server and (``baseline``) the two baselines, all started first and measured in
     interleaved rounds (``closed_rounds``); then the aieng server's open loop alone."""
     procs = []
     try:
         proc, addr, _log = start_server(model, repo)
         procs.append(proc)
-        sides = {"aieng": (addr, proc.pid, True)}
+        sides = {"aieng": Side(addr, proc.pid, report=True)}
         if baseline:
             for label, spinning in (("baseline", True), ("baseline spinning off", False)):
                 bproc, baddr = start_baseline(model, repo, spinning)
                 procs.append(bproc)
-                sides[label] = (baddr, bproc.pid, False)
+                sides[label] = Side(baddr, bproc.pid)
         closed = closed_rounds(sides, model, inputs, levels, n_requests, rounds, probe)
         opened = [asyncio.run(open_loop(addr, model, inputs, f * limit, duration, 60)) for f in rates]
     finally:
@@ -348,7 +304,7 @@ def main_bench(args) -> int:
     best, table_inputs = inproc.best_config(before), inproc.orders(n_inproc)[0]
     srv, base, base_off = measured_sides(args.model, repo, inputs, levels, rates, duration, before["best"],
                                          n_req, not args.skip_baseline, 1 if args.quick else ROUNDS,
-                                         lambda _round_inputs: inproc.rerun(best, table_inputs))
+                                         lambda: inproc.rerun(best, table_inputs))
     print("servers done", flush=True)
     after = inproc.recheck(before, n_inproc)
     # CPU per request in process at a batch size: the cheapest configuration measured there (lanes

@@ -7,50 +7,30 @@ transport alike), merged per transport, with the server's CPU per request per pr
 """
 from __future__ import annotations
 
-import asyncio
-
-from aieng.runtime import cpuacct
-from aieng.tools.bench.kit import answered, fmt_num, free_port, ratio, start_server, stop_server, write_report
-from aieng.tools.loadgen import Progress, merge_levels, run_level, sample_inputs
+from aieng.tools.bench.kit import fmt_num, free_port, ratio, start_server, stop_server, write_report
+from aieng.tools.bench.rounds import ROUNDS, Side, closed_rounds
+from aieng.tools.loadgen import sample_inputs
 
 TRANSPORTS = ("zmq", "http", "grpc")
-ROUNDS = 3  # interleaved rounds per level in the transport comparison
 
 
 def transport_side(model: str, repo: str, inputs: list[dict], levels: list[int], n: int,
                    transports: list[str]) -> list[dict]:
     """One server with the gateway on; at each level the same closed loop over each transport, in
-    ``ROUNDS`` interleaved rounds of n / ROUNDS requests (so load from elsewhere on a shared machine falls
-    on every transport alike), merged per transport."""
+    ``ROUNDS`` interleaved rounds (``rounds.closed_rounds``), merged per transport."""
     ports = {"http": f"127.0.0.1:{free_port()}", "grpc": f"127.0.0.1:{free_port()}"}
     proc, addr, _ = start_server(model, repo, {"AIENG_OIP_HTTP_ADDR": ports["http"],
                                                 "AIENG_OIP_GRPC_ADDR": ports["grpc"]})
     door = {"zmq": addr, **ports}
-    rows = []
-    per_round = max(1, n // ROUNDS)
     try:
-        for c in levels:
-            for t in transports:  # warm every door at this level first
-                asyncio.run(run_level(door[t], model, inputs[:min(len(inputs), 4 * c)], c, 60, t))
-            parts: dict[str, list[dict]] = {t: [] for t in transports}
-            cpu: dict[str, dict[str, float]] = {t: {} for t in transports}
-            for k in range(ROUNDS):
-                for t in transports:
-                    before = cpuacct.snapshot(proc.pid)
-                    progress = Progress(f"{t} c={c} round {k + 1}/{ROUNDS}", per_round)
-                    chunk = [inputs[(k * per_round + i) % len(inputs)] for i in range(per_round)]
-                    parts[t].append(asyncio.run(run_level(door[t], model, chunk, c, 60, t, progress)))
-                    progress.close()
-                    for name, secs in cpuacct.delta(before, cpuacct.snapshot(proc.pid)).items():
-                        cpu[t][name] = cpu[t].get(name, 0.0) + secs
-            for t in transports:
-                r = merge_levels(parts[t])
-                r["cpu"] = cpuacct.per_request_ms(cpu[t], answered(r))
-                print(f"{t} c={c}: {r['rps']:.1f} req/s, p50 {r['p50_ms']:.2f} ms, "
-                      f"errors {r['errors'] or '-'}", flush=True)
-                rows.append(r)
+        out = closed_rounds({t: Side(door[t], proc.pid, transport=t) for t in transports}, model, inputs,
+                            levels, n, ROUNDS)
     finally:
         stop_server(proc)
+    rows = [out[t][i] for i in range(len(levels)) for t in transports]
+    for r in rows:
+        print(f"{r['transport']} c={r['concurrency']}: {r['rps']:.1f} req/s, p50 {r['p50_ms']:.2f} ms, "
+              f"errors {r['errors'] or '-'}", flush=True)
     return rows
 
 
