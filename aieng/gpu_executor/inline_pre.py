@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from aieng.gpu_executor.inline_post import MEASURE_RUNS
+from aieng.gpu_executor.inline_post import least_us
 from aieng.model_repo import ModelSpec
 from aieng.wire import messages as m
 
@@ -144,12 +144,8 @@ class InlinePre:
 
 def measure(proc: Any, sess, limit_bytes: int) -> tuple[int, int]:
     """``(encode us, run us)`` of the largest request the route admits (``proc.sample``): its
-    preprocessing, the least of ``MEASURE_RUNS`` (noise only adds time), and its own one-row run at the
+    preprocessing, the least of ``MEASURE_RUNS`` (``least_us``), and its own one-row run at the
     length it encodes to (``ModelSession.row_cost_us``)."""
     sample = proc.sample(limit_bytes)
-    costs = []
-    for _ in range(MEASURE_RUNS):
-        t0 = time.perf_counter_ns()
-        _tensors, seq_len, _features = proc.process(sample)
-        costs.append((time.perf_counter_ns() - t0) // 1000)
-    return int(min(costs)), sess.row_cost_us(int(seq_len))
+    seq_len = proc.process(sample)[1]
+    return least_us(lambda: proc.process(sample)), sess.row_cost_us(int(seq_len))
