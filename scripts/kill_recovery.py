@@ -24,7 +24,7 @@ from aieng.tools.bench.kit import start_server  # noqa: E402
 
 
 def child(sup: int, title: str) -> int:
-    for p in psutil.Process(sup).children():
+    for p in psutil.Process(sup).children(recursive=True):
         try:
             if p.cmdline()[0] == title:
                 return p.pid

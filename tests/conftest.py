@@ -133,7 +133,7 @@ class ServerProcess:
 
     def children(self) -> dict[str, psutil.Process]:
         out = {}
-        for c in psutil.Process(self.pid).children():
+        for c in psutil.Process(self.pid).children(recursive=True):
             try:
                 out[" ".join(c.cmdline())] = c
             except psutil.NoSuchProcess:

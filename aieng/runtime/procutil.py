@@ -81,8 +81,12 @@ def set_title(title: str) -> None:
         pass
 
 
+FORK_BLOCKED = {signal.SIGTERM, signal.SIGHUP}  # blocked in the fork server (supervisor.spawn)
+
+
 def die_with_parent(ready_conn: Any) -> None:
-    """Exit when the supervisor goes: PR_SET_PDEATHSIG plus EOF on the startup pipe."""
+    """Exit when the supervisor goes: EOF on the startup pipe, and PR_SET_PDEATHSIG (the parent is the
+    supervisor's fork server, which exits when the supervisor does)."""
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)

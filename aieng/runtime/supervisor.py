@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import time
+from multiprocessing import resource_tracker
 from multiprocessing.connection import wait
 from typing import Any
 
@@ -36,6 +37,7 @@ log = logging.getLogger("aieng.runtime.supervisor")
 BUILDERS = ("preprocess", "executor", "postprocess")  # the roles that build every version they are given
 
 BACKOFF_MAX_S = 30.0
+FORK_PRELOAD = ["aieng.runtime.worker"]  # what every role imports; a role's own modules load in the child
 PULSE_FRESH_S = 2.0
 RELOAD_TIMEOUT_S = 10.0
 
@@ -74,7 +76,11 @@ class Child:
 class Supervisor:
     def __init__(self, cfg: Config):
         self.cfg = cfg
-        self.ctx = mp.get_context("spawn")
+        # Children fork from a server process that imported the runtime once (``FORK_PRELOAD``), instead
+        # of each starting an interpreter and importing it again: 1.7 s less CPU per start of a tabular
+        # server (7 children), and a restarted worker is back sooner.
+        self.ctx = mp.get_context("forkserver")
+        self.ctx.set_forkserver_preload(FORK_PRELOAD)
         self.stopping = False
         self.stopped = False
         self.pulse: m.Pulse | None = None
@@ -115,7 +121,17 @@ class Supervisor:
             cfg["strict_model_load"] = False
         child.proc = self.ctx.Process(target=run_process, name=child.name, daemon=False,
                                       args=(child.role, cfg, spec_dicts, child.name, child_conn))
-        child.proc.start()
+        # The fork server (started, or started again, by the first ``start``) is in our process group; it
+        # must not die of a group-wide SIGTERM or a terminal's SIGHUP meant for us, which would take every
+        # child with it: it inherits these signals blocked (``run_process`` unblocks them in the child),
+        # and one that comes to us meanwhile waits until the mask is restored.  (The resource tracker first:
+        # launching it unblocks SIGTERM in this thread.)
+        resource_tracker.ensure_running()
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, procutil.FORK_BLOCKED)
+        try:
+            child.proc.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
         child_conn.close()
         child.conn = parent_conn
         child.started = time.monotonic()

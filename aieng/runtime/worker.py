@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import signal
 import time
 from typing import Any, Callable
 
@@ -49,6 +50,7 @@ def role_class(role: str) -> type:
 
 def run_process(role: str, cfg_dict: dict, spec_dicts: dict, worker: str, ready_conn) -> None:
     """The entry point of every child process (see the module docstring)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, procutil.FORK_BLOCKED)  # as the fork server had them
     cfg = Config.from_dict(cfg_dict)
     if role in ("preprocess", "executor"):  # the executor tokenises a lone request itself (inline_pre)
         # The tokenizers library hands even one text to its own thread pool: a cross-thread wake-up

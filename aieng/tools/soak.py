@@ -100,7 +100,7 @@ async def _drive(client: Any, model: str, inputs: list[dict], concurrency: int, 
 
 def sample(srv_pid: int, start: float) -> dict[str, Any]:
     row: dict[str, Any] = {"t": time.monotonic() - start, "rss": {}, "fds": {}, "shm_proc": {}}
-    for p in psutil.Process(srv_pid).children():
+    for p in psutil.Process(srv_pid).children(recursive=True):
         try:
             title = p.cmdline()[0]
             if title.startswith("aieng::"):

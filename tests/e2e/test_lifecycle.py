@@ -21,6 +21,7 @@ import zmq
 
 from aieng.wire import shm
 from tests.conftest import ROOT, ServerProcess
+from tests.waits import until
 
 pytestmark = pytest.mark.e2e
 
@@ -102,7 +103,7 @@ def test_process_titles_and_sigterm_cleans_up(make_server):
     with srv.client() as c:
         assert c.infer("tabular", {"island": "Dream"})["ok"]
     assert len(srv.segments()) == 3  # two preprocess rings and the executor's
-    kids = list(psutil.Process(srv.pid).children())
+    kids = list(psutil.Process(srv.pid).children(recursive=True))
     assert srv.stop() == 0
     assert srv.segments() == []
     assert not any(k.is_running() and k.status() != psutil.STATUS_ZOMBIE for k in kids)
@@ -208,9 +209,56 @@ def test_startup_failure_names_role_and_exit_code(tmp_path):
     assert shm.list_segments(str(srv.pid)) == []
 
 
+def fork_server(srv: ServerProcess) -> psutil.Process:
+    [fork] = [p for p in psutil.Process(srv.pid).children()
+              if "multiprocessing.forkserver" in " ".join(p.cmdline())]
+    return fork
+
+
+def workers(srv: ServerProcess) -> dict[str, psutil.Process]:
+    return {cmd.split()[0]: p for cmd, p in srv.children().items() if cmd.startswith("aieng::")}
+
+
+def served(srv: ServerProcess) -> bool:
+    try:
+        with srv.client(timeout_s=2) as c:
+            return c.infer("tabular", {"island": "Dream"}, raise_on_error=False)["ok"]
+    except Exception:  # the frontend is restarting: not yet
+        return False
+
+
+def test_children_fork_from_a_fork_server_that_a_group_signal_does_not_kill(make_server):
+    srv = make_server(AIENG_MODELS="tabular").start()
+    fork, kids = fork_server(srv), workers(srv)
+    assert {"aieng::frontend", "aieng::executor", "aieng::preprocess[0]", "aieng::postprocess[0]"} <= set(
+        kids)
+    assert {p.ppid() for p in kids.values()} == {fork.pid}
+    os.kill(fork.pid, signal.SIGTERM)  # what a group-wide SIGTERM or a terminal's hang-up gives it
+    os.kill(fork.pid, signal.SIGHUP)
+    with open(f"/proc/{fork.pid}/status", encoding="ascii") as fh:
+        status = dict(line.split(":\t", 1) for line in fh.read().splitlines() if ":\t" in line)
+    pending = int(status["ShdPnd"], 16)
+    assert pending & (1 << (signal.SIGTERM - 1)) and pending & (1 << (signal.SIGHUP - 1)), status["ShdPnd"]
+    assert served(srv)
+    assert fork.is_running()
+    assert {t: p.pid for t, p in workers(srv).items()} == {t: p.pid for t, p in kids.items()}
+
+
+def test_a_killed_fork_server_restarts_every_child_and_the_service_comes_back(make_server):
+    srv = make_server(AIENG_MODELS="tabular").start()
+    fork, before = fork_server(srv), workers(srv)
+    os.kill(fork.pid, signal.SIGKILL)
+    assert until(lambda: served(srv), 60, 0.2)
+    after = workers(srv)
+    assert set(after) == set(before)
+    assert not {p.pid for p in after.values()} & {p.pid for p in before.values()}
+    gone, alive = psutil.wait_procs(list(before.values()), timeout=15)  # the old ones got their SIGTERM
+    assert alive == [], [p.pid for p in alive]
+
+
 def test_supervisor_kill_9_children_exit_and_next_start_cleans(make_server):
     srv = make_server(AIENG_MODELS="tabular").start()
-    kids = list(psutil.Process(srv.pid).children())
+    kids = list(psutil.Process(srv.pid).children(recursive=True))
     assert srv.segments()
     old = srv.pid
     srv.proc.kill()

@@ -177,7 +177,7 @@ def test_supervisor_sigkill_leaves_no_request_unanswered(make_server):
         c.close()
         return replies
 
-    kids = psutil.Process(srv.pid).children()
+    kids = psutil.Process(srv.pid).children(recursive=True)
     replies = asyncio.run(go())
     unanswered = [r for r in replies if isinstance(r, BaseException)]
     assert unanswered == []
