@@ -17,6 +17,7 @@ import pytest
 
 from aieng.client import AsyncClient
 from aieng.tools.loadgen import text_mix
+from tests.conftest import ServerProcess
 
 pytestmark = pytest.mark.e2e
 
@@ -41,10 +42,24 @@ def run(srv) -> tuple[dict, list, list, list]:
     return models, emb, tab, errors
 
 
-def test_an_idle_servers_small_requests_skip_the_pool_and_answer_as_the_pool_does(make_server):
-    direct = make_server(AIENG_MODELS="minilm,tabular", AIENG_PREPROCESS_WORKERS="1",
-                         AIENG_INLINE_PREPROCESS_BYTES="200",
-                         AIENG_INLINE_POSTPROCESS_US="5000").start()  # postprocessed here whatever the load
+@pytest.fixture(scope="module")
+def direct(tmp_path_factory):
+    srv = ServerProcess(tmp_path_factory.mktemp("direct"), AIENG_MODELS="minilm,tabular",
+                        AIENG_PREPROCESS_WORKERS="1", AIENG_INLINE_PREPROCESS_BYTES="200",
+                        AIENG_INLINE_POSTPROCESS_US="5000").start()  # postprocessed here whatever the load
+    yield srv
+    assert srv.stop() == 0, srv.output()
+    assert srv.segments() == [], "shared memory left behind after a clean stop"
+
+
+def counted(srv, before: dict, n: int) -> dict:
+    """Requests each preprocessor encoded since ``before`` (a ``worker_counts`` reading), once ``n`` more."""
+    now = srv.worker_counts("preprocess", sum(before.values()) + n)
+    return {k: v - before.get(k, 0) for k, v in now.items() if v - before.get(k, 0)}
+
+
+def test_an_idle_servers_small_requests_skip_the_pool_and_answer_as_the_pool_does(direct, make_server):
+    before = direct.worker_counts("preprocess", 0)
     models, emb, tab, errors = run(direct)
     # measured when built: tokenising a 200-byte text is a small share of minilm's run, not so a tabular row's
     where = [models[name]["versions"]["1"]["onnx"]["preprocess"]["where"] for name in ("minilm", "tabular")]
@@ -52,11 +67,10 @@ def test_an_idle_servers_small_requests_skip_the_pool_and_answer_as_the_pool_doe
     small = len(TEXTS) + len(PENGUINS) + len(BAD)
     # the long text's body is over 200 bytes: the pool encodes it; everything else the executor did (the bad
     # inputs failed there, counted as its preprocessing: Failed.stage)
-    assert direct.worker_counts("preprocess", small + 1) == {"executor": small, "pre-0": 1}
-    direct.stop()
+    assert counted(direct, before, small + 1) == {"executor": small, "pre-0": 1}
 
     pool = make_server(AIENG_MODELS="minilm,tabular", AIENG_PREPROCESS_WORKERS="1",
-                         AIENG_INLINE_PREPROCESS_BYTES="0").start()
+                       AIENG_INLINE_PREPROCESS_BYTES="0").start()
     models, emb_pool, tab_pool, errors_pool = run(pool)
     assert models["minilm"]["versions"]["1"]["onnx"]["preprocess"] == {
         "where": "pool", "why": "AIENG_INLINE_PREPROCESS_BYTES is 0"}
@@ -70,13 +84,13 @@ def test_an_idle_servers_small_requests_skip_the_pool_and_answer_as_the_pool_doe
     assert errors[0] == ("bad", False, "INVALID_INPUT", "input 'text' is empty")
 
 
-def test_under_load_a_model_whose_run_dwarfs_its_encoding_still_skips_the_pool(make_server):
-    srv = make_server(AIENG_MODELS="minilm", AIENG_PREPROCESS_WORKERS="1",
-                      AIENG_INLINE_POSTPROCESS_US="5000").start()  # postprocessed here whatever the load
-    texts = text_mix(24, seed=5)
+def test_under_load_a_model_whose_run_dwarfs_its_encoding_still_skips_the_pool(direct):
+    texts = [t for t in text_mix(40, seed=5) if len(t.encode()) < 150][:24]  # all under the 200-byte limit
+    assert len(texts) == 24
+    before = direct.worker_counts("preprocess", 0)
 
     async def together() -> list[dict]:
-        client = AsyncClient(srv.addr, timeout_s=60)
+        client = AsyncClient(direct.addr, timeout_s=60)
         try:
             return await asyncio.gather(*(client.infer("minilm", {"text": t}) for t in texts))
         finally:
@@ -86,7 +100,7 @@ def test_under_load_a_model_whose_run_dwarfs_its_encoding_still_skips_the_pool(m
     assert [r["ok"] for r in replies] == [True] * len(texts)
     # batched together in the executor: each of those was sent to it while others were in flight there
     assert max(r["batch"] for r in replies) > 1
-    assert srv.worker_counts("preprocess", len(texts)) == {"executor": len(texts)}
-    with srv.client() as c:
+    assert counted(direct, before, len(texts)) == {"executor": len(texts)}
+    with direct.client() as c:
         view = c.call({"op": "models"})["models"]["minilm"]["versions"]["1"]["onnx"]["preprocess"]
     assert view["where"] == "executor at any load"

@@ -59,6 +59,14 @@ def ocr(addr: str, images: list[bytes]) -> list[dict]:
     return call_all(addr, "ocr", images, raise_on_error=False)
 
 
+@pytest.fixture(scope="module")
+def alone(server) -> list[tuple[np.ndarray, dict]]:
+    """Each of ``PAGES`` and the server's answer to it sent alone (checked against rapidocr, and the
+    answers pages in flight together must get)."""
+    pages = [make_page(seed, w, h, angle) for seed, w, h, angle in PAGES]
+    return [(page, ocr(server.addr, [png(page)])[0]) for page in pages]
+
+
 def dense_page(rows: int = 48, cols: int = 14) -> np.ndarray:
     """A page of many tiny separate words: far more text boxes than the crop cap."""
     rng = np.random.default_rng(7)
@@ -71,12 +79,10 @@ def dense_page(rows: int = 48, cols: int = 14) -> np.ndarray:
 
 
 # ------------------------------------------------------------ checked against the real thing
-def test_ocr_lines_match_rapidocrs_pipeline(server, reference):
+def test_ocr_lines_match_rapidocrs_pipeline(alone, reference):
     total = same_text = 0
-    for seed, w, h, angle in PAGES:
-        page = make_page(seed, w, h, angle)
+    for (seed, *_), (page, r) in zip(PAGES, alone):
         want = reference(page)
-        r = ocr(server.addr, [png(page)])[0]
         assert r["ok"], r
         lines = r["outputs"]["lines"]
         assert r["outputs"]["truncated"] is False and len(lines) == len(want.txts) > 10, seed
@@ -100,11 +106,12 @@ def test_the_pipelines_steps_show_in_the_models_op_the_report_and_metrics(server
         assert f'aieng_stage_duration_seconds_count{{model="ocr",stage="{step}",version="1"}}' in text, step
 
 
-def test_pages_in_flight_together_get_the_answers_they_get_alone(server):
-    pages = [png(make_page(s, w, h, a)) for s, w, h, a in PAGES[:3]]
-    alone = [ocr(server.addr, [pg])[0]["outputs"]["lines"] for pg in pages]
-    together = ocr(server.addr, pages * 2)
-    for r, want in zip(together, alone * 2):
+def test_pages_in_flight_together_get_the_answers_they_get_alone(server, alone):
+    pages = [png(page) for page, _ in alone[:3]]
+    assert all(r["ok"] for _, r in alone[:3]), alone
+    want_lines = [r["outputs"]["lines"] for _, r in alone[:3]]
+    together = ocr(server.addr, pages * 2)  # six pages: more than a worker keeps decoded (PAGES_KEPT)
+    for r, want in zip(together, want_lines * 2):
         assert r["ok"], r
         got = r["outputs"]["lines"]
         assert [ln["text"] for ln in got] == [ln["text"] for ln in want]
@@ -146,9 +153,6 @@ def busy_slots(server: ServerProcess) -> dict[str, int]:
 @pytest.mark.parametrize("victim", ["aieng::postprocess[0]", "aieng::executor", "aieng::preprocess[0]"])
 def test_a_worker_killed_in_the_textrec_phase_answers_the_page_once_naming_the_step(server, victim):
     page = png(dense_page(rows=16))  # 224 boxes: a textrec phase of seconds, far inside the deadline
-    first = ocr(server.addr, [page])[0]
-    assert first["ok"], first
-    timing = first["timing_us"]  # how long each phase takes on this machine now
     answers: list = []
 
     async def run():
@@ -163,8 +167,8 @@ def test_a_worker_killed_in_the_textrec_phase_answers_the_page_once_naming_the_s
     t = threading.Thread(target=lambda: asyncio.run(run()))
     t.start()
     # the textrec phase has begun once the page's crop requests are in the table (the textdet phase holds
-    # the page and one step): wait for it (bounded) rather than guess it from the warm-up's timings
-    deadline, in_flight = time.monotonic() + timing["total"] / 1e6 + 30, 0
+    # the page and one step): wait for it (bounded by the client's timeout) rather than guess its start
+    deadline, in_flight = time.monotonic() + 120, 0
     with Client(server.addr, timeout_s=10) as c:
         while in_flight < 4 and time.monotonic() < deadline:
             in_flight = c.call({"op": "stats", "id": 1})["in_flight"]
