@@ -72,9 +72,10 @@ class ServerProcess:
                          # routing state of this test's own, not the user's ~/.local/state/aieng that every
                          # other run on the machine (and a parallel test worker) reads and writes
                          "AIENG_STATE_DIR": os.path.join(str(tmp_path), "state"),
-                         # a start-up warm-up of batches up to 8 rows, as a run-time load's: minilm's 32-row
-                         # runs were half of every server start (a test that needs more sets its own)
-                         "AIENG_WARMUP_MAX_ROWS": "8"})
+                         # a start-up warm-up of batches up to 4 rows: minilm's 32-row runs were half of every
+                         # server start, and its 8-row ones still 2.0 of its 3.6 s of warm-up on one thread
+                         # (a test that needs more sets its own)
+                         "AIENG_WARMUP_MAX_ROWS": "4"})
         self.env.update(env)
         self.proc: subprocess.Popen | None = None
         self.prefix: list[str] = []  # a command the server runs under (e.g. prlimit), set before start
