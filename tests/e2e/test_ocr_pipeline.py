@@ -110,7 +110,7 @@ def test_pages_in_flight_together_get_the_answers_they_get_alone(server, alone):
     pages = [png(page) for page, _ in alone[:3]]
     assert all(r["ok"] for _, r in alone[:3]), alone
     want_lines = [r["outputs"]["lines"] for _, r in alone[:3]]
-    together = ocr(server.addr, pages * 2)  # six pages: more than a worker keeps decoded (PAGES_KEPT)
+    together = ocr(server.addr, pages * 2)  # each page twice: the same image in flight as two requests
     for r, want in zip(together, want_lines * 2):
         assert r["ok"], r
         got = r["outputs"]["lines"]
