@@ -77,8 +77,7 @@ class Supervisor:
     def __init__(self, cfg: Config):
         self.cfg = cfg
         # Children fork from a server process that imported the runtime once (``FORK_PRELOAD``), instead
-        # of each starting an interpreter and importing it again: 1.7 s less CPU per start of a tabular
-        # server (7 children), and a restarted worker is back sooner.
+        # of each starting an interpreter and importing it again (measured: docs/architecture.md, Lifecycle).
         self.ctx = mp.get_context("forkserver")
         self.ctx.set_forkserver_preload(FORK_PRELOAD)
         self.stopping = False
