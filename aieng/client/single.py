@@ -112,14 +112,20 @@ class Client:
             self.sock.close(0)
         self.sock = self.ctx.socket(zmq.DEALER if self.dealer else zmq.REQ)
         self.sock.setsockopt(zmq.LINGER, 0)
+        # a DEALER with no connected peer (say, its CURVE handshake refused) blocks in send: bound it too
+        self.sock.setsockopt(zmq.SNDTIMEO, int(self.timeout_s * 1000))
         apply_curve(self.sock, self.curve)
         self.sock.connect(self.addr)
 
     def call(self, request: dict, raise_on_error: bool = True) -> dict:
-        if self.dealer:
-            self.sock.send_multipart([b"", msgpack.packb(request, use_bin_type=True)])
-        else:
-            self.sock.send(msgpack.packb(request, use_bin_type=True))
+        try:
+            if self.dealer:
+                self.sock.send_multipart([b"", msgpack.packb(request, use_bin_type=True)])
+            else:
+                self.sock.send(msgpack.packb(request, use_bin_type=True))
+        except zmq.Again:  # no peer took it within the timeout
+            self._connect()
+            raise TimeoutError(f"could not send to {self.addr} within {self.timeout_s}s") from None
         while True:
             if not self.sock.poll(int(self.timeout_s * 1000)):
                 self._connect()  # a REQ socket cannot send again until it receives
