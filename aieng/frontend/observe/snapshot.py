@@ -64,6 +64,7 @@ class Snapshots:
                 "drift_psi": {"/".join(k): round(v, 4) for k, v in drift.items()},
                 "drift": dview,
                 "stats": self.stats.summary(None) if asked else self.current.get("stats", {}),
+                "stats_at": now if asked else self.current.get("stats_at"),
                 "routing": views["routing"], "pool": views["pool"],
                 "models": {name: {v: {"hash": sp.content_hash, "metadata": sp.extra.get("metadata", {})}
                                   for v, sp in vs.items()} for name, vs in self.specs.items()}}
