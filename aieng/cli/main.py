@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from typing import Any
 
@@ -281,10 +282,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "serve":  # a running server's own failures keep their tracebacks in its log
         return int(args.func(args) or 0)
     try:
-        return int(args.func(args) or 0)
+        rc = int(args.func(args) or 0)
+        sys.stdout.flush()  # here, so that a reader gone away is handled below, not at the exit's flush
+        return rc
     except UsageError as exc:
         print(f"aieng: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (``aieng health | head``): not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush must not fail again
+        return 0
     except TimeoutError as exc:  # (an OSError too) the server took the connection, not the request in time
         print(f"aieng: {exc}", file=sys.stderr)
         return 1

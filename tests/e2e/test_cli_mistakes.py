@@ -74,3 +74,18 @@ def test_an_address_that_answers_is_not_refused_by_the_probe():
         run = aieng("health", "--addr", addr, "--timeout", "1")
     assert run.returncode == 1
     assert run.stderr.strip().splitlines() == [f"aieng: no reply from {addr} within 1.0s"]
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly():
+    """``aieng config | head -1``: the pipe's reader is gone before the command writes; it exits 0 with
+    nothing on stderr, not a BrokenPipeError traceback."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIENG_")}
+    env["AIENG_MODEL_REPOSITORY"] = MODELS
+    r, w = os.pipe()
+    os.close(r)  # no reader: the first write fails with EPIPE
+    try:
+        proc = subprocess.run([sys.executable, "-m", "aieng.cli", "config"], cwd=ROOT, env=env, stdout=w,
+                              stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(w)
+    assert (proc.returncode, proc.stderr) == (0, "")
