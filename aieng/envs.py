@@ -125,9 +125,9 @@ REGISTRY: tuple[EnvVar, ...] = (
            "Start-up warm-up batches of at most this many rows (0: each model's max_batch_size). Fewer start "
            "faster (minilm: 32 rows x 128 tokens is most of its start); a bigger batch later grows ONNX "
            "Runtime's arena once, and the batcher learns its cost from real runs", "warmup_max_rows"),
-    EnvVar("AIENG_IDLE_WIDE_SPINNING", boolean, False,
-           "Let the idle-time wide session's intra-op threads spin (measured on 2 cores: no gain, the "
-           "spinning thread takes the core the workers need next; aieng tune tries it)",
+    EnvVar("AIENG_IDLE_WIDE_SPINNING", boolean, True,
+           "Let the idle-time wide session's intra-op threads spin while a run is under way (they stop when "
+           "it returns); machine-dependent, measured in docs/architecture.md; aieng tune tries both",
            "idle_wide_spinning"),
     EnvVar("AIENG_INLINE_POSTPROCESS_US", int, 200,
            "Run a model's postprocessing in the executor, not the pool, when its chain has no time limits "

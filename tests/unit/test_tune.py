@@ -24,7 +24,7 @@ def test_axes_and_defaults_follow_the_machine():
     assert dict(tune.axes(2, 32))[("executor_lanes", "intra_op_threads")] == [(1, 2), (2, 1)]
     assert dict(tune.axes(16, 32))[("preprocess_workers",)] == [(1,), (2,), (4,), (8,), (16,)]
     assert dict(tune.axes(2, 6))[("max_batch_size",)] == [(6,)]
-    assert tune.defaults(16, 32) == {"executor_lanes": 4, "intra_op_threads": 4, "idle_wide_spinning": False,
+    assert tune.defaults(16, 32) == {"executor_lanes": 4, "intra_op_threads": 4, "idle_wide_spinning": True,
                                      "preprocess_workers": 4, "max_batch_size": 32}
 
 
@@ -39,11 +39,11 @@ def test_oversubscribed_rows_are_never_measured(monkeypatch):
 
 def test_a_change_is_kept_only_when_it_pays_and_the_budget_holds(monkeypatch):
     # one lane of two threads beats the defaults (2 lanes x 1); then one preprocess worker beats that
-    measure, seen = fake_measure({(1, 2, False, 2, 32): 120.0, (1, 2, False, 1, 32): 130.0,
-                                  (2, 1, True, 2, 32): 500.0})  # never reached: lanes moved first
+    measure, seen = fake_measure({(1, 2, True, 2, 32): 120.0, (1, 2, True, 1, 32): 130.0,
+                                  (2, 1, False, 2, 32): 500.0})  # never reached: lanes moved first
     monkeypatch.setattr(tune, "measure", measure)
     rows, best = tune.search("m", "repo", 2, 32, [], 10, 8, budget=50)
-    assert best.settings == {"executor_lanes": 1, "intra_op_threads": 2, "idle_wide_spinning": False,
+    assert best.settings == {"executor_lanes": 1, "intra_op_threads": 2, "idle_wide_spinning": True,
                              "preprocess_workers": 1, "max_batch_size": 32}
     assert best.rps == 130.0
     rows, _ = tune.search("m", "repo", 2, 32, [], 10, 8, budget=3)
@@ -51,7 +51,7 @@ def test_a_change_is_kept_only_when_it_pays_and_the_budget_holds(monkeypatch):
 
 
 def test_a_row_with_errors_never_wins(monkeypatch):
-    measure, _ = fake_measure({(1, 2, False, 2, 32): 999.0})
+    measure, _ = fake_measure({(1, 2, True, 2, 32): 999.0})
 
     def with_errors(*a, **kw):
         row = measure(*a, **kw)
