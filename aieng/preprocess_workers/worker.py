@@ -6,13 +6,16 @@ inputs against the model's declared inputs, turns them into tensors with the
 model's processor, writes them into a slot of this worker's own shared-memory
 ring and sends the slot descriptor straight to the executor (``InferTask``),
 telling the frontend with one ``Preprocessed`` notice per drain.  Requests that pile
-up while it works are drained together so text models can batch-encode.
+up while it works are drained together so text models can batch-encode; a request
+alone in the server (``PreTask.alone``, the frontend's idle rule) may use every core
+(an image's OpenCV threads), any other one core.
 A request whose content it cannot handle fails alone; the worker never dies
 of one request.  A pipeline's crop request (``PreTask.crop``, only the frontend
 sets it) carries the page: the image processor cuts the box out of it first.
 """
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -55,6 +58,7 @@ class PreprocessWorker(HubWorker):
         self.notice = m.Preprocessed([], [], [])
         self.handlers[m.PreTask] = self.on_task
         self.arrived: list[tuple[m.PreTask, Any]] = []  # drained together, encoded together
+        self.cores = len(os.sched_getaffinity(0))  # a request alone in the server may use them all
         self.init_hotswap()
 
     def init_processors(self, specs: dict[str, ModelSpec]) -> None:
@@ -144,7 +148,10 @@ class PreprocessWorker(HubWorker):
                     for (task, _), _ in checked:
                         self.fail(task.rid, INTERNAL, f"preprocessing failed: {type(exc).__name__}")
         else:
+            threads = getattr(proc, "threads", None)  # an image's OpenCV threads: every core when alone
             for task, _, inputs, params in group:
+                if threads is not None:
+                    threads(self.cores if task.alone else 1)
                 try:
                     if task.crop is not None:  # a pipeline's crop step: the input is the whole page
                         t0 = time.monotonic()

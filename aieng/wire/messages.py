@@ -62,6 +62,9 @@ class PreTask:
     # which a request waits for), set by the frontend alone: the executor runs it on its low-priority
     # background lane, so serving keeps the cores
     background: bool = False
+    # Nothing else is in flight, nor was lately (the frontend's idle rule, set by it alone): the worker may
+    # spread this request's preprocessing over every core it may use (OpenCV's threads for an image)
+    alone: bool = False
 
 
 @dataclass(slots=True)

@@ -163,6 +163,14 @@ def result(rid: int) -> m.Result:
     return m.Result(rid, msgpack.packb({"label": "Gentoo"}), trail)
 
 
+def test_a_request_alone_in_the_server_may_use_every_core_and_one_beside_another_may_not(rig):
+    r, first = running(rig)
+    assert first.alone is True  # nothing else in flight: the worker may spread it (PreTask.alone)
+    r.send({"id": "b", "model": "tabular", "inputs": TAB})  # "a" is still in preprocessing
+    second = dispatched(r, "b")
+    assert second.alone is False
+
+
 def test_success_path_and_who_frees(rig):
     r, task = running(rig)
     inp, out = r.slot("pre-0"), r.slot("executor")

@@ -105,7 +105,8 @@ class Pipeline:
 
     def dispatch(self, req: Request) -> None:
         now = time.monotonic()
-        if self.direct(req, now):
+        alone = self.alone(now)
+        if self.direct(req, now, alone):
             return
         worker = self.workers.pick(PRE, now, self.table.load)
         if worker is None:
@@ -120,25 +121,30 @@ class Pipeline:
         self.table.move(req, PRE, worker)
         upstream = 0 if req.degraded >= 2 else self.table.count_stage(req.key, PRE) - 1  # level 2: no waiting
         task = m.PreTask(req.rid, req.model, req.version, req.deadline, req.trace, req.post, upstream,
-                         req.degraded, req.crop, req.parent or 0, background=req.background)
+                         req.degraded, req.crop, req.parent or 0, background=req.background,
+                         alone=alone and not req.background)
         if not self.send(worker, [m.encode(task), req.body]):  # it never got it: safe to hold
             self.workers.gone(worker)
             self.table.hold(req, PRE)
             return
         req.pre, req.dispatched, req.body = worker, now, None
 
-    def direct(self, req: Request, now: float) -> bool:
-        """Send ``req`` straight to the executor when the module's doc says so; False: it was not."""
+    def alone(self, now: float) -> bool:
+        """Nothing but the request being sent is in flight, nor was for ``DIRECT_QUIET_S``: the server is
+        idle, not between two batches under load."""
         totals = self.table.stage_totals
-        busy = totals[PRE] + totals[EXEC] + totals[POST] > 1
-        if busy:  # not alone: the pool's turn for a while, unless the executor takes the version at any load
+        if totals[PRE] + totals[EXEC] + totals[POST] > 1:
             self.busy_until = now + DIRECT_QUIET_S
+            return False
+        return now >= self.busy_until
+
+    def direct(self, req: Request, now: float, alone: bool) -> bool:
+        """Send ``req`` straight to the executor when the module's doc says so; False: it was not."""
         if not (self.direct_bytes > 0 and req.parent is None and req.crop is None and not req.background
                 and req.body is not None and len(req.body) <= self.direct_bytes):
             return False
         when = self.workers.preprocessed_by_executor(req.key, now)
-        # while idle: idle for a while, not a gap between two batches under load
-        if not when or (when == IDLE and (busy or now < self.busy_until)):
+        if not when or (when == IDLE and not alone):  # the pool's turn, unless taken at any load
             return False
         if not req.post:
             self.table.route(req, EXEC)
