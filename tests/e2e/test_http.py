@@ -131,8 +131,17 @@ def test_input_drift_psi_rises_when_inputs_shift(make_server):
             shifted["island"] = "Dream"
             c.infer("tabular", shifted)
     assert until(lambda: published(600), 10)
-    s = samples(srv.http)
-    assert value(s, "aieng_input_drift_psi", model="tabular", version="1", feature="bill_length_mm") > 1.0
+    # /metrics is rendered at most once per snapshot period, and 300 answers can take less than that: the
+    # render right after them may be the one made before them, so wait (bounded) for one that has them
+    fresh: list = []
+
+    def bills_drifted() -> bool:
+        fresh[:] = [samples(srv.http)]
+        return value(fresh[0], "aieng_input_drift_psi", model="tabular", version="1",
+                     feature="bill_length_mm") > 1.0
+
+    assert until(bills_drifted, 10)
+    s = fresh[0]
     assert value(s, "aieng_input_drift_psi", model="tabular", version="1", feature="island") > 0.25
     assert value(s, "aieng_input_drift_psi", model="tabular", version="1", feature="body_mass_g") < 0.1
 
