@@ -123,6 +123,8 @@ class ImagePreprocessor:
         self.scale = np.float32(cfg["scale"])
         self.mean = np.asarray(cfg["mean"], dtype=np.float32).reshape(1, 1, 3)
         self.std = np.asarray(cfg["std"], dtype=np.float32).reshape(1, 1, 3)
+        values = np.arange(256, dtype=np.float32).reshape(256, 1)
+        self.luts = [(values * self.scale - self.mean[0, 0, c]) / self.std[0, 0, c] for c in range(3)]
         self.max_bytes, self.max_pixels = cfg["max_bytes"], cfg["max_pixels"]
         c, h, w = image_config.input_shape_max(cfg)
         self.max_request_bytes = c * h * w * 4 + 64
@@ -161,6 +163,16 @@ class ImagePreprocessor:
         return img
 
     def normalise(self, img: np.ndarray) -> np.ndarray:
+        """``(img * scale - mean) / std`` as float32 CHW.  A BGR uint8 image (every decoded one) goes
+        through one 256-entry table per channel (``luts``: the same float32 operations on each possible
+        value, so bit-identical) written straight into its CHW plane: 85 against 450-500 us for a
+        224 x 224 image here, where the arithmetic's four passes and the transposing copy were a
+        tenth of orientation's preprocessing."""
+        if img.dtype == np.uint8 and img.ndim == 3 and img.shape[2] == 3:
+            out = np.empty((3, img.shape[0], img.shape[1]), np.float32)
+            for c, plane in enumerate(cv2.split(np.ascontiguousarray(img))):
+                out[c] = cv2.LUT(plane, self.luts[c])
+            return out
         img = (img.astype(np.float32) * self.scale - self.mean) / self.std
         return np.ascontiguousarray(img.transpose((2, 0, 1)))
 

@@ -57,6 +57,20 @@ def crop(words: str, scale: float) -> np.ndarray:
     return img
 
 
+@pytest.mark.parametrize("model", ["orientation", "layout", "textdet", "textrec"])
+def test_normalise_by_table_is_bit_identical_to_the_arithmetic(model):
+    """The per-channel tables give exactly ``(img * scale - mean) / std`` in float32, CHW, also for the
+    views preprocessing hands it (a centre crop, a crop turned by ``np.rot90``)."""
+    pre = ImagePreprocessor(spec(model))
+    img = np.random.default_rng(3).integers(0, 256, (300, 500, 3), dtype=np.uint8)
+    for view in (img, img[10:234, 20:244, :], np.rot90(img)):
+        want = np.ascontiguousarray(((view.astype(np.float32) * pre.scale - pre.mean) / pre.std)
+                                    .transpose((2, 0, 1)))
+        got = pre.normalise(view)
+        assert (got.dtype, got.shape, got.flags.c_contiguous) == (np.float32, want.shape, True)
+        assert np.array_equal(got, want)
+
+
 # ------------------------------------------------------------ declared, checked parameters
 @pytest.mark.parametrize("pre,match", [
     ({"resize": "stretch"}, r"resize must be one of short_crop, fixed, limit32, height"),
