@@ -206,11 +206,15 @@ class Executor(HubWorker):
         feeds, sizes, live = self.assemble(sess, batch)
         if not live:
             return
-        # A lone small batch while the executor is otherwise idle gets every core (the wide session):
-        # at low load the lanes' one-thread runs would leave a core unused and double the latency
-        # of a long input; under load every lane runs its own batch on one thread.
+        # A lone small batch while the server is idle gets every core (the wide session): at low load
+        # the lanes' one-thread runs would leave a core unused and double the latency of a long input;
+        # under load every lane runs its own batch on one thread.  Idle means the executor's own queue
+        # and lanes are empty *and* each request was sent alone (``InferTask.alone``, the frontend's
+        # idle rule): an executor waiting on a busy pool is not an idle machine, and a second core
+        # taken then is the one a preprocess worker needed (orientation at c=8: 155 -> 143 req/s).
         wide = self.builder.wide_for(key)
-        lone = self.lanes.busy == 0 and self.batcher.pending() == 0 and len(live) <= WIDE_MAX_ROWS
+        lone = (self.lanes.busy == 0 and self.batcher.pending() == 0 and len(live) <= WIDE_MAX_ROWS
+                and all(p.payload.alone for p in live))
         runner = wide if wide is not None and lone and not background else sess
         # the cost model describes the serving lanes' runs (a background run's time says little)
         learn = runner is sess and not background

@@ -130,7 +130,8 @@ class InlinePre:
         prep = self.prepare(key, body)
         trail = m.Trail(pre_started=started, pre_sent=time.monotonic(), seq_len=prep.seq_len)
         return m.InferTask(task.rid, task.model, task.version, task.deadline, None, prep.seq_len, 0,
-                           task.post, prep.params, task.degraded, task.trace, trail), prep
+                           task.post, prep.params, task.degraded, task.trace, trail,
+                           alone=task.alone), prep
 
     def prepare(self, key: str, body) -> Prepared:
         """Validate and encode one request's frame; raises ``RequestError`` for a bad one (the same

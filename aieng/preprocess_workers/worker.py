@@ -181,7 +181,8 @@ class PreprocessWorker(HubWorker):
         trail = m.Trail(pre_started=started, pre_sent=time.monotonic(), seq_len=seq_len)
         self.to_exec.send(m.encode(m.InferTask(task.rid, task.model, task.version, task.deadline, ref,
                                                seq_len, task.upstream, task.post, params, task.degraded,
-                                               task.trace, trail, geometry, task.background)))
+                                               task.trace, trail, geometry, task.background,
+                                               task.alone)))
         self.notice.rids.append(task.rid)
         self.notice.refs.append(ref)
         self.notice.features.append(info)

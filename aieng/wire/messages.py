@@ -85,6 +85,7 @@ class InferTask:
     trail: Trail = field(default_factory=Trail)
     geometry: Optional[Geometry] = None  # image models: sizes for mapping boxes to the page
     background: bool = False  # PreTask.background, passed on
+    alone: bool = False  # PreTask.alone, passed on: only such a request may run on the idle-time wide session
 
 
 @dataclass(slots=True)

@@ -148,7 +148,8 @@ class Pipeline:
             return False
         if not req.post:
             self.table.route(req, EXEC)
-        task = m.PreTask(req.rid, req.model, req.version, req.deadline, req.trace, req.post, 0, req.degraded)
+        task = m.PreTask(req.rid, req.model, req.version, req.deadline, req.trace, req.post, 0, req.degraded,
+                         alone=alone)
         if not self.send_direct([m.encode(task), req.body]):  # it never got it: the pool's way then
             self.workers.gone("executor")
             return False

@@ -1,0 +1,64 @@
+"""The idle-time wide session runs a batch only while the server is idle: the executor's queue and lanes
+are empty *and* every request in it was sent alone (``InferTask.alone``, the frontend's idle rule).  An
+executor that waits on a busy preprocessing pool is not an idle machine: its batch goes to a lane."""
+from __future__ import annotations
+
+import logging
+import time
+from types import SimpleNamespace
+
+from aieng.config import Config
+from aieng.gpu_executor.builder import SessionBuilder
+from aieng.gpu_executor.executor import Executor
+from aieng.gpu_executor.inline_post import InlinePost
+from aieng.gpu_executor.inline_pre import InlinePre
+from aieng.gpu_executor.outputs import Outputs
+from aieng.wire import messages as m
+from tests.unit.demo import needs_demo_models
+from tests.unit.demo import spec as demo_spec
+from tests.unit.test_background_lane import OneFreeLaneEach
+
+
+class RecordingSession:
+    """Stands in for the wide session only: records that a batch ran on it."""
+
+    def __init__(self):
+        self.runs = 0
+
+    def run(self, feeds):
+        self.runs += 1
+        return []
+
+
+@needs_demo_models
+def test_only_a_batch_of_requests_sent_alone_runs_on_the_wide_session():
+    ex = Executor.__new__(Executor)  # the batching parts only: no sockets, no rings
+    ex.cfg, ex.log = Config(device="cpu", intra_op_threads=1), logging.getLogger("t")
+    ex.failed = {}
+    ex.inline = InlinePost(ex.cfg.inline_postprocess_us)
+    ex.inline_pre = InlinePre(0, ex.cfg.max_message_bytes)
+    ex.builder = SessionBuilder(ex.cfg, ex.log, ex.inline, ex.inline_pre)
+    spec = demo_spec("tabular")
+    ex.sessions = {spec.key: ex.builder.build(spec, wide=False)}
+    wide = ex.builder.wide[spec.key] = RecordingSession()
+    ex.outputs = Outputs(ex.cfg, None, None, ex.inline, None, None, ex.log)
+    ex.init_batcher()
+    tensors = [[i.name, i.dtype.name, [1 if not isinstance(d, int) or d < 0 else d for d in i.dims], 0]
+               for i in ex.sessions[spec.key].inputs]
+    ex.assemble = lambda sess, batch: ({}, [{}] * len(batch), batch)  # no rings here: nothing to copy
+    finished: list[list[int]] = []
+    ex.finish_batch = lambda job: finished.append([p.rid for p in job.context[3]])
+    ex.versions = SimpleNamespace(poll=lambda: None)
+    ex.direct, ex.poller, ex.ready = SimpleNamespace(poll=lambda poller, ready: None), None, {}
+    ex.lanes = OneFreeLaneEach()
+
+    def task(rid: int, alone: bool) -> m.InferTask:
+        return m.InferTask(rid, "tabular", "1", time.monotonic() + 5, m.Ref("seg", rid, 0, tensors), 0, 0,
+                           "post-0", {}, alone=alone)
+
+    ex.accept(task(1, alone=True))
+    ex.after_drain(time.monotonic() + 1.0)
+    assert (wide.runs, finished, ex.lanes.submitted) == (1, [[1]], [])  # ran here, on the wide session
+    ex.accept(task(2, alone=False))  # the executor is as idle as before, the server was not
+    ex.after_drain(time.monotonic() + 1.0)
+    assert (wide.runs, ex.lanes.submitted) == (1, [([2], False)])
