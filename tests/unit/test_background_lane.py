@@ -57,18 +57,24 @@ def test_a_background_job_runs_on_the_lowered_lane_and_a_serving_job_does_not():
         lanes.close()
 
 
-@needs_demo_models
-def test_the_executor_queues_background_tasks_apart_and_runs_them_on_the_background_lane():
-    ex = Executor.__new__(Executor)  # the batching parts only: no sockets, no rings
+def batching_executor(model: str = "tabular"):
+    """An executor with only its batching parts (no sockets, no rings) serving ``model``: (it, its spec)."""
+    ex = Executor.__new__(Executor)
     ex.cfg, ex.log = Config(device="cpu", intra_op_threads=1), logging.getLogger("t")
     ex.failed = {}
     ex.inline = InlinePost(ex.cfg.inline_postprocess_us)
     ex.inline_pre = InlinePre(0, ex.cfg.max_message_bytes)
     ex.builder = SessionBuilder(ex.cfg, ex.log, ex.inline, ex.inline_pre)
-    spec = demo_spec("tabular")
+    spec = demo_spec(model)
     ex.sessions = {spec.key: ex.builder.build(spec, wide=False)}
     ex.outputs = Outputs(ex.cfg, None, None, ex.inline, None, None, ex.log)  # knows post-0; no socket yet
     ex.init_batcher()
+    return ex, spec
+
+
+@needs_demo_models
+def test_the_executor_queues_background_tasks_apart_and_runs_them_on_the_background_lane():
+    ex, spec = batching_executor()
     sess = ex.sessions[spec.key]
     tensors = [[i.name, i.dtype.name, [1 if not isinstance(d, int) or d < 0 else d for d in i.dims], 0]
                for i in sess.inputs]

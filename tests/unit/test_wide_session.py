@@ -3,20 +3,12 @@ are empty *and* every request in it was sent alone (``InferTask.alone``, the fro
 executor that waits on a busy preprocessing pool is not an idle machine: its batch goes to a lane."""
 from __future__ import annotations
 
-import logging
 import time
 from types import SimpleNamespace
 
-from aieng.config import Config
-from aieng.gpu_executor.builder import SessionBuilder
-from aieng.gpu_executor.executor import Executor
-from aieng.gpu_executor.inline_post import InlinePost
-from aieng.gpu_executor.inline_pre import InlinePre
-from aieng.gpu_executor.outputs import Outputs
 from aieng.wire import messages as m
 from tests.unit.demo import needs_demo_models
-from tests.unit.demo import spec as demo_spec
-from tests.unit.test_background_lane import OneFreeLaneEach
+from tests.unit.test_background_lane import OneFreeLaneEach, batching_executor
 
 
 class RecordingSession:
@@ -32,17 +24,8 @@ class RecordingSession:
 
 @needs_demo_models
 def test_only_a_batch_of_requests_sent_alone_runs_on_the_wide_session():
-    ex = Executor.__new__(Executor)  # the batching parts only: no sockets, no rings
-    ex.cfg, ex.log = Config(device="cpu", intra_op_threads=1), logging.getLogger("t")
-    ex.failed = {}
-    ex.inline = InlinePost(ex.cfg.inline_postprocess_us)
-    ex.inline_pre = InlinePre(0, ex.cfg.max_message_bytes)
-    ex.builder = SessionBuilder(ex.cfg, ex.log, ex.inline, ex.inline_pre)
-    spec = demo_spec("tabular")
-    ex.sessions = {spec.key: ex.builder.build(spec, wide=False)}
+    ex, spec = batching_executor()
     wide = ex.builder.wide[spec.key] = RecordingSession()
-    ex.outputs = Outputs(ex.cfg, None, None, ex.inline, None, None, ex.log)
-    ex.init_batcher()
     tensors = [[i.name, i.dtype.name, [1 if not isinstance(d, int) or d < 0 else d for d in i.dims], 0]
                for i in ex.sessions[spec.key].inputs]
     ex.assemble = lambda sess, batch: ({}, [{}] * len(batch), batch)  # no rings here: nothing to copy
