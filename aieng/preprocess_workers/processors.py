@@ -2,7 +2,9 @@
 
 Each has ``process(inputs) -> (tensors, seq_len, info)`` (image ones with a ``geometry`` attribute, a
 ``messages.Geometry`` carried to postprocessing) and raises ``RequestError`` for bad input;
-``batchable`` ones also offer ``check(inputs)`` and ``process_many(checked)``.  Importing this module
+``batchable`` ones also offer ``check(inputs)`` and ``process_many(checked)``; one whose native library
+runs threads offers ``threads(n)``, the threads it may use for the next request (the image processor:
+OpenCV's; every core for a request alone in the server, else one).  Importing this module
 loads OpenCV and the tokenizers: the supervisor and ``model_repo`` never do (``image_config`` checks an
 image model's section without them).
 """
