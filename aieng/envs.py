@@ -137,6 +137,11 @@ REGISTRY: tuple[EnvVar, ...] = (
            "is at most this many bytes straight to the executor, which encodes it itself (two hand-offs "
            "fewer; only for models postprocessed in the executor; 0: always through the pool)",
            "inline_preprocess_bytes"),
+    EnvVar("AIENG_INLINE_IMAGE_PIXELS", int, 1_000_000,
+           "While nothing else is in flight, send an image request whose PNG/JPEG header declares at most "
+           "this many pixels straight to the executor, which decodes it itself (a hand-off and a process "
+           "wake-up fewer; only for models postprocessed in the executor; 0: always through the pool)",
+           "inline_image_pixels"),
     EnvVar("AIENG_INTRA_OP_THREADS", int, 0,
            "ONNX Runtime intra-op threads per run (0: usable CPUs / AIENG_EXECUTOR_LANES)",
            "intra_op_threads"),

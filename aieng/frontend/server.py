@@ -88,7 +88,8 @@ class Frontend:
         self.answers = Answers(self.reply, self.metrics, self.stats, self.breakers, self.cache, self.drift,
                                self.degrader, self.rollout.observe, self.tracing)
         self.pipeline = pl = Pipeline(self.table, self.workers, posts, self.send_hub, self.answers,
-                                      self.metrics, self.stats, cfg.inline_preprocess_bytes, self.send_direct)
+                                      self.metrics, self.stats, cfg.inline_preprocess_bytes, self.send_direct,
+                                      cfg.inline_image_pixels)
         self.mirror = Mirror(cfg, self.specs, self.rollout, self.admission, self.table, pl.start,
                              self.metrics.registry)  # shadow copies and their comparison
         pl.attach(self.mirror, Fanout(pl, self.table, self.workers, self.specs))  # pipeline models' steps
@@ -246,7 +247,7 @@ class Frontend:
         a = decision
         r = Request(self.table.new_rid(), envelope, req_id, a.model, a.version, a.deadline, received,
                     a.params, trace=a.trace, probe=a.probe, cache_key=a.cache_key, degraded=a.degraded,
-                    body=body, route=a.route, tctx=a.tctx)
+                    body=body, route=a.route, tctx=a.tctx, pixels=a.pixels)
         self.log.debug("admitted %s:%s", a.model, a.version, extra={"trace": a.trace})
         if self.versions.start(r, req["inputs"]):  # else it waits for its cold load (no shadow copy then)
             self.mirror.after_admit(r, body)  # after the primary is on its way: a shadow never delays it

@@ -54,7 +54,8 @@ class Executor(HubWorker):
         self.sessions: dict[str, ModelSession]
         self.failed: dict[str, str]
         self.inline = InlinePost(self.cfg.inline_postprocess_us)  # cheap chains run here (inline_post)
-        self.inline_pre = InlinePre(self.cfg.inline_preprocess_bytes, self.cfg.max_message_bytes)
+        self.inline_pre = InlinePre(self.cfg.inline_preprocess_bytes, self.cfg.max_message_bytes,
+                                    self.cfg.inline_image_pixels)
         self.builder = SessionBuilder(self.cfg, self.log, self.inline, self.inline_pre)
         self.sessions, self.failed = model_repo.build_each(
             specs, self.builder.build, self.log, self.cfg.strict_model_load, path=lambda s: s.onnx_path)

@@ -1,20 +1,22 @@
 """Preprocessing in the executor: a small request while idle, or at any load where inference dwarfs it.
 
 The executor keeps its own processor for the versions whose preprocessing is cheap and bounded
-(``INLINE_KINDS``: tokenising a short text, reading a few tabular features).  The frontend may send
+(``INLINE_KINDS``: tokenising a short text, reading a few tabular features; ``IDLE_KINDS``: decoding an
+image of at most ``AIENG_INLINE_IMAGE_PIXELS``, only while the server is idle).  The frontend may send
 such a request (a ``PreTask`` with the client's frame, on the express lane or the hub; ``direct``)
 straight to it; ``InlinePre.task`` validates and encodes it with the pool's checks, and the executor
 queues it like a preprocessed task, its tensors in its own memory (no ring slot: nothing to free,
 nothing to leak).  A version is advertised (``Hello.inline_pre``) only when its postprocessing also
-runs in the executor (``inline_post``) and ``AIENG_INLINE_PREPROCESS_BYTES`` is not 0; at any load
-(``Hello.inline_pre_any``) when, measured as it is built, the largest request the route admits costs
-at most ``ANY_LOAD_SHARE`` of that request's own one-row run.  Processors are made and measured when
-the session is built (``consider``) and put in force by ``adopt`` on the loop thread, like
+runs in the executor (``inline_post``) and its kind's limit is not 0; at any load
+(``Hello.inline_pre_any``; never an image) when, measured as it is built, the largest request the route
+admits costs at most ``ANY_LOAD_SHARE`` of that request's own one-row run.  Processors are made and
+measured when the session is built (``consider``) and put in force by ``adopt`` on the loop thread, like
 ``inline_post``'s chains.  When, why and what it saves: docs/architecture.md, 'Preprocessing in the
 executor'.
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +26,9 @@ from aieng.model_repo import ModelSpec
 from aieng.wire import messages as m
 
 INLINE_KINDS = ("text", "tabular")  # processors with a small, bounded cost per small request
+# decoding an image costs milliseconds (orientation's 300-900 px JPEGs: about 5 ms here), bounded by the
+# frontend's pixel limit: worth the executor's loop only while nothing else waits for it
+IDLE_KINDS = ("image",)
 # at any load when the largest admitted request's preprocessing costs at most this share of its own run:
 # the executor's loop then spends a few percent of its time encoding at saturation, and the pool's hand-offs
 # and notices go (minilm here: 3.1 ms for a 4 KiB text against 93 ms for its 128-token run; tabular: 15 us
@@ -38,6 +43,7 @@ class Prepared:
     seq_len: int
     features: dict  # the small facts drift monitoring keeps (token count, feature values)
     params: dict  # the client's params, as sent, for postprocessing
+    geometry: m.Geometry | None = None  # an image's sizes, for the ops that map boxes back to the page
 
     def descs(self) -> list:
         """The tensors as a ring slot's ``Ref`` lists them (``[name, dtype, shape]``), for the shape check."""
@@ -47,8 +53,10 @@ class Prepared:
 class InlinePre:
     """The executor's own processors for the versions it may preprocess, and why each is or is not."""
 
-    def __init__(self, limit_bytes: int, max_message_bytes: int):
+    def __init__(self, limit_bytes: int, max_message_bytes: int, limit_pixels: int = 0):
         self.limit_bytes = limit_bytes
+        self.limit_pixels = limit_pixels  # AIENG_INLINE_IMAGE_PIXELS (0: images stay in the pool)
+        self.cores = len(os.sched_getaffinity(0))  # an image alone in the server decodes on all of them
         self.max_message_bytes = max_message_bytes
         self.procs: dict[str, Any] = {}
         self.specs: dict[str, ModelSpec] = {}
@@ -62,14 +70,19 @@ class InlinePre:
         from aieng.preprocess_workers.processors import PROCESSORS
 
         kind = spec.preprocess.get("type", "")
-        if self.limit_bytes <= 0:
+        image = kind in IDLE_KINDS
+        if image and self.limit_pixels <= 0:
+            return self._set(spec, None, "AIENG_INLINE_IMAGE_PIXELS is 0")
+        if not image and self.limit_bytes <= 0:
             return self._set(spec, None, "AIENG_INLINE_PREPROCESS_BYTES is 0")
-        if kind not in INLINE_KINDS:
+        if not image and kind not in INLINE_KINDS:
             return self._set(spec, None, f"'{kind}' preprocessing stays in the pool")
         try:
             proc = PROCESSORS[kind](spec)
         except Exception as exc:  # the pool reports a processor that does not build; leave it there
             return self._set(spec, None, f"processor does not build: {type(exc).__name__}")
+        if image:  # milliseconds per request, growing with the client's pixels: never at any load
+            return self._set(spec, proc, f"'{kind}' requests up to {self.limit_pixels} pixels, while idle")
         idle = f"'{kind}' requests up to {self.limit_bytes} bytes, while idle"
         if sess is None:
             return self._set(spec, proc, idle)
@@ -127,20 +140,26 @@ class InlinePre:
 
     def task(self, key: str, task: m.PreTask, body, started: float) -> tuple[m.InferTask, Prepared]:
         """``prepare``, and the ``InferTask`` the request then queues as (no slot: ``ref`` is None)."""
-        prep = self.prepare(key, body)
+        prep = self.prepare(key, body, task.alone)
         trail = m.Trail(pre_started=started, pre_sent=time.monotonic(), seq_len=prep.seq_len)
         return m.InferTask(task.rid, task.model, task.version, task.deadline, None, prep.seq_len, 0,
-                           task.post, prep.params, task.degraded, task.trace, trail,
+                           task.post, prep.params, task.degraded, task.trace, trail, prep.geometry,
                            alone=task.alone), prep
 
-    def prepare(self, key: str, body) -> Prepared:
+    def prepare(self, key: str, body, alone: bool = False) -> Prepared:
         """Validate and encode one request's frame; raises ``RequestError`` for a bad one (the same
-        checks and messages as a preprocess worker's)."""
+        checks and messages as a preprocess worker's).  ``alone``: the request is alone in the server,
+        so a processor with native threads (an image's OpenCV) may use every core, as in the pool."""
         from aieng.preprocess_workers.worker import read_request
 
         inputs, params = read_request(self.specs[key], body, self.max_message_bytes)
-        tensors, seq_len, features = self.procs[key].process(inputs)
-        return Prepared(dict(tensors), int(seq_len), features, params)
+        proc = self.procs[key]
+        threads = getattr(proc, "threads", None)
+        if threads is not None:
+            threads(self.cores if alone else 1)
+        out = proc.process(inputs)
+        tensors, seq_len, features = out
+        return Prepared(dict(tensors), int(seq_len), features, params, getattr(out, "geometry", None))
 
 
 def measure(proc: Any, sess, limit_bytes: int) -> tuple[int, int]:

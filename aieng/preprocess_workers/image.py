@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import math
 import os
-import struct
 from typing import Any
 
 import numpy as np
 
+from aieng.inputs import image_size
 from aieng.model_repo import ModelSpec
 from aieng.preprocess_workers import image_config
 from aieng.preprocess_workers.features import image_features
@@ -39,31 +39,6 @@ def set_threads(n: int) -> None:
     if n != _threads[0]:
         cv2.setNumThreads(n)
         _threads[0] = n
-
-
-def image_size(data: bytes) -> tuple[int, int] | None:
-    """(width, height) from a PNG or JPEG header, or None when not recognised."""
-    if data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) >= 24:
-        w, h = struct.unpack(">II", data[16:24])
-        return w, h
-    if data[:2] == b"\xff\xd8":
-        pos = 2
-        n = len(data)
-        while pos + 4 <= n:
-            if data[pos] != 0xFF:
-                return None
-            marker = data[pos + 1]
-            if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
-                pos += 2
-                continue
-            seglen = struct.unpack(">H", data[pos + 2:pos + 4])[0]
-            if marker in (0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF):
-                if pos + 9 > n:
-                    return None
-                h, w = struct.unpack(">HH", data[pos + 5:pos + 9])
-                return w, h
-            pos += 2 + seglen
-    return None
 
 
 def _two_to_three(gray: np.ndarray, alpha: np.ndarray) -> np.ndarray:

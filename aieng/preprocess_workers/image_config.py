@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 MODES = ("short_crop", "fixed", "limit32", "height")
+DEFAULT_INPUT = "image"  # the request's input holding the encoded image, unless ``input`` names another
 COMMON = {"type", "input", "tensor", "resize", "scale", "mean", "std", "max_bytes", "max_pixels"}
 KEYS = {
     "short_crop": {"resize_short": 256, "crop": 224},
@@ -47,7 +48,7 @@ def check(pre: dict[str, Any]) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"preprocess: unknown key(s) {sorted(unknown)} for resize: {mode} "
                          f"(it takes {', '.join(sorted(KEYS[mode]))})")
-    cfg = {"input": "image", "tensor": "x", "scale": 1.0 / 255.0, "mean": [0.0, 0.0, 0.0],
+    cfg = {"input": DEFAULT_INPUT, "tensor": "x", "scale": 1.0 / 255.0, "mean": [0.0, 0.0, 0.0],
            "std": [1.0, 1.0, 1.0], "max_bytes": 20_000_000, "max_pixels": 40_000_000,
            **KEYS[mode], **pre, "resize": mode}
     for key in ("input", "tensor"):

@@ -22,7 +22,7 @@ import socket
 import struct
 from typing import Any, Callable
 
-MAX_RECORD = 64 * 1024  # a direct request's body is far smaller (AIENG_INLINE_PREPROCESS_BYTES)
+MAX_RECORD = 64 * 1024  # a direct text's body is far smaller (AIENG_INLINE_PREPROCESS_BYTES); images may not
 _HEAD = struct.Struct("<I")
 
 log = logging.getLogger("aieng.wire.express")
@@ -41,11 +41,10 @@ class Channel:
 
     def send(self, msg: bytes, body=None) -> bool:
         """Send one record; False when it did not go (the caller uses the hub instead)."""
-        if self.closed:
+        size = _HEAD.size + len(msg) + (len(body) if body is not None else 0)
+        if self.closed or size > MAX_RECORD:  # a big image goes on the hub, uncopied
             return False
         record = b"".join((_HEAD.pack(len(msg)), msg, body if body is not None else b""))
-        if len(record) > MAX_RECORD:
-            return False
         try:
             self.sock.send(record)
             return True

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import select
+import struct
 import threading
 import time
 from types import SimpleNamespace
@@ -41,7 +42,8 @@ class Rig:
         self.cfg = Config(frontend_addr=f"tcp://127.0.0.1:{free_port()}", http_addr="",
                           runtime_dir=str(tmp_path), instance=f"9{os.getpid()}", preprocess_workers=1,
                           postprocess_workers=1, **cfg)
-        self.fe = Frontend(self.cfg, {"tabular:1": spec("tabular")}, "frontend", logging.getLogger("test.fe"))
+        self.fe = Frontend(self.cfg, {"tabular:1": spec("tabular"), "orientation:1": spec("orientation")},
+                           "frontend", logging.getLogger("test.fe"))
         self.stop = SimpleNamespace(stop=False)
         self.thread = threading.Thread(target=self.fe.run, args=(self.stop,), daemon=True)
         self.thread.start()
@@ -293,16 +295,37 @@ def test_a_dead_executor_fails_the_inline_requests_it_held(rig):
     assert not r.busy(inp)  # the dead holder's input slot is the frontend's to free
 
 
-def direct_ready(r: Rig, any_load: bool = False) -> Rig:
-    """Every peer up, the executor advertising tabular:1 as pre- and postprocessed by itself (while idle, or
+def direct_ready(r: Rig, any_load: bool = False, key: str = "tabular:1") -> Rig:
+    """Every peer up, the executor advertising ``key`` as pre- and postprocessed by itself (while idle, or
     at any load)."""
     r.hello("pre-0", "post-0")
     r.peers["executor"].send(m.encode(m.Hello("executor", "executor", 1000 + len("executor"),
-                                              inline_post=["tabular:1"], inline_pre=["tabular:1"],
-                                              inline_pre_any=["tabular:1"] if any_load else [])))
+                                              inline_post=[key], inline_pre=[key],
+                                              inline_pre_any=[key] if any_load else [])))
     want = "any load" if any_load else "idle"
-    r.until(lambda: r.fe.workers.preprocessed_by_executor("tabular:1", time.monotonic()) == want)
+    r.until(lambda: r.fe.workers.preprocessed_by_executor(key, time.monotonic()) == want)
     return r
+
+
+def png_header(w: int, h: int) -> bytes:
+    """What the frontend reads of a PNG (its IHDR); it never decodes one."""
+    return b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + b"IHDR" + struct.pack(">II", w, h) + bytes(64)
+
+
+def test_an_idle_image_goes_straight_to_the_executor_only_when_its_header_declares_few_enough_pixels(rig):
+    r = direct_ready(rig(inline_image_pixels=400 * 300), key="orientation:1")
+    for rid, image in (("big", png_header(400, 301)), ("unreadable", b"\xff\xd8not a jpeg")):
+        r.send({"id": rid, "model": "orientation", "inputs": {"image": image}})
+        task, frames = r.expect("pre-0")  # alone in the server, yet the pool's: too big, or pixels unknown
+        assert (type(task), msgpack.unpackb(frames[1])["id"]) == (m.PreTask, rid)
+        r.peers["pre-0"].send(m.encode(m.Failed(task.rid, "INVALID_INPUT", "no")))
+        assert r.answer()["id"] == rid
+    r.send({"id": "small", "model": "orientation", "inputs": {"image": png_header(400, 300)}})
+    task, frames = r.expect("executor")
+    assert (type(task), task.post, task.alone, msgpack.unpackb(frames[1])["id"]) == (
+        m.PreTask, "executor", True, "small")
+    r.until(lambda: r.fe.table.get(task.rid).stage == "executor")
+    assert r.fe.table.get(task.rid).holder == "executor"
 
 
 def test_an_idle_small_request_goes_straight_to_the_executor_and_a_second_through_the_pool(rig):

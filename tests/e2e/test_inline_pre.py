@@ -1,5 +1,6 @@
 """Preprocessing in the executor for a small request that finds the server idle
-(``gpu_executor/inline_pre``), on the real server.
+(``gpu_executor/inline_pre``), on the real server.  Images too: one whose header declares at most
+``AIENG_INLINE_IMAGE_PIXELS`` is decoded in the executor while the server is idle.
 
 One request at a time, a short text or a tabular row goes straight to the executor, which encodes it,
 runs it and answers: the preprocess pool never sees it.  A body over ``AIENG_INLINE_PREPROCESS_BYTES``
@@ -104,3 +105,45 @@ def test_under_load_a_model_whose_run_dwarfs_its_encoding_still_skips_the_pool(d
     with direct.client() as c:
         view = c.call({"op": "models"})["models"]["minilm"]["versions"]["1"]["onnx"]["preprocess"]
     assert view["where"] == "executor at any load"
+
+
+def jpeg(h: int, w: int, seed: int) -> bytes:
+    import cv2
+
+    img = np.random.default_rng(seed).integers(0, 255, size=(h, w, 3), dtype=np.uint8)
+    return cv2.imencode(".jpg", img)[1].tobytes()
+
+
+IMAGES = [jpeg(300, 400, 1), jpeg(240, 320, 2), jpeg(400, 500, 3)]  # up to 200,000 pixels: the executor's
+OVER = jpeg(401, 500, 4)  # 200,500 pixels: the pool's
+
+
+def run_images(srv) -> tuple[dict, list, tuple]:
+    """One image at a time: the version's preprocess view, the scores (small images, then the big one), and
+    a cut-off JPEG's error (its header reads as small; its decoding fails)."""
+    with srv.client() as c:
+        view = c.call({"op": "models"})["models"]["orientation"]["versions"]["1"]["onnx"]["preprocess"]
+        scores = [c.infer("orientation", {"image": b})["outputs"]["scores"] for b in IMAGES + [OVER]]
+        cut = {"op": "infer", "id": "cut", "model": "orientation", "inputs": {"image": IMAGES[0][:400]}}
+        reply = c.call(cut, raise_on_error=False)
+    return view, scores, (reply["id"], reply["ok"], reply["error"]["code"], reply["error"]["message"])
+
+
+def test_an_idle_servers_small_image_is_decoded_in_the_executor_and_answers_as_the_pool_does(make_server):
+    env = {"AIENG_MODELS": "orientation", "AIENG_PREPROCESS_WORKERS": "1",
+           "AIENG_INLINE_POSTPROCESS_US": "5000"}  # postprocessed here whatever this machine measures
+    srv = make_server(**env, AIENG_INLINE_IMAGE_PIXELS="200000").start()
+    before = srv.worker_counts("preprocess", 0)
+    view, scores, error = run_images(srv)
+    assert view == {"where": "executor when idle", "why": "'image' requests up to 200000 pixels, while idle"}
+    # the small images and the cut-off one (its header says 400x300) were the executor's; the big one not
+    assert counted(srv, before, len(IMAGES) + 2) == {"executor": len(IMAGES) + 1, "pre-0": 1}
+
+    pool = make_server(**env, AIENG_INLINE_IMAGE_PIXELS="0").start()
+    view_pool, scores_pool, error_pool = run_images(pool)
+    assert view_pool == {"where": "pool", "why": "AIENG_INLINE_IMAGE_PIXELS is 0"}
+    assert pool.worker_counts("preprocess", len(IMAGES) + 2) == {"pre-0": len(IMAGES) + 2}
+    for a, b in zip(scores, scores_pool, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert error == error_pool
+    assert error[:3] == ("cut", False, "INVALID_INPUT")

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from aieng.inputs import image_pixels
 from aieng.preprocess_workers.image import ImagePreprocessor, image_size
 from aieng.preprocess_workers.processors import PROCESSORS
 from aieng.preprocess_workers.tabular import TabularPreprocessor
@@ -171,6 +172,17 @@ def test_image_size_png_and_jpeg():
     assert image_size(encode(img, ".jpg", cv2.IMWRITE_JPEG_PROGRESSIVE, 1)) == (53, 37)  # SOF2
     assert image_size(encode(img[..., 0], ".png")) == (53, 37)
     assert image_size(png_header_only(100000, 3)) == (100000, 3)
+
+
+@needs_demo_models
+def test_image_pixels_is_what_the_header_declares_0_when_unreadable_and_none_for_other_kinds():
+    orientation = spec("orientation")
+    assert image_pixels(orientation, {"image": encode(rand_bgr(37, 53), ".jpg")}) == 37 * 53
+    assert image_pixels(orientation, {"image": png_header_only(100000, 3)}) == 300000  # read, not decoded
+    assert image_pixels(orientation, {"image": b"hello" * 10}) == 0
+    assert image_pixels(orientation, {"image": "not bytes"}) == 0
+    assert image_pixels(orientation, {}) == 0
+    assert image_pixels(spec("minilm"), {"text": "a man is eating food"}) is None
 
 
 @pytest.mark.parametrize("data", [b"", b"GIF89a....", b"\x89PNG\r\n\x1a\n", b"\xff\xd8\x00\x00\x00\x00",

@@ -12,7 +12,8 @@ Checks, in order (the first that fails answers the request with its code):
   5. degradation level 3: the model's fallback answer, or OVERLOADED;
   6. the model's circuit breaker (UNAVAILABLE while open).
 What passes gets its trace (``trace_of``: a valid ``traceparent`` joins the caller's, else the client's
-``trace_id`` or a fresh id) and sampling decision.  Nothing here blocks or does a worker's work.
+``trace_id`` or a fresh id) and sampling decision, and an image its pixel count from the header (what
+the direct route weighs it by).  Nothing here blocks or does a worker's work.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from aieng.frontend.requests.cache import ResponseCache, cache_key
 from aieng.frontend.requests.degrade import Degrader
 from aieng.frontend.requests.table import RequestTable
 from aieng.frontend.rollout.rollout import Rollout
+from aieng.inputs import image_pixels
 from aieng.model_repo import ModelSpec
 from aieng.wire import protocol as p
 from aieng.wire import traceparent as tp
@@ -44,6 +46,7 @@ class Admitted:
     degraded: int
     route: str = "weight"
     tctx: TraceCtx | None = None
+    pixels: int | None = None  # an image version's request: its header's pixels (``inputs.image_pixels``)
 
 
 @dataclass(slots=True)
@@ -130,7 +133,7 @@ class Admission:
             self.rollout.observe(model, version, p.UNAVAILABLE, 0.0)  # the routed version's fault
             raise p.RequestError(p.UNAVAILABLE, why)
         return Admitted(model, version, received + timeout_ms / 1000.0, params, trace, probe, key, level,
-                        route, tctx)
+                        route, tctx, image_pixels(spec, req["inputs"]))
 
     def trace_of(self, req: dict) -> tuple[str, TraceCtx]:
         """The request's trace id for logs and its trace context (module doc); never an error."""

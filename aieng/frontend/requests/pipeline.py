@@ -74,10 +74,12 @@ class Pages(Protocol):
 class Pipeline:
     def __init__(self, table: RequestTable, workers: Workers, post_names: list[str],
                  send: Callable[[str, list], bool], answers: Answers, metrics: Metrics, stats: StageStats,
-                 direct_bytes: int = 0, send_direct: Callable[[list], bool] | None = None):
+                 direct_bytes: int = 0, send_direct: Callable[[list], bool] | None = None,
+                 direct_pixels: int = 0):
         """``send(worker, frames)`` over the hub; ``answers`` ends every admitted request once."""
         self.table, self.workers, self.send, self.answers = table, workers, send, answers
         self.direct_bytes = direct_bytes  # AIENG_INLINE_PREPROCESS_BYTES (0: never straight to the executor)
+        self.direct_pixels = direct_pixels  # AIENG_INLINE_IMAGE_PIXELS, likewise for an image
         self.busy_until = 0.0  # monotonic s: no direct request before (another request was in flight lately)
         # how a direct request reaches the executor (the server's: the express lane, else the hub)
         self.send_direct = send_direct or (lambda frames: self.send("executor", frames))
@@ -140,8 +142,10 @@ class Pipeline:
 
     def direct(self, req: Request, now: float, alone: bool) -> bool:
         """Send ``req`` straight to the executor when the module's doc says so; False: it was not."""
-        if not (self.direct_bytes > 0 and req.parent is None and req.crop is None and not req.background
-                and req.body is not None and len(req.body) <= self.direct_bytes):
+        if not (req.parent is None and req.crop is None and not req.background and req.body is not None):
+            return False
+        if not (len(req.body) <= self.direct_bytes if req.pixels is None  # a text or a tabular row
+                else 0 < req.pixels <= self.direct_pixels):  # an image: its decoding grows with its pixels
             return False
         when = self.workers.preprocessed_by_executor(req.key, now)
         if not when or (when == IDLE and not alone):  # the pool's turn, unless taken at any load

@@ -48,6 +48,7 @@ class Request:
     degraded: int = 0  # the model's degradation level when it was admitted
     route: str = "weight"  # why this version serves it: pinned / rule:<name> / weight (routing.py)
     body: Any = None  # the client's request frame, until a preprocess worker has it
+    pixels: int | None = None  # an image version's request: its header's pixels (0: unreadable)
     pre: str = ""  # the preprocess worker it was sent to
     post: str = ""  # the postprocess worker on its route (chosen when it is first sent)
     dispatched: float = 0.0  # monotonic seconds it was sent to its preprocess worker
