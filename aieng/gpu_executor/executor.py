@@ -228,7 +228,9 @@ class Executor(HubWorker):
 
     def finish_batch(self, job: Job) -> None:
         key, sess, sizes, live, learn = job.context
-        prepared = {p.rid: self.direct.take(p.rid) for p in live if p.payload.ref is None}
+        for p in live:
+            if p.payload.ref is None:
+                self.direct.take(p.rid)  # its input, no longer needed
         if job.error is not None:  # a failing run fails its batch, not the executor
             self.log.error("%s: run failed: %s: %s", key, type(job.error).__name__, job.error)
             for p in live:
@@ -241,8 +243,7 @@ class Executor(HubWorker):
             self.versions.refresh()
         if learn:  # the cost model describes the serving lanes' runs, which carry the load
             self.batcher.observe(key, len(live), padded, infer_us / 1e6)
-        features = {rid: prep.features for rid, prep in prepared.items() if prep is not None}
-        self.outputs.deliver(key, sess, job.result, sizes, live, job.started, infer_us, padded, features)
+        self.outputs.deliver(key, sess, job.result, sizes, live, job.started, infer_us, padded)
 
     def assemble(self, sess: ModelSession, batch: list[Pending]):
         """Copy each request's tensors into padded batch arrays; free input slots."""

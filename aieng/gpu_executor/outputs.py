@@ -35,9 +35,8 @@ class Outputs:
         return post in self.posts
 
     def deliver(self, key: str, sess: ModelSession, outputs, sizes: list, live: list, started: float,
-                infer_us: int, padded: int, features: dict) -> None:
-        """Answer each request of a batch that ran (``live``, row by row); ``features``: rid -> an
-        inline-preprocessed request's drift facts, which no ``Preprocessed`` notice told the frontend."""
+                infer_us: int, padded: int) -> None:
+        """Answer each request of a batch that ran (``live``, row by row)."""
         done = m.Inferred([], [])
         for row, p in enumerate(live):
             task = p.payload
@@ -45,8 +44,7 @@ class Outputs:
             trail.batch_started, trail.infer_us = started, infer_us
             trail.batch, trail.padded = len(live), padded
             if task.post == EXECUTOR:  # a cheap chain: answered from here, no output slot, no hop
-                self.answer_inline(key, task, sess.request_outputs(outputs, row, sizes[row]),
-                                   features.get(p.rid))
+                self.answer_inline(key, task, sess.request_outputs(outputs, row, sizes[row]))
                 continue
             try:
                 tensors = sess.request_outputs(outputs, row, sizes[row])
@@ -55,7 +53,7 @@ class Outputs:
                 self.fail(p.rid, exc.code, exc.message)
                 continue
             post_task = m.PostTask(p.rid, task.model, task.version, ref, task.params, task.degraded,
-                                   task.trace, trail, task.geometry)
+                                   task.trace, trail, task.geometry, task.features)
             self.post_socket(task.post).send(m.encode(post_task))
             done.rids.append(p.rid)
             done.refs.append(ref)
@@ -64,12 +62,11 @@ class Outputs:
         if done.rids:  # one notice per batch: these output slots are the postprocess workers' now
             self.send(done)
 
-    def answer_inline(self, key: str, task: m.InferTask, tensors: list, features: dict | None) -> None:
+    def answer_inline(self, key: str, task: m.InferTask, tensors: list) -> None:
         """The request's answer from its chain, run here (``inline_post``): a ``Result`` or a
         ``Failed``, as a postprocess worker would send it."""
         msg = self.inline.answer(key, task, tensors, self.log)
         if isinstance(msg, m.Result):
-            msg.features = features or {}
             t = task.trail
             self.log.debug("inferred in a batch of %d (padded %d, %d us), postprocessed here (%d us)",
                            t.batch, t.padded, t.infer_us, t.post_us, extra={"trace": task.trace})

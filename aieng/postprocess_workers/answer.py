@@ -42,5 +42,5 @@ def answer(chain: Chain, task: Any, views: dict[str, Any], log) -> m.Result | m.
         log.exception("postprocess failed for rid %s", task.rid)
         return m.Failed(task.rid, INTERNAL, f"postprocessing failed: {type(exc).__name__}")
     task.trail.post_started, task.trail.post_us = started, (time.perf_counter_ns() - t0) // 1000
-    return m.Result(task.rid, packed, task.trail, outcome.confidence, outcome.steps,
-                    distance=outcome.distance)
+    return m.Result(task.rid, packed, task.trail, outcome.confidence, outcome.steps, task.features,
+                    outcome.distance)

@@ -55,7 +55,7 @@ class PreprocessWorker(HubWorker):
         self.init_processors(specs)
         self.init_ring()
         self.to_exec = push_socket(exec_addr(cfg.runtime_dir))
-        self.notice = m.Preprocessed([], [], [])
+        self.notice = m.Preprocessed([], [])
         self.handlers[m.PreTask] = self.on_task
         self.arrived: list[tuple[m.PreTask, Any]] = []  # drained together, encoded together
         self.cores = len(os.sched_getaffinity(0))  # a request alone in the server may use them all
@@ -127,7 +127,7 @@ class PreprocessWorker(HubWorker):
             self.run_group(self.procs[key], group, started)
         if self.notice.rids:  # one notice for the whole drain: these slots are the executor's now
             self.send(self.notice)
-            self.notice = m.Preprocessed([], [], [])
+            self.notice = m.Preprocessed([], [])
 
     def run_group(self, proc, group: list, started: float) -> None:
         results: list = []
@@ -182,10 +182,9 @@ class PreprocessWorker(HubWorker):
         self.to_exec.send(m.encode(m.InferTask(task.rid, task.model, task.version, task.deadline, ref,
                                                seq_len, task.upstream, task.post, params, task.degraded,
                                                task.trace, trail, geometry, task.background,
-                                               task.alone)))
+                                               task.alone, info)))
         self.notice.rids.append(task.rid)
         self.notice.refs.append(ref)
-        self.notice.features.append(info)
         self.log.debug("preprocessed %s:%s into slot %d", task.model, task.version, ref.slot,
                        extra={"trace": task.trace})
 

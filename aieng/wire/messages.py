@@ -86,6 +86,9 @@ class InferTask:
     geometry: Optional[Geometry] = None  # image models: sizes for mapping boxes to the page
     background: bool = False  # PreTask.background, passed on
     alone: bool = False  # PreTask.alone, passed on: only such a request may run on the idle-time wide session
+    # its small facts for input-drift monitoring (preprocess_workers/features: token count and
+    # out-of-vocabulary share, image size, aspect and brightness; tabular features as given), for its Result
+    features: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -94,9 +97,6 @@ class Preprocessed:
     T: ClassVar[str] = "preprocessed"
     rids: list[int]
     refs: list[Ref]
-    # per row: its small facts for input-drift monitoring (preprocess_workers/features: token count and
-    # out-of-vocabulary share, image size, aspect and brightness; tabular features as given)
-    features: list[dict[str, float]]
 
 
 @dataclass(slots=True)
@@ -112,6 +112,7 @@ class PostTask:
     trace: str = ""
     trail: Trail = field(default_factory=Trail)
     geometry: Optional[Geometry] = None  # from InferTask, as the preprocessing set it
+    features: dict[str, float] = field(default_factory=dict)  # from InferTask, for the Result
 
 
 @dataclass(slots=True)
@@ -133,7 +134,8 @@ class Result:
     # postprocess steps; skipped ones (a timeout with ``on_timeout: skip``, or an input a skipped step
     # should have made) are missing from the answer
     steps: list[Step] = field(default_factory=list)
-    # a request the executor preprocessed itself (inline_pre): its drift facts, as Preprocessed carries them
+    # the drift facts its preprocessing found (InferTask.features, passed on): they come with the answer,
+    # so no notice that another process sends can arrive too late for them
     features: dict[str, float] = field(default_factory=dict)
     distance: float | None = None  # embeddings: cosine distance to the golden centroid (output drift)
 

@@ -176,7 +176,7 @@ def test_a_request_alone_in_the_server_may_use_every_core_and_one_beside_another
 def test_success_path_and_who_frees(rig):
     r, task = running(rig)
     inp, out = r.slot("pre-0"), r.slot("executor")
-    r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp], [{}])))
+    r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp])))
     r.peers["executor"].send(m.encode(m.Inferred([task.rid], [out])))
     r.until(lambda: r.fe.table.get(task.rid).stage == "postprocess")
     assert r.fe.table.get(task.rid).stage == "postprocess" and r.fe.table.get(task.rid).holder == "post-0"
@@ -194,11 +194,12 @@ def test_an_answer_feeds_drift_and_a_shadow_copy_never_does(rig, shadow):
     if shadow:  # the same request as a shadow copy would be: compared by the mirror, never accounted
         r.fe.table.get(task.rid).shadow_of = 10 ** 9
     inp, out = r.slot("pre-0"), r.slot("executor")
-    r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp], [{"island": "Dream"}])))
+    r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp])))
     r.peers["executor"].send(m.encode(m.Inferred([task.rid], [out])))
     r.until(lambda: r.fe.table.get(task.rid).stage == "postprocess")
     answer = result(task.rid)
     answer.confidence = 0.9
+    answer.features = {"island": "Dream"}  # the worker's drift facts, carried with the request to its answer
     r.peers["post-0"].send(m.encode(answer))
     r.until(lambda: len(r.fe.table) == 0)
     r.settle()
@@ -208,13 +209,30 @@ def test_an_answer_feeds_drift_and_a_shadow_copy_never_does(rig, shadow):
     assert (list(drift.inputs["island"].recent), drift.collected, drift.sample) == want
 
 
+def test_a_result_that_overtakes_its_notices_still_feeds_drift_and_the_late_notices_change_nothing(rig):
+    """A version postprocessed in the executor answers from there; its Result can reach the frontend
+    before the preprocess worker's notice (sent once per drain): the drift facts come with the Result."""
+    r, task = running(rig)
+    inp = r.slot("pre-0")
+    answer = result(task.rid)
+    answer.features = {"island": "Dream"}
+    r.peers["post-0"].send(m.encode(answer))  # no notice yet
+    reply = r.answer()
+    assert (reply["id"], reply["ok"]) == ("a", True)
+    r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp])))  # late: the request is answered
+    r.settle()
+    island = r.fe.drift.versions[("tabular", "1")].inputs["island"]
+    assert list(island.recent) == [island.index["Dream"]]
+    assert len(r.fe.table) == 0
+
+
 def test_notices_out_of_order(rig):
     """The executor's notice can overtake the preprocess worker's: the request only moves forward."""
     r, task = running(rig)
     inp, out = r.slot("pre-0"), r.slot("executor")
     r.peers["executor"].send(m.encode(m.Inferred([task.rid], [out])))
     r.settle()
-    r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp], [{}])))
+    r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp])))
     r.settle()
     r.until(lambda: r.fe.table.get(task.rid).stage == "postprocess")
     req = r.fe.table.get(task.rid)
@@ -230,7 +248,7 @@ def test_result_overtaking_both_notices_still_counts_every_stage(rig):
     r.peers["post-0"].send(m.encode(result(task.rid)))
     assert r.answer()["ok"]
     r.peers["executor"].send(m.encode(m.Inferred([task.rid], [r.slot("executor")])))
-    r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [r.slot("pre-0")], [{}])))
+    r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [r.slot("pre-0")])))
     r.settle()
     assert worker_counts(r) == {("preprocess", "pre-0"): 1, ("executor", "executor"): 1,
                                 ("postprocess", "post-0"): 1}
@@ -258,7 +276,7 @@ def test_an_inline_model_is_routed_to_the_executor_which_answers(rig):
     r, task = inline_running(rig)
     assert task.post == "executor"
     inp = r.slot("pre-0")
-    r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp], [{}])))
+    r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp])))
     r.until(lambda: r.fe.table.get(task.rid).stage == "executor")
     r.peers["executor"].send(m.encode(result(task.rid)))
     reply = r.answer()
@@ -287,7 +305,7 @@ def test_an_inline_result_from_a_postprocess_worker_is_not_taken(rig):
 def test_a_dead_executor_fails_the_inline_requests_it_held(rig):
     r, task = inline_running(rig)
     inp = r.slot("pre-0")
-    r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp], [{}])))
+    r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp])))
     r.until(lambda: r.fe.table.get(task.rid).stage == "executor")
     r.peers["supervisor"].send(m.encode(m.WorkerDown("executor", -9, 1000 + len("executor"))))
     reply = r.answer()
@@ -339,7 +357,7 @@ def test_an_idle_small_request_goes_straight_to_the_executor_and_a_second_throug
     second, frames = r.expect("pre-0")
     assert (type(second), second.post, msgpack.unpackb(frames[1])["id"]) == (m.PreTask, "executor", "b")
     answer = result(task.rid)
-    answer.features = {"island": "Dream"}  # what a Preprocessed notice would have carried
+    answer.features = {"island": "Dream"}  # what the executor's encoding found
     r.peers["executor"].send(m.encode(answer))
     reply = r.answer()
     assert (reply["id"], reply["ok"], reply["outputs"]) == ("a", True, {"label": "Gentoo"})
@@ -422,7 +440,7 @@ def test_timeout_leaves_the_holders_slot_alone(rig):
     r.send({"id": "a", "model": "tabular", "inputs": TAB, "timeout_ms": 300})
     task = dispatched(r)
     inp = r.slot("pre-0")
-    r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp], [{}])))
+    r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp])))
     reply = r.answer()
     assert reply["error"]["code"] == "TIMEOUT" and "stage: executor" in reply["error"]["message"]
     assert r.busy(inp)  # the executor is alive and holds it: it frees it (it drops expired requests)
@@ -442,7 +460,7 @@ def timed_out_at_preprocess(rig) -> tuple[Rig, m.PreTask]:
 def test_an_answered_requests_slot_is_freed_when_the_executor_holding_it_dies(rig):
     r, task = timed_out_at_preprocess(rig)
     inp = r.slot("pre-0")
-    r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp], [{}])))  # late: handed on all the same
+    r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp])))  # late: handed on all the same
     r.until(lambda: r.fe.table.ghosts.get(task.rid) is not None and r.fe.table.ghosts[task.rid].ref == inp)
     assert r.busy(inp)  # the executor is alive: its to free
     r.peers["supervisor"].send(m.encode(m.WorkerDown("executor", -9, 1008)))
@@ -456,7 +474,7 @@ def test_an_answered_request_handed_to_an_executor_that_died_meanwhile_frees_its
     r.peers["supervisor"].send(m.encode(m.WorkerDown("executor", -9, 1008)))
     r.settle()
     inp = r.slot("pre-0")
-    r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp], [{}])))  # pushed to the dead one
+    r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp])))  # pushed to the dead one
     r.until(lambda: not r.busy(inp))
     assert not r.busy(inp) and task.rid not in r.fe.table.ghosts
 
@@ -464,7 +482,7 @@ def test_an_answered_request_handed_to_an_executor_that_died_meanwhile_frees_its
 def test_an_answered_requests_route_ending_leaves_its_slots_to_their_holders(rig):
     r, task = timed_out_at_preprocess(rig)
     inp, out = r.slot("pre-0"), r.slot("executor")
-    r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp], [{}])))
+    r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp])))
     r.peers["executor"].send(m.encode(m.Inferred([task.rid], [out])))
     r.until(lambda: r.fe.table.ghosts.get(task.rid) is not None and r.fe.table.ghosts[task.rid].ref == out)
     r.peers["post-0"].send(m.encode(result(task.rid)))  # the postprocess worker read and freed ``out``
@@ -480,7 +498,7 @@ def test_an_answered_requests_route_ending_leaves_its_slots_to_their_holders(rig
 def test_worker_death_answers_what_it_held_and_frees_its_slot(rig, victim, stage):
     r, task = running(rig)
     inp, out = r.slot("pre-0"), r.slot("executor")
-    r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp], [{}])))
+    r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp])))
     if victim == "post-0":
         r.peers["executor"].send(m.encode(m.Inferred([task.rid], [out])))
     r.until(lambda: r.fe.table.get(task.rid).stage == stage)
@@ -548,7 +566,7 @@ def test_a_notice_arriving_after_the_new_holders_death_answers_and_frees(rig):
     r.peers["supervisor"].send(m.encode(m.WorkerDown("executor", -9, 1008)))
     r.settle()
     assert r.fe.table.get(task.rid).stage == "preprocess"  # not the executor's, as far as the frontend knew
-    r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp], [{}])))
+    r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp])))
     reply = r.answer()
     assert reply["id"] == "a" and reply["error"]["code"] == "UNAVAILABLE"
     assert "executor exited" in reply["error"]["message"]

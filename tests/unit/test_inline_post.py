@@ -88,11 +88,11 @@ def test_the_answer_is_what_the_pool_would_send():
     tensors = sess.request_outputs(outs, 0, {})
     trail = m.Trail()
     task = m.InferTask(rid=7, model="tabular", version="1", deadline=0.0, ref=None, seq_len=0, upstream=0,
-                       post=EXECUTOR, params={}, trail=trail)
+                       post=EXECUTOR, params={}, trail=trail, features={"bill_length_mm": 41.0})
     before = time.monotonic()
     result = inline.answer(s.key, task, tensors, logging.getLogger("t"))
     assert isinstance(result, m.Result)
-    assert result.rid == 7
+    assert (result.rid, result.features) == (7, {"bill_length_mm": 41.0})  # the drift facts ride along
     assert before <= result.trail.post_started <= time.monotonic()
     want = Chain(s).run(dict(tensors), {}, 0, None)
     got = msgpack.unpackb(result.outputs)

@@ -22,15 +22,16 @@ SAMPLES = {
                      {"tabular:1": "CPUExecutionProvider"},
                      {"tabular:1": {"provider": "CPUExecutionProvider"}}, 1, ["tabular:1"], ["tabular:1"]),
     "pre": m.PreTask(rid=1, model="minilm", version="1", deadline=12345.678901, post="post-0", upstream=3),
-    "preprocessed": m.Preprocessed(rids=[2, 3], refs=[REF, REF2], features=[{"island": "Biscoe"}, {}]),
+    "preprocessed": m.Preprocessed(rids=[2, 3], refs=[REF, REF2]),
     "infer": m.InferTask(rid=3, model="minilm", version="1", deadline=99.5, ref=REF, seq_len=12, upstream=4,
-                         post="post-1", params={"top_k": 2}, trail=TRAIL),
+                         post="post-1", params={"top_k": 2}, trail=TRAIL, features={"tokens": 12.0}),
     "inferred": m.Inferred(rids=[4, 5], refs=[REF, REF2]),
     "post": m.PostTask(rid=5, model="orientation", version="1", ref=REF, params={"top_k": 2}, degraded=1,
-                       trail=TRAIL),
+                       trail=TRAIL, features={"img:width": 640.0}),
     "result": m.Result(rid=6, outputs=pack({"label": "90", "scores": {"dtype": "float32", "shape": [0],
                                                                       "data": b""}}), trail=TRAIL,
-                       steps=[m.Step("decode", 120, "ok"), m.Step("ocr", 0, "skipped")]),
+                       steps=[m.Step("decode", 120, "ok"), m.Step("ocr", 0, "skipped")],
+                       features={"img:width": 640.0}),
     "failed": m.Failed(rid=7, code="INVALID_INPUT", message="input 'text' is empty ✗", ref=REF),
     "worker_down": m.WorkerDown(worker="post1", exitcode=-9, pid=777),
     "state": m.ServiceState(ready=True, processes={"pre0": m.ProcessState("preprocess", 1, True, 2),
@@ -70,7 +71,7 @@ def test_round_trip(tag):
 
 def test_defaults_survive():
     for msg in (m.Hello("w", "executor", 1), m.Failed(1, "TIMEOUT", "late"),
-                m.Preprocessed([1], [REF], [{}])):
+                m.Preprocessed([1], [REF])):
         back = m.decode(m.encode(msg))
         assert back == msg
     assert m.decode(m.encode(m.Failed(1, "TIMEOUT", "late"))).ref is None

@@ -104,7 +104,7 @@ def test_preprocess_worker_answers_a_failed_model_unavailable(tmp_path):
     copy_model("minilm", tmp_path, broken_file="tokenizer.json")
     specs = specs_of(tmp_path, "tabular", "minilm")
     w = bare(PreprocessWorker, strict=False)
-    w.notice = m.Preprocessed([], [], [])
+    w.notice = m.Preprocessed([], [])
     w.init_processors(specs)
     assert list(w.procs) == ["tabular:1"]
     assert w.failed["minilm:1"].startswith(f"model minilm:1 ({specs['minilm:1'].path}): ")

@@ -29,7 +29,7 @@ def test_a_lone_image_request_gets_every_core_and_the_next_one_thread():
     w = PreprocessWorker.__new__(PreprocessWorker)  # only what handle() needs: no sockets, no rings
     w.specs, w.procs, w.failed, w.cores = {spec.key: spec}, {spec.key: proc}, {}, 3
     w.cfg = SimpleNamespace(max_message_bytes=1 << 24)
-    w.notice = m.Preprocessed([], [], [])
+    w.notice = m.Preprocessed([], [])
     forwarded: list[int] = []
     w.forward = lambda task, *rest: forwarded.append(task.rid)
     w.fail = lambda rid, code, message: (_ for _ in ()).throw(AssertionError(message))

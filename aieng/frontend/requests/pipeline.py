@@ -168,7 +168,7 @@ class Pipeline:
 
     # -- notices and answers from the workers ---------------------------------------
     def on_preprocessed(self, msg: m.Preprocessed, ident: bytes) -> None:
-        for rid, ref, features in zip(msg.rids, msg.refs, msg.features):
+        for rid, ref in zip(msg.rids, msg.refs):
             req = self.table.get(rid)
             if req is None:  # answered already: its slot goes on to the executor all the same
                 self.ghost_passed(rid, ident, EXEC, ref)
@@ -176,7 +176,6 @@ class Pipeline:
             if req.stage != PRE or req.holder.encode() != ident:
                 continue  # the executor's notice came first
             self.metrics.worker.labels(PRE, req.holder).inc()
-            req.features = features
             self.table.move(req, EXEC, "executor")
             self.table.pass_on(req, ref)
             self.fail_if_holder_died(req)
@@ -230,8 +229,6 @@ class Pipeline:
             return
         now = time.monotonic()
         self.table.finish(msg.rid)
-        if msg.features:  # preprocessed in the executor: no Preprocessed notice brought these
-            req.features = msg.features
         if req.shadow_of is not None:  # a shadow copy: compared, never answered or counted
             return self.mirror.shadow_end(req, msg.outputs, "OK", now)
         if req.parent is not None:  # a pipeline's step: its page goes on

@@ -57,7 +57,6 @@ class Request:
     ref: Ref | None = None  # the shared-memory slot holding this request's tensors now
     fe_owns: bool = False  # True: the FE frees ``ref``; False: its holder does (unless it dies)
     seq_len: int = 0
-    features: dict = field(default_factory=dict)  # for drift monitoring
     batch: int = 1
     padded: int = 0
     timing: dict = field(default_factory=dict)  # stage -> microseconds
