@@ -42,3 +42,40 @@ def test_a_lone_image_request_gets_every_core_and_the_next_one_thread():
     finally:
         cv2.setNumThreads(1)
     assert (forwarded, threads_seen) == ([1, 2], [3, 1])
+
+
+def test_a_drain_of_images_sends_each_on_when_ready_with_its_own_start():
+    """Two images drained together: the first goes to the executor before the second is decoded, and each
+    trail starts when its own preprocessing did (the wait behind the first is the second's queue)."""
+    spec = load_spec("orientation", "1", str(MODELS / "orientation" / "1"))
+    proc = ImagePreprocessor(spec)
+    events: list[tuple[str, int, float]] = []
+    real = proc.process
+    seen = iter((1, 2))
+
+    def process(inputs):
+        events.append(("process", next(seen), time.monotonic()))
+        return real(inputs)
+
+    proc.process = process
+    w = PreprocessWorker.__new__(PreprocessWorker)
+    w.specs, w.procs, w.failed, w.cores = {spec.key: spec}, {spec.key: proc}, {}, 1
+    w.cfg = SimpleNamespace(max_message_bytes=1 << 24)
+    w.notice = m.Preprocessed([], [])
+    sent: list[float] = []
+
+    def forward(task, params, tensors, seq_len, info, started, geometry=None):
+        events.append(("forward", task.rid, started))
+        sent.append(time.monotonic())
+
+    w.forward = forward
+    w.fail = lambda rid, code, message: (_ for _ in ()).throw(AssertionError(message))
+    img = cv2.imencode(".jpg", np.full((300, 400, 3), 90, np.uint8))[1].tobytes()
+    body = SimpleNamespace(buffer=msgpack.packb({"inputs": {"image": img}}))
+    deadline = time.monotonic() + 5
+    w.handle([(m.PreTask(rid, "orientation", "1", deadline), body) for rid in (1, 2)])
+    assert [(kind, rid) for kind, rid, _ in events] == [("process", 1), ("forward", 1), ("process", 2),
+                                                          ("forward", 2)]
+    started = {rid: at for kind, rid, at in events if kind == "forward"}
+    assert started[1] <= events[0][2]  # its own start: just before its own processing
+    assert started[2] >= sent[0]  # the second's starts after the first was sent on, not with the drain
