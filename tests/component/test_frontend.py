@@ -313,11 +313,11 @@ def test_a_dead_executor_fails_the_inline_requests_it_held(rig):
     assert not r.busy(inp)  # the dead holder's input slot is the frontend's to free
 
 
-def direct_ready(r: Rig, any_load: bool = False, key: str = "tabular:1") -> Rig:
-    """Every peer up, the executor advertising ``key`` as pre- and postprocessed by itself (while idle, or
-    at any load)."""
+def direct_ready(r: Rig, any_load: bool = False, key: str = "tabular:1", pid: int = 1008) -> Rig:
+    """Every peer up, the executor (process ``pid``) advertising ``key`` as pre- and postprocessed by itself
+    (while idle, or at any load)."""
     r.hello("pre-0", "post-0")
-    r.peers["executor"].send(m.encode(m.Hello("executor", "executor", 1000 + len("executor"),
+    r.peers["executor"].send(m.encode(m.Hello("executor", "executor", pid,
                                               inline_post=[key], inline_pre=[key],
                                               inline_pre_any=[key] if any_load else [])))
     want = "any load" if any_load else "idle"
@@ -365,6 +365,30 @@ def test_an_idle_small_request_goes_straight_to_the_executor_and_a_second_throug
     assert list(island.recent) == [island.index["Dream"]]
     assert worker_counts(r) == {("preprocess", "executor"): 1, ("executor", "executor"): 1,
                                 ("postprocess", "executor"): 1}
+
+
+def test_an_image_whose_bytes_outgrow_its_pixels_takes_the_pool(rig):
+    r = direct_ready(rig(inline_image_pixels=400 * 300), key="orientation:1")
+    padded = png_header(40, 30) + bytes(4 * 40 * 30 + 70_000)  # chunks its 1200 pixels do not account for
+    r.send({"id": "padded", "model": "orientation", "inputs": {"image": padded}})
+    task, frames = r.expect("pre-0")
+    assert (type(task), msgpack.unpackb(frames[1])["id"]) == (m.PreTask, "padded")
+
+
+def test_an_executor_that_dies_holding_an_image_it_decodes_sends_images_to_the_pool_from_then_on(rig):
+    r = direct_ready(rig(inline_image_pixels=400 * 300), key="orientation:1")
+    r.send({"id": "a", "model": "orientation", "inputs": {"image": png_header(40, 30)}})
+    task, _ = r.expect("executor")
+    r.until(lambda: r.fe.table.get(task.rid).stage == "executor")
+    r.peers["supervisor"].send(m.encode(m.WorkerDown("executor", -11, 1000 + len("executor"))))
+    reply = r.answer()
+    assert (reply["id"], reply["error"]["code"]) == ("a", "UNAVAILABLE")
+    direct_ready(r, key="orientation:1", pid=2008)  # the restarted executor advertises it again
+    assert r.fe.workers.preprocessed_by_executor("orientation:1", time.monotonic()) == "idle"
+    r.send({"id": "b", "model": "orientation", "inputs": {"image": png_header(40, 30)}})
+    task, frames = r.expect("pre-0")  # alone, small, advertised: yet the pool's now
+    assert (type(task), msgpack.unpackb(frames[1])["id"]) == (m.PreTask, "b")
+    assert r.fe.pipeline.direct_pixels == 0
 
 
 def test_a_version_the_executor_takes_at_any_load_goes_straight_to_it_with_others_in_flight(rig):

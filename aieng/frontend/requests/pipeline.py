@@ -28,6 +28,10 @@ log = logging.getLogger("aieng.frontend.requests.pipeline")
 # moment, and a request sent straight to the executor then splits the next batch (measured: tabular at
 # concurrency 64 lost about a fifth of its throughput without this).
 DIRECT_QUIET_S = 0.1
+# An image on the direct route has at most this many bytes per pixel its header declares (plus a little): an
+# uncompressed RGBA image's size.  More would be extra chunks or scans whose decoding the pixels do not bound.
+IMAGE_BYTES_PER_PIXEL = 4
+IMAGE_BYTES_SLACK = 65536
 
 
 def _us(seconds: float) -> int:
@@ -145,7 +149,8 @@ class Pipeline:
         if not (req.parent is None and req.crop is None and not req.background and req.body is not None):
             return False
         if not (len(req.body) <= self.direct_bytes if req.pixels is None  # a text or a tabular row
-                else 0 < req.pixels <= self.direct_pixels):  # an image: its decoding grows with its pixels
+                else 0 < req.pixels <= self.direct_pixels  # an image: its decoding grows with its pixels
+                and len(req.body) <= IMAGE_BYTES_PER_PIXEL * req.pixels + IMAGE_BYTES_SLACK):
             return False
         when = self.workers.preprocessed_by_executor(req.key, now)
         if not when or (when == IDLE and not alone):  # the pool's turn, unless taken at any load
@@ -262,11 +267,22 @@ class Pipeline:
         """The supervisor saw ``worker`` die: answer what it held (its slots are ours to free)."""
         self.workers.down(worker, pid, time.monotonic())
         held = self.table.held_by(worker)
+        if self.direct_pixels and any(self.decoding_in_executor(self.table.get(rid)) for rid in held):
+            # a decoder that crashes must cost a preprocess worker, not the executor and every model with it:
+            # whatever killed it, images take the pool for the rest of this frontend's life
+            self.direct_pixels = 0
+            log.warning("the executor exited (code %s) holding an image it decoded itself: images go through "
+                        "the preprocess pool from now on", exitcode)
         self.table.ghosts_of(worker)  # answered requests' slots it held: nobody else will free them
         for rid in held:
             self.fail(rid, p.UNAVAILABLE, f"{worker} exited (code {exitcode}) while holding the request",
                       holder_dead=True)
         return len(held)
+
+    @staticmethod
+    def decoding_in_executor(req: Request | None) -> bool:
+        """An image request the executor took straight from the frontend (``direct``), not yet answered."""
+        return req is not None and req.pixels is not None and req.pre == EXEC
 
     # -- ending a request with an error ---------------------------------------------
     def fail(self, rid: int, code: str, message: str, holder_dead: bool = False,
