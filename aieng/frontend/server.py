@@ -98,7 +98,8 @@ class Frontend:
         self.views = {"breakers": self.breakers.view, "degradation": self.degrader.view,
                       "cache": lambda: self.cache.view() if self.cache.enabled else None,
                       "clients": self.gate.view, "counts": self.answers.counts.view,
-                      "pool": self.versions.pool_view, "routing": self.rollout.view, "drift": self.drift.view}
+                      "pool": self.versions.pool_view, "routing": self.rollout.view, "drift": self.drift.view,
+                      "direct": pl.direct_view}
         self.ops = ClientOps(self.workers, self.life, self.table, self.specs, self.rollout, self.stats,
                              self.mirror, self.send_hub, self.views, self.log)
         self.handlers = dict(self.pipeline.handlers)

@@ -388,7 +388,9 @@ def test_an_executor_that_dies_holding_an_image_it_decodes_sends_images_to_the_p
     r.send({"id": "b", "model": "orientation", "inputs": {"image": png_header(40, 30)}})
     task, frames = r.expect("pre-0")  # alone, small, advertised: yet the pool's now
     assert (type(task), msgpack.unpackb(frames[1])["id"]) == (m.PreTask, "b")
-    assert r.fe.pipeline.direct_pixels == 0
+    r.client.send(msgpack.packb({"op": "health", "id": "h"}))
+    assert r.answer()["direct"] == {"bytes": 4096, "pixels": 0, "images_off":
+                                    "the executor exited (code -11) holding an image it decoded itself"}
 
 
 def test_a_version_the_executor_takes_at_any_load_goes_straight_to_it_with_others_in_flight(rig):

@@ -84,6 +84,7 @@ class Pipeline:
         self.table, self.workers, self.send, self.answers = table, workers, send, answers
         self.direct_bytes = direct_bytes  # AIENG_INLINE_PREPROCESS_BYTES (0: never straight to the executor)
         self.direct_pixels = direct_pixels  # AIENG_INLINE_IMAGE_PIXELS, likewise for an image
+        self.images_off = ""  # why images no longer take the direct route ("": they may)
         self.busy_until = 0.0  # monotonic s: no direct request before (another request was in flight lately)
         # how a direct request reaches the executor (the server's: the express lane, else the hub)
         self.send_direct = send_direct or (lambda frames: self.send("executor", frames))
@@ -165,6 +166,12 @@ class Pipeline:
         self.table.move(req, EXEC, "executor")
         req.pre, req.dispatched, req.body = "executor", now, None
         return True
+
+    def direct_view(self) -> dict[str, Any]:
+        """The direct route's limits now, for ``health``: 0 turns one off; ``images_off`` says why images
+        were turned off at run time."""
+        return {"bytes": self.direct_bytes, "pixels": self.direct_pixels,
+                "images_off": self.images_off or None}
 
     def release_waiting(self, role: str) -> None:
         """A worker of ``role`` said hello: send it what waited for one."""
@@ -271,8 +278,8 @@ class Pipeline:
             # a decoder that crashes must cost a preprocess worker, not the executor and every model with it:
             # whatever killed it, images take the pool for the rest of this frontend's life
             self.direct_pixels = 0
-            log.warning("the executor exited (code %s) holding an image it decoded itself: images go through "
-                        "the preprocess pool from now on", exitcode)
+            self.images_off = f"the executor exited (code {exitcode}) holding an image it decoded itself"
+            log.warning("%s: images go through the preprocess pool from now on", self.images_off)
         self.table.ghosts_of(worker)  # answered requests' slots it held: nobody else will free them
         for rid in held:
             self.fail(rid, p.UNAVAILABLE, f"{worker} exited (code {exitcode}) while holding the request",
