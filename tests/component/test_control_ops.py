@@ -94,7 +94,8 @@ def parts():
     workers.hello(m.Hello("gateway-http", "gateway", 14), now)
     life, hub, rollout = Lifecycle(), Hub(gone={"post-0"}), Rollout(specs, None, None, Metrics())
     views = {"breakers": dict, "degradation": dict, "cache": lambda: None, "clients": dict,
-             "counts": lambda: {"requests": 0}, "pool": dict, "drift": dict, "direct": dict}
+             "counts": lambda: {"requests": 0}, "pool": dict, "drift": dict,
+             "direct": lambda: {"images_off": None}}
     ops = ClientOps(workers, life, Table(), specs, rollout, StageStats(), Mirror(), hub, views, LOG)
     versions = Versions()
     admin = AdminOps(rollout, Mirror(), versions, workers, specs, LOG)

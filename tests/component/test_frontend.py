@@ -388,9 +388,17 @@ def test_an_executor_that_dies_holding_an_image_it_decodes_sends_images_to_the_p
     r.send({"id": "b", "model": "orientation", "inputs": {"image": png_header(40, 30)}})
     task, frames = r.expect("pre-0")  # alone, small, advertised: yet the pool's now
     assert (type(task), msgpack.unpackb(frames[1])["id"]) == (m.PreTask, "b")
+    why = "the executor exited (code -11) holding an image it decoded itself"
     r.client.send(msgpack.packb({"op": "health", "id": "h"}))
-    assert r.answer()["direct"] == {"bytes": 4096, "pixels": 0, "images_off":
-                                    "the executor exited (code -11) holding an image it decoded itself"}
+    assert r.answer()["direct"] == {"bytes": 4096, "pixels": 0, "images_off": why}
+    said = {"preprocess": {"where": "executor when idle", "why": "'image' requests up to 120000 pixels"}}
+    key = "orientation:1"
+    hello = m.Hello("executor", "executor", 2008, inline_post=[key], inline_pre=[key], sessions={key: said})
+    r.peers["executor"].send(m.encode(hello))
+    r.until(lambda: r.fe.workers.last_hello("executor").sessions)
+    r.client.send(msgpack.packb({"op": "models", "id": "m"}))
+    models = r.answer()["models"]
+    assert models["orientation"]["versions"]["1"]["onnx"]["preprocess"] == {"where": "pool", "why": why}
 
 
 def test_a_version_the_executor_takes_at_any_load_goes_straight_to_it_with_others_in_flight(rig):
@@ -498,7 +506,7 @@ def test_an_answered_requests_slot_is_freed_when_the_executor_holding_it_dies(ri
 def test_an_answered_request_handed_to_an_executor_that_died_meanwhile_frees_its_slot(rig):
     r, task = timed_out_at_preprocess(rig)
     r.peers["supervisor"].send(m.encode(m.WorkerDown("executor", -9, 1008)))
-    r.settle()
+    r.until(lambda: "executor" in r.fe.workers.died_at)  # the hub read, not just the client
     inp = r.slot("pre-0")
     r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp])))  # pushed to the dead one
     r.until(lambda: not r.busy(inp))

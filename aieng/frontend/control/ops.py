@@ -78,14 +78,15 @@ class ClientOps:
         # the executor's session facts arrive with its hello, after its pid may be known, and change (its
         # background_runs): key on their value (a dict compare per call; the models op is not a hot path)
         served = tuple((n, tuple(sorted(v))) for n, v in sorted(self.specs.items()))  # run-time loads
+        images_off = self.views["direct"]()["images_off"]  # the frontend's own word on the image route
         key = (self.workers.pid("executor"), ex, served, tuple(sorted(failed.items())),
-               self.rollout.serials())
+               self.rollout.serials(), images_off)
         if key != self._models_key:
             out = {}
             for name, versions in self.specs.items():
                 stable, weights = self.rollout.weights(name)
                 out[name] = {"default_version": stable, "weights": weights,
-                             "versions": {v: dict(s.public(), onnx=ex.get(s.key),
+                             "versions": {v: dict(s.public(), onnx=onnx_view(s, ex.get(s.key), images_off),
                                                   load_error=failed.get(s.key))
                                           for v, s in versions.items()}}
             self._models_key, self._models_reply = key, out
@@ -132,3 +133,12 @@ class ClientOps:
         was not among those told)."""
         if self.level_set is not None:
             self.hub(name, [m.encode(m.LogLevel(self.level_set))])
+
+
+def onnx_view(spec, onnx: dict | None, images_off: str | None) -> dict | None:
+    """A version's session facts as the executor reported them, except where the frontend has since sent
+    its images to the pool (``Pipeline.images_off``): then its ``preprocess`` says so."""
+    pre = (onnx or {}).get("preprocess") or {}
+    if not images_off or (spec.preprocess or {}).get("type") != "image" or pre.get("where", "pool") == "pool":
+        return onnx
+    return {**onnx, "preprocess": {"where": "pool", "why": images_off}}
