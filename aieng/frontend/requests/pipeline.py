@@ -5,8 +5,9 @@ each hand-off, and the request moves in the table to its new holder.  It is answ
 ``Result``, a ``Failed``, TIMEOUT at its deadline, or UNAVAILABLE when its holder dies.  Notices may arrive
 in any order: a request only moves forward.  With no live preprocess worker a request is held (bounded by
 its deadline and the in-flight limit), never refused.  A shadow copy's end goes to ``mirror``, a pipeline
-step's to ``fanout``; a small request of a version the executor does whole goes straight to it while the
-server is idle, or at any load when the executor says so (``direct``).  docs/architecture.md ("The request
+step's to ``fanout``; a small request of a version the executor does whole (an image small by its header's
+pixels) goes straight to it while the server is idle, or at any load when the executor says so (``direct``);
+an executor that dies holding such an image turns the image route off.  docs/architecture.md ("The request
 path in the frontend") has the rules in full.
 """
 from __future__ import annotations
