@@ -150,13 +150,12 @@ class InlinePre:
         """Validate and encode one request's frame; raises ``RequestError`` for a bad one (the same
         checks and messages as a preprocess worker's).  ``alone``: the request is alone in the server,
         so a processor with native threads (an image's OpenCV) may use every core, as in the pool."""
+        from aieng.preprocess_workers.processors import spread
         from aieng.preprocess_workers.worker import read_request
 
         inputs, params = read_request(self.specs[key], body, self.max_message_bytes)
         proc = self.procs[key]
-        threads = getattr(proc, "threads", None)
-        if threads is not None:
-            threads(self.cores if alone else 1)
+        spread(proc, alone, self.cores)
         out = proc.process(inputs)
         tensors, seq_len, features = out
         return Prepared(dict(tensors), int(seq_len), features, params, getattr(out, "geometry", None))

@@ -23,7 +23,7 @@ from aieng import model_repo
 from aieng.config import Config
 from aieng.inputs import validate_inputs
 from aieng.model_repo import ModelSpec
-from aieng.preprocess_workers.processors import PROCESSORS
+from aieng.preprocess_workers.processors import PROCESSORS, spread
 from aieng.runtime.worker import HubWorker, own_ring, push_socket
 from aieng.runtime.worker_hotswap import Versions
 from aieng.wire import messages as m
@@ -153,10 +153,8 @@ class PreprocessWorker(HubWorker):
         # starting when its own work does: the wait behind the drain's earlier requests shows as its
         # preprocess queue, not as its preprocessing (at orientation c=32 the step read 101 ms for 6 ms
         # of work when the whole drain went on at its end), and the executor can start on the first.
-        threads = getattr(proc, "threads", None)  # an image's OpenCV threads: every core when alone
         for task, _, inputs, params in group:
-            if threads is not None:
-                threads(self.cores if task.alone else 1)
+            spread(proc, task.alone, self.cores)  # an image's OpenCV threads: every core when alone
             own_start = time.monotonic()
             try:
                 if task.crop is not None:  # a pipeline's crop step: the input is the whole page

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aieng.inputs import image_pixels
-from aieng.preprocess_workers.image import ImagePreprocessor, image_size
+from aieng.inputs import image_pixels, image_size
+from aieng.preprocess_workers.image import ImagePreprocessor
 from aieng.preprocess_workers.processors import PROCESSORS
 from aieng.preprocess_workers.tabular import TabularPreprocessor
 from aieng.preprocess_workers.tensor import TensorPreprocessor
