@@ -15,6 +15,7 @@ sends, parsed into the messages (``json_format``).  Errors map to status codes b
 """
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
 from urllib.parse import unquote
 
@@ -23,6 +24,7 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
 from aieng.gateway import codec, models, shmio
+from aieng.gateway.peers import Caller
 from aieng.gateway.proto import grpc_service_pb2 as pb
 from aieng.gateway.proto import grpc_service_pb2_grpc as pbg
 from aieng.gateway.service import GRPC_STATUS, Service
@@ -46,7 +48,7 @@ def _params(parameters) -> dict:
 
 
 def tensors_of(request: pb.ModelInferRequest, shm: SystemShm | None = None,
-               peer: str = "") -> list[codec.Tensor]:
+               caller: Caller | None = None) -> list[codec.Tensor]:
     """The inputs: from a shared-memory region where their parameters name one, else from
     ``raw_input_contents`` (one per remaining input, in order) or their typed ``contents``."""
     raw = request.raw_input_contents
@@ -60,9 +62,9 @@ def tensors_of(request: pb.ModelInferRequest, shm: SystemShm | None = None,
     for t, ref in zip(request.inputs, refs):
         shape = list(t.shape)
         if ref is not None:
-            if shm is None:
+            if shm is None or caller is None:
                 raise p.RequestError("UNSUPPORTED", "system shared memory is not served here")
-            out.append(shmio.read_input(shm, peer, t.name, t.datatype, shape, ref))
+            out.append(shmio.read_input(shm, caller, t.name, t.datatype, shape, ref))
             continue
         if raw:
             out.append(codec.from_raw(t.name, t.datatype, shape, raw[at]))
@@ -94,17 +96,28 @@ def _set_param(param: pb.InferParameter, value) -> None:
         param.string_param = str(value)
 
 
-def peer_host(peer: str) -> str:
-    """The client's address from grpc's ``context.peer()`` (``ipv4:1.2.3.4:5``, ``ipv6:%5B::1%5D:5``)."""
+def caller_of(peer: str, local: tuple[str | None, int]) -> Caller:
+    """The call's client from ``context.peer()`` (``ipv4:1.2.3.4:5``, ``ipv6:%5B::1%5D:5``); ``local``:
+    the listener's address (None: a wildcard, whose address a call does not tell) and port, the gateway's
+    end of every connection."""
     kind, _, rest = peer.partition(":")
-    if kind in ("ipv4", "ipv6"):
-        return unquote(rest).rpartition(":")[0].strip("[]")
-    return peer
+    host, _, port = unquote(rest).rpartition(":") if kind in ("ipv4", "ipv6") else (peer, "", "")
+    return Caller(host.strip("[]"), int(port) if port.isascii() and port.isdigit() else 0, *local)
+
+
+def listener_of(addr: str, port: int) -> tuple[str | None, int]:
+    """The gateway's end of its connections for the bound ``addr`` (``host:port``) on ``port``."""
+    host = addr.rpartition(":")[0].strip("[]")
+    try:
+        wildcard = ipaddress.ip_address(host).is_unspecified
+    except ValueError:  # a name (localhost): its address is not known for certain either
+        wildcard = True
+    return (None if wildcard else host), port
 
 
 class Servicer(pbg.GRPCInferenceServiceServicer):
-    def __init__(self, service: Service):
-        self.svc = service
+    def __init__(self, service: Service, local: tuple[str | None, int]):
+        self.svc, self.local = service, local
 
     async def _fail(self, context: grpc.aio.ServicerContext, exc: p.RequestError):
         """Abort with ``exc``'s status.  Called *after* the ``except`` block: ``abort`` raises, and raised
@@ -189,16 +202,16 @@ class Servicer(pbg.GRPCInferenceServiceServicer):
         failure = None
         try:
             params = _params(request.parameters)
-            peer = peer_host(context.peer())
+            caller = caller_of(context.peer(), self.local)
             size = shmio.decode_size(request.ByteSize(),
                                      any(shmio.REGION in t.parameters for t in request.inputs))
-            tensors = await self.svc.decoder.run(size, tensors_of, request, self.svc.shm, peer)
+            tensors = await self.svc.decoder.run(size, tensors_of, request, self.svc.shm, caller)
             names = [o.name for o in request.outputs] or None
             refs = {o.name: ref for o in request.outputs
                     if o.parameters and (ref := shmio.ref_of(_params(o.parameters), f"output '{o.name}'"))}
             md = {k: v for k, v in context.invocation_metadata() or () if k in ("traceparent", "tracestate")}
             ans = await self.svc.infer(request.model_name, request.model_version or None, tensors, params,
-                                       names, peer, context.time_remaining(), refs,
+                                       names, caller, context.time_remaining(), refs,
                                        traceparent.native_fields(md.get("traceparent"), md.get("tracestate")))
         except p.RequestError as exc:
             failure = exc
@@ -221,22 +234,23 @@ class Servicer(pbg.GRPCInferenceServiceServicer):
 
     async def SystemSharedMemoryRegister(self, request, context):
         try:
-            self.svc.shm.register(peer_host(context.peer()), request.name, request.key, request.offset,
-                                  request.byte_size)
+            self.svc.shm.register(caller_of(context.peer(), self.local), request.name, request.key,
+                                  request.offset, request.byte_size)
         except p.RequestError as exc:
             return await self._fail(context, exc)
         return pb.SystemSharedMemoryRegisterResponse()
 
     async def SystemSharedMemoryUnregister(self, request, context):
         try:
-            self.svc.shm.unregister(peer_host(context.peer()), request.name or None)
+            self.svc.shm.unregister(caller_of(context.peer(), self.local), request.name or None)
         except p.RequestError as exc:
             return await self._fail(context, exc)
         return pb.SystemSharedMemoryUnregisterResponse()
 
     async def SystemSharedMemoryStatus(self, request, context):
         try:
-            regions = self.svc.shm.status(peer_host(context.peer()), request.name or None)
+            regions = self.svc.shm.status(caller_of(context.peer(), self.local),
+                                           request.name or None)
         except p.RequestError as exc:
             return await self._fail(context, exc)
         return json_format.ParseDict({"regions": {r["name"]: r for r in regions}},
@@ -310,12 +324,12 @@ async def start_grpc(service: Service, addr: str, max_bytes: int, max_conns: int
                                       ("grpc.max_allowed_incoming_connections", max_conns),
                                       ("grpc.server_handshake_timeout_ms", int(handshake_s * 1000)),
                                       ("grpc.max_connection_idle_ms", int(idle_s * 1000))])
-    server.add_generic_rpc_handlers((_handlers(Servicer(service)),))
     try:
         port = server.add_insecure_port(addr)
     except RuntimeError:
         port = 0
     if port == 0:
         raise OSError(f"cannot bind the OIP gRPC address {addr!r} (AIENG_OIP_GRPC_ADDR)")
+    server.add_generic_rpc_handlers((_handlers(Servicer(service, listener_of(addr, port))),))
     await server.start()
     return server

@@ -16,9 +16,11 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from aieng.gateway import codec, models, shmio
+from aieng.gateway.peers import Caller
 from aieng.gateway.service import HTTP_STATUS, Answer, Service
 from aieng.gateway.sysshm import SystemShm
 from aieng.httpcore.message import HttpError, error_response
+from aieng.httpcore.server import Peer
 from aieng.wire import protocol as p
 from aieng.wire import traceparent
 
@@ -35,7 +37,7 @@ def _empty(ok: bool) -> tuple[int, dict, bytes]:
 
 
 def parse_infer(body: bytes, headers: dict, shm: SystemShm | None = None,
-                peer: str = "") -> tuple[dict, list[codec.Tensor]]:
+                caller: Caller | None = None) -> tuple[dict, list[codec.Tensor]]:
     """The request's JSON header and its input tensors (JSON data, binary, or read from a registered
     shared-memory region of ``shm``), fully checked."""
     hlen = headers.get(HEADER_LEN)
@@ -62,9 +64,9 @@ def parse_infer(body: bytes, headers: dict, shm: SystemShm | None = None,
         name, dt, shape = item.get("name"), item.get("datatype"), item.get("shape")
         ref = shmio.ref_of(params, f"input {name!r}")
         if ref is not None:
-            if shm is None:
+            if shm is None or caller is None:
                 raise p.RequestError("UNSUPPORTED", "system shared memory is not served here")
-            tensors.append(shmio.read_input(shm, peer, name, dt, shape, ref))
+            tensors.append(shmio.read_input(shm, caller, name, dt, shape, ref))
             continue
         size = params.get("binary_data_size")
         if size is None:
@@ -132,20 +134,21 @@ class OipHttp:
     def __init__(self, service: Service):
         self.svc = service
 
-    async def handle(self, method: str, path: str, query: str, headers: dict, body: bytes, peer: str):
+    async def handle(self, method: str, path: str, query: str, headers: dict, body: bytes, peer: Peer):
         parts = [s for s in path.split("/") if s]
+        caller = Caller(peer.host, peer.port, peer.local_host, peer.local_port)
         try:
             if parts[:2] == ["v2", "repository"]:
                 return await self.repository(method, parts[2:], query, body)
             if parts[:2] == ["v2", "systemsharedmemory"]:
-                return self.shared_memory(method, parts[2:], body, peer)
+                return self.shared_memory(method, parts[2:], body, caller)
             if parts == ["v2", "logging"]:
                 return await self.logging(method, body)
-            return await self.route(method, parts, headers, body, peer)
+            return await self.route(method, parts, headers, body, caller)
         except p.RequestError as exc:
             return error_response(HTTP_STATUS.get(exc.code, 500), exc.message)
 
-    async def route(self, method: str, parts: list[str], headers: dict, body: bytes, peer: str):
+    async def route(self, method: str, parts: list[str], headers: dict, body: bytes, caller: Caller):
         svc, up = self.svc, self.svc.up
         if not parts or parts[0] != "v2":
             raise HttpError(404, "not found (the OIP endpoints are under /v2)")
@@ -166,7 +169,7 @@ class OipHttp:
         if tail == ["infer"]:
             if method != "POST":
                 raise HttpError(405, "infer takes POST")
-            return await self.infer(name, version, headers, body, peer)
+            return await self.infer(name, version, headers, body, caller)
         view = await svc.view(name, version)
         if not tail:
             return _json(models.metadata(view))
@@ -178,16 +181,16 @@ class OipHttp:
             return _json({"model_stats": await self.stats(name, version)})
         raise HttpError(404, "not found")
 
-    async def infer(self, name: str, version: str | None, headers: dict, body: bytes, peer: str):
+    async def infer(self, name: str, version: str | None, headers: dict, body: bytes, caller: Caller):
         await self.svc.view(name, version)  # an unknown model is 404 whatever the body holds
         size = shmio.decode_size(len(body), b'"shared_memory_region"' in body)  # an output's too: rare
-        req, tensors = await self.svc.decoder.run(size, parse_infer, body, headers, self.svc.shm, peer)
+        req, tensors = await self.svc.decoder.run(size, parse_infer, body, headers, self.svc.shm, caller)
         params = req.get("parameters") or {}
         if not isinstance(params, dict):
             raise p.RequestError(p.INVALID_REQUEST, "'parameters' must be an object")
         names, binary = requested_outputs(req)
         trace = traceparent.native_fields(headers.get("traceparent"), headers.get("tracestate"))
-        ans = await self.svc.infer(name, version, tensors, params, names, peer, None, out_shm(req), trace)
+        ans = await self.svc.infer(name, version, tensors, params, names, caller, None, out_shm(req), trace)
         req_id = req.get("id")
         status, head, out = render(ans, req_id if isinstance(req_id, str) else None, binary)
         return status, ({**head, "traceparent": ans.traceparent} if ans.traceparent else head), out
@@ -224,20 +227,20 @@ class OipHttp:
             raise p.RequestError(p.INVALID_REQUEST, f"malformed JSON: {str(exc)[:200]}") from None
         return _json(await self.svc.logs.update(change))
 
-    def shared_memory(self, method: str, rest: list[str], body: bytes, peer: str):
+    def shared_memory(self, method: str, rest: list[str], body: bytes, caller: Caller):
         """``region/{name}/register|unregister|status``, ``unregister`` (all), ``status`` (all)."""
         shm = self.svc.shm
         name, action = (rest[1], rest[2:]) if rest[:1] == ["region"] and len(rest) == 3 else (None, rest)
         if action == ["status"]:
             if method != "GET":
                 raise HttpError(405, "shared memory status takes GET")
-            return _json(shm.status(peer, name))
+            return _json(shm.status(caller, name))
         if action not in (["register"], ["unregister"]) or (action == ["register"] and name is None):
             raise HttpError(404, "not found")
         if method != "POST":
             raise HttpError(405, f"shared memory {action[0]} takes POST")
         if action == ["unregister"]:
-            shm.unregister(peer, name)
+            shm.unregister(caller, name)
             return 200, {}, b""
         try:
             req = json.loads(body or b"{}")
@@ -245,7 +248,7 @@ class OipHttp:
             raise p.RequestError(p.INVALID_REQUEST, f"malformed JSON: {str(exc)[:200]}") from None
         if not isinstance(req, dict):
             raise p.RequestError(p.INVALID_REQUEST, "a register request is an object")
-        shm.register(peer, name, req.get("key"), req.get("offset", 0), req.get("byte_size"))
+        shm.register(caller, name, req.get("key"), req.get("offset", 0), req.get("byte_size"))
         return 200, {}, b""
 
 

@@ -26,6 +26,7 @@ from aieng.gateway.budget import PeerBudget
 from aieng.gateway.decode import Decoder
 from aieng.gateway.logsettings import LogSettings
 from aieng.gateway.models import ModelView
+from aieng.gateway.peers import Caller
 from aieng.gateway.repository import DEFAULT_WAIT_S, Repository, denied
 from aieng.gateway.upstream import Upstream
 from aieng.wire import protocol as p
@@ -93,17 +94,18 @@ class Service:
         return view
 
     async def infer(self, name: str, version: str | None, tensors: list[codec.Tensor], params: dict,
-                    requested: list[str] | None, peer: str, deadline_s: float | None = None,
+                    requested: list[str] | None, caller: Caller, deadline_s: float | None = None,
                     out_shm: dict[str, shmio.ShmRef] | None = None, trace: dict | None = None) -> Answer:
-        """One OIP request of ``peer`` (its address): all its rows admitted (``budget``) or none.
+        """One OIP request of ``caller``: all its rows admitted (``budget``, by its address) or none.
         The outputs named in ``out_shm`` are written into those windows (``shmio``); ``trace``: the
         trace fields every row carries (``traceparent.native_fields``)."""
         view = await self.view(name, version)
         timeout_ms = timeout_ms_of(params, deadline_s)
         rows = codec.split_rows(view.kinds, tensors, view.max_batch_size, view.batched)
         if out_shm:
-            shmio.check_outputs(self.shm, peer, out_shm)
+            shmio.check_outputs(self.shm, caller, out_shm)
         mparams = model_params(params)
+        peer = caller.host
         self.budget.take(peer, len(rows))
 
         async def one(row: dict) -> dict:
@@ -138,7 +140,7 @@ class Service:
             if not view.batched and arr.ndim > 1:  # a model that does not batch: no batch dimension
                 arr = arr[0]
             outputs.append((n, dt, arr))
-        written = shmio.write_outputs(self.shm, peer, outputs, out_shm) if out_shm else {}
+        written = shmio.write_outputs(self.shm, caller, outputs, out_shm) if out_shm else {}
         return Answer(view, outputs, {n: out_shm[n].params(size) for n, size in written.items()},
                       replies[0].get("traceparent") or "")
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from aieng.gateway import codec
 from aieng.gateway.decode import OFF_LOOP_BYTES
+from aieng.gateway.peers import Caller
 from aieng.gateway.sysshm import SystemShm, check_size
 from aieng.wire import protocol as p
 
@@ -56,20 +57,21 @@ def decode_size(size: int, reads_shm: bool) -> int:
     return max(size, OFF_LOOP_BYTES + 1) if reads_shm else size
 
 
-def read_input(shm: SystemShm, peer: str, name: Any, datatype: Any, shape: Any, ref: ShmRef) -> codec.Tensor:
+def read_input(shm: SystemShm, caller: Caller, name: Any, datatype: Any, shape: Any,
+               ref: ShmRef) -> codec.Tensor:
     """The input tensor held in ``ref``'s window: exactly its bytes for ``datatype`` and ``shape``."""
     codec.check_head(name, datatype, shape)
-    raw = shm.read(peer, ref.region, ref.offset, ref.byte_size, f"input '{name}'")
+    raw = shm.read(caller, ref.region, ref.offset, ref.byte_size, f"input '{name}'")
     return codec.from_raw(name, datatype, shape, raw)
 
 
-def check_outputs(shm: SystemShm, peer: str, refs: dict[str, ShmRef]) -> None:
+def check_outputs(shm: SystemShm, caller: Caller, refs: dict[str, ShmRef]) -> None:
     """Every output window lies in a registered region (before the request is sent)."""
     for name, ref in refs.items():
-        shm.check(peer, ref.region, ref.offset, ref.byte_size, f"output '{name}'")
+        shm.check(caller, ref.region, ref.offset, ref.byte_size, f"output '{name}'")
 
 
-def write_outputs(shm: SystemShm, peer: str, outputs: list[tuple[str, str, np.ndarray]],
+def write_outputs(shm: SystemShm, caller: Caller, outputs: list[tuple[str, str, np.ndarray]],
                   refs: dict[str, ShmRef]) -> dict[str, int]:
     """Write each output that has a window into it; the bytes written, by output name."""
     written = {}
@@ -82,6 +84,6 @@ def write_outputs(shm: SystemShm, peer: str, outputs: list[tuple[str, str, np.nd
             raise p.RequestError(p.INVALID_INPUT, f"shared memory size specified with the request for output "
                                                   f"'{name}' ({ref.byte_size} bytes) should be at least "
                                                   f"{len(raw)} bytes to hold the results")
-        shm.write(peer, ref.region, ref.offset, raw, f"output '{name}'")
+        shm.write(caller, ref.region, ref.offset, raw, f"output '{name}'")
         written[name] = len(raw)
     return written

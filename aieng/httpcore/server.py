@@ -11,7 +11,8 @@ descriptor and a coroutine, never a thread, and every way of holding one is boun
 
 Every close the client did not ask for is a DEBUG line and a count in ``dropped`` (by detail); one that
 ended without an answer also calls ``on_drop(kind)``, kind in ``KINDS``.  The handler gets ``(method,
-path, query, headers, body, peer)`` and returns ``(status, headers, body)``; an exception is a 500.
+path, query, headers, body, peer)`` (``Peer``: both ends of the connection) and returns ``(status,
+headers, body)``; an exception is a 500.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import logging
 import socket
 import time
 from collections import Counter
+from dataclasses import dataclass
 from email.utils import formatdate
 from typing import Awaitable, Callable
 
@@ -39,8 +41,25 @@ from aieng.httpcore.message import (
     parser_error,
 )
 
-Handler = Callable[[str, str, str, dict, bytes, str], Awaitable[tuple[int, dict, bytes]]]
+Handler = Callable[[str, str, str, dict, bytes, "Peer"], Awaitable[tuple[int, dict, bytes]]]
 KINDS = ("timeout", "reset", "overflow")  # why a connection ended without an answer
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A connection's two ends: the client's address and port, and the server's (for a handler that asks
+    the kernel who owns the client's socket)."""
+    host: str
+    port: int
+    local_host: str | None
+    local_port: int
+
+    @classmethod
+    def of(cls, peername: object, sockname: object) -> Peer:
+        host, port = (str(peername[0]), int(peername[1])) if isinstance(peername, tuple) and peername \
+            else (str(peername), 0)
+        local = sockname if isinstance(sockname, tuple) and sockname else (None, 0)
+        return cls(host, port, None if local[0] is None else str(local[0]), int(local[1]))
 
 
 class _Stalled(Exception):
@@ -106,9 +125,9 @@ class HttpServer:
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         conn = Reader(self.budget, self.max_body, self.head_s, writer)
-        host = peer[0] if isinstance(peer, tuple) and peer else str(peer)
+        ends = Peer.of(peer, writer.get_extra_info("sockname"))
         try:
-            while not self.closing and await self._next(conn, reader, writer, peer, host):
+            while not self.closing and await self._next(conn, reader, writer, peer, ends):
                 pass
         except (ConnectionError, asyncio.IncompleteReadError):
             self.drop("closed by the client", peer, "reset")
@@ -121,12 +140,12 @@ class HttpServer:
             conn.release()
             await self._close(reader, writer)
 
-    async def _next(self, conn: Reader, reader, writer, peer: object, host: str) -> bool:
+    async def _next(self, conn: Reader, reader, writer, peer: object, ends: Peer) -> bool:
         """Answer one parsed request, or read more; False when the connection is to close."""
         task = asyncio.current_task()
         if conn.ready:
             self.conns[task] = True
-            return await self._answer(conn, conn.ready.popleft(), writer, host)
+            return await self._answer(conn, conn.ready.popleft(), writer, ends)
         self.conns[task] = conn.state != "idle"
         if conn.state == "idle":
             what, budget = "idle", self.idle_s
@@ -168,10 +187,10 @@ class HttpServer:
         await self._reply(writer, *error_response(exc.status, exc.message), False)
         return False
 
-    async def _answer(self, conn: Reader, req: Request, writer, host: str) -> bool:
+    async def _answer(self, conn: Reader, req: Request, writer, ends: Peer) -> bool:
         try:
             status, rheaders, rbody = await self.handler(req.method, req.path, req.query, req.headers,
-                                                         req.body, host)
+                                                         req.body, ends)
         except HttpError as exc:
             status, rheaders, rbody = error_response(exc.status, exc.message)
         except Exception as exc:  # a bug answers 500; the connection and the gateway go on

@@ -41,7 +41,8 @@ class Context:
 
 
 def servicer() -> Servicer:
-    return Servicer(service=types.SimpleNamespace(decoder=Decoder(), shm=None))  # decoding is all it reaches
+    # decoding is all it reaches
+    return Servicer(service=types.SimpleNamespace(decoder=Decoder(), shm=None), local=(None, 0))
 
 
 def refused_request() -> pb.ModelInferRequest:

@@ -10,9 +10,16 @@ import pytest
 
 from aieng.config import Config
 from aieng.gateway import codec, shmio, sysshm
+from aieng.gateway.peers import Caller
 from aieng.wire import protocol as p
 
-LOCAL = "127.0.0.1"
+ME = os.geteuid()  # the test makes the objects: their owner
+LOCAL = Caller("127.0.0.1", 40000, "127.0.0.1", 8080, ME)
+OTHER = Caller("::1", 40001, "::1", 8080, ME + 1000)  # another user, on another address
+
+
+def caller(host: str, uid: int) -> Caller:
+    return Caller(host, 40002, host, 8080, uid)
 
 
 @pytest.fixture
@@ -73,10 +80,13 @@ def test_bounds_per_client_and_in_total(key):
     assert code_of(lambda: r.register(LOCAL, "b", key, 0, 193))[0] == sysshm.EXHAUSTED  # bytes
     r.register(LOCAL, "b", key, 0, 8)
     assert "AIENG_OIP_SHM_CLIENT_REGIONS" in code_of(lambda: r.register(LOCAL, "c", key, 0, 8))[1]
-    r.register("::1", "c", key, 0, 8)  # another client has its own bound
-    assert "AIENG_OIP_SHM_MAX_REGIONS" in code_of(lambda: r.register("::1", "d", key, 0, 8))[1]
-    r.unregister("::1", "a")  # names are server-wide, as in Triton
-    r.register("::1", "d", key, 0, 8)
+    os.chmod("/dev/shm" + key, 0o666)  # another user may open it
+    r.register(OTHER, "c", key, 0, 8)  # another client has its own bound
+    assert "AIENG_OIP_SHM_MAX_REGIONS" in code_of(lambda: r.register(OTHER, "d", key, 0, 8))[1]
+    r.unregister(OTHER, "a")  # names are per client: OTHER has no "a", LOCAL's stays
+    assert code_of(lambda: r.register(OTHER, "d", key, 0, 8))[0] == sysshm.EXHAUSTED
+    r.unregister(LOCAL, "a")
+    r.register(OTHER, "d", key, 0, 8)
 
 
 def test_unlinked_key_is_swept(key):
@@ -90,7 +100,7 @@ def test_unlinked_key_is_swept(key):
 
 def test_local_mode_refuses_remote_clients_and_off_refuses_all(key):
     r = registry()
-    assert code_of(lambda: r.register("10.0.0.5", "a", key, 0, 8))[0] == "PERMISSION_DENIED"
+    assert code_of(lambda: r.register(caller("10.0.0.5", ME), "a", key, 0, 8))[0] == "PERMISSION_DENIED"
     off = sysshm.SystemShm(sysshm.Limits(1, 1, 1, 1), "off", "why")
     assert code_of(lambda: off.status(LOCAL, None)) == ("UNSUPPORTED",
                                                         "system shared memory is not served (why)")
@@ -125,11 +135,14 @@ def test_input_and_output_windows(key):
 
 
 def test_truncated_object_is_refused_not_read(key):
-    """Reading a mapped page past the object's end would SIGBUS the gateway: the access is refused."""
+    """An object shrunk below the window: a short read, refused (no mapping to SIGBUS on); nor is it grown."""
     r = registry()
     r.register(LOCAL, "a", key, 8192, 4096)
     os.truncate("/dev/shm" + key, 8192)
     assert "truncated" in code_of(lambda: r.read(LOCAL, "a", 0, 8, "input 'x'"))[1]
+    assert "truncated" in code_of(lambda: r.write(LOCAL, "a", 0, b"12345678", "output 'y'"))[1]
+    assert "truncated" in code_of(lambda: r.check(LOCAL, "a", 0, 8, "output 'y'"))[1]
+    assert os.stat("/dev/shm" + key).st_size == 8192
     assert open_on(key)
     r.unregister(LOCAL, "a")
     assert not open_on(key)  # the region's descriptors are closed with it
@@ -144,3 +157,41 @@ def open_on(key: str) -> list[str]:
         except OSError:
             pass
     return out
+
+
+def test_regions_are_per_client(key):
+    """Another user neither sees, uses nor unregisters a client's region; each has its own names."""
+    os.chmod("/dev/shm" + key, 0o666)
+    r = registry()
+    r.register(LOCAL, "a", key, 0, 64)
+    r.register(OTHER, "a", key, 64, 64)  # the same name, another client: its own region
+    assert r.status(OTHER, None) == [{"name": "a", "key": key, "offset": 64, "byte_size": 64}]
+    r.write(OTHER, "a", 0, b"\x01" * 8, "y")
+    assert r.read(LOCAL, "a", 0, 8, "x") == bytes(range(8))
+    r.unregister(OTHER, None)
+    assert code_of(lambda: r.read(OTHER, "a", 0, 8, "x"))[0] == sysshm.NOT_FOUND
+    assert [s["name"] for s in r.status(LOCAL, None)] == ["a"]
+
+
+def test_only_what_the_client_could_open(key):
+    """The gateway (here: this process) opens an object only if the caller's uid may, by its bits."""
+    nobody = caller("127.0.0.1", 65534)
+    r = registry()
+    os.chmod("/dev/shm" + key, 0o600)
+    assert code_of(lambda: r.register(nobody, "a", key, 0, 8))[0] == "PERMISSION_DENIED"
+    os.chmod("/dev/shm" + key, 0o644)  # readable is not enough: the gateway writes outputs
+    assert code_of(lambda: r.register(nobody, "a", key, 0, 8))[0] == "PERMISSION_DENIED"
+    os.chmod("/dev/shm" + key, 0o666)
+    r.register(nobody, "a", key, 0, 8)
+    r.register(caller("127.0.0.1", 0), "a", key, 0, 8)  # root may open anything itself
+    assert not open_on(key + "-x")
+
+
+def test_an_unknown_owner_is_refused(key):
+    """A caller whose socket's owner cannot be told is refused (fail closed)."""
+    def unknown(_):
+        raise sysshm.Unknown("not found")
+    r = sysshm.SystemShm(sysshm.Limits(4, 1 << 20, 2, 1 << 16), identify=unknown)
+    fresh = Caller("127.0.0.1", 40003, "127.0.0.1", 8080)
+    assert code_of(lambda: r.register(fresh, "a", key, 0, 8))[0] == "PERMISSION_DENIED"
+    assert r.regions == {}

@@ -26,6 +26,7 @@ import time
 from typing import Any, Callable
 
 from aieng.httpcore.server import HttpServer as CoreServer
+from aieng.httpcore.server import Peer
 from aieng.httpcore.thread import ServerThread
 
 PATHS = ["/healthz", "/readyz", "/startupz", "/metrics", "/debug"]
@@ -115,7 +116,7 @@ class HttpServer:
         self.server = ServerThread(self.core, bind(addr), name="http")
 
     async def handle(self, method: str, path: str, query: str, headers: dict[str, str], body: bytes,
-                     peer: str) -> tuple[int, dict[str, str], bytes]:
+                     peer: Peer) -> tuple[int, dict[str, str], bytes]:
         """One answer, on the server's thread; its turn comes ``1 / MAX_RATE`` s after the last one's."""
         if self.waiting >= MAX_WAITING:
             return 503, {"Content-Type": "application/json", "Retry-After": "1"}, b'{"error": "busy"}'
