@@ -87,17 +87,20 @@ REGISTRY: tuple[EnvVar, ...] = (
            "of every process) on the client-facing OIP ports; reading is always served; off: 403 / "
            "PERMISSION_DENIED", "oip_logging_control"),
     EnvVar("AIENG_OIP_SHARED_MEMORY", str, "local",
-           "OIP system shared-memory extension: local (loopback clients only), any, off; served only with "
+           "OIP system shared-memory extension: local (loopback clients only), any (any address of this "
+           "host), off; per client (the uid owning its connection); served only with "
            "AIENG_GATEWAY_WORKERS=1 (regions live in one gateway process)", "oip_shared_memory"),
     EnvVar("AIENG_OIP_SHM_MAX_REGIONS", int, 64,
-           "Shared-memory regions the gateway maps at most, all clients together", "oip_shm_max_regions"),
+           "Shared-memory regions the gateway holds at most, all clients together", "oip_shm_max_regions"),
     EnvVar("AIENG_OIP_SHM_MAX_BYTES", int, 1 << 30,
-           "Bytes of shared-memory regions the gateway maps at most, all clients together",
+           "Bytes of shared-memory regions the gateway holds at most, all clients together",
            "oip_shm_max_bytes"),
     EnvVar("AIENG_OIP_SHM_CLIENT_REGIONS", int, 16,
-           "Shared-memory regions one client address may register", "oip_shm_client_regions"),
+           "Shared-memory regions one client (a uid, all its addresses) may register",
+           "oip_shm_client_regions"),
     EnvVar("AIENG_OIP_SHM_CLIENT_BYTES", int, 256 << 20,
-           "Bytes of shared-memory regions one client address may register", "oip_shm_client_bytes"),
+           "Bytes of shared-memory regions one client (a uid, all its addresses) may register",
+           "oip_shm_client_bytes"),
     EnvVar("AIENG_MODEL_REPOSITORY", str, "models",
            "Directory holding <model>/<version>/model.yaml + model.onnx", "model_repository"),
     EnvVar("AIENG_MODELS", str, "",
