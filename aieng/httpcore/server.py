@@ -6,8 +6,17 @@ descriptor and a coroutine, never a thread, and every way of holding one is boun
     head, body   a head within ``head_s`` of its first byte, a body at ``MIN_RATE`` or better (else 408)
     answers      one at a time per connection, in order (pipelined requests wait), each with ``Date``;
                  HTTP/1.0 keeps the connection only when asked; an answer must be read at ``MIN_RATE``
-    connections  at most ``max_conns``; at the cap a new connection closes the one idle longest, and is
-                 closed at once only when every connection is busy
+    connections  at most ``max_conns``, shared fairly between peers (``fair.peer_key``): at the cap a
+                 new connection from peer P takes the place of one held by the peer holding the most, when
+                 that peer holds at least two more than P (its oldest idle connection, else its oldest one
+                 still sending a request, else its oldest one waiting for its turn, whose request is
+                 answered 503 first); otherwise of the oldest idle connection of a peer holding at least
+                 as many as P; a connection being answered is never closed for another; when there is
+                 none to close, the new one is closed at once.  So one peer can hold every connection
+                 while nobody else wants one, and never keep another peer out
+    rate         with ``rate`` set, at most that many answers a second, the waiting requests of every
+                 peer taking turns (``fair.FairPace``): a flood from one peer delays another's request
+                 by about one turn per peer waiting, not by the flood
 
 Every close the client did not ask for is a DEBUG line and a count in ``dropped`` (by detail); one that
 ended without an answer also calls ``on_drop(kind)``, kind in ``KINDS``.  The handler gets ``(method,
@@ -27,6 +36,7 @@ from typing import Awaitable, Callable
 
 import httptools
 
+from aieng.httpcore.fair import Bumped, FairPace, peer_key
 from aieng.httpcore.message import (
     BODY_BUDGET,
     BODY_CHUNK,
@@ -43,6 +53,15 @@ from aieng.httpcore.message import (
 
 Handler = Callable[[str, str, str, dict, bytes, "Peer"], Awaitable[tuple[int, dict, bytes]]]
 KINDS = ("timeout", "reset", "overflow")  # why a connection ended without an answer
+BUSY = error_response(503, "busy: the connection was closed for a new one")
+
+
+@dataclass(eq=False)
+class _Slot:
+    """One open connection as the cap sees it."""
+    peer: str  # ``peer_key`` of its address
+    phase: str = "idle"  # idle | reading (a request) | waiting (for its turn) | answering
+    turn: asyncio.Future | None = None  # while waiting
 
 
 @dataclass(frozen=True)
@@ -68,10 +87,12 @@ class _Stalled(Exception):
 
 class HttpServer:
     def __init__(self, handler: Handler, max_body: int, head_s: float, idle_s: float, max_conns: int,
-                 log: logging.Logger, on_drop: Callable[[str], None] | None = None):
+                 log: logging.Logger, on_drop: Callable[[str], None] | None = None, rate: float = 0.0):
         self.handler, self.max_body, self.head_s, self.idle_s = handler, max_body, head_s, idle_s
         self.max_conns, self.log, self.on_drop = max_conns, log, on_drop
-        self.conns: dict[asyncio.Task, bool] = {}  # connection -> answering a request now
+        self.conns: dict[asyncio.Task, _Slot] = {}  # every open connection, oldest first
+        self.held: Counter = Counter()  # peer -> connections it holds
+        self.pace = FairPace(rate) if rate else None
         self.dropped: Counter = Counter()
         self.server: asyncio.AbstractServer | None = None
         self.closing = False
@@ -107,20 +128,47 @@ class HttpServer:
             self.on_drop(kind)
         self.log.debug("http connection from %s dropped (%s): %s", peer, kind or "not counted", detail)
 
+    def _victim(self, peer: str) -> tuple[asyncio.Task, _Slot] | None:
+        """The connection a new one from ``peer`` takes the place of at the cap (module docstring)."""
+        mine = self.held[peer]
+        heavy = max(self.held, key=self.held.__getitem__)
+        if self.held[heavy] >= mine + 2:
+            for phase in ("idle", "reading", "waiting"):
+                for task, slot in self.conns.items():
+                    if slot.peer == heavy and slot.phase == phase and (phase != "waiting" or
+                                                                       not slot.turn.done()):
+                        return task, slot
+        return next(((t, s) for t, s in self.conns.items()
+                     if s.phase == "idle" and self.held[s.peer] >= mine), None)
+
+    def _forget(self, task: asyncio.Task) -> None:
+        slot = self.conns.pop(task, None)
+        if slot is not None:
+            self.held[slot.peer] -= 1
+            if not self.held[slot.peer]:
+                del self.held[slot.peer]
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
+        host = peer[0] if isinstance(peer, tuple) and peer else str(peer)
+        key = peer_key(host)
         if len(self.conns) >= self.max_conns and not self.closing:
-            idle = next((t for t, busy in self.conns.items() if not busy), None)  # the oldest idle one
-            if idle is not None:  # idle connections cannot lock everyone else out
-                self.conns.pop(idle)
-                idle.cancel()
-                self.drop("idle, closed for a new connection", peer, "overflow")
+            victim = self._victim(key)
+            if victim is not None:  # no peer's connections lock another peer out
+                task, slot = victim
+                self._forget(task)
+                if slot.phase == "waiting":  # its request is answered 503, then it closes
+                    FairPace.cancel_turn(slot.turn)
+                else:
+                    task.cancel()
+                self.drop(f"{slot.phase}, closed for a new connection", peer, "overflow")
         if len(self.conns) >= self.max_conns or self.closing:
             self.drop("too many connections", peer, "overflow")
             writer.transport.abort()
             return
         task = asyncio.current_task()
-        self.conns[task] = False
+        self.conns[task] = _Slot(key)
+        self.held[key] += 1
         sock = writer.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -136,17 +184,18 @@ class HttpServer:
         except asyncio.CancelledError:  # close() cut it: end quietly (asyncio would log a cancelled handler)
             pass
         finally:
-            self.conns.pop(task, None)
+            self._forget(task)
             conn.release()
             await self._close(reader, writer)
 
     async def _next(self, conn: Reader, reader, writer, peer: object, ends: Peer) -> bool:
         """Answer one parsed request, or read more; False when the connection is to close."""
-        task = asyncio.current_task()
+        slot = self.conns.get(asyncio.current_task())
+        if slot is None:  # closed for a new connection (a waiting request was answered already)
+            return False
         if conn.ready:
-            self.conns[task] = True
-            return await self._answer(conn, conn.ready.popleft(), writer, ends)
-        self.conns[task] = conn.state != "idle"
+            return await self._answer(conn, conn.ready.popleft(), writer, ends, slot)
+        slot.phase = "idle" if conn.state == "idle" else "reading"
         if conn.state == "idle":
             what, budget = "idle", self.idle_s
         elif conn.state == "head":
@@ -187,7 +236,17 @@ class HttpServer:
         await self._reply(writer, *error_response(exc.status, exc.message), False)
         return False
 
-    async def _answer(self, conn: Reader, req: Request, writer, ends: Peer) -> bool:
+    async def _answer(self, conn: Reader, req: Request, writer, ends: Peer, slot: _Slot) -> bool:
+        if self.pace is not None:
+            slot.phase, slot.turn = "waiting", self.pace.ticket(slot.peer)
+            if slot.turn is not None:
+                try:
+                    await slot.turn
+                except Bumped:
+                    self.budget.give(req.held)
+                    await self._reply(writer, *BUSY, False)
+                    return False
+        slot.phase, slot.turn = "answering", None
         try:
             status, rheaders, rbody = await self.handler(req.method, req.path, req.query, req.headers,
                                                          req.body, ends)
@@ -247,10 +306,10 @@ class HttpServer:
         self.closing = True
         if self.server is not None:
             self.server.close()
-        for task, busy in list(self.conns.items()):
-            if not busy:
+        for task, slot in list(self.conns.items()):
+            if slot.phase == "idle":
                 task.cancel()
-        busy = [t for t, b in self.conns.items() if b]
+        busy = [t for t, s in self.conns.items() if s.phase != "idle"]
         if busy:
             await asyncio.wait(busy, timeout=grace_s)
         rest = list(self.conns)
@@ -258,3 +317,5 @@ class HttpServer:
             task.cancel()
         if rest:  # each ends in its ``finally`` (at most ``_close``'s second): nothing left pending
             await asyncio.wait(rest, timeout=2.0)
+        if self.pace is not None:
+            self.pace.close()

@@ -12,6 +12,7 @@ import pytest
 from aieng.frontend.observe import http
 from aieng.frontend.observe.http import HttpServer, authorized, bind, parse_addr, read_token
 from tests.conftest import free_port
+from tests.waits import until
 
 
 def http_get(port: int, path: str, headers: dict[str, str] | None = None,
@@ -122,26 +123,34 @@ def test_keep_alive_answers_in_order(make_http):
     assert rest[n:].startswith(b"HTTP/1.1 200 OK\r\n")
 
 
-def test_over_the_rate_requests_wait_their_turn_and_beyond_the_queue_get_503(make_http, monkeypatch):
-    monkeypatch.setattr(http, "MAX_RATE", 1.0)
-    monkeypatch.setattr(http, "MAX_WAITING", 2)
+def test_over_the_rate_requests_wait_their_turn_taking_turns_between_addresses(make_http, monkeypatch):
+    """Issue 33: four requests from 127.0.0.2 over the rate wait in line; one from 127.0.0.1 that comes
+    after them is answered after the first of them, not after all four."""
+    monkeypatch.setattr(http, "MAX_RATE", 4.0)
     srv, port = make_http()
-    conns = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(4)]
-    try:
-        codes = []
-        for s in conns:  # one answered at once, two wait (1 s, 2 s), the fourth finds the queue full
+    order: list[str] = []
+    lock = threading.Lock()
+
+    def ask(name: str, source: str) -> None:
+        with socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(source, 0)) as s:
             s.sendall(b"GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n")
-            if not codes:
-                codes.append(int(s.recv(65536).split()[1]))
-        for s in conns[1:]:
             data = b""
             while chunk := s.recv(65536):
                 data += chunk
-            codes.append(int(data.split()[1]))
-    finally:
-        for s in conns:
-            s.close()
-    assert codes == [200, 200, 200, 503]
+        with lock:
+            order.append(f"{name} {int(data.split()[1])}")
+
+    assert http_get(port, "/readyz")[0] == 503  # takes the turn that is free now: every other one waits
+    flood = [threading.Thread(target=ask, args=(f"flood{i}", "127.0.0.2")) for i in range(4)]
+    for t in flood:
+        t.start()
+    assert until(lambda: srv.core.pace.waiting >= 3, 5), srv.core.pace.waiting
+    probe = threading.Thread(target=ask, args=("probe", "127.0.0.1"))
+    probe.start()
+    for t in flood + [probe]:
+        t.join(15)
+    assert order.index("probe 200") <= 2, order  # behind at most the one or two flood requests due first
+    assert sorted(order) == ["flood0 200", "flood1 200", "flood2 200", "flood3 200", "probe 200"]
 
 
 def test_metrics_render_at_most_once_per_period(make_http):

@@ -120,7 +120,7 @@ def test_at_the_cap_with_every_connection_busy_a_new_one_is_closed_at_once():
         port = srv.server.sockets[0].getsockname()[1]
         busy_r, busy_w = await asyncio.open_connection("127.0.0.1", port)
         busy_w.write(b"GET /busy HTTP/1.1\r\n\r\n")
-        while not any(srv.conns.values()):
+        while not any(s.phase == "answering" for s in srv.conns.values()):
             await asyncio.sleep(0.01)
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         extra = await asyncio.wait_for(reader.read(), 5)

@@ -7,16 +7,19 @@ Nothing here can slow the frontend loop down by more than a bounded amount:
   * every answer but /metrics comes from the snapshot dict the loop publishes (swapped whole, never
     mutated); the HTTP thread never calls into the loop, so /debug also works with CURVE on.  A /debug
     sets ``debug_asked``: the loop refreshes the costly stage timings at its next publish only then;
+  * the probes' bodies are encoded once per published snapshot (``Probes``); an answer only compares
+    two ages and joins bytes;
   * /metrics is rendered at most once per ``cache_ms`` (scrapers in between share the last render);
-  * ``timeout_s`` for a request head and for an idle connection, at most ``MAX_CONNS`` connections,
-    at most ``MAX_RATE`` answers a second (``MAX_WAITING`` more wait their turn; beyond, 503).
+  * ``timeout_s`` for a request head and for an idle connection, at most ``MAX_CONNS`` connections, at
+    most ``MAX_RATE`` answers a second, both shared fairly between client addresses by the core server
+    (``httpcore.server``): one client flooding or holding the port cannot keep a probe from another
+    address out (a kubelet's probe waits about one turn per other waiting address, 5 ms each).
 
 With ``token_file`` set, /metrics and /debug need ``Authorization: Bearer <token>`` (401 otherwise);
 the probes stay open.  The token is read once, at start.
 """
 from __future__ import annotations
 
-import asyncio
 import hmac
 import json
 import logging
@@ -48,7 +51,6 @@ METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 CHALLENGE = 'Bearer realm="aieng"'
 MAX_CONNS = 512  # open connections (file descriptors, not threads)
 MAX_RATE = 200.0  # answers a second: probes and scrapers need a few; a tight loop does not take the CPU
-MAX_WAITING = 64  # requests waiting for their turn under MAX_RATE; beyond, 503 at once
 MAX_BODY = 4096  # ours are GETs; a small body is read and ignored (405 says why)
 log = logging.getLogger("aieng.frontend.observe.http")
 
@@ -110,25 +112,14 @@ class HttpServer:
         self.metrics_at = 0.0
         self.debug_cache: tuple[dict, bytes] | None = None  # (the snapshot, its JSON)
         self.debug_asked = threading.Event()  # tells the loop to refresh the snapshot's stage stats
-        self.interval, self.next_slot, self.waiting = 1.0 / MAX_RATE, 0.0, 0
+        self.probes: tuple[dict, bytes] | None = None  # (the snapshot, its health map as JSON)
         self.core = CoreServer(self.handle, MAX_BODY, head_s=timeout_s, idle_s=timeout_s, max_conns=MAX_CONNS,
-                               log=log, on_drop=dropped)
+                               log=log, on_drop=dropped, rate=MAX_RATE)
         self.server = ServerThread(self.core, bind(addr), name="http")
 
     async def handle(self, method: str, path: str, query: str, headers: dict[str, str], body: bytes,
                      peer: Peer) -> tuple[int, dict[str, str], bytes]:
-        """One answer, on the server's thread; its turn comes ``1 / MAX_RATE`` s after the last one's."""
-        if self.waiting >= MAX_WAITING:
-            return 503, {"Content-Type": "application/json", "Retry-After": "1"}, b'{"error": "busy"}'
-        now = time.monotonic()
-        slot = max(now, self.next_slot)
-        self.next_slot = slot + self.interval
-        if slot > now:
-            self.waiting += 1
-            try:
-                await asyncio.sleep(slot - now)
-            finally:
-                self.waiting -= 1
+        """One answer, on the server's thread, when the core server's pace gives this request its turn."""
         if method not in ("GET", "HEAD"):
             code, out, ctype = 405, b'{"error": "only GET and HEAD"}', "application/json"
             extra = {"Allow": "GET, HEAD"}
@@ -148,12 +139,14 @@ class HttpServer:
         health = snap.get("health", {})
         if path == "/healthz":
             alive = liveness(snap, time.monotonic(), self.stale_s)
-            body = _json(dict(health, liveness=alive))
+            body = self.health_json(snap)
+            # the health map plus ``liveness``: only the three-key map is encoded per request
+            body = body[:-1] + (b", " if len(body) > 2 else b"") + b'"liveness": ' + _json(alive) + b"}"
             return (200 if alive["alive"] else 503), body, "application/json", {}
         if path == "/readyz":
-            return (200 if health.get("ready") else 503), _json(health), "application/json", {}
+            return (200 if health.get("ready") else 503), self.health_json(snap), "application/json", {}
         if path == "/startupz":
-            return (200 if health.get("started") else 503), _json(health), "application/json", {}
+            return (200 if health.get("started") else 503), self.health_json(snap), "application/json", {}
         return 404, _json({"error": "not found", "paths": PATHS}), "application/json", {}
 
     def metrics_text(self) -> bytes:
@@ -163,6 +156,15 @@ class HttpServer:
             self.metrics_body = self.render()
             self.metrics_at = time.monotonic()  # from the end: renders are >= cache_ms apart
         return self.metrics_body
+
+    def health_json(self, snap: dict[str, Any]) -> bytes:
+        """The snapshot's health map as JSON, encoded once per published snapshot."""
+        cached = self.probes
+        if cached is not None and cached[0] is snap:
+            return cached[1]
+        body = _json(snap.get("health", {}))
+        self.probes = (snap, body)
+        return body
 
     def debug_json(self, snap: dict[str, Any]) -> bytes:
         """The snapshot as JSON, encoded once per published snapshot (it is never mutated)."""
