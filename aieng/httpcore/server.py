@@ -9,11 +9,11 @@ descriptor and a coroutine, never a thread, and every way of holding one is boun
     connections  at most ``max_conns``, shared fairly between peers (``fair.peer_key``): at the cap a
                  new connection from peer P takes the place of one held by the peer holding the most, when
                  that peer holds at least two more than P (its oldest idle connection, else its oldest one
-                 still sending a request, else its oldest one waiting for its turn, whose request is
-                 answered 503 first); otherwise of the oldest idle connection of a peer holding at least
-                 as many as P; a connection being answered is never closed for another; when there is
-                 none to close, the new one is closed at once.  So one peer can hold every connection
-                 while nobody else wants one, and never keep another peer out
+                 still sending a request, else its oldest one waiting for its turn; a request started on
+                 it is answered 503 "busy" first); otherwise of the oldest idle connection of a peer
+                 holding at least as many as P; a connection being answered is never closed for another;
+                 when there is none to close, the new one is closed at once.  So one peer can hold every
+                 connection while nobody else wants one, and never keep another peer out
     rate         with ``rate`` set, at most that many answers a second, the waiting requests of every
                  peer taking turns (``fair.FairPace``): a flood from one peer delays another's request
                  by about one turn per peer waiting, not by the flood
@@ -26,6 +26,7 @@ headers, body)``; an exception is a 500.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import time
@@ -62,6 +63,7 @@ class _Slot:
     peer: str  # ``peer_key`` of its address
     phase: str = "idle"  # idle | reading (a request) | waiting (for its turn) | answering
     turn: asyncio.Future | None = None  # while waiting
+    bumped: bool = False  # closed for a new connection while reading: answered 503 on its way out
 
 
 @dataclass(frozen=True)
@@ -160,6 +162,7 @@ class HttpServer:
                 if slot.phase == "waiting":  # its request is answered 503, then it closes
                     FairPace.cancel_turn(slot.turn)
                 else:
+                    slot.bumped = slot.phase == "reading"
                     task.cancel()
                 self.drop(f"{slot.phase}, closed for a new connection", peer, "overflow")
         if len(self.conns) >= self.max_conns or self.closing:
@@ -167,7 +170,7 @@ class HttpServer:
             writer.transport.abort()
             return
         task = asyncio.current_task()
-        self.conns[task] = _Slot(key)
+        slot = self.conns[task] = _Slot(key)
         self.held[key] += 1
         sock = writer.get_extra_info("socket")
         if sock is not None:
@@ -182,7 +185,9 @@ class HttpServer:
         except _Stalled:
             self.drop("answer not read in time", peer, "timeout")
         except asyncio.CancelledError:  # close() cut it: end quietly (asyncio would log a cancelled handler)
-            pass
+            if slot.bumped:  # a request started: it gets an answer that says why
+                with contextlib.suppress(Exception):
+                    await self._reply(writer, *BUSY, False)
         finally:
             self._forget(task)
             conn.release()

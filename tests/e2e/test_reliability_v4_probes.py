@@ -163,7 +163,9 @@ def test_probes_answer_while_one_client_loops_healthz_on_100_connections(make_se
 
 
 def test_probes_answer_while_one_client_holds_600_slowloris_heads(make_server, fds):
-    srv = make_server(AIENG_MODELS="tabular").start()
+    srv = make_server(AIENG_MODELS="tabular")
+    srv.prefix = ["prlimit", "--nofile=1024:1024"]  # the common default: 512 connections leave room
+    srv.start()
     attack = Attack(srv.http_port).start("slowloris", 600)
     try:
         fe = srv.child_pid("aieng::frontend")
