@@ -131,17 +131,23 @@ class HttpServer:
         self.log.debug("http connection from %s dropped (%s): %s", peer, kind or "not counted", detail)
 
     def _victim(self, peer: str) -> tuple[asyncio.Task, _Slot] | None:
-        """The connection a new one from ``peer`` takes the place of at the cap (module docstring)."""
+        """The connection a new one from ``peer`` takes the place of at the cap (module docstring); one
+        pass over the connections, oldest first."""
         mine = self.held[peer]
         heavy = max(self.held, key=self.held.__getitem__)
-        if self.held[heavy] >= mine + 2:
-            for phase in ("idle", "reading", "waiting"):
-                for task, slot in self.conns.items():
-                    if slot.peer == heavy and slot.phase == phase and (phase != "waiting" or
-                                                                       not slot.turn.done()):
-                        return task, slot
-        return next(((t, s) for t, s in self.conns.items()
-                     if s.phase == "idle" and self.held[s.peer] >= mine), None)
+        if self.held[heavy] < mine + 2:
+            heavy = None
+        first: dict[str, tuple[asyncio.Task, _Slot]] = {}  # phase -> the heavy peer's oldest in it
+        fallback = None  # the oldest idle one of a peer holding as many as ``peer``
+        for task, slot in self.conns.items():
+            if slot.peer == heavy and slot.phase != "answering" and slot.phase not in first:
+                if slot.phase == "idle":
+                    return task, slot
+                if slot.phase == "reading" or not slot.turn.done():  # a turn given is an answer begun
+                    first[slot.phase] = task, slot
+            elif fallback is None and slot.phase == "idle" and self.held[slot.peer] >= mine:
+                fallback = task, slot
+        return first.get("reading") or first.get("waiting") or fallback
 
     def _forget(self, task: asyncio.Task) -> None:
         slot = self.conns.pop(task, None)
@@ -244,13 +250,16 @@ class HttpServer:
     async def _answer(self, conn: Reader, req: Request, writer, ends: Peer, slot: _Slot) -> bool:
         if self.pace is not None:
             slot.phase, slot.turn = "waiting", self.pace.ticket(slot.peer)
-            if slot.turn is not None:
-                try:
+            try:
+                if slot.turn is not None:
                     await slot.turn
-                except Bumped:
-                    self.budget.give(req.held)
-                    await self._reply(writer, *BUSY, False)
-                    return False
+            except Bumped:
+                self.budget.give(req.held)
+                await self._reply(writer, *BUSY, False)
+                return False
+            except asyncio.CancelledError:  # close() cut it: its body bytes are no longer held
+                self.budget.give(req.held)
+                raise
         slot.phase, slot.turn = "answering", None
         try:
             status, rheaders, rbody = await self.handler(req.method, req.path, req.query, req.headers,

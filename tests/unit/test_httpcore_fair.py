@@ -102,7 +102,7 @@ def test_a_request_waiting_its_turn_closed_for_a_new_peer_is_answered_503():
         first = await read_response(first_r)  # the free turn
         waiting = [await connect(port, "127.0.0.2") for _ in range(3)]
         for _, w in waiting:
-            w.write(b"GET /flood HTTP/1.1\r\n\r\n")
+            w.write(b"POST /flood HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello")
         await asyncio.wait_for(until_held(srv, {"127.0.0.2": 3}, "waiting"), 5)
         reader, writer = await connect(port, "127.0.0.1")
         writer.write(b"GET /probe HTTP/1.1\r\n\r\n")
@@ -111,10 +111,12 @@ def test_a_request_waiting_its_turn_closed_for_a_new_peer_is_answered_503():
         await asyncio.wait_for(until_held(srv, {"127.0.0.2": 2, "127.0.0.1": 1}, "waiting"), 5)
         for _, w in waiting + [(reader, writer), (first_r, first_w)]:
             w.close()
+        held = srv.body_bytes  # the two still waiting
         await srv.close(0.1)
-        return first, bumped, closed, dict(srv.dropped)
+        return first, bumped, closed, dict(srv.dropped), held, srv.body_bytes
 
-    first, bumped, closed, dropped = run(go())
+    first, bumped, closed, dropped, held, left = run(go())
+    assert held == 10 and left == 0  # bodies of requests cut while waiting are given back
     assert first == (200, b"GET /first 0")
     assert bumped[0] == 503 and b"busy" in bumped[1] and closed == b""
     assert dropped["waiting, closed for a new connection"] == 1
