@@ -170,7 +170,7 @@ class HttpServer:
                 else:
                     slot.bumped = slot.phase == "reading"
                     task.cancel()
-                self.drop(f"{slot.phase}, closed for a new connection", peer, "overflow")
+                self.drop(f"{slot.phase}, closed for a new connection", slot.peer, "overflow")
         if len(self.conns) >= self.max_conns or self.closing:
             self.drop("too many connections", peer, "overflow")
             writer.transport.abort()
