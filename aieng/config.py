@@ -50,6 +50,7 @@ class Config:
     max_wait_ms: float = _default("max_wait_ms")
     device: str = _default("device")
     executor_lanes: int = _default("executor_lanes", neutral=1)
+    executor_spare_lane: bool = _default("executor_spare_lane")
     idle_wide_runs: bool = _default("idle_wide_runs")
     idle_wide_spinning: bool = _default("idle_wide_spinning")
     warmup_max_rows: int = _default("warmup_max_rows")

@@ -121,6 +121,10 @@ REGISTRY: tuple[EnvVar, ...] = (
            "Batches the executor runs at once, each on its own thread "
            "(default: usable CPUs, 1..4; 1 on CUDA)",
            "executor_lanes"),
+    EnvVar("AIENG_EXECUTOR_SPARE_LANE", boolean, True,
+           "While every lane is busy, let a model whose batches run at most a quarter as long as the running "
+           "ones run on one more thread (CPU only), so a rarely asked fast model does not wait out a flooded "
+           "model's batch", "executor_spare_lane"),
     EnvVar("AIENG_IDLE_WIDE_RUNS", boolean, True,
            "While the executor is idle, run a lone small batch on a second session using every usable CPU "
            "(lower latency at low load; twice the session memory)", "idle_wide_runs"),

@@ -10,6 +10,9 @@ Per model version a queue of pending requests, each with its sequence length (0 
   ``max_wait_ms``, or when waiting is not expected to pay (``cost`` learned online, ``CostModel``).
 * Among models with a runnable batch, the oldest anchor goes; the last free lane goes only to a model
   no shorter-running recent model waits behind (``crowded``).
+* While every serving lane is busy, a model whose batches run at most ``1 / SPARE_RATIO`` of the shortest
+  running model's may take the executor's spare lane (``spare_models``): a rarely asked fast model does not
+  wait out a flooded slow model's batch (the ``crowded`` window has long closed for it).
 Expired requests are removed (and returned) before a batch is formed.  The rule in full, with its
 formulas and measurements: docs/architecture.md, 'Batching'.
 """
@@ -96,6 +99,7 @@ def padding_waste(lengths: list[int]) -> float:
 
 
 SHARE_WINDOW_S = 2.0  # a model with a request this recent keeps a lane open to it (``crowded``)
+SPARE_RATIO = 4.0  # the spare lane only for a model this many times faster than every running one
 
 
 class Batcher:
@@ -204,15 +208,28 @@ class Batcher:
         return {k for k, q in self.queues.items() if q.run_s is not None
                 and any(r < q.run_s for other, r in recent.items() if other != k)}
 
-    def next_batch(self, now: float, running: dict[str, int] | None = None,
-                   lanes: int = 0) -> tuple[str | None, list[Pending], float | None]:
+    def spare_models(self, running: dict[str, int]) -> set[str]:
+        """Models that may take the spare lane while ``running`` holds every serving lane: measured, not
+        running now, with items, and at most ``1 / SPARE_RATIO`` of the shortest running model's run.  A
+        model not measured yet, or lanes held by one, give none: its run could be long, and the spare lane
+        runs beside full lanes (one more thread than cores, so it must be short to cost them little)."""
+        held = [self.queues[k].run_s if k in self.queues else None for k in running]
+        if not held or any(r is None for r in held):
+            return set()
+        shortest = min(held)
+        return {k for k, q in self.queues.items() if q.items and k not in running and q.run_s is not None
+                and q.run_s * SPARE_RATIO <= shortest}
+
+    def next_batch(self, now: float, running: dict[str, int] | None = None, lanes: int = 0,
+                   only: set[str] | None = None) -> tuple[str | None, list[Pending], float | None]:
         """``(model key, batch, None)`` to run now, or ``(None, [], wake_at)``.  ``running``/``lanes``: the
-        serving lanes in use per model and their number, for sharing them (``crowded``)."""
+        serving lanes in use per model and their number, for sharing them (``crowded``); ``only``: the
+        models that may run (the spare lane's, ``spare_models``)."""
         best_key, best_batch, best_age = None, [], None
         wake_at = None
         skip = self.crowded(now, running or {}, lanes)
         for key, q in self.queues.items():
-            if not q.items or key in skip:
+            if not q.items or key in skip or (only is not None and key not in only):
                 continue
             batch = self.select(q)
             anchor = q.items[0]

@@ -130,7 +130,8 @@ class Executor(HubWorker):
         on_gpu = any(s.provider == "CUDAExecutionProvider" for s in self.sessions.values())
         idle = self.cfg.load_priority == "idle"  # the background lane is as polite as a run-time load
         self.lanes = Lanes(1 if on_gpu else self.cfg.executor_lanes,  # one stream on a GPU: one lane
-                           lower=lambda: lower_priority(idle))
+                           lower=lambda: lower_priority(idle),
+                           spare=self.cfg.executor_spare_lane and not on_gpu)
         self.bg_runs: dict[str, int] = {}  # per version: batches run on the background lane
         self.wake_fds.append(self.lanes.wake_fd)
 
@@ -174,6 +175,13 @@ class Executor(HubWorker):
                 self.start_batch(key, batch, background=batcher is self.bg_batcher)
             if wake_at is not None and free():
                 wake.append(wake_at)
+        if not self.lanes.free() and self.lanes.spare_free():
+            only = self.batcher.spare_models(self.lanes.running)
+            key, batch, wake_at = self.batcher.next_batch(now, only=only) if only else (None, [], None)
+            if key is not None:
+                self.start_batch(key, batch, spare=True)
+            elif wake_at is not None:
+                wake.append(wake_at)
         if wake:
             return max(0, int((min(wake) - now) * 1000) + 1)
         return 200  # a finished lane or a new task wakes the loop
@@ -202,7 +210,8 @@ class Executor(HubWorker):
         batcher.put(key, Pending(task.rid, task.seq_len, now, task.deadline, task), task.upstream)
         return True
 
-    def start_batch(self, key: str, batch: list[Pending], background: bool = False) -> None:
+    def start_batch(self, key: str, batch: list[Pending], background: bool = False,
+                    spare: bool = False) -> None:
         sess = self.sessions[key]
         feeds, sizes, live = self.assemble(sess, batch)
         if not live:
@@ -217,9 +226,10 @@ class Executor(HubWorker):
         lone = (self.lanes.busy == 0 and self.batcher.pending() == 0 and len(live) <= WIDE_MAX_ROWS
                 and all(p.payload.alone for p in live))
         runner = wide if wide is not None and lone and not background else sess
-        # the cost model describes the serving lanes' runs (a background run's time says little)
-        learn = runner is sess and not background
-        job = Job(lambda: runner.run(feeds), (key, sess, sizes, live, learn), background, key)
+        # the cost model describes the serving lanes' runs (a background run's time says little, and a
+        # spare-lane run shares the cores with full lanes)
+        learn = runner is sess and not background and not spare
+        job = Job(lambda: runner.run(feeds), (key, sess, sizes, live, learn), background, key, spare)
         if runner is wide:  # the loop would only wait for it: run it here, no hand-off to a lane and back
             job.run()  # (measured: about 0.5 ms of two thread wake-ups at concurrency 1)
             self.finish_batch(job)

@@ -3,8 +3,10 @@
 ``lanes`` threads each run a whole batch on one intra-op thread, so every core does useful work and the
 loop assembles the next batch meanwhile (ONNX Runtime releases the GIL during ``run``; one session
 serves concurrent runs).  One more, the *background* lane, runs internal verification batches
-(``InferTask.background``) one at a time on a thread that lowered itself first (``lower``).  Why,
-measured: docs/architecture.md, 'Executor lanes'.
+(``InferTask.background``) one at a time on a thread that lowered itself first (``lower``).  With
+``spare``, one more, the *spare* lane, runs one short batch while every serving lane is busy (the batcher's
+``spare_models`` says which may); its runs are not counted in ``running`` or ``busy``, so the serving lanes'
+sharing rule is unchanged.  Why, measured: docs/architecture.md, 'Executor lanes'.
 
 Contract:
   * ``submit`` and ``finished`` are called from the loop thread only; ``submit`` only while
@@ -27,10 +29,12 @@ from typing import Any, Callable
 class Job:
     """One batch: ``fn()`` computes ``result`` (or ``error``) on a lane; the rest is the loop's."""
 
-    __slots__ = ("fn", "context", "result", "error", "started", "run_ns", "background", "key")
+    __slots__ = ("fn", "context", "result", "error", "started", "run_ns", "background", "key", "spare")
 
-    def __init__(self, fn: Callable[[], Any], context: Any, background: bool = False, key: str = ""):
+    def __init__(self, fn: Callable[[], Any], context: Any, background: bool = False, key: str = "",
+                 spare: bool = False):
         self.fn, self.context, self.background, self.key = fn, context, background, key  # key: its model
+        self.spare = spare  # on the spare lane (``Lanes.spare_free``)
         self.result: Any = None
         self.error: BaseException | None = None
         self.started = 0.0  # monotonic seconds the run began
@@ -47,10 +51,13 @@ class Job:
 
 
 class Lanes:
-    def __init__(self, n: int, lower: Callable[[], None] | None = None):
+    def __init__(self, n: int, lower: Callable[[], None] | None = None, spare: bool = False):
         self.n = n
         self.busy = 0
         self.bg_busy = 0
+        self.spare = spare
+        self.spare_busy = 0
+        self.spare_todo: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self.running: Counter = Counter()  # model key -> serving lanes running its batches now
         self.todo: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self.bg_todo: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
@@ -61,6 +68,9 @@ class Lanes:
                         for i in range(n)]
         self.threads.append(threading.Thread(target=self._lane, args=(self.bg_todo, lower), name="lane-bg",
                                              daemon=True))
+        if spare:
+            self.threads.append(threading.Thread(target=self._lane, args=(self.spare_todo,),
+                                                 name="lane-spare", daemon=True))
         for t in self.threads:
             t.start()
 
@@ -81,10 +91,16 @@ class Lanes:
     def bg_free(self) -> bool:
         return self.bg_busy == 0
 
+    def spare_free(self) -> bool:
+        return self.spare and self.spare_busy == 0
+
     def submit(self, job: Job) -> None:
         if job.background:
             self.bg_busy += 1
             self.bg_todo.put(job)
+        elif job.spare:
+            self.spare_busy += 1
+            self.spare_todo.put(job)
         else:
             self.busy += 1
             self.running[job.key] += 1
@@ -104,10 +120,12 @@ class Lanes:
             except queue.Empty:
                 break
         bg = sum(1 for job in out if job.background)
+        spare = sum(1 for job in out if job.spare)
         self.bg_busy -= bg
-        self.busy -= len(out) - bg
+        self.spare_busy -= spare
+        self.busy -= len(out) - bg - spare
         for job in out:
-            if not job.background:
+            if not job.background and not job.spare:
                 self.running[job.key] -= 1
                 if not self.running[job.key]:
                     del self.running[job.key]
@@ -117,6 +135,7 @@ class Lanes:
         for _ in range(self.n):
             self.todo.put(None)
         self.bg_todo.put(None)
+        self.spare_todo.put(None)
         deadline = time.monotonic() + timeout
         for t in self.threads:
             t.join(max(0.0, deadline - time.monotonic()))

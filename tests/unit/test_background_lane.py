@@ -113,5 +113,8 @@ class OneFreeLaneEach:
     def bg_free(self) -> bool:
         return not any(bg for _, bg in self.submitted)
 
+    def spare_free(self) -> bool:
+        return False  # no spare lane (tests/unit/test_spare_lane.py has one)
+
     def submit(self, job: Job) -> None:
         self.submitted.append(([p.rid for p in job.context[3]], job.background))
