@@ -133,6 +133,7 @@ class Executor(HubWorker):
                            lower=lambda: lower_priority(idle),
                            spare=self.cfg.executor_spare_lane and not on_gpu)
         self.bg_runs: dict[str, int] = {}  # per version: batches run on the background lane
+        self.spare_runs: dict[str, int] = {}  # per version: batches run on the spare lane
         self.wake_fds.append(self.lanes.wake_fd)
 
     def hello_fields(self) -> dict:
@@ -141,6 +142,7 @@ class Executor(HubWorker):
                 "providers": {k: s.provider for k, s in self.sessions.items()},
                 "sessions": {k: {**s.describe(), "idle_wide_session": self.builder.wide_for(k) is not None,
                                  "background_runs": self.bg_runs.get(k, 0),
+                                 "spare_runs": self.spare_runs.get(k, 0),
                                  "postprocess": self.inline.choices[k].view() if k in self.inline.choices
                                  else None,
                                  "preprocess": self.inline_pre.view(k, k in direct)}
@@ -251,6 +253,9 @@ class Executor(HubWorker):
         if job.background:  # rare (a load's golden cases): shown at the next heartbeat
             self.bg_runs[key] = self.bg_runs.get(key, 0) + 1
             self.versions.refresh()
+        elif job.spare:  # shown at the next heartbeat, re-encoded then (not once per run)
+            self.spare_runs[key] = self.spare_runs.get(key, 0) + 1
+            self.hello_stale = True
         if learn:  # the cost model describes the serving lanes' runs, which carry the load
             self.batcher.observe(key, len(live), padded, infer_us / 1e6)
         self.outputs.deliver(key, sess, job.result, sizes, live, job.started, infer_us, padded)

@@ -96,6 +96,7 @@ class HubWorker:
         self.handlers: dict[type, Callable[[Any, list], None]] = {m.LogLevel: self.on_log_level}
         self.next_hello = 0.0
         self.hello_bytes = b""
+        self.hello_stale = False  # rebuild ``hello_bytes`` at the next heartbeat (a count it shows changed)
         self.wake_fds: list[int] = []  # more file descriptors the loop waits on (the executor's lanes)
         self.poller: zmq.Poller | None = None  # the loop's; a role may watch more fds while it runs
         self.ready: dict = {}  # the sockets and fds the last poll found readable
@@ -151,6 +152,8 @@ class HubWorker:
     def heartbeat(self) -> None:
         now = time.monotonic()
         if now >= self.next_hello:
+            if self.hello_stale:
+                self.hello_bytes, self.hello_stale = m.encode(self.hello_msg()), False
             self.sock.send(self.hello_bytes)
             self.next_hello = now + HEARTBEAT_S
 
