@@ -37,6 +37,7 @@ class Config:
     gateway_workers: int = _default("gateway_workers")
     oip_repository_control: bool = _default("oip_repository_control")
     oip_logging_control: bool = _default("oip_logging_control")
+    client_admin_ops: bool = _default("client_admin_ops")
     oip_shared_memory: str = _default("oip_shared_memory")
     oip_shm_max_regions: int = _default("oip_shm_max_regions")
     oip_shm_max_bytes: int = _default("oip_shm_max_bytes")

@@ -86,6 +86,9 @@ REGISTRY: tuple[EnvVar, ...] = (
            "OIP logging extension changes (POST /v2/logging, gRPC LogSettings with settings: the log level "
            "of every process) on the client-facing OIP ports; reading is always served; off: 403 / "
            "PERMISSION_DENIED", "oip_logging_control"),
+    EnvVar("AIENG_CLIENT_ADMIN_OPS", boolean, False,
+           "Server-wide ops on the native client socket (a log_level change, a stats reset); off: "
+           "PERMISSION_DENIED there, served only on the admin socket", "client_admin_ops"),
     EnvVar("AIENG_OIP_SHARED_MEMORY", str, "local",
            "OIP system shared-memory extension: local (loopback clients only), any (any address of this "
            "host), off; per client (the uid owning its connection); served only with "

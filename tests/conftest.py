@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 
@@ -93,6 +94,12 @@ class ServerProcess:
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    @property
+    def admin_addr(self) -> str:
+        """The admin socket: in AIENG_RUNTIME_DIR when set, else in the supervisor's ``<tmp>/aieng.<pid>``."""
+        rdir = self.env.get("AIENG_RUNTIME_DIR") or os.path.join(tempfile.gettempdir(), f"aieng.{self.pid}")
+        return self.env.get("AIENG_ADMIN_ADDR") or f"ipc://{rdir}/admin.sock"
 
     def client(self, **kw) -> Client:
         return Client(self.addr, **kw)

@@ -203,7 +203,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--addr", default=None)
     r.add_argument("--timeout", type=float, default=10.0)
     r.add_argument("--since", type=float, help="only the last SINCE seconds")
-    r.add_argument("--reset", action="store_true", help="start a new window after reading")
+    r.add_argument("--reset", action="store_true",
+                   help="start a new window after reading (an admin op: through the admin socket)")
+    r.add_argument("--admin-addr", default=None,
+                   help="the admin socket for --reset (default: $AIENG_ADMIN_ADDR, else the one running "
+                        "instance's)")
     r.add_argument("--png", help="also draw a stacked bar chart to this PNG file")
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=cmd_report)

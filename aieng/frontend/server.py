@@ -101,7 +101,7 @@ class Frontend:
                       "pool": self.versions.pool_view, "routing": self.rollout.view, "drift": self.drift.view,
                       "direct": pl.direct_view}
         self.ops = ClientOps(self.workers, self.life, self.table, self.specs, self.rollout, self.stats,
-                             self.mirror, self.send_hub, self.views, self.log)
+                             self.mirror, self.send_hub, self.views, self.log, self.cfg.client_admin_ops)
         self.handlers = dict(self.pipeline.handlers)
         self.handlers.update(self.versions.handlers)
         self.handlers.update({m.Hello: self.on_hello, m.WorkerDown: self.on_worker_down,
@@ -121,7 +121,7 @@ class Frontend:
         self.express = express.FrontendEnd(express_path(self.cfg.runtime_dir))  # to the executor, when up
         self.poller = zmq.Poller()
         self.admin = AdminServer(self.cfg, AdminOps(self.rollout, self.mirror, self.versions, self.workers,
-                                                    self.specs, self.log), self.log)
+                                                    self.specs, self.log, self.ops.wide_ops()), self.log)
         self.http = HttpServer(self.cfg.http_addr, lambda: self.snapshots.current, self.metrics.render,
                                self.cfg.http_token_file, self.cfg.http_threads, self.cfg.http_timeout_s,
                                self.cfg.snapshot_ms, self.metrics.dropped_connection

@@ -10,8 +10,9 @@ DEBUG, else info INFO, else warning WARNING, else error ERROR.  Each setting the
 read back as given (verbose >= 1 as 1): a mix that one level cannot show (``log_info`` on with
 ``log_warning`` off, ``log_error`` off), a log file, another format, an unknown key or a wrong type is
 INVALID_REQUEST and changes nothing.  ``LogSettings`` reads and changes the level through the frontend's
-``log_level`` op (every process, restarted ones too); a change needs ``AIENG_OIP_LOGGING_CONTROL``
-(PERMISSION_DENIED otherwise).  docs/oip.md ("Logging extension").
+``log_level`` op (every process, restarted ones too): a read over the client socket, a change over the
+admin socket (a server-wide change, which the client socket refuses), and only with
+``AIENG_OIP_LOGGING_CONTROL`` (PERMISSION_DENIED otherwise).  docs/oip.md ("Logging extension").
 """
 from __future__ import annotations
 
@@ -85,13 +86,17 @@ def level_of(current: str, change: Any, fmt: str) -> str:
 
 
 class LogSettings:
-    """Read and change the settings through the frontend's ``log_level`` op (``op(name, **fields)``)."""
+    """Read the settings through the frontend's ``log_level`` op on the client socket (``op(name,
+    **fields)``); change them through the admin socket's (``admin(name, **fields)``, which raises
+    ``RequestError`` on an error reply; None: changes are off)."""
 
-    def __init__(self, op: Callable[..., Awaitable[dict]], fmt: str, control: bool):
-        self.op, self.fmt, self.control = op, fmt, control
+    def __init__(self, op: Callable[..., Awaitable[dict]], fmt: str,
+                 admin: Callable[..., Awaitable[dict]] | None):
+        self.op, self.fmt, self.admin = op, fmt, admin
+        self.control = admin is not None
 
     async def _call(self, **fields: Any) -> str:
-        reply = await self.op("log_level", **fields)
+        reply = await (self.admin if fields and self.admin is not None else self.op)("log_level", **fields)
         if not reply.get("ok"):
             err = reply.get("error") or {}
             raise p.RequestError(err.get("code", p.INTERNAL), err.get("message", "log_level failed"))

@@ -94,12 +94,15 @@ class Gateway:
         cfg = self.cfg
         self.upstream = Upstream(cfg.frontend_addr, catalog, cfg.default_timeout_ms, self.log,
                                  curve_keys(cfg))
-        # repository load/unload go to the admin socket, and only when turned on (repository.py)
-        self.repository = Repository(cfg, bool(cfg.admin_curve_secret_key_file), self.log) \
-            if cfg.oip_repository_control else None
+        # repository load/unload and a log level change go to the admin socket, and only when turned on
+        # (repository.py, logsettings.py): the client socket refuses server-wide changes
+        self.admin = Repository(cfg, bool(cfg.admin_curve_secret_key_file), self.log) \
+            if cfg.oip_repository_control or cfg.oip_logging_control else None
+        self.repository = self.admin if cfg.oip_repository_control else None
         share = gateway_share(cfg.max_inflight, cfg.per_client_inflight, cfg.gateways)
         self.shm = from_config(cfg)
-        logs = LogSettings(self.upstream.op, cfg.log_format, cfg.oip_logging_control)
+        logs = LogSettings(self.upstream.op, cfg.log_format, self.admin.op if cfg.oip_logging_control
+                           and self.admin is not None else None)
         self.service = Service(self.upstream, PeerBudget(share), Decoder(), self.repository, self.shm, logs)
         cap = connection_cap(bool(cfg.oip_http_addr) + bool(cfg.oip_grpc_addr))
         if cfg.oip_http_addr:
@@ -152,8 +155,8 @@ class Gateway:
         self.shm.close()
         self.upstream.close()
         self.service.decoder.close()
-        if self.repository is not None:
-            self.repository.close()
+        if self.admin is not None:
+            self.admin.close()
         self.hub.close(0)
         self.loop.run_until_complete(asyncio.sleep(0))
         self.loop.close()

@@ -80,7 +80,7 @@ class Service:
                  logs: LogSettings | None = None):
         self.up, self.budget, self.decoder = upstream, budget, decoder
         # the logging extension (logsettings.py); without one, reading only
-        self.logs = logs if logs is not None else LogSettings(upstream.op, "text", False)
+        self.logs = logs if logs is not None else LogSettings(upstream.op, "text", None)
         self.repo = repository  # None: AIENG_OIP_REPOSITORY_CONTROL off
         self.shm = shm if shm is not None else sysshm.SystemShm(sysshm.Limits(0, 0, 0, 0), "off")
 

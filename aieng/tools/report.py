@@ -7,6 +7,9 @@ batch-size distribution and padding waste, and each postprocess step's time
 ``skipped`` (answered without it) and ``timeout`` (the request failed).  ``--since S`` covers the last S
 seconds, ``--reset`` starts a new window after reading, ``--png FILE`` draws a
 stacked bar per model (mean microseconds per stage), after the table (the ``plots`` extra: ``plots.py``).
+A reset changes the window for everyone, so it is an admin operation: with ``--reset`` the request goes to
+the admin socket's ``stats`` op (``--admin-addr``, found as ``aieng rollout`` finds it), not the client
+socket (which refuses it unless ``AIENG_CLIENT_ADMIN_OPS``).
 """
 from __future__ import annotations
 
@@ -21,11 +24,13 @@ from aieng.client import Client
 
 
 def fetch(addr: str | None, since_s: float | None = None, reset: bool = False,
-          timeout_s: float = 10.0) -> dict:
+          timeout_s: float = 10.0, admin_addr: str | None = None) -> dict:
+    """The ``stats`` reply; a reset goes to ``admin_addr`` when given (else to the client socket, which
+    serves it only with ``AIENG_CLIENT_ADMIN_OPS``)."""
     req: dict[str, Any] = {"op": "stats", "id": "report", "reset": reset}
     if since_s:
         req["since_s"] = since_s
-    with Client(addr, timeout_s=timeout_s) as c:
+    with Client(admin_addr if reset and admin_addr else addr, timeout_s=timeout_s) as c:
         return c.call(req)
 
 
@@ -92,7 +97,12 @@ def main_report(args) -> int:
     if args.png and not os.path.isdir(os.path.dirname(os.path.abspath(args.png))):
         raise FileNotFoundError(2, "no such directory for the PNG", args.png)
     reachable(args.addr)
-    stats = fetch(args.addr, args.since, args.reset, args.timeout)
+    admin = None
+    if args.reset:
+        from aieng.cli.rollout import find_admin_addr
+
+        admin = find_admin_addr(args.admin_addr)
+    stats = fetch(args.addr, args.since, args.reset, args.timeout, admin)
     if args.json:
         print(json.dumps(stats, indent=2))
     else:
@@ -110,6 +120,7 @@ if __name__ == "__main__":  # pragma: no cover - also runnable as a script
     ap.add_argument("--addr")
     ap.add_argument("--since", type=float)
     ap.add_argument("--reset", action="store_true")
+    ap.add_argument("--admin-addr")
     ap.add_argument("--png")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--timeout", type=float, default=10.0)

@@ -98,7 +98,7 @@ def parts():
              "direct": lambda: {"images_off": None}}
     ops = ClientOps(workers, life, Table(), specs, rollout, StageStats(), Mirror(), hub, views, LOG)
     versions = Versions()
-    admin = AdminOps(rollout, Mirror(), versions, workers, specs, LOG)
+    admin = AdminOps(rollout, Mirror(), versions, workers, specs, LOG, ops.wide_ops())
     return ops, admin, life, hub, versions, rollout
 
 
@@ -122,11 +122,27 @@ def test_health_is_ready_once_the_supervisor_says_so_and_not_while_draining(part
     assert draining["ready"] is False and draining["draining"] is True and draining["id"] == 3
 
 
-def test_log_level_reaches_every_connected_process_and_a_bad_level_reaches_none(parts):
+def test_a_server_wide_change_on_the_client_socket_is_refused_and_changes_nothing(parts):
     ops, _, _, hub, *_ = parts
-    bad = ops.handle("log_level", 7, {"level": "LOUD"})
+    root = logging.getLogger()
+    before = root.level
+    out = ops.handle("log_level", 7, {"level": "DEBUG"})
+    assert out["ok"] is False and out["id"] == 7 and out["error"]["code"] == p.PERMISSION_DENIED
+    assert "AIENG_CLIENT_ADMIN_OPS" in out["error"]["message"]
+    assert hub.sent == [] and root.level == before
+    reset = ops.handle("stats", 8, {"reset": True})
+    assert reset["ok"] is False and reset["error"]["code"] == p.PERMISSION_DENIED
+    assert ops.mirror.resets == 0
+    assert ops.handle("stats", 9, {})["ok"] is True  # reading stays open
+    ops.client_admin = True  # AIENG_CLIENT_ADMIN_OPS=1: the operator allows it on the client socket
+    assert ops.handle("stats", 10, {"reset": True})["ok"] is True and ops.mirror.resets == 1
+
+
+def test_log_level_reaches_every_connected_process_and_a_bad_level_reaches_none(parts):
+    ops, admin, _, hub, *_ = parts
+    bad = admin_call(admin, op="log_level", id=7, level="LOUD")
     assert bad["ok"] is False and bad["error"]["code"] == p.INVALID_REQUEST and hub.sent == []
-    out = ops.handle("log_level", 8, {"level": "DEBUG"})
+    out = admin_call(admin, op="log_level", id=8, level="DEBUG")
     # post-0's send fails (not connected): it is not listed as told
     assert out["processes"] == ["pre-0", "executor", "gateway-http", "supervisor"]
     assert [(w, msg.level) for w, msg in hub.sent] == [(w, "DEBUG") for w in out["processes"]]
@@ -134,10 +150,10 @@ def test_log_level_reaches_every_connected_process_and_a_bad_level_reaches_none(
 
 
 def test_a_process_heard_from_after_a_change_gets_that_level(parts):
-    ops, _, _, hub, *_ = parts
+    ops, admin, _, hub, *_ = parts
     ops.joined("gateway-late")  # no change at run time yet: it keeps the level it started with
     assert hub.sent == []
-    ops.handle("log_level", 12, {"level": "DEBUG"})
+    admin_call(admin, op="log_level", id=12, level="DEBUG")
     told = len(hub.sent)
     ops.joined("gateway-late")  # said hello only after the change (e.g. just after the start)
     assert [(w, msg.level) for w, msg in hub.sent[told:]] == [("gateway-late", "DEBUG")]
@@ -145,13 +161,13 @@ def test_a_process_heard_from_after_a_change_gets_that_level(parts):
 
 
 def test_log_level_without_a_level_reads_it_and_tells_nobody(parts):
-    ops, _, _, hub, *_ = parts
+    ops, admin, _, hub, *_ = parts
     root = logging.getLogger()
     before = root.level
     try:
         root.setLevel("ERROR")
         assert ops.handle("log_level", 9, {}) == {"id": 9, "ok": True, "level": "ERROR"}
-        ops.handle("log_level", 10, {"level": "DEBUG"})
+        admin_call(admin, op="log_level", id=10, level="DEBUG")
         assert ops.handle("log_level", 11, {"level": None}) == {"id": 11, "ok": True, "level": "DEBUG"}
         assert [msg.level for _, msg in hub.sent] == ["DEBUG"] * len(hub.sent) and hub.sent
         assert len(hub.sent) == 4  # the one change, to each connected process; the reads sent nothing

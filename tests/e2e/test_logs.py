@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from aieng.client import Client
+
 pytestmark = pytest.mark.e2e
 
 SECRET = "zebra-quartz-unguessable-7731"
@@ -19,12 +21,13 @@ def test_trace_lines_across_processes_and_runtime_log_level(make_server):
         assert r["trace_id"] == "trace-before"
         # INFO: no per-request lines
         assert not any(record.get("trace") == "trace-before" for record in srv.records())
-        ok = c.call({"op": "log_level", "id": 2, "level": "DEBUG"})
-        assert ok["ok"] and {"pre-0", "executor", "post-0", "supervisor"} <= set(ok["processes"])
-        c.call({"op": "infer", "id": 3, "model": "minilm", "inputs": {"text": SECRET},
-                "trace_id": "trace-42"})
-        bad = c.call({"op": "log_level", "id": 4, "level": "LOUD"}, raise_on_error=False)
-        assert bad["ok"] is False and bad["error"]["code"] == "INVALID_REQUEST"
+        with Client(srv.admin_addr, timeout_s=10) as admin:  # a server-wide change: an admin op
+            ok = admin.call({"op": "log_level", "id": 2, "level": "DEBUG"})
+            assert ok["ok"] and {"pre-0", "executor", "post-0", "supervisor"} <= set(ok["processes"])
+            c.call({"op": "infer", "id": 3, "model": "minilm", "inputs": {"text": SECRET},
+                    "trace_id": "trace-42"})
+            bad = admin.call({"op": "log_level", "id": 4, "level": "LOUD"}, raise_on_error=False)
+            assert bad["ok"] is False and bad["error"]["code"] == "INVALID_REQUEST"
     srv.stop()
     logs = srv.records()
     assert logs, "no JSON log lines"

@@ -30,7 +30,7 @@ def stage_sum_tolerance_us(total_mean_us: float) -> float:
 
 
 def test_report_covers_every_stage_and_adds_up(server, tmp_path):
-    fetch(server.addr, reset=True)
+    fetch(server.addr, reset=True, admin_addr=server.admin_addr)
     timings, walls = [], []
     with server.client() as c:
         for i in range(20):
@@ -62,7 +62,8 @@ def test_report_covers_every_stage_and_adds_up(server, tmp_path):
 
     png = tmp_path / "report.png"
     r = subprocess.run([sys.executable, "-m", "aieng.cli", "report", "--addr", server.addr, "--since", "600",
-                        "--reset", "--png", str(png)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+                        "--reset", "--admin-addr", server.admin_addr, "--png", str(png)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     for stage in STAGES:
         assert f"| {stage} |" in r.stdout

@@ -61,24 +61,30 @@ def test_what_one_level_cannot_show_is_refused(change, words):
 
 
 class Frontend:
-    """The frontend's ``log_level`` op: reads without a level, sets with one; records every call."""
+    """The frontend's ``log_level`` op: reads without a level, sets with one; records every call (a
+    change through the admin socket as ``admin:log_level``)."""
 
     def __init__(self, level: str):
         self.level, self.calls = level, []
 
     async def op(self, name: str, **fields):
         self.calls.append((name, fields))
-        if "level" in fields:
-            self.level = fields["level"]
+        if "level" in fields:  # the client socket refuses a change (ops.py)
+            return {"ok": False, "error": {"code": p.PERMISSION_DENIED, "message": "admin op"}}
+        return {"ok": True, "level": self.level}
+
+    async def admin(self, name: str, **fields):
+        self.calls.append(("admin:" + name, fields))
+        self.level = fields.get("level", self.level)
         return {"ok": True, "level": self.level}
 
 
-def test_reading_and_changing_go_through_the_log_level_op():
+def test_reading_goes_to_the_client_socket_and_changing_to_the_admin_socket():
     fe = Frontend("INFO")
-    logs = LogSettings(fe.op, "json", control=True)
+    logs = LogSettings(fe.op, "json", fe.admin)
     assert asyncio.run(logs.get()) == settings_of("INFO", "json")
     assert asyncio.run(logs.update({"log_verbose_level": 1})) == settings_of("DEBUG", "json")
-    assert fe.calls == [("log_level", {}), ("log_level", {}), ("log_level", {"level": "DEBUG"})]
+    assert fe.calls == [("log_level", {}), ("log_level", {}), ("admin:log_level", {"level": "DEBUG"})]
     fe.calls.clear()
     assert asyncio.run(logs.update({"log_verbose_level": 2})) == settings_of("DEBUG", "json")
     assert fe.calls == [("log_level", {})]  # the level it has already: read, nothing set
@@ -87,10 +93,10 @@ def test_reading_and_changing_go_through_the_log_level_op():
 def test_a_refused_change_and_control_off_send_no_change():
     fe = Frontend("INFO")
     with pytest.raises(p.RequestError) as info:
-        asyncio.run(LogSettings(fe.op, "text", control=True).update({"log_file": "/var/log/x"}))
+        asyncio.run(LogSettings(fe.op, "text", fe.admin).update({"log_file": "/var/log/x"}))
     assert info.value.code == p.INVALID_REQUEST and fe.calls == []
     with pytest.raises(p.RequestError) as info:
-        asyncio.run(LogSettings(fe.op, "text", control=False).update({"log_verbose_level": 1}))
+        asyncio.run(LogSettings(fe.op, "text", None).update({"log_verbose_level": 1}))
     assert info.value.code == "PERMISSION_DENIED" and "AIENG_OIP_LOGGING_CONTROL" in info.value.message
     assert fe.calls == [] and fe.level == "INFO"
 
@@ -100,5 +106,5 @@ def test_an_error_reply_of_the_frontend_is_the_request_error():
         return {"ok": False, "error": {"code": p.OVERLOADED, "message": "op rate"}}
 
     with pytest.raises(p.RequestError) as info:
-        asyncio.run(LogSettings(op, "text", control=True).get())
+        asyncio.run(LogSettings(op, "text", op).get())
     assert (info.value.code, info.value.message) == (p.OVERLOADED, "op rate")

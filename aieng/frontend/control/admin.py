@@ -8,9 +8,11 @@ is a few dict operations and no file I/O.  One msgpack map in (at most ``MAX_ADM
 drops it), one out: ``{"op", "id", ...}`` -> ``{"id", "ok": true, ...}`` or ``{"id", "ok": false,
 "error": {"code", "message"}}``.  ``AdminOps.table`` dispatches status, models, set_weights, set_rules,
 rollback, promote, reload, shadow_on, shadow_off, load and unload (``Versions``: answered at once,
-progress in ``models``/``status``).  A routing change is in force at once and answered (``Pending``)
-when the state writer's ticket is done: an INTERNAL error saying it is in force but not saved when
-the write failed; ``changed: false`` waits for any earlier unsaved change.  Bad input, or a change
+progress in ``models``/``status``), and the server-wide ops the client socket refuses by default
+(``ClientOps.wide_ops``: ``log_level`` with a level, ``stats`` with ``reset``).  A routing change is in
+force at once and answered (``Pending``) when the state writer's ticket is done: an INTERNAL error
+saying it is in force but not saved when the write failed; ``changed: false`` waits for any earlier
+unsaved change.  Bad input, or a change
 routing to a version that failed to load, is refused and changes nothing.  Settings, commands and
 the durability contract: docs/rollout.md, sections 6 and 7.
 """
@@ -114,14 +116,14 @@ class Versions(Protocol):
 class AdminOps:
     def __init__(self, rollout: Rollout, mirror: Mirror, versions: Versions, workers: Workers,
                  specs: dict[str, dict[str, ModelSpec]],
-                 log: logging.Logger):
+                 log: logging.Logger, wide: dict[str, Callable[[dict], dict]] | None = None):
         self.rollout, self.mirror, self.versions, self.workers = rollout, mirror, versions, workers
         self.specs, self.log = specs, log
         self.table: dict[str, Callable[[dict], dict | Pending]] = {
             "status": self.status, "models": self.models, "set_weights": self.set_weights,
             "set_rules": self.set_rules, "rollback": self.rollback, "promote": self.promote,
             "reload": self.reload, "shadow_on": self.shadow_on, "shadow_off": self.shadow_off,
-            "load": self.load, "unload": self.unload,
+            "load": self.load, "unload": self.unload, **(wide or {}),
         }
 
     def handle(self, body: bytes) -> dict | Pending:

@@ -1,6 +1,11 @@
 """Client ops other than ``infer``: health, models, stats, log_level (a dispatch table).
 
-Each op reads the components it was given and returns the reply map; none blocks.
+Each op reads the components it was given and returns the reply map; none blocks.  Two of them can
+change more than the caller's own request: a ``log_level`` change (every process logs more, or less)
+and a ``stats`` reset (everyone's report window and the shadow comparison).  Those are admin operations:
+``wide_ops`` serves them on the admin socket (``admin.py``); on the client socket they answer
+PERMISSION_DENIED and change nothing unless ``client_admin`` (``AIENG_CLIENT_ADMIN_OPS``).  Reading
+(``log_level`` without a level, ``stats`` without ``reset``) is served to every client.
 ``models`` answers from a reply packed once per change of what the workers
 report, so a flood of it costs a lookup each (the op rate limit bounds the
 rest).  Every map key in a reply is a string (docs/protocol.md).
@@ -33,9 +38,12 @@ def _version() -> str:
 class ClientOps:
     def __init__(self, workers: Workers, life: Lifecycle, table: RequestTable,
                  specs: dict[str, dict[str, ModelSpec]], rollout: Rollout, stats: StageStats, mirror: Mirror,
-                 hub: Callable[[str, list], bool], views: dict[str, Callable[[], Any]], log: logging.Logger):
+                 hub: Callable[[str, list], bool], views: dict[str, Callable[[], Any]], log: logging.Logger,
+                 client_admin: bool = False):
         """``views`` gives ``breakers``, ``degradation``, ``cache`` (None when off), ``clients``, ``counts``
-        and ``pool``; ``hub(worker, frames)`` sends to a worker or the supervisor."""
+        and ``pool``; ``hub(worker, frames)`` sends to a worker or the supervisor; ``client_admin``: the
+        server-wide changes are served on the client socket too."""
+        self.client_admin = client_admin
         self.workers, self.life, self.table, self.specs, self.rollout = workers, life, table, specs, rollout
         self.stats, self.mirror, self.hub, self.views, self.log = stats, mirror, hub, views, log
         self.level_set: str | None = None  # the last level log_level set at run time (None: none yet)
@@ -95,8 +103,23 @@ class ClientOps:
         return {"id": req_id, "ok": True, "models": self._models_reply, "pool": self.views["pool"](),
                 "drift": self.views["drift"]()}
 
-    def stats_op(self, req_id: Any, req: dict) -> dict:
-        """Stage timings (for ``aieng report``), queue depths, counts; ``reset`` starts a new window."""
+    def wide_ops(self) -> dict[str, Callable[[dict], dict]]:
+        """The server-wide ops as the admin socket serves them: ``fn(req)`` -> the reply's fields, or
+        ``RequestError``."""
+        return {"log_level": lambda req: self.log_level(req.get("id"), req, admin=True),
+                "stats": lambda req: self.stats_op(req.get("id"), req, admin=True)}
+
+    @staticmethod
+    def denied(req_id: Any, what: str, admin_op: str) -> dict:
+        return {"id": req_id, "ok": False, "error": {"code": p.PERMISSION_DENIED, "message": (
+            f"{what} changes the whole server: an admin operation (the admin socket's {admin_op!r} op; or "
+            f"AIENG_CLIENT_ADMIN_OPS=1 to allow it on the client socket); nothing changed")}}
+
+    def stats_op(self, req_id: Any, req: dict, admin: bool = False) -> dict:
+        """Stage timings (for ``aieng report``), queue depths, counts; ``reset`` starts a new window
+        (an admin operation: ``wide_ops``)."""
+        if req.get("reset") is True and not (admin or self.client_admin):
+            return self.denied(req_id, "a stats reset", "stats")
         since = req.get("since_s")
         is_number = isinstance(since, (int, float)) and not isinstance(since, bool)
         since = float(since) if is_number and since > 0 else None
@@ -110,12 +133,17 @@ class ClientOps:
             self.mirror.reset()
         return summary
 
-    def log_level(self, req_id: Any, req: dict) -> dict:
-        """Change every process's log level at run time, no restart; without ``level``, read it."""
+    def log_level(self, req_id: Any, req: dict, admin: bool = False) -> dict:
+        """Change every process's log level at run time, no restart (an admin operation: ``wide_ops``);
+        without ``level``, read it."""
         level = req.get("level")
         if level is None:  # a read (the OIP logging extension's GET): the frontend's level is every process's
             return {"id": req_id, "ok": True, "level": logging.getLevelName(logging.getLogger().level)}
+        if not (admin or self.client_admin):
+            return self.denied(req_id, "changing the log level", "log_level")
         if level not in LEVELS:
+            if admin:
+                raise p.RequestError(p.INVALID_REQUEST, "level must be DEBUG, INFO, WARNING or ERROR")
             return {"id": req_id, "ok": False,
                     "error": {"code": p.INVALID_REQUEST,
                               "message": "level must be DEBUG, INFO, WARNING or ERROR"}}

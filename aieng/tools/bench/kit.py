@@ -95,7 +95,9 @@ def start_server(model: str, repo: str, extra_env: dict[str, str] | None = None
     env = {k: v for k, v in os.environ.items() if not (k.startswith("AIENG_") and k not in PASS_THROUGH)}
     env.update({"AIENG_FRONTEND_ADDR": addr, "AIENG_MODEL_REPOSITORY": repo, "AIENG_MODELS": model,
                 "AIENG_LOG_LEVEL": "WARNING", "AIENG_HTTP_ADDR": "", "AIENG_OIP_HTTP_ADDR": "",
-                "AIENG_OIP_GRPC_ADDR": ""})
+                "AIENG_OIP_GRPC_ADDR": "",
+                # the bench's own loopback server: its stats resets come over the client socket
+                "AIENG_CLIENT_ADMIN_OPS": "1"})
     env.update(extra_env or {})
     proc, log = spawn("server", [sys.executable, "-m", "aieng.cli", "serve"], env, addr,
                        lambda h: bool(h.get("ready")))
