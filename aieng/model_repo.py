@@ -11,8 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import yaml
-
+from aieng import model_yaml
 from aieng.model_pipelines import check_pipeline_models, pipeline_spec
 from aieng.model_settings import (
     _version_key,
@@ -54,10 +53,9 @@ def check_postprocess(cfg_path: str, post: dict) -> None:
 def load_spec(name: str, version: str, path: str) -> ModelSpec:
     cfg_path = os.path.join(path, "model.yaml")
     try:
-        with open(cfg_path, encoding="utf-8") as fh:
-            cfg = yaml.safe_load(fh) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ModelError(f"{cfg_path}: {exc}") from None
+        cfg = model_yaml.load(cfg_path) or {}  # bounded, regular files only, no aliases (model_yaml.py)
+    except FileNotFoundError as exc:
+        raise ModelError(f"{cfg_path}: {exc.strerror}") from None
     if not isinstance(cfg, dict):
         raise ModelError(f"{cfg_path}: top level must be a mapping")
 

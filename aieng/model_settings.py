@@ -7,8 +7,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import yaml
-
+from aieng import model_yaml
 from aieng.model_spec import ModelError, ModelSpec
 
 
@@ -50,15 +49,20 @@ MODEL_KEYS = ("versions", "routing", "pool")
 
 def model_settings(mdir: str) -> dict[str, Any]:
     """The optional model-wide ``<model>/model.yaml``: ``versions`` (policy), ``routing`` and ``pool``
-    (lazy loading and eviction, frontend/versions/pool.py)."""
+    (lazy loading and eviction, frontend/versions/pool.py).  Read by ``model_yaml.load`` (its limits)."""
     path = os.path.join(mdir, "model.yaml")
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         return {}
     try:
-        with open(path, encoding="utf-8") as fh:
-            cfg = yaml.safe_load(fh) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ModelError(f"{path}: {exc}") from None
+        doc = model_yaml.load(path)
+    except FileNotFoundError:  # a symlink to nothing, or removed since: as if absent
+        return {}
+    return check_model_wide(doc, path)
+
+
+def check_model_wide(doc: Any, path: str) -> dict[str, Any]:
+    """A model-wide model.yaml's document as its settings map (empty for an empty file), or ``ModelError``."""
+    cfg = doc or {}
     if not isinstance(cfg, dict) or set(cfg) - set(MODEL_KEYS):
         raise ModelError(f"{path}: a model-wide model.yaml takes only {', '.join(MODEL_KEYS)}")
     return cfg

@@ -24,6 +24,7 @@ import tempfile
 
 import yaml
 
+from aieng import model_yaml
 from aieng.model_repo import ModelError, load_spec
 from aieng.tools import parity
 
@@ -118,8 +119,10 @@ def quantize(args: argparse.Namespace) -> tuple[dict, str | None]:
         spec = load_spec(args.model, args.version, src_dir)
     except ModelError as exc:
         raise QuantizeError(str(exc)) from None
-    with open(os.path.join(src_dir, "model.yaml"), encoding="utf-8") as fh:
-        cfg = yaml.safe_load(fh)
+    try:
+        cfg = model_yaml.load(os.path.join(src_dir, "model.yaml"))  # the one reader, with its limits
+    except (OSError, ModelError) as exc:
+        raise QuantizeError(str(exc)) from None
     try:
         tol = parity.resolve_tolerances(cfg, {"min_cosine": args.min_cosine, "min_top1": args.min_top1,
                                               "max_abs_diff": args.max_abs_diff})

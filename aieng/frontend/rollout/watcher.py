@@ -1,16 +1,19 @@
-"""Each model's model-wide model.yaml, watched: a thread stats it, reads it only when it changed.
+"""Each model's model-wide model.yaml, watched: a thread per model stats it, reads it only when it changed.
 
 A fleet's routing source is the repository's ``<model>/model.yaml`` (a ConfigMap or a shared volume).
 Every ``poll_s`` the thread stats each file (following symlinks: a ConfigMap swaps its ``..data``
 link, a deploy tool renames a new file over the old, so either way a new inode appears).  A new
 signature (device, inode, size, mtime, ctime) with a new inode is read at once; one with the same
 inode (a write in place) only once it is unchanged for one more poll, so a half-written file is not
-read.  A read hashes the bytes (sha256) and, when they differ from the last read, parses them
+read.  A read (``model_yaml``: a regular file of at most 1 MiB, opened without blocking, aliases and
+deep nesting refused) hashes the bytes (sha256) and, when they differ from the last read, parses them
 (YAML, the model-wide keys) and hands a ``FileChange`` to the loop; ``take()`` returns the newest
-per model.  The first poll reads every file, so a change made before the thread started is seen.
-Why a thread: a stat on a shared volume (NFS) can block for seconds, and parsing a large rules
-group holds the interpreter far longer than a loop tick may; the loop only validates and applies
-(``Rollout.follow``).  How a fleet uses it: docs/rollout.md, section 11.
+per model; a refused file is a ``FileChange`` with its ``error`` (logged and shown by ``Rollout.follow``).
+The first poll reads every file, so a change made before the thread started is seen.
+Why threads, one per model: a stat or a read on a shared volume (NFS) can block for seconds, and
+parsing a rules group holds the interpreter longer than a loop tick may; the loop only validates and
+applies (``Rollout.follow``).  One thread per model, so a file that blocks (a hung mount) delays that
+model's watch and no other.  How a fleet uses it: docs/rollout.md, section 11.
 """
 from __future__ import annotations
 
@@ -18,12 +21,13 @@ import hashlib
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
-from aieng.model_settings import MODEL_KEYS
+from aieng import model_yaml
+from aieng.model_settings import check_model_wide
+from aieng.model_spec import ModelError
 
 POLL_S = 2.0
 log = logging.getLogger("aieng.frontend.rollout.watcher")
@@ -48,12 +52,9 @@ def model_yaml_paths(model_dirs: dict[str, str]) -> dict[str, str]:
 def parse(path: str, data: bytes) -> tuple[dict | None, str | None]:
     """(settings, None) or (None, why), with the checks ``model_settings`` makes at the scan."""
     try:
-        cfg = yaml.safe_load(data.decode("utf-8")) or {}
-    except (UnicodeDecodeError, yaml.YAMLError) as exc:
-        return None, f"{path}: {exc}"
-    if not isinstance(cfg, dict) or set(cfg) - set(MODEL_KEYS):
-        return None, f"{path}: a model-wide model.yaml takes only {', '.join(MODEL_KEYS)}"
-    return cfg, None
+        return check_model_wide(model_yaml.parse(data, path), path), None
+    except ModelError as exc:
+        return None, str(exc)
 
 
 def signature(st: os.stat_result) -> tuple:
@@ -69,9 +70,13 @@ class ConfigWatcher:
         self.lock = threading.Lock()
         self.changes: dict[str, FileChange] = {}  # for take(): the newest per model
         self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self.run, name="aieng-config-watcher", daemon=True)
+        # one thread per model: each touches only its own model's entries in the maps above
+        self.threads = [threading.Thread(target=self.run, args=(model, path), daemon=True,
+                                         name=f"aieng-config-watcher[{model}]")
+                        for model, path in self.paths.items()]
         if start:
-            self.thread.start()
+            for t in self.threads:
+                t.start()
 
     # -- the loop's side --------------------------------------------------------------------
     def take(self) -> list[FileChange]:
@@ -80,17 +85,20 @@ class ConfigWatcher:
         return out
 
     def close(self, timeout: float = 5.0) -> None:
+        """Stop every thread, waiting ``timeout`` in all (one stuck in a hung mount is a daemon: left)."""
         self.stopping.set()
-        if self.thread.is_alive():
-            self.thread.join(timeout)
+        deadline = time.monotonic() + timeout
+        for t in self.threads:
+            if t.is_alive():
+                t.join(max(0.0, deadline - time.monotonic()))
 
-    # -- the thread ----------------------------------------------------------------------------
-    def run(self) -> None:
+    # -- the threads ---------------------------------------------------------------------------
+    def run(self, model: str, path: str) -> None:
         while not self.stopping.is_set():
             try:
-                self.poll()
+                self.check(model, path)
             except Exception:  # a bug here must not stop the watch for good
-                log.exception("model.yaml watch failed; trying again in %gs", self.poll_s)
+                log.exception("model.yaml watch of %s failed; trying again in %gs", model, self.poll_s)
             self.stopping.wait(self.poll_s)
 
     def poll(self) -> None:
@@ -120,11 +128,11 @@ class ConfigWatcher:
             self.hand_over(FileChange(model, path, "", missing=True))
             return
         try:
-            with open(path, "rb") as fh:
-                data = fh.read()
-        except OSError as exc:
-            self.seen.pop(model, None)  # read again at the next poll
-            self.hand_over(FileChange(model, path, "", error=f"{path}: {exc.strerror or exc}"))
+            data = model_yaml.read_bytes(path)  # regular, bounded, never blocking on a FIFO or a device
+        except (OSError, ModelError) as exc:
+            self.seen.pop(model, None)  # read again at the next poll (the refusal is logged once: follow)
+            why = str(exc) if isinstance(exc, ModelError) else f"{path}: {exc.strerror or exc}"
+            self.hand_over(FileChange(model, path, "", error=why))
             return
         digest = hashlib.sha256(data).hexdigest()
         if digest == self.digests.get(model):
