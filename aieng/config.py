@@ -15,7 +15,7 @@ import yaml
 from aieng import envs
 
 # Fields the supervisor fills in: never read from a file, the environment or a flag, never printed.
-INTERNAL = ("instance", "sources", "gateway_curve_key", "cold_versions")
+INTERNAL = ("instance", "sources", "gateway_curve_key", "gateway_token", "cold_versions")
 
 
 def _default(name: str, neutral: Any = None) -> Any:
@@ -81,6 +81,8 @@ class Config:
     admin_curve_client_keys_dir: str = _default("admin_curve_client_keys_dir")
     state_dir: str = _default("state_dir", neutral="")
     drift_reference_n: int = _default("drift_reference_n")
+    drift_reference_clients: int = _default("drift_reference_clients")
+    drift_reference_span_s: float = _default("drift_reference_span_s")
     drift_window: int = _default("drift_window")
     shm_slot_bytes: int = _default("shm_slot_bytes")
     shm_slots: int = _default("shm_slots")
@@ -104,6 +106,7 @@ class Config:
     # z85 CURVE secret key the OIP gateways connect with, made per instance by the supervisor when the
     # client socket uses CURVE; the frontend admits its public key beside AIENG_CURVE_CLIENT_KEYS_DIR's.
     gateway_curve_key: str = ""
+    gateway_token: str = ""  # the gateways' proof on the client socket that an OIP peer's address is theirs
     sources: dict[str, str] = field(default_factory=dict)
     # "model:version" of lazy versions not built now (pool.lazy): the frontend serves them by loading
     # them on first use.  The supervisor sets it per spawn (a restarted frontend learns the current set).
@@ -146,6 +149,8 @@ class Config:
         need(self.client_rate_limit >= 0, "client_rate_limit must be >= 0")
         need(self.client_send_queue >= 1, "client_send_queue must be >= 1")
         need(self.max_ops_per_s >= 1, "max_ops_per_s must be >= 1")
+        need(self.drift_reference_clients >= 1, "drift_reference_clients must be >= 1")
+        need(self.drift_reference_span_s >= 0, "drift_reference_span_s must be >= 0")
         need(self.http_threads >= 1, "http_threads must be >= 1")
         need(self.http_timeout_s > 0, "http_timeout_s must be > 0")
         need(self.snapshot_ms >= 10, "snapshot_ms must be >= 10")

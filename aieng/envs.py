@@ -217,6 +217,12 @@ REGISTRY: tuple[EnvVar, ...] = (
     EnvVar("AIENG_DRIFT_REFERENCE_N", int, 200,
            "Answered requests a version's drift reference is built from when it has no reference file "
            "(saved in AIENG_STATE_DIR)", "drift_reference_n"),
+    EnvVar("AIENG_DRIFT_REFERENCE_CLIENTS", int, 5,
+           "Distinct clients (network addresses) a drift reference built from traffic needs; each gives at "
+           "most AIENG_DRIFT_REFERENCE_N / this many of its answers", "drift_reference_clients"),
+    EnvVar("AIENG_DRIFT_REFERENCE_SPAN_S", float, 600.0,
+           "Seconds a drift reference built from traffic spans at least (its answers are taken at most one "
+           "per SPAN_S / (N - 1) seconds)", "drift_reference_span_s"),
     EnvVar("AIENG_DRIFT_WINDOW", int, 1000,
            "Recent answers per model version and feature that drift (PSI) is scored on", "drift_window"),
     EnvVar("AIENG_SHM_SLOT_BYTES", int, 1 << 20,

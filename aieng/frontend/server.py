@@ -32,7 +32,7 @@ from aieng.frontend.requests.admission import Admission, Immediate
 from aieng.frontend.requests.answers import Answers
 from aieng.frontend.requests.breaker import Breakers
 from aieng.frontend.requests.cache import ResponseCache
-from aieng.frontend.requests.clients import ClientGate, client_socket
+from aieng.frontend.requests.clients import ClientGate, client_socket, peer_of
 from aieng.frontend.requests.degrade import Degrader
 from aieng.frontend.requests.fanout import Fanout
 from aieng.frontend.requests.pipeline import Pipeline
@@ -248,7 +248,8 @@ class Frontend:
         a = decision
         r = Request(self.table.new_rid(), envelope, req_id, a.model, a.version, a.deadline, received,
                     a.params, trace=a.trace, probe=a.probe, cache_key=a.cache_key, degraded=a.degraded,
-                    body=body, route=a.route, tctx=a.tctx, pixels=a.pixels)
+                    body=body, route=a.route, tctx=a.tctx, pixels=a.pixels,
+                    peer=peer_of(frames[0], req, self.cfg.gateway_token))
         self.log.debug("admitted %s:%s", a.model, a.version, extra={"trace": a.trace})
         if self.versions.start(r, req["inputs"]):  # else it waits for its cold load (no shadow copy then)
             self.mirror.after_admit(r, body)  # after the primary is on its way: a shadow never delays it

@@ -93,7 +93,7 @@ class Gateway:
     async def _start(self, catalog: Catalog) -> None:
         cfg = self.cfg
         self.upstream = Upstream(cfg.frontend_addr, catalog, cfg.default_timeout_ms, self.log,
-                                 curve_keys(cfg))
+                                 curve_keys(cfg), cfg.gateway_token)
         # repository load/unload and a log level change go to the admin socket, and only when turned on
         # (repository.py, logsettings.py): the client socket refuses server-wide changes
         self.admin = Repository(cfg, bool(cfg.admin_curve_secret_key_file), self.log) \

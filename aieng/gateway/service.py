@@ -111,7 +111,7 @@ class Service:
         async def one(row: dict) -> dict:
             try:
                 return await self.up.infer(name, view.version, row, mparams, timeout_ms, view.timeout_ms,
-                                           trace)
+                                           trace, peer)
             finally:
                 self.budget.give(peer)
 

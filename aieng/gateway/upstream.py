@@ -36,7 +36,10 @@ FAILS = {RpcTimeout: (UNAVAILABLE, "no answer from the frontend (restarting?)"),
 
 class Upstream:
     def __init__(self, addr: str, catalog: Catalog, default_timeout_ms: int, log: logging.Logger,
-                 curve: tuple[bytes, bytes, bytes] | None = None):
+                 curve: tuple[bytes, bytes, bytes] | None = None, token: str = ""):
+        """``token``: the gateways' secret (``Config.gateway_token``); a request carries it beside its OIP
+        peer's address (``via``), so the frontend counts the request as that peer's, not the gateway's."""
+        self.token = token
         self.core = RpcCore(addr, curve, decode_reply, log=log)
         self.catalog, self.default_timeout_ms, self.log = catalog, default_timeout_ms, log
         self.health: dict = {}
@@ -65,8 +68,11 @@ class Upstream:
             raise RequestError(code, message) from None
 
     async def infer(self, model: str, version: str | None, inputs: dict, params: dict | None,
-                    timeout_ms: int | None, model_timeout_ms: int = 0, trace: dict | None = None) -> dict:
+                    timeout_ms: int | None, model_timeout_ms: int = 0, trace: dict | None = None,
+                    peer: str = "") -> dict:
         req: dict[str, Any] = {"op": "infer", "model": model, "inputs": inputs}
+        if self.token and peer:  # whose request this is (the drift reference counts clients by it)
+            req["via"] = {"token": self.token, "peer": peer}
         if trace:  # traceparent / tracestate / trace_id (``traceparent.native_fields``)
             req.update(trace)
         if version:

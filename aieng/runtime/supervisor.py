@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
+import secrets
 import signal
 import socket
 import time
@@ -103,6 +104,8 @@ class Supervisor:
         self.children += [Child("gateway", f"gw-{i}") for i in range(cfg.gateways)]  # OIP front door
         if cfg.gateways and cfg.curve_secret_key_file:  # the gateways' own key, admitted by the frontend
             cfg.gateway_curve_key = zmq.curve_keypair()[1].decode()
+        if cfg.gateways:  # a gateway's requests name their OIP peer; this secret says they are a gateway's
+            cfg.gateway_token = secrets.token_hex(16)
 
     def init_models(self) -> None:
         cfg = self.cfg

@@ -27,7 +27,9 @@ pytestmark = pytest.mark.e2e
 N = 60  # AIENG_DRIFT_REFERENCE_N and AIENG_DRIFT_WINDOW: three rounds of a pool
 POOL = 20  # distinct inputs per distribution
 THRESHOLD = 0.25  # docs/metrics.md, 'Drift': a shift worth a look
+# one client here: the reference rule (clients and span, test_reliability_v4_drift.py) off
 ENV = {"AIENG_MODELS": "minilm,orientation", "AIENG_DRIFT_REFERENCE_N": str(N), "AIENG_DRIFT_WINDOW": str(N),
+       "AIENG_DRIFT_REFERENCE_CLIENTS": "1", "AIENG_DRIFT_REFERENCE_SPAN_S": "0",
        "AIENG_SNAPSHOT_MS": "100"}
 WORDS = ("the a man woman dog cat sat ran on in near park street house car small big red blue "
          "today yesterday morning evening walked talked saw found").split()

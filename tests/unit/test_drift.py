@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from aieng.frontend.observe.drift import DriftMonitor
+from aieng.frontend.observe.drift import DriftMonitor, ReferenceRule
 from aieng.frontend.observe.driftref import Binned, build, psi
 from aieng.frontend.observe.driftstore import DriftStore, drift_path
 from aieng.model_repo import load_spec
@@ -161,3 +161,58 @@ def test_an_unreadable_store_is_no_reference_yet(tmp_path):
     path.write_text("{not json")
     assert DriftStore(str(path)).load() == {}
     assert DriftStore(str(tmp_path / "missing.json")).load() == {}
+
+
+def test_one_client_gives_at_most_its_share_and_the_reference_needs_enough_clients():
+    rule = ReferenceRule(clients=4, span_s=0.0)
+    mon = DriftMonitor(spec_table(), window=200, reference_n=40, rule=rule)
+    for i in range(200):  # one client, however many answers: 10 of the 40
+        mon.observe("orientation", "1", {"brightness": 5.0}, 0.99, client="10.0.0.1", now=float(i))
+    ref = mon.view()["orientation"]["1"]["reference"]
+    assert (ref["state"], ref["collected"], ref["clients"], ref["client_share"]) == ("collecting", 10, 1, 10)
+    for j, c in enumerate(("10.0.0.2", "10.0.0.3", "10.0.0.4")):
+        for i in range(10):
+            mon.observe("orientation", "1", {"brightness": 120.0 + i}, 0.8, client=c, now=300.0 + 10 * j + i)
+    ref = mon.view()["orientation"]["1"]["reference"]
+    assert (ref["state"], ref["collected"], ref["clients"]) == ("ready", 40, 4)
+
+
+def test_answers_are_taken_no_faster_than_the_span_allows():
+    rule = ReferenceRule(clients=1, span_s=99.0)  # 100 answers: one a second at most
+    mon = DriftMonitor(spec_table(), window=200, reference_n=100, rule=rule)
+    for i in range(1000):  # ten a second for 100 s: the last one taken at 99 s
+        mon.observe("orientation", "1", {"brightness": 100.0}, 0.9, client=f"c{i % 7}", now=i / 10)
+    ref = mon.view()["orientation"]["1"]["reference"]
+    assert (ref["state"], ref["collected"]) == ("ready", 100)
+    assert mon.saved["orientation:1"]["span_s"] >= 99.0
+
+
+def test_a_saved_reference_built_before_the_rule_or_by_too_few_clients_is_collected_again(tmp_path):
+    store = DriftStore(drift_path(str(tmp_path), MODELS))
+    mon = DriftMonitor(spec_table(), window=200, reference_n=60, persist=store.save)
+    for i in range(60):  # the old way: one client
+        mon.observe("minilm", "1", {"tokens": 8 + i % 5, "oov_share": 0.0}, None, 0.6)
+    old = store.load()
+    assert old["minilm:1"]["clients"] == 1
+    strict = DriftMonitor(spec_table(), window=200, reference_n=60, saved=old,
+                          rule=ReferenceRule(clients=3, span_s=0.0))
+    assert strict.view()["minilm"]["1"]["reference"]["state"] == "collecting"
+    del old["minilm:1"]["clients"], old["minilm:1"]["span_s"]  # saved before provenance was recorded
+    loose = DriftMonitor(spec_table(), window=200, reference_n=60, saved=old)
+    assert loose.view()["minilm"]["1"]["reference"]["state"] == "collecting"
+
+
+@pytest.mark.parametrize("text", [
+    '{"format": 1, "references": {',
+    '{"format": 1, "references": ' + "[" * 100_000 + "]" * 100_000 + "}",
+    '{"format": 1, "references": {"m:1": {"digest": "d", "size": [1], "inputs": {}, "outputs": {}}}}',
+    '{"format": 1, "references": {"m:1": {"digest": "d", "size": 1, "inputs": "x", "outputs": {}}}}',
+    '{"format": 1, "references": {"m:1": {"digest": "d", "size": 1, "inputs": {}, "outputs": '
+    '{"confidence": {"edges": [0.5], "proportions": ["x", "y"]}}}}}',
+    '{"format": 1, "references": {"m:1": {"digest": "d", "size": 1, "inputs": {}, "outputs": '
+    '{"confidence": {"edges": [0.5, 0.1], "proportions": [0.2, 0.3, 0.5]}}}}}',
+])
+def test_a_corrupt_store_or_reference_is_dropped_not_raised(tmp_path, text):
+    path = tmp_path / "drift-x.json"
+    path.write_text(text)
+    assert DriftStore(str(path)).load() == {}

@@ -5,9 +5,14 @@ token count and out-of-vocabulary share, image size, aspect and brightness, tabu
 outputs are the answer's ``confidence`` (classifiers) and ``distance`` (embeddings: cosine distance to
 the golden centroid).  Each version has its own reference, keyed by model, version and content hash:
 input features from the file model.yaml names (``drift: {reference: drift.json}``), everything else
-from the first ``reference_n`` answered requests (``collecting k/N``, then ``ready``).  A reference
-built from traffic is handed to ``persist`` (the state writer, off the loop) and comes back from
-``saved`` at a restart when the version's hash still matches.  While collecting, at most
+from ``reference_n`` answered requests (``collecting k/N``, then ``ready``).  No one client decides a
+reference built from traffic (``ReferenceRule``): each client (``clients.peer_of``: a network address)
+gives at most ``ceil(N / clients)`` answers, ``clients`` distinct clients are needed, and answers are
+taken at most one per ``span_s / (N - 1)`` seconds, so the sample spans at least ``span_s``; until then
+it stays ``collecting`` and says what it waits for.  A reference built from traffic records how
+(``clients``, ``span_s``) and is handed to ``persist`` (the state writer, off the loop); it comes back
+from ``saved`` at a restart when the version's hash still matches and it meets the rule in force (one
+saved before the rule, or under a looser one, is collected again).  While collecting, at most
 ``reference_n`` values per feature are held; afterwards only bin indices (``driftref.Binned``, the last
 ``window`` per feature).  Scores: PSI per feature (``driftref``); docs/metrics.md, 'Drift'.  Shadow
 copies and pipeline steps never reach ``observe`` (``requests/answers``).
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from aieng.frontend.observe.driftref import Binned, build
@@ -27,11 +33,34 @@ MAX_REFERENCE_N = 100_000  # values held per feature while a reference is collec
 log = logging.getLogger("aieng.frontend.observe.drift")
 
 
+@dataclass(frozen=True)
+class ReferenceRule:
+    """Who and when a reference built from traffic must come from (AIENG_DRIFT_REFERENCE_CLIENTS, _SPAN_S)."""
+    clients: int = 1
+    span_s: float = 0.0
+
+    def share(self, n: int) -> int:
+        """The most answers one client gives to a reference of ``n``."""
+        return max(1, -(-n // max(1, self.clients)))
+
+    def gap_s(self, n: int) -> float:
+        """The least time between two answers taken: ``n`` of them span ``span_s``."""
+        return self.span_s / max(1, n - 1)
+
+    def met_by(self, built: dict, n: int) -> bool:
+        """A saved reference was built this way (or stricter): its provenance says so."""
+        clients, span = built.get("clients"), built.get("span_s")
+        if not isinstance(clients, int) or isinstance(clients, bool) or not isinstance(span, (int, float)):
+            return False  # built before the rule: collected again
+        return clients >= self.clients and span >= self.gap_s(n) * (n - 1) * 0.999
+
+
 class VersionDrift:
     """One version's reference (from its file, from saved traffic, or being collected) and windows."""
 
-    def __init__(self, spec: ModelSpec, file_ref: dict | None, saved: dict | None, n: int, window: int):
-        self.digest, self.n, self.window = spec.content_hash, n, window
+    def __init__(self, spec: ModelSpec, file_ref: dict | None, saved: dict | None, n: int, window: int,
+                 rule: ReferenceRule = ReferenceRule()):
+        self.digest, self.n, self.window, self.rule = spec.content_hash, n, window, rule
         self.file_features = set((file_ref or {}).get("features", {}))
         self.inputs = {k: Binned(f, window) for k, f in (file_ref or {}).get("features", {}).items()}
         self.outputs: dict[str, Binned] = {}
@@ -40,8 +69,15 @@ class VersionDrift:
         self.built: dict | None = None  # the traffic part of the reference, as persisted
         self.sample: dict[str, list] | None = {}  # feature -> values, while collecting
         self.collected = 0
+        self.given: dict[str, int] = {}  # client -> answers it gave the sample (at most rule.share(n))
+        self.first_at: float | None = None  # when the sample's first and last answers were taken
+        self.last_at = float("-inf")
         if saved is not None and saved.get("digest") == self.digest:
-            self.adopt(saved)
+            if rule.met_by(saved, n):
+                self.adopt(saved)
+            else:
+                log.warning("drift reference of %s saved without the clients and span the rule asks "
+                            "(%d clients, %gs): collected again", spec.key, rule.clients, rule.span_s)
 
     def adopt(self, built: dict) -> None:
         self.built, self.sample, self.collected = built, None, int(built.get("size", self.n))
@@ -50,8 +86,9 @@ class VersionDrift:
                 self.inputs[name] = Binned(ref, self.window)
         self.outputs = {name: Binned(ref, self.window) for name, ref in built.get("outputs", {}).items()}
 
-    def observe(self, features: dict, outputs: dict) -> dict | None:
-        """Bin this answer, or add it to the sample; the built reference when this one completed it."""
+    def observe(self, features: dict, outputs: dict, client: str = "", now: float = 0.0) -> dict | None:
+        """Bin this answer, or add it to the sample (when ``client`` is under its share and the gap since
+        the last one taken has passed); the built reference when this one completed it."""
         if self.sample is None:
             for name, b in self.inputs.items():
                 b.observe(features.get(name))
@@ -60,14 +97,21 @@ class VersionDrift:
             return None
         for name, b in self.inputs.items():  # file features score from the first request on
             b.observe(features.get(name))
+        given = self.given.get(client, 0)
+        if given >= self.rule.share(self.n) or now - self.last_at < self.rule.gap_s(self.n):
+            return None  # this client gave its share, or too soon after the last one taken
+        self.given[client] = given + 1
+        self.first_at = now if self.first_at is None else self.first_at
+        self.last_at = now
         for part, values in (("in", features), ("out", outputs)):
             for name, v in values.items():
                 if v is not None and not (part == "in" and name in self.file_features):
                     self.sample.setdefault(f"{part}:{name}", []).append(v)
         self.collected += 1
-        if self.collected < self.n:
+        if self.collected < self.n or len(self.given) < self.rule.clients:
             return None
-        built: dict[str, Any] = {"digest": self.digest, "size": self.collected, "inputs": {}, "outputs": {}}
+        built: dict[str, Any] = {"digest": self.digest, "size": self.collected, "inputs": {}, "outputs": {},
+                                 "clients": len(self.given), "span_s": round(now - self.first_at, 3)}
         for key, values in self.sample.items():
             ref = build(values)
             if ref is not None:
@@ -84,8 +128,11 @@ class VersionDrift:
             source["centroid"] = self.centroid
         scores = {part: {k: round(s, 4) for k, b in feats.items() if (s := b.psi()) is not None}
                   for part, feats in (("input", self.inputs), ("output", self.outputs))}
-        return {"reference": dict(source, state="ready" if self.sample is None else "collecting",
-                                  collected=min(self.collected, self.n), size=self.n),
+        ready = self.sample is None
+        clients = self.built.get("clients") if ready and self.built is not None else len(self.given)
+        return {"reference": dict(source, state="ready" if ready else "collecting",
+                                  collected=min(self.collected, self.n), size=self.n, clients=clients,
+                                  clients_needed=self.rule.clients, client_share=self.rule.share(self.n)),
                 "psi": scores}
 
 
@@ -98,10 +145,13 @@ def _has_golden(spec: ModelSpec) -> bool:
 
 class DriftMonitor:
     def __init__(self, specs: dict[str, dict[str, ModelSpec]], window: int = 1000, reference_n: int = 200,
-                 saved: dict[str, dict] | None = None, persist: Callable[[dict], Any] | None = None):
+                 saved: dict[str, dict] | None = None, persist: Callable[[dict], Any] | None = None,
+                 rule: ReferenceRule = ReferenceRule()):
         """``specs`` is the live table (versions loaded at run time appear in it); ``saved``: the
-        persisted traffic references by ``model:version``; ``persist(all)`` hands them to the writer."""
+        persisted traffic references by ``model:version``; ``persist(all)`` hands them to the writer;
+        ``rule``: who and when a reference built from traffic comes from."""
         self.specs, self.window, self.reference_n = specs, window, min(max(1, reference_n), MAX_REFERENCE_N)
+        self.rule = rule
         self.saved, self.persist = dict(saved or {}), persist
         self.versions: dict[tuple[str, str], VersionDrift] = {}
         for name, versions in specs.items():  # a bad reference file fails the start, not each answer
@@ -122,19 +172,20 @@ class DriftMonitor:
                 file_ref = json.load(fh)
         saved = self.saved.get(spec.key)  # a new content hash starts a new reference
         vd = self.versions[(model, version)] = VersionDrift(spec, file_ref, saved, self.reference_n,
-                                                            self.window)
+                                                            self.window, self.rule)
         return vd
 
     def observe(self, model: str, version: str, features: dict, confidence: float | None = None,
-                distance: float | None = None) -> None:
+                distance: float | None = None, client: str = "", now: float = 0.0) -> None:
+        """One answer of ``client`` (``clients.peer_of``) at ``now`` (monotonic seconds)."""
         vd = self.version(model, version)
         if vd is None:
             return
-        built = vd.observe(features or {}, {"confidence": confidence, "distance": distance})
+        built = vd.observe(features or {}, {"confidence": confidence, "distance": distance}, client, now)
         if built is not None:
             self.saved[f"{model}:{version}"] = built
-            log.info("drift reference of %s:%s built from its first %d answers", model, version,
-                     built["size"])
+            log.info("drift reference of %s:%s built from %d answers of %d clients over %gs", model, version,
+                     built["size"], built["clients"], built["span_s"])
             if self.persist is not None:
                 self.persist(dict(self.saved))
 

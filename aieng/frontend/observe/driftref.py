@@ -12,7 +12,8 @@ the population stability index
     PSI = sum_i (a_i - e_i) * ln(a_i / e_i)
 
 a the window's shares, e the reference's, both floored at 1e-4; no score before ``MIN_OBSERVATIONS``
-values.  Only bin indices are kept, never the values themselves.  Pure: no files, no clocks.
+values.  Only bin indices are kept, never the values themselves.  ``problem(ref)`` says what is wrong
+with a reference read back from a file (None: ``Binned`` can take it).  Pure: no files, no clocks.
 """
 from __future__ import annotations
 
@@ -63,6 +64,30 @@ def build(values: list) -> dict | None:
     for v in nums:
         counts[bisect.bisect_right(edges, v)] += 1
     return {"edges": edges, "proportions": [n / len(nums) for n in counts]}
+
+
+MAX_BINS = 1000  # more than build() ever makes (BINS + 2 edges, MAX_CATEGORIES + 1 categories)
+
+
+def problem(ref) -> str | None:
+    """Why ``ref`` (read back from a file) is not a reference ``Binned`` can score against; None if it is."""
+    if not isinstance(ref, dict):
+        return "not a map"
+    props = ref.get("proportions")
+    if not isinstance(props, list) or not 1 <= len(props) <= MAX_BINS or not all(numeric(p) and p >= 0
+                                                                                   for p in props):
+        return "proportions must be a list of non-negative numbers"
+    edges, cats = ref.get("edges"), ref.get("categories")
+    if (edges is None) == (cats is None):
+        return "needs edges or categories, not both"
+    bounds = edges if edges is not None else cats
+    if not isinstance(bounds, list) or len(bounds) + 1 != len(props):
+        return "needs one bin more than its edges or categories"
+    if edges is not None and (not all(numeric(e) for e in edges) or edges != sorted(edges)):
+        return "edges must be sorted numbers"
+    if cats is not None and not all(isinstance(c, str) for c in cats):
+        return "categories must be strings"
+    return None
 
 
 def margin(v: float) -> float:

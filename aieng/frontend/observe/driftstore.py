@@ -4,8 +4,11 @@
 ``{"format": 1, "references": {"model:version": {digest, size, inputs, outputs}}}``, each reference as
 ``drift.VersionDrift`` built it.  ``save`` replaces the file atomically and runs on the state writer's
 thread (``rollout/statewriter``), never on the loop; ``load`` runs once at start.  A missing file is no
-reference yet; an unreadable one is logged and ignored (the references are collected again).  A saved
-reference applies only to a version whose content hash still matches (``drift.VersionDrift``).
+reference yet; one that cannot be read (not JSON, nested too deep, another format) is logged and ignored,
+and so is each reference in it of the wrong types or shapes (``check``): those are collected again; the
+start never fails on this file (as with the routing state, ``routestore``).  A saved reference applies
+only to a version whose content hash still matches and that meets the reference rule in force
+(``drift.VersionDrift``).
 ``build_drift`` makes the frontend's ``DriftMonitor`` with what was saved and a writer of its own.
 """
 from __future__ import annotations
@@ -14,7 +17,8 @@ import json
 import logging
 import os
 
-from aieng.frontend.observe.drift import DriftMonitor
+from aieng.frontend.observe.drift import DriftMonitor, ReferenceRule
+from aieng.frontend.observe.driftref import problem
 from aieng.frontend.rollout.routestore import store_path, write_atomically
 from aieng.frontend.rollout.statewriter import StateWriter
 
@@ -37,14 +41,23 @@ class DriftStore:
                 raw = json.load(fh)
         except FileNotFoundError:
             return {}
-        except (OSError, ValueError) as exc:
-            log.warning("drift references in %s are unreadable (%s): collecting them again", self.path, exc)
+        except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nesting thousands deep
+            log.error("drift references in %s are unreadable (%s): collecting them again", self.path,
+                      type(exc).__name__ if isinstance(exc, RecursionError) else exc)
             return {}
         refs = raw.get("references") if isinstance(raw, dict) and raw.get("format") == FORMAT else None
         if not isinstance(refs, dict):
-            log.warning("drift references in %s have an unknown format: collecting them again", self.path)
+            log.error("drift references in %s have an unknown format: collecting them again", self.path)
             return {}
-        return {k: v for k, v in refs.items() if isinstance(v, dict)}
+        out = {}
+        for key, built in refs.items():
+            why = check(built)
+            if why is None:
+                out[key] = built
+            else:
+                log.error("drift reference %r in %s is unusable (%s): collecting it again", key, self.path,
+                          why)
+        return out
 
     def save(self, references: dict[str, dict]) -> None:
         """Replace the file atomically; raises OSError."""
@@ -52,10 +65,29 @@ class DriftStore:
         write_atomically(self.path, body.encode())
 
 
+def check(built) -> str | None:
+    """Why a saved reference (as ``drift.VersionDrift`` builds it) cannot be used; None if it can."""
+    if not isinstance(built, dict):
+        return "not a map"
+    size = built.get("size")
+    if not isinstance(built.get("digest"), str) or not isinstance(size, int) or isinstance(size, bool):
+        return "digest must be a string and size an int"
+    for part in ("inputs", "outputs"):
+        feats = built.get(part)
+        if not isinstance(feats, dict):
+            return f"{part} must be a map"
+        for name, ref in feats.items():
+            why = problem(ref)
+            if why is not None:
+                return f"{part}.{name}: {why}"
+    return None
+
+
 def build_drift(cfg, specs: dict) -> tuple[DriftMonitor, StateWriter | None]:
     """The monitor, and its writer (None without ``AIENG_STATE_DIR``: references live until a restart)."""
     store = DriftStore(drift_path(cfg.state_dir, cfg.model_repository)) if cfg.state_dir else None
     writer = StateWriter(store.save, store.path, what="drift references") if store else None
+    rule = ReferenceRule(cfg.drift_reference_clients, cfg.drift_reference_span_s)
     monitor = DriftMonitor(specs, cfg.drift_window, cfg.drift_reference_n, store.load() if store else None,
-                           writer.submit if writer else None)
+                           writer.submit if writer else None, rule)
     return monitor, writer

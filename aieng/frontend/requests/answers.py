@@ -90,7 +90,8 @@ class Answers:
             self.cache.put(req.cache_key, msg.outputs)
         self.metrics.answered(req.model, req.version, timing, req.batch, msg.confidence)
         if req.client != GOLDEN_CLIENT:  # a golden case is the server checking a load, not traffic
-            self.drift.observe(req.model, req.version, msg.features, msg.confidence, msg.distance)
+            self.drift.observe(req.model, req.version, msg.features, msg.confidence, msg.distance,
+                               req.peer, now)
         self.degrader.observe_latency(req.key, now - req.received)
         self.outcome(req.model, req.version, "OK", now - req.received)
 

@@ -7,6 +7,10 @@ so a flood of health/models/stats cannot starve inference or anyone else's healt
 ``MAX_TRACKED`` clients the least recently seen one's buckets are forgotten.  ``dropped`` and
 ``limited`` hold the counts (``aieng_client_*`` metrics).
 
+``peer_of`` says which client a request counts as for the drift reference (drift.py): its network
+address (the TCP peer's IP as ZMQ reports it; an OIP request's own peer, which its gateway names beside
+the gateways' secret token), else (ipc) its connection.
+
 ``client_socket`` builds the client ROUTER (and its CURVE authenticator, when configured;
 ``curve_server`` serves the admin socket too) with a send queue of ``client_send_queue`` messages
 (SNDHWM) and ROUTER_MANDATORY: a reply to a client that does not read, or is gone, raises instead
@@ -15,8 +19,10 @@ docs/protocol.md, "Limits"; how they fit together: docs/architecture.md, "Lifecy
 """
 from __future__ import annotations
 
+import hmac
 import logging
 from collections import OrderedDict
+from typing import Any
 
 import zmq
 
@@ -68,6 +74,26 @@ class ClientGate:
 
     def view(self) -> dict:
         return {"replies_dropped": dict(self.dropped), "refused": dict(self.limited)}
+
+
+MAX_PEER_CHARS = 64  # an address; longer is not one
+
+
+def peer_of(identity: zmq.Frame, req: dict, gateway_token: str) -> str:
+    """The client a request counts as: the OIP peer a gateway names (only with the gateways' token), else
+    the address the connection comes from, else (ipc, no address) the connection's routing identity.  Many
+    connections from one address are one client; a gateway's requests are each their own peer's."""
+    via: Any = req.get("via")
+    if gateway_token and isinstance(via, dict):
+        token, peer = via.get("token"), via.get("peer")
+        if (isinstance(token, str) and isinstance(peer, str) and peer
+                and hmac.compare_digest(token.encode(), gateway_token.encode())):
+            return peer[:MAX_PEER_CHARS]
+    try:
+        addr = identity.get("Peer-Address")
+    except (zmq.ZMQError, AttributeError):  # no address (ipc), or not a received frame
+        addr = ""
+    return str(addr)[:MAX_PEER_CHARS] if addr else "conn:" + identity.bytes.hex()
 
 
 def client_socket(ctx: zmq.Context, cfg: Config, log: logging.Logger):

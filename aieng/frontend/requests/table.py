@@ -65,6 +65,7 @@ class Request:
     parent: int | None = None  # a pipeline's step request (``fanout``): the page's rid; never answered
     crop: dict | None = None  # a crop step request: the box to cut from the page (PreTask.crop)
     tctx: Any = None  # its trace context (``tracing.TraceCtx``): the answer's traceparent, its spans
+    peer: str = ""  # who sent it, for the drift reference's per-client share (``clients.peer_of``)
 
     @property
     def internal(self) -> bool:
