@@ -161,6 +161,10 @@ def cmd_load(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from aieng.tools.report import main_report
 
+    if args.reset:  # a reset is an admin op: to the admin socket, found as `aieng rollout` finds it
+        from aieng.cli.rollout import find_admin_addr
+
+        args.admin_addr = find_admin_addr(args.admin_addr)
     return main_report(args)
 
 

@@ -8,8 +8,8 @@ batch-size distribution and padding waste, and each postprocess step's time
 seconds, ``--reset`` starts a new window after reading, ``--png FILE`` draws a
 stacked bar per model (mean microseconds per stage), after the table (the ``plots`` extra: ``plots.py``).
 A reset changes the window for everyone, so it is an admin operation: with ``--reset`` the request goes to
-the admin socket's ``stats`` op (``--admin-addr``, found as ``aieng rollout`` finds it), not the client
-socket (which refuses it unless ``AIENG_CLIENT_ADMIN_OPS``).
+the admin socket's ``stats`` op (``--admin-addr``; ``aieng report`` finds it as ``aieng rollout`` does), not
+the client socket (which refuses it unless ``AIENG_CLIENT_ADMIN_OPS``).
 """
 from __future__ import annotations
 
@@ -97,12 +97,7 @@ def main_report(args) -> int:
     if args.png and not os.path.isdir(os.path.dirname(os.path.abspath(args.png))):
         raise FileNotFoundError(2, "no such directory for the PNG", args.png)
     reachable(args.addr)
-    admin = None
-    if args.reset:
-        from aieng.cli.rollout import find_admin_addr
-
-        admin = find_admin_addr(args.admin_addr)
-    stats = fetch(args.addr, args.since, args.reset, args.timeout, admin)
+    stats = fetch(args.addr, args.since, args.reset, args.timeout, args.admin_addr)
     if args.json:
         print(json.dumps(stats, indent=2))
     else:
