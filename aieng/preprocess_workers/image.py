@@ -9,7 +9,11 @@ the page is decoded once (the last ``PAGES_KEPT`` pages are kept, by the page's 
 box is cut out and rectified as rapidocr's ``get_rotate_crop_image`` does before the usual transform.
 Before decoding, the width and height are read from the PNG/JPEG header and checked against
 ``max_pixels``, so a decompression bomb is refused without allocating it (OpenCV's own
-``OPENCV_IO_MAX_IMAGE_PIXELS`` guard is set too).  Each mode and its reference: docs/models.md, 'image'.
+``OPENCV_IO_MAX_IMAGE_PIXELS`` guard is set too), and a JPEG's scans are counted against ``max_scans``
+(``inputs.jpeg_scans``): a scan is a pass over every block however few bytes it has, so a 2 MB file of
+empty scans held a decoder for 12 s within both limits.  These checks serve both routes: the pool's
+workers and the executor's direct route (``gpu_executor/inline_pre``) decode through ``decode``.
+Each mode and its reference: docs/models.md, 'image'.
 """
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from aieng.inputs import image_size
+from aieng.inputs import image_size, jpeg_scans
 from aieng.model_repo import ModelSpec
 from aieng.preprocess_workers import image_config
 from aieng.preprocess_workers.features import image_features
@@ -101,6 +105,7 @@ class ImagePreprocessor:
         values = np.arange(256, dtype=np.float32).reshape(256, 1)
         self.luts = [(values * self.scale - self.mean[0, 0, c]) / self.std[0, 0, c] for c in range(3)]
         self.max_bytes, self.max_pixels = cfg["max_bytes"], cfg["max_pixels"]
+        self.max_scans = cfg["max_scans"]
         c, h, w = image_config.input_shape_max(cfg)
         self.max_request_bytes = c * h * w * 4 + 64
         self.pages: dict[int, np.ndarray] = {}  # page request id -> decoded page (process_crop)
@@ -118,6 +123,9 @@ class ImagePreprocessor:
         if w <= 0 or h <= 0 or w * h > max_pixels:
             raise RequestError(INVALID_INPUT,
                                f"image of {w}x{h} pixels is outside 1..{max_pixels} pixels")
+        if jpeg_scans(data, self.max_scans) > self.max_scans:
+            raise RequestError(INVALID_INPUT, f"input '{self.input}' is a JPEG of more than {self.max_scans} "
+                                              f"scans (max_scans): each scan is a decoding pass of its own")
         buf = np.frombuffer(data, dtype=np.uint8)
         try:
             img = cv2.imdecode(buf, cv2.IMREAD_UNCHANGED)
