@@ -58,6 +58,7 @@ class Config:
     inline_postprocess_us: int = _default("inline_postprocess_us")
     inline_preprocess_bytes: int = _default("inline_preprocess_bytes")
     inline_image_pixels: int = _default("inline_image_pixels")
+    inline_image_budget_ms: float = _default("inline_image_budget_ms")
     intra_op_threads: int = _default("intra_op_threads")
     ort_spinning: bool = _default("ort_spinning")
     worker_nice: int = _default("worker_nice")
@@ -89,6 +90,7 @@ class Config:
     drain_grace_s: float = _default("drain_grace_s")
     startup_timeout_s: float = _default("startup_timeout_s")
     hang_timeout_s: float = _default("hang_timeout_s")
+    preprocess_budget_ms: float = _default("preprocess_budget_ms")
     runtime_dir: str = _default("runtime_dir")
     max_inflight_per_client: int = _default("max_inflight_per_client")
     client_rate_limit: float = _default("client_rate_limit")
@@ -131,6 +133,7 @@ class Config:
         need(self.max_inflight >= 1, "max_inflight must be >= 1")
         need(self.warmup_max_rows >= 0, "warmup_max_rows must be >= 0")
         need(self.inline_image_pixels >= 0, "inline_image_pixels must be >= 0")
+        need(self.inline_image_budget_ms > 0, "inline_image_budget_ms must be > 0")
         need(self.max_message_bytes >= 1024, "max_message_bytes must be >= 1024")
         need(self.default_timeout_ms > 0, "default_timeout_ms must be > 0")
         need(self.max_timeout_ms >= self.default_timeout_ms, "max_timeout_ms must be >= default_timeout_ms")
@@ -145,6 +148,9 @@ class Config:
         need(self.intra_op_threads >= 0, "intra_op_threads must be >= 0")
         need(1 <= self.executor_lanes <= 64, "executor_lanes must be in 1..64")
         need(self.hang_timeout_s >= 2.0, "hang_timeout_s must be >= 2")
+        # a worker heartbeats at most once a second between requests: a shorter budget would cut off a
+        # worker that is merely between two heartbeats
+        need(self.preprocess_budget_ms >= 1500, "preprocess_budget_ms must be >= 1500")
         need(self.max_inflight_per_client >= 0, "max_inflight_per_client must be >= 0")
         need(self.client_rate_limit >= 0, "client_rate_limit must be >= 0")
         need(self.client_send_queue >= 1, "client_send_queue must be >= 1")

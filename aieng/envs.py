@@ -152,6 +152,10 @@ REGISTRY: tuple[EnvVar, ...] = (
            "this many pixels straight to the executor, which decodes it itself (a hand-off and a process "
            "wake-up fewer; only for models postprocessed in the executor; 0: always through the pool)",
            "inline_image_pixels"),
+    EnvVar("AIENG_INLINE_IMAGE_BUDGET_MS", float, 200.0,
+           "An image the executor decoded itself (AIENG_INLINE_IMAGE_PIXELS) for longer than this turns that "
+           "route off: images go through the preprocess pool for the rest of the frontend's life "
+           "(a 1000x1000 JPEG decodes in about 10 ms)", "inline_image_budget_ms"),
     EnvVar("AIENG_INTRA_OP_THREADS", int, 0,
            "ONNX Runtime intra-op threads per run (0: usable CPUs / AIENG_EXECUTOR_LANES)",
            "intra_op_threads"),
@@ -236,6 +240,10 @@ REGISTRY: tuple[EnvVar, ...] = (
            "Seconds to wait for every process to report ready", "startup_timeout_s"),
     EnvVar("AIENG_HANG_TIMEOUT_S", float, 30.0,
            "A worker silent (no heartbeat) this long is killed and restarted as hung", "hang_timeout_s"),
+    EnvVar("AIENG_PREPROCESS_BUDGET_MS", float, 5000.0,
+           "A preprocess worker silent (no heartbeat) this long while holding a request is replaced: it is "
+           "stuck on one request (an image too slow to decode), and only the requests it held fail, "
+           "UNAVAILABLE", "preprocess_budget_ms"),
     EnvVar("AIENG_RUNTIME_DIR", str, "",
            "Directory for ipc:// sockets (default: a per-instance dir under the temp dir)", "runtime_dir"),
     EnvVar("AIENG_MAX_INFLIGHT_PER_CLIENT", int, 0,

@@ -89,7 +89,8 @@ class Frontend:
                                self.degrader, self.rollout.observe, self.tracing)
         self.pipeline = pl = Pipeline(self.table, self.workers, posts, self.send_hub, self.answers,
                                       self.metrics, self.stats, cfg.inline_preprocess_bytes, self.send_direct,
-                                      cfg.inline_image_pixels)
+                                      cfg.inline_image_pixels, cfg.inline_image_budget_ms / 1000,
+                                      cfg.preprocess_budget_ms)
         self.mirror = Mirror(cfg, self.specs, self.rollout, self.admission, self.table, pl.start,
                              self.metrics.registry)  # shadow copies and their comparison
         pl.attach(self.mirror, Fanout(pl, self.table, self.workers, self.specs))  # pipeline models' steps
@@ -174,7 +175,10 @@ class Frontend:
     def pulse(self, now: float) -> None:
         roles = self.workers.count(now)
         healthy = self.life.started and all(roles.values())
-        self.send_hub("supervisor", [m.encode(m.Pulse(healthy, self.workers.silence(now)))])
+        stuck = self.workers.stuck(now, self.cfg.preprocess_budget_ms / 1000, self.table.load)
+        for name in stuck:
+            self.pipeline.mark_stuck(name)
+        self.send_hub("supervisor", [m.encode(m.Pulse(healthy, self.workers.silence(now), stuck))])
 
     def drain_hub(self) -> None:
         for _ in range(1000):

@@ -10,8 +10,10 @@ up while it works are drained together so text models can batch-encode; a reques
 alone in the server (``PreTask.alone``, the frontend's idle rule) may use every core
 (an image's OpenCV threads), any other one core.
 A request whose content it cannot handle fails alone; the worker never dies
-of one request.  A pipeline's crop request (``PreTask.crop``, only the frontend
-sets it) carries the page: the image processor cuts the box out of it first.
+of one request, but one it cannot finish within AIENG_PREPROCESS_BUDGET_MS has it
+replaced (the frontend reads its silence between heartbeats, sent between requests).
+A pipeline's crop request (``PreTask.crop``, only the frontend sets it) carries the
+page: the image processor cuts the box out of it first.
 """
 from __future__ import annotations
 
@@ -154,6 +156,9 @@ class PreprocessWorker(HubWorker):
         # preprocess queue, not as its preprocessing (at orientation c=32 the step read 101 ms for 6 ms
         # of work when the whole drain went on at its end), and the executor can start on the first.
         for task, _, inputs, params in group:
+            # between two requests (at most once a second): the frontend reads our silence while we hold
+            # requests as the time spent on one, and has a worker stuck past the budget replaced
+            self.heartbeat()
             spread(proc, task.alone, self.cores)  # an image's OpenCV threads: every core when alone
             own_start = time.monotonic()
             try:

@@ -226,8 +226,9 @@ class Supervisor:
             self.next_watchdog = now + self.watchdog_s
 
     def check_hung(self, now: float) -> None:
-        """A worker alive to the OS but silent to the frontend for too long is hung: kill it;
-        the usual death handling answers its requests and restarts it."""
+        """A worker alive to the OS but silent to the frontend for too long is hung, and one the frontend
+        names stuck (``Pulse.stuck``) has held a request past its budget: kill it; the usual death handling
+        answers its requests and restarts it."""
         if self.pulse is None or now - self.pulse_at > PULSE_FRESH_S:
             return
         for c in self.children:
@@ -236,6 +237,12 @@ class Supervisor:
                     and c.proc.is_alive() and now - c.started > self.cfg.hang_timeout_s):
                 log.error("%s has sent no heartbeat for %.1fs: hung, killing it", c.name, silent)
                 sd_notify(f"STATUS={c.name} hung; restarting")
+                c.proc.kill()
+            elif (c.name in self.pulse.stuck and c.ready and c.proc is not None and c.proc.is_alive()
+                  and now - c.started > self.cfg.preprocess_budget_ms / 1000):  # not its replacement
+                log.error("%s has worked on one request for over AIENG_PREPROCESS_BUDGET_MS (%.0f ms): "
+                          "stuck, replacing it", c.name, self.cfg.preprocess_budget_ms)
+                sd_notify(f"STATUS={c.name} stuck on a request; restarting")
                 c.proc.kill()
 
     def publish_state(self) -> None:

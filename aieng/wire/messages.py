@@ -177,6 +177,8 @@ class Pulse:
     T: ClassVar[str] = "pulse"
     healthy: bool
     silent: dict[str, float]  # worker -> seconds since its last heartbeat
+    # preprocess workers silent past AIENG_PREPROCESS_BUDGET_MS holding a request: stuck on one, to replace
+    stuck: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -73,6 +73,9 @@ class ClientOps:
                 "protocol": p.PROTOCOL_VERSION, "version": _version(), "pid": os.getpid(),
                 "uptime_s": round(life.uptime_s(), 3), "in_flight": len(self.table),
                 "workers": roles, "providers": providers, "draining": life.draining,
+                # preprocess workers on one slow request past STALL_S (Workers.pick_pre routes around them)
+                "stalled": sorted(n for n, _ in self.workers.names(("preprocess",))
+                                  if self.workers.stalled(n, now, self.table.load)),
                 "failed_models": self.workers.failed_models(),
                 "breakers": views["breakers"](), "degradation": views["degradation"](),
                 "cache": views["cache"](), "clients": views["clients"](),

@@ -6,6 +6,12 @@ fails.  One silent for ``SILENCE_S`` is not routed to (it may be hung; the
 supervisor decides whether to kill it).  One *resting* (building a run-time
 load, ``hotswap``) is routed to only when no other worker of its role is live.
 Hellos from a pid already reported dead are ignored: they can still sit in the hub's queue after its death.
+
+A preprocess worker heartbeats between the requests it runs one at a time (an image each), so its silence
+while it holds requests is the time it has spent on one.  Past ``STALL_S`` it is *stalled*: ``pick_pre``
+sends other work elsewhere, a model that stalls some worker may not take the last one that is not
+(``pick_pre``), and the pipeline may send a small text or tabular request to the executor instead
+(``pool_stalled``).  Past the preprocess budget it is *stuck* (``stuck``): the supervisor replaces it.
 """
 from __future__ import annotations
 
@@ -15,6 +21,9 @@ from typing import Callable
 from aieng.wire import messages as m
 
 SILENCE_S = 5.0  # no heartbeat for this long: stop routing to it
+# a preprocess worker silent this long while holding requests is inside one slow request: a heartbeat
+# comes every HEARTBEAT_S (1 s) between requests, and a 1000x1000 image takes about 10 ms
+STALL_S = 1.5
 ROLES = ("preprocess", "executor", "postprocess")
 IDLE, ANY_LOAD = "idle", "any load"  # when the executor takes a version's requests straight from the frontend
 
@@ -132,14 +141,50 @@ class Workers:
             out.update(w.hello.failed)
         return out
 
-    def pick(self, role: str, now: float, load: Callable[[str], int]) -> str | None:
-        """The live worker of ``role`` holding the fewest requests; ties go round-robin."""
+    def stalled(self, name: str, now: float, load: Callable[[str], int]) -> bool:
+        """A preprocess worker silent for ``STALL_S`` while holding requests: inside one slow request."""
+        w = self.by_name.get(name)
+        return w is not None and now - w.seen > STALL_S and load(name) > 0
+
+    def stuck(self, now: float, budget_s: float, load: Callable[[str], int]) -> list[str]:
+        """The preprocess workers silent for ``budget_s`` while holding requests, for the supervisor to
+        replace (``Pulse.stuck``): only what each held fails."""
+        return [w.name for w in self.by_name.values()
+                if w.role == "preprocess" and now - w.seen > budget_s and load(w.name) > 0]
+
+    def pool_stalled(self, now: float, load: Callable[[str], int]) -> bool:
+        """Every connected preprocess worker is stalled (none connected: restarting, not stalled)."""
+        names = [w.name for w in self.by_name.values() if w.role == "preprocess"]
+        return bool(names) and all(self.stalled(n, now, load) for n in names)
+
+    def pick_pre(self, now: float, load: Callable[[str], int], own: Callable[[str], bool]) -> str | None:
+        """``pick``'s preprocess worker, kept fair while some are stalled: a request goes to one that is not
+        stalled, unless its own model (``own(name)``: the worker holds a request of it) stalls some worker
+        and only one unstalled worker is left, which it leaves to the other models (its request queues
+        behind its own model's).  All stalled: ``pick``'s rule."""
+        names = self._routable("preprocess", now)
+        fresh = [n for n in names if not self.stalled(n, now, load)]
+        if not fresh or len(fresh) == len(names):
+            return self._least(names, load)
+        if len(fresh) == 1:
+            mine = [n for n in names if n not in fresh and own(n)]
+            if mine:
+                return self._least(mine, load)
+        return self._least(fresh, load)
+
+    def _routable(self, role: str, now: float) -> list[str]:
         names = [w.name for w in self.by_name.values() if w.role == role and now - w.seen <= SILENCE_S]
+        return [n for n in names if n not in self.resting] or names
+
+    def _least(self, names: list[str], load: Callable[[str], int]) -> str | None:
         if not names:
             return None
-        names = [n for n in names if n not in self.resting] or names
         if len(names) == 1:
             return names[0]
         self.turn += 1
         k = self.turn % len(names)
         return min(names[k:] + names[:k], key=load)
+
+    def pick(self, role: str, now: float, load: Callable[[str], int]) -> str | None:
+        """The live worker of ``role`` holding the fewest requests; ties go round-robin."""
+        return self._least(self._routable(role, now), load)

@@ -7,8 +7,11 @@ in any order: a request only moves forward.  With no live preprocess worker a re
 its deadline and the in-flight limit), never refused.  A shadow copy's end goes to ``mirror``, a pipeline
 step's to ``fanout``; a small request of a version the executor does whole (an image small by its header's
 pixels) goes straight to it while the server is idle, or at any load when the executor says so (``direct``);
-an executor that dies holding such an image turns the image route off.  docs/architecture.md ("The request
-path in the frontend") has the rules in full.
+an executor that dies holding such an image, or takes longer than ``direct_image_budget_s`` to decode one,
+turns the image route off.  Preprocess workers are picked by ``Workers.pick_pre`` (a stalled worker gets no
+other work); while every one is stalled, a small text or tabular request the executor can preprocess goes
+to it at any load.  A worker the supervisor replaced as stuck (``mark_stuck``) fails what it held with the
+budget named.  docs/architecture.md ("The request path in the frontend") has the rules in full.
 """
 from __future__ import annotations
 
@@ -80,12 +83,15 @@ class Pipeline:
     def __init__(self, table: RequestTable, workers: Workers, post_names: list[str],
                  send: Callable[[str, list], bool], answers: Answers, metrics: Metrics, stats: StageStats,
                  direct_bytes: int = 0, send_direct: Callable[[list], bool] | None = None,
-                 direct_pixels: int = 0):
+                 direct_pixels: int = 0, direct_image_budget_s: float = 0.2, pre_budget_ms: float = 5000.0):
         """``send(worker, frames)`` over the hub; ``answers`` ends every admitted request once."""
         self.table, self.workers, self.send, self.answers = table, workers, send, answers
         self.direct_bytes = direct_bytes  # AIENG_INLINE_PREPROCESS_BYTES (0: never straight to the executor)
         self.direct_pixels = direct_pixels  # AIENG_INLINE_IMAGE_PIXELS, likewise for an image
         self.images_off = ""  # why images no longer take the direct route ("": they may)
+        self.direct_image_budget_s = direct_image_budget_s  # AIENG_INLINE_IMAGE_BUDGET_MS, in seconds
+        self.pre_budget_ms = pre_budget_ms  # AIENG_PREPROCESS_BUDGET_MS, named when a stuck worker goes
+        self.stuck: set[str] = set()  # preprocess workers reported stuck to the supervisor, not yet down
         self.busy_until = 0.0  # monotonic s: no direct request before (another request was in flight lately)
         # how a direct request reaches the executor (the server's: the express lane, else the hub)
         self.send_direct = send_direct or (lambda frames: self.send("executor", frames))
@@ -116,7 +122,7 @@ class Pipeline:
         alone = self.alone(now)
         if self.direct(req, now, alone):
             return
-        worker = self.workers.pick(PRE, now, self.table.load)
+        worker = self.workers.pick_pre(now, self.table.load, lambda name: self.holds_model(name, req.key))
         if worker is None:
             self.table.hold(req, PRE)
             return
@@ -137,6 +143,10 @@ class Pipeline:
             return
         req.pre, req.dispatched, req.body = worker, now, None
 
+    def holds_model(self, worker: str, key: str) -> bool:
+        """Does ``worker`` hold a request of version ``key``?  (Asked only while some worker is stalled.)"""
+        return any(r is not None and r.key == key for r in map(self.table.get, self.table.held_by(worker)))
+
     def alone(self, now: float) -> bool:
         """Nothing but the request being sent is in flight, nor was for ``DIRECT_QUIET_S``: the server is
         idle, not between two batches under load."""
@@ -155,7 +165,10 @@ class Pipeline:
                 and len(req.body) <= IMAGE_BYTES_PER_PIXEL * req.pixels + IMAGE_BYTES_SLACK):
             return False
         when = self.workers.preprocessed_by_executor(req.key, now)
-        if not when or (when == IDLE and not alone):  # the pool's turn, unless taken at any load
+        if not when or (when == IDLE and not alone  # the pool's turn, unless taken at any load
+                        # or every preprocess worker is stalled on a slow request: a small text or row
+                        # costs the executor microseconds, an image never goes this way under load
+                        and (req.pixels is not None or not self.workers.pool_stalled(now, self.table.load))):
             return False
         if not req.post:
             self.table.route(req, EXEC)
@@ -241,6 +254,7 @@ class Pipeline:
         if req.post.encode() != ident:
             return
         now = time.monotonic()
+        self.weigh_direct_image(req, msg.trail.pre_sent - msg.trail.pre_started)
         self.table.finish(msg.rid)
         if req.shadow_of is not None:  # a shadow copy: compared, never answered or counted
             return self.mirror.shadow_end(req, msg.outputs, "OK", now)
@@ -265,6 +279,8 @@ class Pipeline:
             return
         if msg.ref is not None:
             self.table.take(req, msg.ref)
+        if msg.stage == "preprocess":  # no trail: from its dispatch, the executor starts on it at once
+            self.weigh_direct_image(req, time.monotonic() - req.dispatched)
         if msg.steps and req.shadow_of is None:  # a step ran past its limit: the report counts it
             self.stats.add_steps(req.model, msg.steps)
         self.metrics.worker.labels(msg.stage or req.stage, ident.decode()).inc()
@@ -282,10 +298,33 @@ class Pipeline:
             self.images_off = f"the executor exited (code {exitcode}) holding an image it decoded itself"
             log.warning("%s: images go through the preprocess pool from now on", self.images_off)
         self.table.ghosts_of(worker)  # answered requests' slots it held: nobody else will free them
+        why = f"{worker} exited (code {exitcode}) while holding the request"
+        if worker in self.stuck:
+            self.stuck.discard(worker)
+            why = (f"{worker} was replaced: it worked on one request for over AIENG_PREPROCESS_BUDGET_MS "
+                   f"({self.pre_budget_ms:.0f} ms)")
         for rid in held:
-            self.fail(rid, p.UNAVAILABLE, f"{worker} exited (code {exitcode}) while holding the request",
-                      holder_dead=True)
+            self.fail(rid, p.UNAVAILABLE, why, holder_dead=True)
         return len(held)
+
+    def mark_stuck(self, worker: str) -> None:
+        """``worker`` is reported stuck to the supervisor, which replaces it: its requests' errors say why."""
+        if worker not in self.stuck:
+            log.error("%s has worked on one request for over %.0f ms: asking for its replacement", worker,
+                      self.pre_budget_ms)
+        self.stuck.add(worker)
+
+    def weigh_direct_image(self, req: Request, decode_s: float) -> None:
+        """An image the executor decoded itself (``direct``) took ``decode_s``: past the budget, images
+        take the pool from now on, so a slow one (whatever its cause) costs every model once, not at each
+        repeat."""
+        if not (self.direct_pixels and self.decoding_in_executor(req)
+                and decode_s > self.direct_image_budget_s):
+            return
+        self.direct_pixels = 0
+        self.images_off = (f"the executor took {decode_s * 1000:.0f} ms to decode an image, over "
+                           f"AIENG_INLINE_IMAGE_BUDGET_MS ({self.direct_image_budget_s * 1000:.0f} ms)")
+        log.warning("%s: images go through the preprocess pool from now on", self.images_off)
 
     @staticmethod
     def decoding_in_executor(req: Request | None) -> bool:
@@ -314,6 +353,8 @@ class Pipeline:
         self.table.prune_ghosts(now)
         for rid in self.table.expired(now):
             req = self.table.get(rid)
+            if req.stage == EXEC:  # a direct image still in the executor at its deadline: slow to decode
+                self.weigh_direct_image(req, now - req.dispatched)
             where = req.stage if req.holder else f"waiting for a {req.stage} worker"
             step = self.fanout.step_of(rid) if self.fanout is not None else ""
             where = f"step: {step}" if step else f"stage: {where}"
