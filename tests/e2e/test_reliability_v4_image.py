@@ -1,0 +1,159 @@
+"""Issue 33, "One image stops every model": a decode bounded in time as well as pixels, on every route.
+
+The hostile image (``tests/hostile_images.scan_bomb``) is a real 1000x1000 progressive JPEG padded to
+2 MB with 189,494 empty scans: a valid header, a million pixels, and 12 s of ``cv2.imdecode`` here.
+Refused by its scan count (``max_scans``) on the idle route and in the pool while tabular answers.  With
+the count lifted (a model copy with ``max_scans`` raised), the pool still holds: a worker stuck past
+AIENG_PREPROCESS_BUDGET_MS is replaced and only its own request fails, and other models' requests are
+routed around stalled workers.  An image the executor decodes too slowly turns the idle image route off.
+"""
+from __future__ import annotations
+
+import asyncio
+import shutil
+
+import numpy as np
+import pytest
+
+from aieng.client import AsyncClient
+from aieng.preprocess_workers.image_config import MAX_SCANS
+from tests.conftest import MODELS
+from tests.hostile_images import progressive_jpeg, scan_bomb
+from tests.waits import until
+
+pytestmark = pytest.mark.e2e
+
+BOMB = scan_bomb()
+ROWS = [{"island": "Biscoe", "bill_length_mm": 40.0 + i, "sex": "female"} for i in range(8)]
+REFUSED = ("INVALID_INPUT", f"input 'image' is a JPEG of more than {MAX_SCANS} scans (max_scans): "
+                            "each scan is a decoding pass of its own")
+BASE = {"AIENG_MODELS": "orientation,tabular", "AIENG_PREPROCESS_WORKERS": "2",
+        "AIENG_INLINE_POSTPROCESS_US": "5000"}  # postprocessed in the executor whatever this machine measures
+
+
+def outcome(reply: dict) -> tuple:
+    return ("OK",) if reply["ok"] else (reply["error"]["code"], reply["error"]["message"])
+
+
+async def bombs_then_rows(addr: str, bombs: int, rows_after=None) -> tuple[list, list]:
+    """``bombs`` scan bombs to orientation, then (once ``rows_after`` returns, if given) a tabular row each
+    of ``ROWS``, all on one connection; every reply matched to its request by id."""
+    client = AsyncClient(addr, timeout_s=40)
+    try:
+        sent = [asyncio.ensure_future(client.call(
+            {"op": "infer", "id": f"bomb-{i}", "model": "orientation", "inputs": {"image": BOMB}},
+            raise_on_error=False)) for i in range(bombs)]
+        await asyncio.sleep(0)  # the bombs leave first (one DEALER socket keeps the order)
+        if rows_after is not None:
+            await asyncio.to_thread(rows_after)
+        rows = await asyncio.gather(*(client.call({"op": "infer", "id": f"row-{i}", "model": "tabular",
+                                                   "inputs": row}, raise_on_error=False)
+                                      for i, row in enumerate(ROWS)))
+        done = await asyncio.gather(*sent)
+    finally:
+        client.close()
+    assert [r["id"] for r in done] == [f"bomb-{i}" for i in range(bombs)]
+    assert [r["id"] for r in rows] == [f"row-{i}" for i in range(len(ROWS))]
+    return [outcome(r) for r in done], [outcome(r) for r in rows]
+
+
+def test_a_scan_bomb_on_the_idle_route_is_refused_while_tabular_answers(make_server):
+    srv = make_server(**BASE).start()
+    before = srv.worker_counts("preprocess", 0)
+    bombs, rows = asyncio.run(bombs_then_rows(srv.addr, 1))  # the bomb finds the server idle: the executor's
+    assert rows == [("OK",)] * len(ROWS)  # within tabular's own 5 s timeout: no TIMEOUT among them
+    assert bombs == [REFUSED]
+    before = srv.worker_counts("preprocess", sum(before.values()) + 1 + len(ROWS))
+    with srv.client(timeout_s=40) as c:  # alone on an idle server again: the executor refuses it
+        reply = c.call({"op": "infer", "id": "alone", "model": "orientation", "inputs": {"image": BOMB}},
+                       raise_on_error=False)
+    assert outcome(reply) == REFUSED
+    counts = srv.worker_counts("preprocess", sum(before.values()) + 1)
+    assert {k: v - before.get(k, 0) for k, v in counts.items() if v - before.get(k, 0)} == {"executor": 1}
+    assert srv.health()["direct"]["images_off"] is None  # refused in microseconds: nothing slow to switch off
+
+
+def test_two_scan_bombs_through_the_pool_leave_tabular_answered(make_server):
+    srv = make_server(**BASE, AIENG_INLINE_IMAGE_PIXELS="0").start()
+    bombs, rows = asyncio.run(bombs_then_rows(srv.addr, 2))
+    assert rows == [("OK",)] * len(ROWS)
+    assert bombs == [REFUSED, REFUSED]
+    assert srv.health()["restarts"]["preprocess"] == 0
+
+
+def lifted_repo(tmp_path) -> str:
+    """orientation and tabular with orientation's scan limit lifted: the bomb then really decodes (12 s)."""
+    repo = tmp_path / "repo"
+    for name in ("orientation", "tabular"):
+        shutil.copytree(f"{MODELS}/{name}", repo / name, copy_function=shutil.copy)
+    yaml = repo / "orientation" / "1" / "model.yaml"
+    text = yaml.read_text()
+    assert "  max_pixels: 40000000\n" in text
+    yaml.write_text(text.replace("  max_pixels: 40000000\n", "  max_pixels: 40000000\n  max_scans: 999999\n"))
+    return str(repo)
+
+
+def stalled_workers(srv, n: int) -> list[str]:
+    """The preprocess workers ``health`` names stalled, once there are ``n`` (bounded wait)."""
+    def read() -> list[str] | None:
+        health = srv.health()
+        return health["stalled"] if health is not None and len(health["stalled"]) == n else None
+    return until(read, 10) or []
+
+
+def replaced(srv, name: str) -> dict | None:
+    """``health`` once ``name`` is alive again and the server ready."""
+    health = srv.health()
+    return health if health and health["ready"] and health["processes"][name]["alive"] else None
+
+
+def test_a_worker_stuck_on_one_image_is_replaced_and_only_its_request_fails(make_server, tmp_path):
+    srv = make_server(**BASE, AIENG_INLINE_IMAGE_PIXELS="0", AIENG_PREPROCESS_BUDGET_MS="2000",
+                      AIENG_MODEL_REPOSITORY=lifted_repo(tmp_path)).start()
+    pids = {n: p["pid"] for n, p in srv.health()["processes"].items() if p["role"] == "preprocess"}
+    stalled = []
+
+    def one_stalled() -> None:  # the bomb's worker is on it: the rows go to the other one
+        stalled.extend(stalled_workers(srv, 1))
+
+    bombs, rows = asyncio.run(bombs_then_rows(srv.addr, 1, one_stalled))
+    assert len(stalled) == 1
+    assert rows == [("OK",)] * len(ROWS)
+    assert bombs == [("UNAVAILABLE", f"{stalled[0]} was replaced: it worked on one request for over "
+                                     "AIENG_PREPROCESS_BUDGET_MS (2000 ms)")]
+    health = until(lambda: replaced(srv, stalled[0]), 30)
+    assert health["restarts"]["preprocess"] == 1
+    assert health["processes"][stalled[0]]["pid"] != pids[stalled[0]]
+    assert "stuck, replacing it" in srv.output()
+
+
+def test_while_one_models_images_stall_every_worker_other_models_still_answer(make_server, tmp_path):
+    # a budget over tabular's 5 s timeout: rows queued behind a bomb would time out before any replacement
+    srv = make_server(**BASE, AIENG_INLINE_IMAGE_PIXELS="0", AIENG_PREPROCESS_BUDGET_MS="9000",
+                      AIENG_MODEL_REPOSITORY=lifted_repo(tmp_path)).start()
+
+    stalled = []
+
+    def both_stalled() -> None:  # both workers are on a bomb: the rows are sent only then
+        stalled.extend(stalled_workers(srv, 2))
+
+    bombs, rows = asyncio.run(bombs_then_rows(srv.addr, 2, both_stalled))
+    assert len(stalled) == 2
+    assert rows == [("OK",)] * len(ROWS)
+    assert [b[0] for b in bombs] == ["UNAVAILABLE", "UNAVAILABLE"]
+
+
+def test_an_image_the_executor_decodes_past_its_budget_turns_the_idle_route_off(make_server):
+    srv = make_server(**BASE, AIENG_INLINE_IMAGE_BUDGET_MS="0.001").start()
+    image = progressive_jpeg(600)
+    with srv.client(timeout_s=20) as c:
+        first = c.infer("orientation", {"image": image})["outputs"]["scores"]
+        off = srv.health()["direct"]["images_off"]
+        before = srv.worker_counts("preprocess", 0)
+        second = c.infer("orientation", {"image": image})["outputs"]["scores"]
+    assert off.startswith("the executor took ") and off.endswith(
+        " ms to decode an image, over AIENG_INLINE_IMAGE_BUDGET_MS (0 ms)")
+    np.testing.assert_array_equal(first, second)
+    counts = srv.worker_counts("preprocess", sum(before.values()) + 1)
+    delta = {k: v - before.get(k, 0) for k, v in counts.items() if v - before.get(k, 0)}
+    assert list(delta.values()) == [1] and "executor" not in delta  # the pool decoded the second
