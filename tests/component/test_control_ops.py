@@ -48,6 +48,9 @@ class Table:
     def depth(self) -> dict[str, int]:
         return {"preprocess": 1, "executor": 1, "postprocess": 0}
 
+    def load(self, holder: str) -> int:
+        return 1
+
 
 class Mirror:
     def __init__(self) -> None:
