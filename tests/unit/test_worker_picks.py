@@ -55,3 +55,5 @@ def test_stuck_names_the_workers_silent_past_the_budget_while_holding_requests()
     w.hello(m.Hello("executor", "executor", 99), T0)
     load = {"pre-0": 1, "pre-1": 0, "pre-2": 1, "executor": 5}.__getitem__
     assert w.stuck(T0 + 5.1, 5.0, load) == ["pre-0"]  # pre-1 holds nothing, pre-2 spoke lately
+    w.rest("pre-0")  # building a run-time load: the hang timeout's, not the budget's
+    assert w.stuck(T0 + 5.1, 5.0, load) == []

@@ -148,9 +148,10 @@ class Workers:
 
     def stuck(self, now: float, budget_s: float, load: Callable[[str], int]) -> list[str]:
         """The preprocess workers silent for ``budget_s`` while holding requests, for the supervisor to
-        replace (``Pulse.stuck``): only what each held fails."""
-        return [w.name for w in self.by_name.values()
-                if w.role == "preprocess" and now - w.seen > budget_s and load(w.name) > 0]
+        replace (``Pulse.stuck``): only what each held fails.  Not one building a run-time load (resting):
+        that is no request's fault, and AIENG_HANG_TIMEOUT_S still bounds it."""
+        return [w.name for w in self.by_name.values() if w.role == "preprocess" and w.name not in self.resting
+                and now - w.seen > budget_s and load(w.name) > 0]
 
     def pool_stalled(self, now: float, load: Callable[[str], int]) -> bool:
         """Every connected preprocess worker is stalled (none connected: restarting, not stalled)."""
