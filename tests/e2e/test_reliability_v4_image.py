@@ -5,7 +5,8 @@ The hostile image (``tests/hostile_images.scan_bomb``) is a real 1000x1000 progr
 Refused by its scan count (``max_scans``) on the idle route and in the pool while tabular answers.  With
 the count lifted (a model copy with ``max_scans`` raised), the pool still holds: a worker stuck past
 AIENG_PREPROCESS_BUDGET_MS is replaced and only its own request fails, and other models' requests are
-routed around stalled workers.  An image the executor decodes too slowly turns the idle image route off.
+routed around stalled workers.  An image the executor decodes too slowly turns the idle image route off,
+and a PNG whose zlib stream runs past its rows (4 s of inflating) is refused there before decoding.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import pytest
 from aieng.client import AsyncClient
 from aieng.preprocess_workers.image_config import MAX_SCANS
 from tests.conftest import MODELS
-from tests.hostile_images import progressive_jpeg, scan_bomb
+from tests.hostile_images import png_inflate_bomb, progressive_jpeg, scan_bomb
 from tests.waits import until
 
 pytestmark = pytest.mark.e2e
@@ -71,6 +72,21 @@ def test_a_scan_bomb_on_the_idle_route_is_refused_while_tabular_answers(make_ser
     counts = srv.worker_counts("preprocess", sum(before.values()) + 1)
     assert {k: v - before.get(k, 0) for k, v in counts.items() if v - before.get(k, 0)} == {"executor": 1}
     assert srv.health()["direct"]["images_off"] is None  # refused in microseconds: nothing slow to switch off
+
+
+def test_an_overlong_png_on_the_idle_route_is_refused_before_the_executor_inflates_it(make_server):
+    srv = make_server(**BASE).start()
+    bomb = png_inflate_bomb()  # 3.7 MB, within the route's 4 bytes per pixel; 4 s of cv2.imdecode here
+    before = srv.worker_counts("preprocess", 0)
+    with srv.client(timeout_s=40) as c:
+        reply = c.call({"op": "infer", "id": "png", "model": "orientation", "inputs": {"image": bomb}},
+                       raise_on_error=False)
+        row = c.infer("tabular", ROWS[0], raise_on_error=False)
+    assert outcome(reply) == ("INVALID_INPUT", "input 'image' is a PNG whose image data inflates to more "
+                                               "than its 1000x1000 pixels' rows")
+    assert outcome(row) == ("OK",)
+    counts = srv.worker_counts("preprocess", sum(before.values()) + 2)
+    assert counts.get("executor", 0) - before.get("executor", 0) == 2  # both on the idle route
 
 
 def test_two_scan_bombs_through_the_pool_leave_tabular_answered(make_server):
