@@ -148,9 +148,10 @@ REGISTRY: tuple[EnvVar, ...] = (
            "fewer; only for models postprocessed in the executor; 0: always through the pool)",
            "inline_preprocess_bytes"),
     EnvVar("AIENG_INLINE_IMAGE_PIXELS", int, 1_000_000,
-           "While nothing else is in flight, send an image request whose PNG/JPEG header declares at most "
+           "While nothing else is in flight, send an image request whose JPEG header declares at most "
            "this many pixels straight to the executor, which decodes it itself (a hand-off and a process "
-           "wake-up fewer; only for models postprocessed in the executor; 0: always through the pool)",
+           "wake-up fewer; only for models postprocessed in the executor; 0: always through the pool). A PNG "
+           "always goes through the pool: only a full inflate finds one whose data runs past its rows",
            "inline_image_pixels"),
     EnvVar("AIENG_INLINE_IMAGE_BUDGET_MS", float, 200.0,
            "An image the executor decoded itself (AIENG_INLINE_IMAGE_PIXELS) for longer than this turns that "

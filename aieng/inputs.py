@@ -12,16 +12,14 @@ image's width and height from its PNG/JPEG header (the image processor's bomb ch
 what the frontend's direct route weighs an image request by), without OpenCV.  ``jpeg_scans`` counts a
 JPEG's scans the way libjpeg meets them: each scan is a full pass over the image's blocks however few
 bytes it has (measured: an empty 10-byte scan costs 67 us at 1000x1000, so 2 MB of them held a decoder
-for 12 s), so the image processor refuses more than its ``max_scans`` before decoding.  ``png_overlong``
-finds a PNG whose compressed data inflates to more than its rows: libpng inflates the excess too (1 GB of
-zeros, 1 MB compressed, took 1 s), so the executor checks it before decoding an image itself.
+for 12 s), so the image processor refuses more than its ``max_scans`` before decoding.
+``direct_image_pixels`` is ``image_pixels`` as the executor's idle route weighs a request: never a PNG.
 """
 from __future__ import annotations
 
 import math
 import re
 import struct
-import zlib
 from typing import Any
 
 from aieng.model_repo import ModelSpec
@@ -103,6 +101,20 @@ def image_pixels(spec: ModelSpec, inputs: Any) -> int | None:
     return 0 if size is None else size[0] * size[1]
 
 
+def direct_image_pixels(spec: ModelSpec, inputs: Any) -> int | None:
+    """``image_pixels`` as the executor's direct route weighs a request (``frontend/requests/pipeline``):
+    0, the pool's, for a PNG.  Its zlib stream may run on past its rows and libpng inflates the excess
+    (a 3.7 MB 1000x1000 PNG within the route's byte bound: 4 s of ``cv2.imdecode``); only an inflate of
+    the rows would find it, 80% of a decode (18 of 22.6 ms at 1000x1000), where the pool's hand-off costs
+    a fraction of a millisecond.  A JPEG's cost is bounded by its pixels and ``max_scans``."""
+    pixels = image_pixels(spec, inputs)
+    if pixels:
+        data = inputs.get((spec.preprocess or {}).get("input", DEFAULT_IMAGE_INPUT))
+        if data[:8] == b"\x89PNG\r\n\x1a\n":
+            return 0
+    return pixels
+
+
 # A marker inside a scan's entropy-coded data: 0xFF followed by neither a stuffed 0x00, nor a fill 0xFF
 # (the marker is the byte after the last one), nor RST0-7 (restart markers stay inside their scan).  One
 # byte after the 0xFF, so a run of 0xFF00 pairs costs the regex engine a linear pass, never a backtrack.
@@ -144,46 +156,3 @@ def jpeg_scans(data: bytes, stop_after: int) -> int:
                 return scans
             pos = found.start()
     return scans
-
-
-_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}  # PNG colour type -> samples per pixel
-_ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2))
-
-
-def png_row_bytes(data: bytes) -> int | None:
-    """The bytes a PNG's rows inflate to (a filter byte per row of each pass), from its IHDR; None when
-    it is not a PNG this reads."""
-    if data[:8] != b"\x89PNG\r\n\x1a\n" or len(data) < 29 or data[12:16] != b"IHDR":
-        return None
-    w, h, depth, colour, _, _, interlace = struct.unpack(">IIBBBBB", data[16:29])
-    if colour not in _CHANNELS:
-        return None
-    bits = _CHANNELS[colour] * depth
-    passes = _ADAM7 if interlace else ((0, 0, 1, 1),)
-    total = 0
-    for x0, y0, dx, dy in passes:
-        pw, ph = (w - x0 + dx - 1) // dx, (h - y0 + dy - 1) // dy
-        if pw > 0 and ph > 0:
-            total += ph * (1 + (pw * bits + 7) // 8)
-    return total
-
-
-def png_overlong(data: bytes) -> bool:
-    """Does this PNG's image data inflate to more than its rows need?  Inflates the rows' worth once
-    (``png_row_bytes``; about as long as libpng's own inflating) and asks for one byte more; False for
-    data it cannot read (the decoder judges that)."""
-    need = png_row_bytes(data)
-    if need is None:
-        return False
-    pos, parts = 8, []
-    while pos + 8 <= len(data):
-        length = struct.unpack(">I", data[pos:pos + 4])[0]
-        if data[pos + 4:pos + 8] == b"IDAT":
-            parts.append(data[pos + 8:pos + 8 + length])
-        pos += 12 + length
-    inflater = zlib.decompressobj()
-    try:
-        inflater.decompress(b"".join(parts), need)
-        return len(inflater.decompress(inflater.unconsumed_tail, 1)) > 0
-    except zlib.error:
-        return False

@@ -2,8 +2,8 @@
 
 The executor keeps its own processor for the versions whose preprocessing is cheap and bounded
 (``INLINE_KINDS``: tokenising a short text, reading a few tabular features; ``IDLE_KINDS``: decoding an
-image of at most ``AIENG_INLINE_IMAGE_PIXELS``, only while the server is idle; its processor also
-refuses a PNG whose data inflates past its rows, ``strict_png``).  The frontend may send
+JPEG of at most ``AIENG_INLINE_IMAGE_PIXELS``, only while the server is idle; the frontend never sends a
+PNG: ``inputs.direct_image_pixels``).  The frontend may send
 such a request (a ``PreTask`` with the client's frame, on the express lane or the hub; ``direct``)
 straight to it; ``InlinePre.task`` validates and encodes it with the pool's checks, and the executor
 queues it like a preprocessed task, its tensors in its own memory (no ring slot: nothing to free,
@@ -83,7 +83,6 @@ class InlinePre:
         except Exception as exc:  # the pool reports a processor that does not build; leave it there
             return self._set(spec, None, f"processor does not build: {type(exc).__name__}")
         if image:  # milliseconds per request, growing with the client's pixels: never at any load
-            proc.strict_png = True  # an overlong PNG would hold this loop (image.py): refused here
             return self._set(spec, proc, f"'{kind}' requests up to {self.limit_pixels} pixels, while idle")
         idle = f"'{kind}' requests up to {self.limit_bytes} bytes, while idle"
         if sess is None:

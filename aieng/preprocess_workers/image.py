@@ -13,9 +13,9 @@ Before decoding, the width and height are read from the PNG/JPEG header and chec
 (``inputs.jpeg_scans``): a scan is a pass over every block however few bytes it has, so a 2 MB file of
 empty scans held a decoder for 12 s within both limits.  These checks serve both routes: the pool's
 workers and the executor's direct route (``gpu_executor/inline_pre``) decode through ``decode``.  A PNG
-whose zlib stream goes on past its rows costs libpng an inflate of the excess (1 s per MB of zeros
-compressed 1000:1); finding it takes an inflate of the rows, 85% of a decode, so only the executor's
-processor pays for it (``strict_png``): a pool worker stuck on one is replaced (AIENG_PREPROCESS_BUDGET_MS).
+whose zlib stream runs on past its rows costs libpng an inflate of the excess (1 s per MB of zeros
+compressed 1000:1), which only an inflate could find: PNGs never take the executor's route
+(``inputs.direct_image_pixels``), and a pool worker stuck on one is replaced (AIENG_PREPROCESS_BUDGET_MS).
 Each mode and its reference: docs/models.md, 'image'.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from aieng.inputs import image_size, jpeg_scans, png_overlong
+from aieng.inputs import image_size, jpeg_scans
 from aieng.model_repo import ModelSpec
 from aieng.preprocess_workers import image_config
 from aieng.preprocess_workers.features import image_features
@@ -109,7 +109,6 @@ class ImagePreprocessor:
         self.luts = [(values * self.scale - self.mean[0, 0, c]) / self.std[0, 0, c] for c in range(3)]
         self.max_bytes, self.max_pixels = cfg["max_bytes"], cfg["max_pixels"]
         self.max_scans = cfg["max_scans"]
-        self.strict_png = False  # the executor's: refuse a PNG holding more data than its rows (png_overlong)
         c, h, w = image_config.input_shape_max(cfg)
         self.max_request_bytes = c * h * w * 4 + 64
         self.pages: dict[int, np.ndarray] = {}  # page request id -> decoded page (process_crop)
@@ -130,9 +129,6 @@ class ImagePreprocessor:
         if jpeg_scans(data, self.max_scans) > self.max_scans:
             raise RequestError(INVALID_INPUT, f"input '{self.input}' is a JPEG of more than {self.max_scans} "
                                               f"scans (max_scans): each scan is a decoding pass of its own")
-        if self.strict_png and png_overlong(data):
-            raise RequestError(INVALID_INPUT, f"input '{self.input}' is a PNG whose image data inflates to "
-                                              f"more than its {w}x{h} pixels' rows")
         buf = np.frombuffer(data, dtype=np.uint8)
         try:
             img = cv2.imdecode(buf, cv2.IMREAD_UNCHANGED)

@@ -1,6 +1,6 @@
 """What an image costs beyond its pixels, read before decoding: ``inputs.jpeg_scans`` (a JPEG's scans counted
-as libjpeg meets them, and the image processor's refusal) and ``inputs.png_overlong`` (more compressed data
-than a PNG's rows)."""
+as libjpeg meets them, and the image processor's refusal), and ``inputs.direct_image_pixels`` keeping PNGs off
+the executor's idle route."""
 from __future__ import annotations
 
 import pytest
@@ -63,60 +63,20 @@ def test_the_image_processor_refuses_a_scan_bomb_before_decoding():
     assert proc.decode(progressive_jpeg(300)).shape == (300, 300, 3)
 
 
-def png(w: int, h: int, extra: int = 0, interlace: int = 0, colour: int = 2) -> bytes:
-    """A PNG of ``w`` x ``h`` (8-bit), its zlib stream holding ``extra`` more zero bytes than its rows."""
-    import struct
-    import zlib
 
-    from aieng.inputs import png_row_bytes
-
-    def chunk(kind: bytes, body: bytes) -> bytes:
-        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
-
-    ihdr = struct.pack(">IIBBBBB", w, h, 8, colour, 0, 0, interlace)
-    need = png_row_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr))
-    z = zlib.compress(bytes(need + extra))
-    half = len(z) // 2  # in two IDAT chunks, as encoders split them
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", z[:half]) + chunk(b"IDAT", z[half:])
-            + chunk(b"IEND", b""))
-
-
-@pytest.mark.parametrize("w,h,interlace,colour",
-                         [(100, 60, 0, 2), (33, 17, 1, 6), (7, 5, 1, 0), (1, 1, 0, 4)])
-def test_png_row_bytes_match_what_opencv_reads(w, h, interlace, colour):
+def test_the_direct_route_weighs_a_jpeg_by_its_pixels_and_never_takes_a_png():
     import cv2
     import numpy as np
 
-    from aieng.inputs import png_overlong
-
-    data = png(w, h, interlace=interlace, colour=colour)
-    assert not png_overlong(data)
-    assert cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED).shape[:2] == (h, w)
-    assert png_overlong(png(w, h, extra=1, interlace=interlace, colour=colour))
-
-
-def test_a_real_png_is_not_overlong_and_a_padded_one_is():
-    import cv2
-    import numpy as np
-
-    from aieng.inputs import png_overlong
-
-    img = np.random.default_rng(1).integers(0, 256, (120, 90, 3), dtype=np.uint8)
-    assert not png_overlong(cv2.imencode(".png", img)[1].tobytes())
-    assert png_overlong(png(90, 120, extra=50_000_000))
-    assert not png_overlong(b"\x89PNG\r\n\x1a\n" + b"\x00" * 40)  # unreadable: the decoder's to judge
-
-
-def test_only_a_strict_processor_refuses_an_overlong_png():
-    from aieng.preprocess_workers.image import ImagePreprocessor
-    from aieng.wire.protocol import INVALID_INPUT, RequestError
+    from aieng.inputs import direct_image_pixels, image_pixels
+    from tests.hostile_images import png_inflate_bomb
     from tests.unit.demo import spec
 
-    proc, data = ImagePreprocessor(spec("orientation")), png(90, 120, extra=1000)
-    assert proc.decode(data).shape == (120, 90, 3)  # the pool's: libpng inflates and drops the excess
-    proc.strict_png = True  # the executor's
-    with pytest.raises(RequestError) as err:
-        proc.decode(data)
-    assert (err.value.code, err.value.message) == (
-        INVALID_INPUT, "input 'image' is a PNG whose image data inflates to more than its 90x120 pixels' "
-                       "rows")
+    orientation, img = spec("orientation"), np.zeros((30, 40, 3), np.uint8)
+    jpeg, png = cv2.imencode(".jpg", img)[1].tobytes(), cv2.imencode(".png", img)[1].tobytes()
+    assert direct_image_pixels(orientation, {"image": jpeg}) == 1200
+    assert (direct_image_pixels(orientation, {"image": png}), image_pixels(orientation, {"image": png})) == (
+        0, 1200)
+    assert direct_image_pixels(orientation, {"image": png_inflate_bomb(100, 0.01)}) == 0
+    assert direct_image_pixels(orientation, {"image": b"neither"}) == 0
+    assert direct_image_pixels(spec("tabular"), {"island": "Biscoe"}) is None

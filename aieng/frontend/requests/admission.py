@@ -28,7 +28,7 @@ from aieng.frontend.requests.cache import ResponseCache, cache_key
 from aieng.frontend.requests.degrade import Degrader
 from aieng.frontend.requests.table import RequestTable
 from aieng.frontend.rollout.rollout import Rollout
-from aieng.inputs import image_pixels
+from aieng.inputs import direct_image_pixels
 from aieng.model_repo import ModelSpec
 from aieng.wire import protocol as p
 from aieng.wire import traceparent as tp
@@ -46,7 +46,8 @@ class Admitted:
     degraded: int
     route: str = "weight"
     tctx: TraceCtx | None = None
-    pixels: int | None = None  # an image version's request: its header's pixels (``inputs.image_pixels``)
+    # an image version's request: its header's pixels, 0 for a PNG (``inputs.direct_image_pixels``)
+    pixels: int | None = None
 
 
 @dataclass(slots=True)
@@ -133,7 +134,7 @@ class Admission:
             self.rollout.observe(model, version, p.UNAVAILABLE, 0.0)  # the routed version's fault
             raise p.RequestError(p.UNAVAILABLE, why)
         return Admitted(model, version, received + timeout_ms / 1000.0, params, trace, probe, key, level,
-                        route, tctx, image_pixels(spec, req["inputs"]))
+                        route, tctx, direct_image_pixels(spec, req["inputs"]))
 
     def trace_of(self, req: dict) -> tuple[str, TraceCtx]:
         """The request's trace id for logs and its trace context (module doc); never an error."""
