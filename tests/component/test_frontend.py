@@ -330,15 +330,22 @@ def png_header(w: int, h: int) -> bytes:
     return b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + b"IHDR" + struct.pack(">II", w, h) + bytes(64)
 
 
+def jpeg_header(w: int, h: int) -> bytes:
+    """What the frontend reads of a JPEG (SOI, then a baseline SOF0 with its size); it never decodes one."""
+    return b"\xff\xd8\xff\xc0" + struct.pack(">HBHH", 17, 8, h, w) + bytes(64)
+
+
 def test_an_idle_image_goes_straight_to_the_executor_only_when_its_header_declares_few_enough_pixels(rig):
     r = direct_ready(rig(inline_image_pixels=400 * 300), key="orientation:1")
-    for rid, image in (("big", png_header(400, 301)), ("unreadable", b"\xff\xd8not a jpeg")):
+    for rid, image in (("big", jpeg_header(400, 301)), ("unreadable", b"\xff\xd8not a jpeg"),
+                       ("png", png_header(40, 30))):
         r.send({"id": rid, "model": "orientation", "inputs": {"image": image}})
-        task, frames = r.expect("pre-0")  # alone in the server, yet the pool's: too big, or pixels unknown
+        # alone in the server, yet the pool's: too big, pixels unknown, or a PNG (inputs.direct_image_pixels)
+        task, frames = r.expect("pre-0")
         assert (type(task), msgpack.unpackb(frames[1])["id"]) == (m.PreTask, rid)
         r.peers["pre-0"].send(m.encode(m.Failed(task.rid, "INVALID_INPUT", "no")))
         assert r.answer()["id"] == rid
-    r.send({"id": "small", "model": "orientation", "inputs": {"image": png_header(400, 300)}})
+    r.send({"id": "small", "model": "orientation", "inputs": {"image": jpeg_header(400, 300)}})
     task, frames = r.expect("executor")
     assert (type(task), task.post, task.alone, msgpack.unpackb(frames[1])["id"]) == (
         m.PreTask, "executor", True, "small")
@@ -369,7 +376,7 @@ def test_an_idle_small_request_goes_straight_to_the_executor_and_a_second_throug
 
 def test_an_image_whose_bytes_outgrow_its_pixels_takes_the_pool(rig):
     r = direct_ready(rig(inline_image_pixels=400 * 300), key="orientation:1")
-    padded = png_header(40, 30) + bytes(4 * 40 * 30 + 70_000)  # chunks its 1200 pixels do not account for
+    padded = jpeg_header(40, 30) + bytes(4 * 40 * 30 + 70_000)  # bytes its 1200 pixels do not account for
     r.send({"id": "padded", "model": "orientation", "inputs": {"image": padded}})
     task, frames = r.expect("pre-0")
     assert (type(task), msgpack.unpackb(frames[1])["id"]) == (m.PreTask, "padded")
@@ -377,7 +384,7 @@ def test_an_image_whose_bytes_outgrow_its_pixels_takes_the_pool(rig):
 
 def test_an_executor_that_dies_holding_an_image_it_decodes_sends_images_to_the_pool_from_then_on(rig):
     r = direct_ready(rig(inline_image_pixels=400 * 300), key="orientation:1")
-    r.send({"id": "a", "model": "orientation", "inputs": {"image": png_header(40, 30)}})
+    r.send({"id": "a", "model": "orientation", "inputs": {"image": jpeg_header(40, 30)}})
     task, _ = r.expect("executor")
     r.until(lambda: r.fe.table.get(task.rid).stage == "executor")
     r.peers["supervisor"].send(m.encode(m.WorkerDown("executor", -11, 1000 + len("executor"))))
@@ -385,7 +392,7 @@ def test_an_executor_that_dies_holding_an_image_it_decodes_sends_images_to_the_p
     assert (reply["id"], reply["error"]["code"]) == ("a", "UNAVAILABLE")
     direct_ready(r, key="orientation:1", pid=2008)  # the restarted executor advertises it again
     assert r.fe.workers.preprocessed_by_executor("orientation:1", time.monotonic()) == "idle"
-    r.send({"id": "b", "model": "orientation", "inputs": {"image": png_header(40, 30)}})
+    r.send({"id": "b", "model": "orientation", "inputs": {"image": jpeg_header(40, 30)}})
     task, frames = r.expect("pre-0")  # alone, small, advertised: yet the pool's now
     assert (type(task), msgpack.unpackb(frames[1])["id"]) == (m.PreTask, "b")
     why = "the executor exited (code -11) holding an image it decoded itself"
