@@ -176,8 +176,7 @@ class Frontend:
         roles = self.workers.count(now)
         healthy = self.life.started and all(roles.values())
         stuck = self.workers.stuck(now, self.cfg.preprocess_budget_ms / 1000, self.table.load)
-        for name in stuck:
-            self.pipeline.mark_stuck(name)
+        self.pipeline.mark_stuck(stuck)
         self.send_hub("supervisor", [m.encode(m.Pulse(healthy, self.workers.silence(now), stuck))])
 
     def drain_hub(self) -> None:

@@ -307,12 +307,13 @@ class Pipeline:
             self.fail(rid, p.UNAVAILABLE, why, holder_dead=True)
         return len(held)
 
-    def mark_stuck(self, worker: str) -> None:
-        """``worker`` is reported stuck to the supervisor, which replaces it: its requests' errors say why."""
-        if worker not in self.stuck:
+    def mark_stuck(self, workers: list[str]) -> None:
+        """``workers`` are reported stuck to the supervisor now, which replaces them: their requests' errors
+        will say why.  One that spoke again since is no longer stuck."""
+        for worker in set(workers) - self.stuck:
             log.error("%s has worked on one request for over %.0f ms: asking for its replacement", worker,
                       self.pre_budget_ms)
-        self.stuck.add(worker)
+        self.stuck = set(workers)
 
     def weigh_direct_image(self, req: Request, decode_s: float) -> None:
         """An image the executor decoded itself (``direct``) took ``decode_s``: past the budget, images
