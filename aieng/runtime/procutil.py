@@ -1,5 +1,5 @@
 """Process plumbing shared by every role: title, logging, parent-death hooks,
-the startup handshake with the supervisor, and the worker's hub socket.
+the startup handshake with the supervisor, the worker's hub socket, and systemd's notify protocol.
 
 ``runtime.worker.run_process`` (every child's entry point) calls
 :func:`child_setup` first and :func:`report_ready` (or :func:`report_failure`)
@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -181,3 +182,18 @@ def hub_socket(ctx: zmq.Context, addr: str, worker: str) -> zmq.Socket:
     sock.setsockopt(zmq.RCVHWM, 0)
     sock.connect(addr)
     return sock
+
+
+def sd_notify(state: str) -> None:
+    """systemd's notify protocol: one datagram to $NOTIFY_SOCKET (no library)."""
+    addr = os.environ.get("NOTIFY_SOCKET")
+    if not addr:
+        return
+    if addr.startswith("@"):
+        addr = "\0" + addr[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.connect(addr)
+            s.sendall(state.encode())
+    except OSError as exc:
+        logging.getLogger("aieng.runtime.supervisor").warning("sd_notify failed: %s", exc)

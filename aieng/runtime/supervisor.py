@@ -15,7 +15,6 @@ import multiprocessing as mp
 import os
 import secrets
 import signal
-import socket
 import time
 from multiprocessing import resource_tracker
 from multiprocessing.connection import wait
@@ -29,6 +28,7 @@ from aieng.config import Config
 from aieng.runtime import procutil
 from aieng.runtime.hub import dispatch
 from aieng.runtime.instance import ConfigError, Instance
+from aieng.runtime.procutil import sd_notify
 from aieng.runtime.versions import VersionRecord
 from aieng.runtime.worker import run_process
 from aieng.wire import addresses, shm, shmsize
@@ -45,21 +45,6 @@ RELOAD_TIMEOUT_S = 10.0
 
 class StartupError(RuntimeError):
     pass
-
-
-def sd_notify(state: str) -> None:
-    """systemd's notify protocol: one datagram to $NOTIFY_SOCKET (no library)."""
-    addr = os.environ.get("NOTIFY_SOCKET")
-    if not addr:
-        return
-    if addr.startswith("@"):
-        addr = "\0" + addr[1:]
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-            s.connect(addr)
-            s.sendall(state.encode())
-    except OSError as exc:
-        log.warning("sd_notify failed: %s", exc)
 
 
 class Child:
