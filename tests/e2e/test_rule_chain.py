@@ -118,7 +118,7 @@ def test_fail_answers_timeout_naming_the_step(srv, params, step, op):
 
 
 def test_report_shows_each_step_and_its_timeouts(srv):
-    fetch(srv.addr, reset=True)
+    fetch(srv.addr, reset=True, admin_addr=srv.admin_addr)
     with srv.client(timeout_s=30) as c:
         full_answer(c, "chain_skip")
         timed(c, "chain_skip", SPIN)

@@ -33,6 +33,7 @@ def test_a_lone_image_request_gets_every_core_and_the_next_one_thread():
     forwarded: list[int] = []
     w.forward = lambda task, *rest: forwarded.append(task.rid)
     w.fail = lambda rid, code, message: (_ for _ in ()).throw(AssertionError(message))
+    w.heartbeat = lambda: None  # no hub here (a worker heartbeats between requests)
     img = cv2.imencode(".jpg", np.full((300, 400, 3), 200, np.uint8))[1].tobytes()
     body = SimpleNamespace(buffer=msgpack.packb({"inputs": {"image": img}}))
     deadline = time.monotonic() + 5
@@ -70,6 +71,7 @@ def test_a_drain_of_images_sends_each_on_when_ready_with_its_own_start():
 
     w.forward = forward
     w.fail = lambda rid, code, message: (_ for _ in ()).throw(AssertionError(message))
+    w.heartbeat = lambda: None  # no hub here (a worker heartbeats between requests)
     img = cv2.imencode(".jpg", np.full((300, 400, 3), 90, np.uint8))[1].tobytes()
     body = SimpleNamespace(buffer=msgpack.packb({"inputs": {"image": img}}))
     deadline = time.monotonic() + 5
