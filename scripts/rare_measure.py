@@ -50,7 +50,8 @@ async def flood(addr: str, in_flight: int, until: float) -> int:
     async def loop() -> None:
         nonlocal done
         while time.monotonic() < until:
-            done += bool((await client.infer("minilm", TEXT, raise_on_error=False)).get("ok"))
+            ok = bool((await client.infer("minilm", TEXT, raise_on_error=False)).get("ok"))
+            done += ok  # not ``done += await ...``: that reads ``done`` before the await and loses counts
 
     await asyncio.gather(*(loop() for _ in range(in_flight)))
     client.close()
