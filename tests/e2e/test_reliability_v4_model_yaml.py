@@ -24,6 +24,9 @@ from tests.waits import until
 pytestmark = pytest.mark.e2e
 
 PROBE_TIMEOUT_S = 1.0  # the probe port's timeout in the deployment manifests, and the finding's bound
+# a tabular answer beside the bad file: milliseconds when the read is off the loop, 4.8 s behind the alias
+# bomb before; the margin is for a CI machine whose 2 cores also run another test file's server
+INFER_BOUND_S = 2.5
 BOMB = "\n".join(['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
                  + [f"{c}: &{c} [{', '.join([f'*{p}'] * 10)}]" for p, c in zip("abcdef", "bcdefg")]) + "\n"
 
@@ -120,6 +123,6 @@ def test_a_bad_model_yaml_is_refused_and_blinds_no_other_model(make_server, tmp_
         assert until(followed, 30, 0.2), routing(admin, "tabular")
     assert watch.failures == []
     assert watch.slowest_probe < PROBE_TIMEOUT_S, watch.slowest_probe
-    assert watch.slowest_infer < PROBE_TIMEOUT_S, watch.slowest_infer
+    assert watch.slowest_infer < INFER_BOUND_S, watch.slowest_infer
     logged = [line for line in srv.output().splitlines() if "model.yaml of victim refused" in line]
     assert any(words in line for line in logged), logged
