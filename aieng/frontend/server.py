@@ -173,6 +173,9 @@ class Frontend:
             self.check_drain(now)
 
     def pulse(self, now: float) -> None:
+        # read the heartbeats waiting first: after a long pass of this loop (a reload, a big admin op, a
+        # starved core) they are queued, and a worker would look silent, even stuck, for the loop's own pause
+        self.drain_hub()
         roles = self.workers.count(now)
         healthy = self.life.started and all(roles.values())
         stuck = self.workers.stuck(now, self.cfg.preprocess_budget_ms / 1000, self.table.load)

@@ -113,6 +113,7 @@ class Executor(HubWorker):
         self.inline.drop(key)
         self.inline_pre.drop(key)
         self.bg_runs.pop(key, None)
+        self.spare_runs.pop(key, None)
         for batcher in (self.batcher, self.bg_batcher):
             batcher.queues.pop(key, None)  # empty: its requests were drained before the unload
 

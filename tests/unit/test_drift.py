@@ -1,5 +1,6 @@
 """Drift for every model: the features preprocessing reports, references built from a sample, PSI,
 the embedding's distance to its golden centroid, and the saved references' round trip."""
+import json
 import os
 import random
 
@@ -216,3 +217,22 @@ def test_a_corrupt_store_or_reference_is_dropped_not_raised(tmp_path, text):
     path = tmp_path / "drift-x.json"
     path.write_text(text)
     assert DriftStore(str(path)).load() == {}
+
+
+def test_a_versions_own_reference_file_that_cannot_be_used_is_logged_and_built_from_traffic(tmp_path, caplog):
+    from aieng.frontend.observe.drift import read_reference_file
+
+    good = {"features": {"x": {"edges": [1.0], "proportions": [0.5, 0.5]}}}
+    (tmp_path / "good.json").write_text(json.dumps(good))
+    assert read_reference_file(str(tmp_path / "good.json"), "m:1") == good
+    bad = {"not json": "{", "deep": "[" * 100_000, "list": "[1, 2]",
+           "shape": json.dumps({"features": {"x": {"edges": [1.0, 2.0], "proportions": [1.0]}}}),
+           "types": json.dumps({"features": ["x"]})}
+    for name, text in bad.items():
+        (tmp_path / f"{name}.json").write_text(text)
+    os.mkfifo(tmp_path / "fifo.json")  # no writer: a blocking open would never return
+    names = [*bad, "fifo", "missing"]
+    with caplog.at_level("ERROR", logger="aieng.frontend.observe.drift"):
+        got = [read_reference_file(str(tmp_path / f"{name}.json"), "m:1") for name in names]
+    assert got == [None] * len(names)
+    assert len([r for r in caplog.records if "built from traffic instead" in r.getMessage()]) == len(names)

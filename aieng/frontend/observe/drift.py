@@ -24,13 +24,34 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from aieng.frontend.observe.driftref import Binned, build
+from aieng import model_yaml
+from aieng.frontend.observe.driftref import Binned, build, problem
 from aieng.model_golden import read_golden
 from aieng.model_repo import ModelSpec
 from aieng.model_spec import ModelError
 
 MAX_REFERENCE_N = 100_000  # values held per feature while a reference is collected: a bound on memory
 log = logging.getLogger("aieng.frontend.observe.drift")
+MAX_REFERENCE_FILE_BYTES = 4 << 20  # a reference is bins per feature: kilobytes
+
+
+def read_reference_file(path: str, key: str) -> dict | None:
+    """A version's own reference file (model.yaml's ``drift.reference``), or None, logged, when it cannot be
+    used: a drift file that cannot be read never stops the start or a load, as a state file's cannot; the
+    version's reference is then built from traffic.  Read once per version (the caller keeps the result),
+    from a regular file of bounded size, without blocking on what is not one."""
+    try:
+        ref = json.loads(model_yaml.read_bytes(path, MAX_REFERENCE_FILE_BYTES))
+        if not isinstance(ref, dict) or not isinstance(ref.get("features", {}), dict):
+            raise ValueError("not a map with a map of features")
+        for name, feature in ref.get("features", {}).items():
+            why = problem(feature)
+            if why:
+                raise ValueError(f"feature {name!r}: {why}")
+        return ref
+    except (OSError, ModelError, ValueError, RecursionError) as exc:  # JSON's errors are ValueErrors
+        log.error("%s: drift reference %s not used, built from traffic instead: %s", key, path, exc)
+        return None
 
 
 @dataclass(frozen=True)
@@ -166,10 +187,7 @@ class DriftMonitor:
         if spec is None or spec.extra.get("pipeline") is not None:
             return None
         ref_file = (spec.extra.get("drift") or {}).get("reference")
-        file_ref = None
-        if ref_file:
-            with open(spec.file(ref_file), encoding="utf-8") as fh:
-                file_ref = json.load(fh)
+        file_ref = read_reference_file(spec.file(ref_file), spec.key) if ref_file else None
         saved = self.saved.get(spec.key)  # a new content hash starts a new reference
         vd = self.versions[(model, version)] = VersionDrift(spec, file_ref, saved, self.reference_n,
                                                             self.window, self.rule)

@@ -27,6 +27,7 @@ from typing import Any
 import zmq
 
 from aieng.config import Config
+from aieng.httpcore.fair import peer_key
 
 MAX_TRACKED = 10_000  # clients with a bucket; the least recently seen go first
 
@@ -81,19 +82,21 @@ MAX_PEER_CHARS = 64  # an address; longer is not one
 
 def peer_of(identity: zmq.Frame, req: dict, gateway_token: str) -> str:
     """The client a request counts as: the OIP peer a gateway names (only with the gateways' token), else
-    the address the connection comes from, else (ipc, no address) the connection's routing identity.  Many
-    connections from one address are one client; a gateway's requests are each their own peer's."""
+    the address the connection comes from, else (ipc, no address) ``"ipc"``.  An address counts as
+    ``httpcore.fair.peer_key`` says (an IPv6 one by its /64), so one host's many addresses of a /64 are one
+    client; every ipc connection is one client (a local process can open as many as it likes); a gateway's
+    requests are each their own peer's."""
     via: Any = req.get("via")
     if gateway_token and isinstance(via, dict):
         token, peer = via.get("token"), via.get("peer")
         if (isinstance(token, str) and isinstance(peer, str) and peer
                 and hmac.compare_digest(token.encode(), gateway_token.encode())):
-            return peer[:MAX_PEER_CHARS]
+            return peer_key(peer[:MAX_PEER_CHARS])
     try:
         addr = identity.get("Peer-Address")
     except (zmq.ZMQError, AttributeError):  # no address (ipc), or not a received frame
         addr = ""
-    return str(addr)[:MAX_PEER_CHARS] if addr else "conn:" + identity.bytes.hex()
+    return peer_key(str(addr)[:MAX_PEER_CHARS]) if addr else "ipc"
 
 
 def client_socket(ctx: zmq.Context, cfg: Config, log: logging.Logger):
