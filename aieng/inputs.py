@@ -22,7 +22,7 @@ import re
 import struct
 from typing import Any
 
-from aieng.model_repo import ModelSpec
+from aieng.models.repo import ModelSpec
 from aieng.preprocess_workers.image_config import DEFAULT_INPUT as DEFAULT_IMAGE_INPUT
 from aieng.wire.protocol import INVALID_INPUT, RequestError, decode_tensor
 

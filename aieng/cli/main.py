@@ -63,9 +63,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def one_model_view(args: argparse.Namespace, cfg: Any) -> Any:
-    """``--model-name NAME --model-dir DIR`` (KServe's layout, ``model_view.py``): the repository becomes a
+    """``--model-name NAME --model-dir DIR`` (KServe's layout, ``models/view.py``): the repository becomes a
     view serving DIR as NAME, over AIENG_MODEL_REPOSITORY / AIENG_MODELS from any other source."""
-    from aieng.model_view import ModelView, ViewError
+    from aieng.models.view import ModelView, ViewError
 
     if args.model_name is None and args.model_dir is None:
         return None

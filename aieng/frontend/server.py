@@ -16,7 +16,6 @@ from typing import Any
 
 import zmq
 
-from aieng import model_repo
 from aieng.config import Config
 from aieng.frontend.control.admin import AdminOps, AdminServer
 from aieng.frontend.control.lifecycle import Lifecycle
@@ -43,7 +42,8 @@ from aieng.frontend.rollout.routestore import RouteStore, store_path
 from aieng.frontend.rollout.statewriter import StateWriter
 from aieng.frontend.rollout.watcher import ConfigWatcher, model_yaml_paths
 from aieng.frontend.versions.manager import GOLDEN_CLIENT, VersionManager
-from aieng.model_repo import ModelSpec
+from aieng.models import repo as model_repo
+from aieng.models.repo import ModelSpec
 from aieng.runtime import procutil
 from aieng.runtime.hub import dispatch
 from aieng.wire import express, shm

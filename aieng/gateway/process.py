@@ -33,7 +33,7 @@ from aieng.gateway.service import Service
 from aieng.gateway.sysshm import SWEEP_S, from_config
 from aieng.gateway.upstream import Upstream
 from aieng.httpcore.server import HttpServer
-from aieng.model_repo import ModelSpec
+from aieng.models.repo import ModelSpec
 from aieng.runtime import procutil
 from aieng.runtime.hub import HEARTBEAT_S, dispatch
 from aieng.wire import messages as m

@@ -24,9 +24,9 @@ from typing import Any
 import zmq
 import zmq.auth
 
-from aieng import model_repo
 from aieng.client.core import RpcCore, RpcError, RpcTimeout
 from aieng.config import Config
+from aieng.models import repo as model_repo
 from aieng.wire import protocol as p
 from aieng.wire.addresses import admin_addr
 

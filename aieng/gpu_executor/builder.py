@@ -12,13 +12,13 @@ from __future__ import annotations
 import logging
 import time
 
-from aieng import model_repo
 from aieng.config import Config
 from aieng.envs import cpu_count
 from aieng.gpu_executor.inline_post import InlinePost
 from aieng.gpu_executor.inline_pre import InlinePre
 from aieng.gpu_executor.sessions import BACKGROUND_WARM_ROWS, ModelSession, paced_warmup
-from aieng.model_repo import ModelSpec
+from aieng.models import repo as model_repo
+from aieng.models.repo import ModelSpec
 from aieng.runtime.worker_hotswap import lower_priority
 
 WIDE_MAX_ROWS = 4  # the most rows a lone batch may have to run on the wide session

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import time
 
-from aieng import model_repo
 from aieng.config import Config
 from aieng.gpu_executor.batcher import Batcher, Pending
 from aieng.gpu_executor.builder import WIDE_MAX_ROWS, SessionBuilder
@@ -24,7 +23,8 @@ from aieng.gpu_executor.inline_pre import InlinePre
 from aieng.gpu_executor.lanes import Job, Lanes
 from aieng.gpu_executor.outputs import Outputs
 from aieng.gpu_executor.sessions import ModelSession, gpu_count
-from aieng.model_repo import ModelSpec
+from aieng.models import repo as model_repo
+from aieng.models.repo import ModelSpec
 from aieng.runtime.worker import HubWorker, own_ring
 from aieng.runtime.worker_hotswap import Versions, lower_priority
 from aieng.wire import messages as m

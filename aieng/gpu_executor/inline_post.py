@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from aieng.model_repo import ModelSpec
+from aieng.models.repo import ModelSpec
 from aieng.postprocess_workers.answer import answer, to_wire
 from aieng.postprocess_workers.chain import Chain
 from aieng.wire import messages as m

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aieng.gpu_executor.inline_post import least_us
-from aieng.model_repo import ModelSpec
+from aieng.models.repo import ModelSpec
 from aieng.wire import messages as m
 
 INLINE_KINDS = ("text", "tabular")  # processors with a small, bounded cost per small request

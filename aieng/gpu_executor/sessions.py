@@ -15,7 +15,7 @@ import numpy as np
 import onnxruntime as ort
 
 from aieng.envs import cpu_count
-from aieng.model_repo import ModelSpec
+from aieng.models.repo import ModelSpec
 from aieng.runtime.worker_hotswap import lower_priority
 
 log = logging.getLogger("aieng.executor.sessions")

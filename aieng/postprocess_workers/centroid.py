@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from aieng.model_golden import read_golden
-from aieng.model_spec import ModelError
+from aieng.models.golden import read_golden
+from aieng.models.spec import ModelError
 
 
 class Centroid:

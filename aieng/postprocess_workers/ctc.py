@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from aieng.onnx_meta import read_metadata
+from aieng.models.onnx_meta import read_metadata
 from aieng.postprocess_workers.schema import Op, Param, register
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from aieng.onnx_meta import read_metadata
+from aieng.models.onnx_meta import read_metadata
 from aieng.postprocess_workers.centroid import Centroid
 from aieng.postprocess_workers.schema import Op, Param, register
 from aieng.wire.protocol import INVALID_INPUT, RequestError

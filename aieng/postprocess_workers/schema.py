@@ -1,4 +1,4 @@
-"""The postprocess op contract and its registry; no numpy-heavy imports, so model_repo can validate with it.
+"""The postprocess op contract and its registry; no numpy-heavy imports, so models/repo.py validates with it.
 
 An op is a small class registered under a name.  It declares its parameters (``PARAMS``: name, kind,
 default, limits); a step's parameters are checked against them when a model's spec is loaded, so an

@@ -11,9 +11,9 @@ listed in the Result's ``steps``) or fails TIMEOUT naming it (``fail``).
 """
 from __future__ import annotations
 
-from aieng import model_repo
 from aieng.config import Config
-from aieng.model_repo import ModelSpec
+from aieng.models import repo as model_repo
+from aieng.models.repo import ModelSpec
 from aieng.postprocess_workers.answer import answer
 from aieng.postprocess_workers.chain import Chain
 from aieng.runtime.worker import HubWorker

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from aieng.inputs import image_size, jpeg_scans
-from aieng.model_repo import ModelSpec
+from aieng.models.repo import ModelSpec
 from aieng.preprocess_workers import image_config
 from aieng.preprocess_workers.features import image_features
 from aieng.wire.messages import Geometry

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from aieng.model_repo import ModelSpec
+from aieng.models.repo import ModelSpec
 from aieng.wire.protocol import INVALID_INPUT, RequestError
 
 

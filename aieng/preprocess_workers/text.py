@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from aieng.model_repo import ModelSpec
+from aieng.models.repo import ModelSpec
 from aieng.preprocess_workers.features import text_features
 from aieng.wire.protocol import INVALID_INPUT, RequestError
 

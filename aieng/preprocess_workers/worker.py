@@ -21,10 +21,10 @@ import os
 import time
 from typing import Any
 
-from aieng import model_repo
 from aieng.config import Config
 from aieng.inputs import validate_inputs
-from aieng.model_repo import ModelSpec
+from aieng.models import repo as model_repo
+from aieng.models.repo import ModelSpec
 from aieng.preprocess_workers.processors import PROCESSORS, spread
 from aieng.runtime.worker import HubWorker, own_ring, push_socket
 from aieng.runtime.worker_hotswap import Versions

@@ -23,8 +23,8 @@ from typing import Any
 import msgpack
 import zmq
 
-from aieng import model_repo
 from aieng.config import Config
+from aieng.models import repo as model_repo
 from aieng.runtime import procutil
 from aieng.runtime.hub import dispatch
 from aieng.runtime.instance import ConfigError, Instance

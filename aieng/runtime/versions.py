@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from aieng import model_repo
-from aieng.model_repo import ModelSpec
+from aieng.models import repo as model_repo
+from aieng.models.repo import ModelSpec
 from aieng.wire import messages as m
 
 log = logging.getLogger("aieng.runtime.supervisor")

@@ -25,7 +25,7 @@ from typing import Any, Callable
 import zmq
 
 from aieng.config import Config
-from aieng.model_repo import ModelSpec
+from aieng.models.repo import ModelSpec
 from aieng.runtime import procutil
 from aieng.runtime.hub import HEARTBEAT_S, dispatch
 from aieng.wire import messages as m

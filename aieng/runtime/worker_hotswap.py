@@ -19,8 +19,8 @@ import threading
 import time
 from typing import Any, Callable
 
-from aieng import model_repo
-from aieng.model_repo import ModelSpec
+from aieng.models import repo as model_repo
+from aieng.models.repo import ModelSpec
 from aieng.runtime.footprint import Quiet, gpu_bytes, on_cuda, release_free_memory, rss_bytes
 from aieng.wire import messages as m
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aieng.model_repo import ModelSpec, latest, scan
+from aieng.models.repo import ModelSpec, latest, scan
 
 
 def load_spec(model: str, repo: str) -> ModelSpec:

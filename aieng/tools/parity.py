@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from aieng.model_repo import ModelSpec
+from aieng.models.repo import ModelSpec
 
 DEFAULT_TOLERANCES: dict[str, float | None] = {
     "min_cosine": 0.99,     # embeddings/tensors: the worst sample's cosine to the source output

@@ -24,8 +24,8 @@ import tempfile
 
 import yaml
 
-from aieng import model_yaml
-from aieng.model_repo import ModelError, load_spec
+from aieng.models import yaml_file
+from aieng.models.repo import ModelError, load_spec
 from aieng.tools import parity
 
 NOT_COPIED = {"model.yaml", "parity.json"}  # rewritten for the new version
@@ -120,7 +120,7 @@ def quantize(args: argparse.Namespace) -> tuple[dict, str | None]:
     except ModelError as exc:
         raise QuantizeError(str(exc)) from None
     try:
-        cfg = model_yaml.load(os.path.join(src_dir, "model.yaml"))  # the one reader, with its limits
+        cfg = yaml_file.load(os.path.join(src_dir, "model.yaml"))  # the one reader, with its limits
     except (OSError, ModelError) as exc:
         raise QuantizeError(str(exc)) from None
     try:

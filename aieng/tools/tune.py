@@ -145,7 +145,7 @@ def write_config(path: str, model: str, best: Row, lines: list[str], confirm: Ro
 
 def main_tune(args) -> int:
     from aieng.config import load_config
-    from aieng.model_repo import load_spec
+    from aieng.models.repo import load_spec
 
     cfg = load_config()
     repo = cfg.model_repository

@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Optional
 
 import msgpack
 
-from aieng.model_spec import ModelSpec
+from aieng.models.spec import ModelSpec
 from aieng.wire.records import Geometry, ProcessState, Ref, Step, Trail  # noqa: F401 (m.Ref, ...)
 
 

@@ -14,7 +14,6 @@ import time
 import msgpack
 import pytest
 
-from aieng import model_repo
 from aieng.frontend.control.admin import AdminOps, Pending
 from aieng.frontend.control.lifecycle import Lifecycle
 from aieng.frontend.control.ops import ClientOps
@@ -22,6 +21,7 @@ from aieng.frontend.control.workers import Workers
 from aieng.frontend.observe.metrics import Metrics
 from aieng.frontend.observe.stats import StageStats
 from aieng.frontend.rollout.rollout import Rollout
+from aieng.models import repo as model_repo
 from aieng.wire import messages as m
 from aieng.wire import protocol as p
 

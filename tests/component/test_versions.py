@@ -14,7 +14,6 @@ import time
 
 import pytest
 
-from aieng import model_repo
 from aieng.config import Config
 from aieng.frontend.control.workers import Workers
 from aieng.frontend.observe.metrics import Metrics
@@ -23,6 +22,7 @@ from aieng.frontend.rollout import routing
 from aieng.frontend.rollout.rollout import Rollout
 from aieng.frontend.versions.golden import _input
 from aieng.frontend.versions.manager import GOLDEN_CLIENT, VersionManager
+from aieng.models import repo as model_repo
 from aieng.wire import messages as m
 from aieng.wire import protocol as p
 from tests.waits import until

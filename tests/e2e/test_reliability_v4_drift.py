@@ -20,7 +20,7 @@ import zmq
 
 from aieng.client import build_request
 from aieng.frontend.observe.driftstore import drift_path
-from aieng.model_repo import load_spec
+from aieng.models.repo import load_spec
 from tests.conftest import MODELS
 from tests.waits import until
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from aieng.model_repo import load_spec
+from aieng.models.repo import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "models"

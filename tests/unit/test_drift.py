@@ -11,7 +11,7 @@ from tokenizers import Tokenizer
 from aieng.frontend.observe.drift import DriftMonitor, ReferenceRule
 from aieng.frontend.observe.driftref import Binned, build, psi
 from aieng.frontend.observe.driftstore import DriftStore, drift_path
-from aieng.model_repo import load_spec
+from aieng.models.repo import load_spec
 from aieng.postprocess_workers.centroid import Centroid
 from aieng.preprocess_workers.features import image_features, text_features
 from tests.conftest import ROOT

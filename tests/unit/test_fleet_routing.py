@@ -7,11 +7,11 @@ import random
 
 import pytest
 
-from aieng import model_repo
 from aieng.frontend.observe.metrics import Metrics
 from aieng.frontend.rollout import routing
 from aieng.frontend.rollout.rollout import Rollout, model_dirs
 from aieng.frontend.rollout.watcher import ConfigWatcher, model_yaml_paths
+from aieng.models import repo as model_repo
 
 TENSOR_YAML = ("inputs: [{name: x, kind: tensor}]\noutputs: [{name: y, kind: tensor}]\n"
                "preprocess: {type: tensor}\npostprocess: {type: tensor}\n")

@@ -12,7 +12,7 @@ import numpy as np
 
 from aieng.gpu_executor.inline_post import EXECUTOR, InlinePost, eligible
 from aieng.gpu_executor.sessions import ModelSession
-from aieng.model_repo import load_spec
+from aieng.models.repo import load_spec
 from aieng.postprocess_workers.chain import Chain
 from aieng.wire import messages as m
 from aieng.wire.protocol import decode_tensor

@@ -7,7 +7,7 @@ import os
 import msgpack
 import pytest
 
-from aieng.model_repo import ModelSpec, load_spec
+from aieng.models.repo import ModelSpec, load_spec
 from aieng.wire import messages as m
 from aieng.wire.protocol import pack
 

@@ -1,7 +1,7 @@
 """Per-model isolation without processes: a model that fails to build in the executor, a
 preprocess or a postprocess worker is recorded with its error and answered UNAVAILABLE; the
 other models are built; a strict build fails naming the model and its path; a version whose
-files changed since they were hashed is refused (aieng/model_repo.py build_each, verify_content)."""
+files changed since they were hashed is refused (aieng/models/repo.py build_each, verify_content)."""
 from __future__ import annotations
 
 import logging
@@ -14,7 +14,7 @@ import pytest
 
 from aieng.config import Config
 from aieng.gpu_executor.executor import Executor
-from aieng.model_repo import ModelLoadError, build_each, failure_message, load_spec, verify_content
+from aieng.models.repo import ModelLoadError, build_each, failure_message, load_spec, verify_content
 from aieng.postprocess_workers.worker import PostprocessWorker
 from aieng.preprocess_workers.worker import PreprocessWorker
 from aieng.wire import messages as m

@@ -1,4 +1,4 @@
-"""Unit tests for aieng/model_repo.py: model.yaml parsing, path confinement, hashes."""
+"""Unit tests for aieng/models/repo.py: model.yaml parsing, path confinement, hashes."""
 from __future__ import annotations
 
 import os
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from aieng import model_repo
-from aieng.model_repo import ModelError, apply_overrides, resolve_inside, scan
+from aieng.models import repo as model_repo
+from aieng.models.repo import ModelError, apply_overrides, resolve_inside, scan
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "models"

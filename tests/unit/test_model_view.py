@@ -1,12 +1,12 @@
-"""model_view.py: one model directory served under a name, in both of KServe's layouts, through a view that
+"""models/view.py: one model directory served under a name, in both of KServe's layouts, through a view that
 the repository scan reads as it reads any repository."""
 import os
 import shutil
 
 import pytest
 
-from aieng import model_repo
-from aieng.model_view import ModelView, ViewError
+from aieng.models import repo as model_repo
+from aieng.models.view import ModelView, ViewError
 from tests.conftest import MODELS
 
 

@@ -1,4 +1,4 @@
-"""``model_yaml``: the one reader of model.yaml: regular files only, bounded, never blocking, no aliases."""
+"""``models/yaml_file.py``, the one reader of model.yaml: regular files, bounded, non-blocking, no aliases."""
 from __future__ import annotations
 
 import os
@@ -6,20 +6,20 @@ import threading
 
 import pytest
 
-from aieng import model_yaml
-from aieng.model_spec import ModelError
+from aieng.models import yaml_file
+from aieng.models.spec import ModelError
 
 
-def refused(path: str, limit: int = model_yaml.MAX_MODEL_YAML_BYTES) -> str:
+def refused(path: str, limit: int = yaml_file.MAX_MODEL_YAML_BYTES) -> str:
     with pytest.raises(ModelError) as info:
-        model_yaml.load(path, limit)
+        yaml_file.load(path, limit)
     return str(info.value)
 
 
 def test_a_plain_file_loads(tmp_path):
     p = tmp_path / "model.yaml"
     p.write_text("routing:\n  weights: {'1': 100}\n")
-    assert model_yaml.load(str(p)) == {"routing": {"weights": {"1": 100}}}
+    assert yaml_file.load(str(p)) == {"routing": {"weights": {"1": 100}}}
 
 
 def test_an_alias_is_refused_before_anything_is_built(tmp_path):
@@ -30,8 +30,8 @@ def test_an_alias_is_refused_before_anything_is_built(tmp_path):
 
 def test_deep_nesting_is_refused(tmp_path):
     p = tmp_path / "model.yaml"
-    p.write_text("[" * (model_yaml.MAX_DEPTH + 1) + "]" * (model_yaml.MAX_DEPTH + 1))
-    assert f"deeper than {model_yaml.MAX_DEPTH}" in refused(str(p))
+    p.write_text("[" * (yaml_file.MAX_DEPTH + 1) + "]" * (yaml_file.MAX_DEPTH + 1))
+    assert f"deeper than {yaml_file.MAX_DEPTH}" in refused(str(p))
 
 
 def test_a_file_over_the_limit_is_refused(tmp_path):
@@ -56,4 +56,4 @@ def test_a_device_a_fifo_and_a_directory_are_refused_without_blocking(tmp_path):
 
 def test_a_missing_file_is_file_not_found(tmp_path):
     with pytest.raises(FileNotFoundError):
-        model_yaml.load(str(tmp_path / "model.yaml"))
+        yaml_file.load(str(tmp_path / "model.yaml"))

@@ -1,11 +1,11 @@
-"""Unit tests for aieng/onnx_meta.py: metadata_props without onnx or a session."""
+"""Unit tests for aieng/models/onnx_meta.py: metadata_props without onnx or a session."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 
-from aieng.onnx_meta import read_metadata
+from aieng.models.onnx_meta import read_metadata
 
 ROOT = Path(__file__).resolve().parents[2]
 ORIENTATION = ROOT / "models" / "orientation" / "1" / "model.onnx"

@@ -233,7 +233,7 @@ def lazy_repo(tmp_path):
 
 
 def test_the_pool_key_is_accepted_in_the_model_wide_yaml(lazy_repo):
-    from aieng.model_repo import scan
+    from aieng.models.repo import scan
 
     assert scan(str(lazy_repo))["tab"]["1"].extra["pool"] == {"lazy": False, "pinned": False}
     (lazy_repo / "tab" / "model.yaml").write_text("pool: {lazy: true, pinned: true}\n")
@@ -241,7 +241,7 @@ def test_the_pool_key_is_accepted_in_the_model_wide_yaml(lazy_repo):
 
 
 def test_a_malformed_pool_key_fails_the_scan_naming_the_file(lazy_repo):
-    from aieng.model_repo import ModelError, scan
+    from aieng.models.repo import ModelError, scan
 
     (lazy_repo / "tab" / "model.yaml").write_text("pool: {lazy: maybe}\n")
     with pytest.raises(ModelError, match=r"tab/model.yaml: pool.lazy must be true or false"):
@@ -251,7 +251,7 @@ def test_a_malformed_pool_key_fails_the_scan_naming_the_file(lazy_repo):
 def test_a_pipeline_and_its_steps_cannot_be_lazy():
     from types import SimpleNamespace
 
-    from aieng.model_repo import ModelError, check_pipeline_models
+    from aieng.models.repo import ModelError, check_pipeline_models
 
     def spec(pipeline=None, lazy=False):
         return SimpleNamespace(pipeline=pipeline, path="/r/x/1",

@@ -104,7 +104,7 @@ def test_parse_fills_defaults_and_keeps_the_single_op_form():
 def test_model_repo_refuses_a_bad_chain_naming_the_step(tmp_path):
     import shutil
 
-    from aieng.model_repo import ModelError, load_spec
+    from aieng.models.repo import ModelError, load_spec
     from tests.unit.demo import MODELS
 
     d = tmp_path / "m" / "1"

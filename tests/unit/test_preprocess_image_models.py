@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from aieng.gpu_executor.sessions import ModelSession
-from aieng.model_repo import ModelError, load_spec
+from aieng.models.repo import ModelError, load_spec
 from aieng.postprocess_workers.chain import Chain
 from aieng.preprocess_workers import image_config
 from aieng.preprocess_workers.image import ImagePreprocessor

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import msgpack
 import numpy as np
 
-from aieng.model_repo import load_spec
+from aieng.models.repo import load_spec
 from aieng.preprocess_workers.image import ImagePreprocessor
 from aieng.preprocess_workers.worker import PreprocessWorker
 from aieng.wire import messages as m

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aieng.model_repo import ModelSpec
+from aieng.models.repo import ModelSpec
 from aieng.tools import parity
 from aieng.tools.quantize import new_model_yaml, next_version
 from tests.unit.demo import needs_demo_models, spec

@@ -7,7 +7,6 @@ import time
 
 import pytest
 
-from aieng import model_repo
 from aieng.frontend.rollout import model as model_mod
 from aieng.frontend.rollout import rollout as rollout_mod
 from aieng.frontend.rollout import routing
@@ -15,6 +14,7 @@ from aieng.frontend.rollout.canary import AutoRollback, Watch
 from aieng.frontend.rollout.rollout import Rollout
 from aieng.frontend.rollout.routestore import RouteStore, Saved, store_path
 from aieng.frontend.rollout.statewriter import StateWriter
+from aieng.models import repo as model_repo
 from aieng.wire import protocol as p
 
 TENSOR_YAML = ("inputs: [{name: x, kind: tensor}]\noutputs: [{name: y, kind: tensor}]\n"

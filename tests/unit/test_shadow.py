@@ -6,12 +6,12 @@ import math
 import numpy as np
 import pytest
 
-from aieng import model_repo
 from aieng.frontend.rollout import routing
 from aieng.frontend.rollout.rollout import Rollout
 from aieng.frontend.rollout.routestore import RouteStore
 from aieng.frontend.rollout.shadow import ShadowConfig, Tally, compare, cosine, parse_config
 from aieng.frontend.rollout.statewriter import StateWriter
+from aieng.models import repo as model_repo
 from aieng.wire import protocol as p
 
 V = {"1", "2"}

@@ -24,7 +24,6 @@ from typing import Callable, Protocol
 
 import zmq
 
-from aieng import model_repo
 from aieng.config import Config
 from aieng.frontend.control.workers import Workers
 from aieng.frontend.requests.clients import curve_server
@@ -32,7 +31,8 @@ from aieng.frontend.rollout import routing, shadow
 from aieng.frontend.rollout.mirror import Mirror
 from aieng.frontend.rollout.rollout import Rollout
 from aieng.frontend.rollout.statewriter import RETRY_S, Ticket
-from aieng.model_repo import ModelSpec
+from aieng.models import repo as model_repo
+from aieng.models.repo import ModelSpec
 from aieng.wire import protocol as p
 from aieng.wire.addresses import admin_addr
 

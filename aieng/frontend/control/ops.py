@@ -23,7 +23,7 @@ from aieng.frontend.observe.stats import StageStats
 from aieng.frontend.requests.table import RequestTable
 from aieng.frontend.rollout.mirror import Mirror
 from aieng.frontend.rollout.rollout import Rollout
-from aieng.model_repo import ModelSpec
+from aieng.models.repo import ModelSpec
 from aieng.wire import messages as m
 from aieng.wire import protocol as p
 

@@ -24,11 +24,11 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from aieng import model_yaml
 from aieng.frontend.observe.driftref import Binned, build, problem
-from aieng.model_golden import read_golden
-from aieng.model_repo import ModelSpec
-from aieng.model_spec import ModelError
+from aieng.models import yaml_file
+from aieng.models.golden import read_golden
+from aieng.models.repo import ModelSpec
+from aieng.models.spec import ModelError
 
 MAX_REFERENCE_N = 100_000  # values held per feature while a reference is collected: a bound on memory
 log = logging.getLogger("aieng.frontend.observe.drift")
@@ -41,7 +41,7 @@ def read_reference_file(path: str, key: str) -> dict | None:
     version's reference is then built from traffic.  Read once per version (the caller keeps the result),
     from a regular file of bounded size, without blocking on what is not one."""
     try:
-        ref = json.loads(model_yaml.read_bytes(path, MAX_REFERENCE_FILE_BYTES))
+        ref = json.loads(yaml_file.read_bytes(path, MAX_REFERENCE_FILE_BYTES))
         if not isinstance(ref, dict) or not isinstance(ref.get("features", {}), dict):
             raise ValueError("not a map with a map of features")
         for name, feature in ref.get("features", {}).items():

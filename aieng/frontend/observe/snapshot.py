@@ -18,7 +18,7 @@ from aieng.frontend.observe.metrics import Metrics
 from aieng.frontend.observe.procinfo import gpu_usage, process_memory
 from aieng.frontend.observe.stats import StageStats
 from aieng.frontend.requests.table import EXEC, POST, PRE, RequestTable
-from aieng.model_repo import ModelSpec
+from aieng.models.repo import ModelSpec
 
 MEMORY_EVERY_S = 2.0  # process memory costs a psutil call per process
 

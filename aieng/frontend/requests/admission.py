@@ -29,7 +29,7 @@ from aieng.frontend.requests.degrade import Degrader
 from aieng.frontend.requests.table import RequestTable
 from aieng.frontend.rollout.rollout import Rollout
 from aieng.inputs import direct_image_pixels
-from aieng.model_repo import ModelSpec
+from aieng.models.repo import ModelSpec
 from aieng.wire import protocol as p
 from aieng.wire import traceparent as tp
 

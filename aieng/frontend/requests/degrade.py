@@ -18,7 +18,7 @@ from collections import deque
 
 import numpy as np
 
-from aieng.model_repo import ModelSpec
+from aieng.models.repo import ModelSpec
 
 
 class _Model:

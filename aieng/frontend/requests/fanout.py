@@ -26,7 +26,7 @@ import numpy as np
 
 from aieng.frontend.control.workers import Workers
 from aieng.frontend.requests.table import Request, RequestTable
-from aieng.model_repo import latest
+from aieng.models.repo import latest
 from aieng.wire import protocol as p
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from aieng.frontend.requests.admission import Admission
     from aieng.frontend.requests.table import RequestTable
     from aieng.frontend.rollout.rollout import Rollout
-    from aieng.model_repo import ModelSpec
+    from aieng.models.repo import ModelSpec
 
 SHADOW_CLIENT = b"\x00aieng-shadow"  # a ZMQ ROUTER identity is never empty-prefixed like this one
 COSINE_BUCKETS = (0.0, 0.5, 0.9, 0.99, 0.999, 0.9999, 1.0)

@@ -18,12 +18,12 @@ import logging
 import time
 from typing import Any
 
-from aieng import model_repo
 from aieng.frontend.rollout import routing, shadow
 from aieng.frontend.rollout.canary import AutoRollback, Watch
 from aieng.frontend.rollout.generation import Generation, Refused
 from aieng.frontend.rollout.routestore import Saved
-from aieng.model_repo import ModelSpec
+from aieng.models import repo as model_repo
+from aieng.models.repo import ModelSpec
 from aieng.wire import protocol as p
 
 HISTORY = 16

@@ -20,14 +20,14 @@ import secrets
 import time
 from typing import Any
 
-from aieng import model_repo
 from aieng.frontend.rollout import routing
 from aieng.frontend.rollout.generation import Refused, source_view
 from aieng.frontend.rollout.model import Model, digest, dump, within_budget
 from aieng.frontend.rollout.routestore import RouteStore
 from aieng.frontend.rollout.statewriter import StateWriter, Ticket
 from aieng.frontend.rollout.watcher import ConfigWatcher, FileChange
-from aieng.model_repo import ModelSpec
+from aieng.models import repo as model_repo
+from aieng.models.repo import ModelSpec
 from aieng.wire import protocol as p
 
 FLUSH_S = 10.0  # a reload waits this long at most for the writer before reading the file

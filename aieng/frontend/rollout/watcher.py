@@ -5,7 +5,7 @@ Every ``poll_s`` the thread stats each file (following symlinks: a ConfigMap swa
 link, a deploy tool renames a new file over the old, so either way a new inode appears).  A new
 signature (device, inode, size, mtime, ctime) with a new inode is read at once; one with the same
 inode (a write in place) only once it is unchanged for one more poll, so a half-written file is not
-read.  A read (``model_yaml``: a regular file of at most 1 MiB, opened without blocking, aliases and
+read.  A read (``models/yaml_file.py``: a regular file of at most 1 MiB, opened without blocking, aliases and
 deep nesting refused) hashes the bytes (sha256) and, when they differ from the last read, parses them
 (YAML, the model-wide keys) and hands a ``FileChange`` to the loop; ``take()`` returns the newest
 per model; a refused file is a ``FileChange`` with its ``error`` (logged and shown by ``Rollout.follow``).
@@ -25,9 +25,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from aieng import model_yaml
-from aieng.model_settings import check_model_wide
-from aieng.model_spec import ModelError
+from aieng.models import yaml_file
+from aieng.models.settings import check_model_wide
+from aieng.models.spec import ModelError
 
 POLL_S = 2.0
 log = logging.getLogger("aieng.frontend.rollout.watcher")
@@ -50,9 +50,9 @@ def model_yaml_paths(model_dirs: dict[str, str]) -> dict[str, str]:
 
 
 def parse(path: str, data: bytes) -> tuple[dict | None, str | None]:
-    """(settings, None) or (None, why), with the checks ``model_settings`` makes at the scan."""
+    """(settings, None) or (None, why), with the checks ``models/settings.py`` makes at the scan."""
     try:
-        return check_model_wide(model_yaml.parse(data, path), path), None
+        return check_model_wide(yaml_file.parse(data, path), path), None
     except ModelError as exc:
         return None, str(exc)
 
@@ -128,7 +128,7 @@ class ConfigWatcher:
             self.hand_over(FileChange(model, path, "", missing=True))
             return
         try:
-            data = model_yaml.read_bytes(path)  # regular, bounded, never blocking on a FIFO or a device
+            data = yaml_file.read_bytes(path)  # regular, bounded, never blocking on a FIFO or a device
         except (OSError, ModelError) as exc:
             self.seen.pop(model, None)  # read again at the next poll (the refusal is logged once: follow)
             why = str(exc) if isinstance(exc, ModelError) else f"{path}: {exc.strerror or exc}"

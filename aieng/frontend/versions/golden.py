@@ -1,6 +1,6 @@
 """Golden sets: a version directory's ``golden.json`` (docs/models.md), read and compared.
 
-``read_golden`` (``aieng.model_golden``) checks the file's shape (a malformed one refuses the load:
+``read_golden`` (``aieng.models.golden``) checks the file's shape (a malformed one refuses the load:
 ``ModelError``); ``compare`` says whether one answer matches its case within the set's tolerances (None)
 or why not, in one line.  Pure: the hot swap (``hotswap.py``) runs the cases through the real pipeline.
 """

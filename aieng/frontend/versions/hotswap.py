@@ -16,7 +16,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Protocol
 
-from aieng import model_repo
 from aieng.config import Config
 from aieng.frontend.control.workers import Workers
 from aieng.frontend.observe.metrics import Metrics
@@ -24,7 +23,8 @@ from aieng.frontend.requests.table import Request, RequestTable
 from aieng.frontend.rollout.rollout import Rollout
 from aieng.frontend.versions.golden import _input, compare
 from aieng.frontend.versions.load import BUSY, Load, LoadBook
-from aieng.model_golden import GOLDEN_FILE, read_golden
+from aieng.models import repo as model_repo
+from aieng.models.golden import GOLDEN_FILE, read_golden
 from aieng.runtime.worker_hotswap import lower_priority
 from aieng.wire import messages as m
 from aieng.wire import protocol as p

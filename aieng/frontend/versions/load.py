@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from aieng import model_repo
+from aieng.models import repo as model_repo
 
 BUSY = ("validating", "loading", "golden", "draining")
 

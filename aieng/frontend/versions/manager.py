@@ -21,7 +21,7 @@ from aieng.frontend.versions.hotswap import GOLDEN_CLIENT, HotSwap
 from aieng.frontend.versions.load import BUSY, LoadBook
 from aieng.frontend.versions.poolctl import PoolControl
 from aieng.frontend.versions.rescan import rescan
-from aieng.model_repo import ModelSpec
+from aieng.models.repo import ModelSpec
 
 __all__ = ["GOLDEN_CLIENT", "VersionManager"]
 

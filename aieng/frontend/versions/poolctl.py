@@ -23,7 +23,7 @@ from aieng.frontend.requests.table import Request
 from aieng.frontend.versions.load import Load, LoadBook
 from aieng.frontend.versions.pool import ColdStarts, Pool, PoolSetting, cold_start_message, refusal
 from aieng.inputs import precheck
-from aieng.model_repo import ModelSpec
+from aieng.models.repo import ModelSpec
 from aieng.wire import protocol as p
 
 log = logging.getLogger("aieng.frontend.versions.poolctl")

@@ -5,7 +5,7 @@ import logging
 import os
 from typing import Protocol
 
-from aieng import model_repo
+from aieng.models import repo as model_repo
 from aieng.wire import protocol as p
 
 log = logging.getLogger("aieng.frontend.versions.hotswap")

@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from aieng import model_yaml
-from aieng.model_spec import ModelError, ModelSpec
+from aieng.models import yaml_file
+from aieng.models.spec import ModelError, ModelSpec
 
 
 def pool_setting(raw: Any, where: str) -> dict[str, bool]:
@@ -49,12 +49,12 @@ MODEL_KEYS = ("versions", "routing", "pool")
 
 def model_settings(mdir: str) -> dict[str, Any]:
     """The optional model-wide ``<model>/model.yaml``: ``versions`` (policy), ``routing`` and ``pool``
-    (lazy loading and eviction, frontend/versions/pool.py).  Read by ``model_yaml.load`` (its limits)."""
+    (lazy loading and eviction, frontend/versions/pool.py).  Read by ``yaml_file.load`` (its limits)."""
     path = os.path.join(mdir, "model.yaml")
     if not os.path.lexists(path):
         return {}
     try:
-        doc = model_yaml.load(path)
+        doc = yaml_file.load(path)
     except FileNotFoundError:  # a symlink to nothing, or removed since: as if absent
         return {}
     return check_model_wide(doc, path)

@@ -1,19 +1,19 @@
 """The model repository: ``<repo>/<model>/<version>/{model.yaml, model.onnx, ...}``.
 
 A version directory holds everything needed to serve the model identically to how it was trained; nothing
-model-specific lives in the server.  ``scan`` finds the served versions (``model_settings.py``: the
+model-specific lives in the server.  ``scan`` finds the served versions (``models/settings.py``: the
 model-wide model.yaml), ``load_spec`` parses and validates a version's ``model.yaml`` (docs/models.md),
 every referenced file strictly inside the version directory, with its sha256 content hash; pipelines are
-``model_pipelines.py``.  The spec and per-model isolation are ``model_spec.py``, re-exported here.
+``models/pipelines.py``.  The spec and per-model isolation are ``models/spec.py``, re-exported here.
 """
 from __future__ import annotations
 
 import os
 from typing import Any
 
-from aieng import model_yaml
-from aieng.model_pipelines import check_pipeline_models, pipeline_spec
-from aieng.model_settings import (
+from aieng.models import yaml_file
+from aieng.models.pipelines import check_pipeline_models, pipeline_spec
+from aieng.models.settings import (
     _version_key,
     apply_policy,
     check_routing,
@@ -22,7 +22,7 @@ from aieng.model_settings import (
     pool_setting,
     version_metadata,
 )
-from aieng.model_spec import (
+from aieng.models.spec import (
     ContentChanged,
     ModelError,
     ModelLoadError,
@@ -42,7 +42,7 @@ OUTPUT_KINDS = ("tensor", "str", "number", "list")
 def check_postprocess(cfg_path: str, post: dict) -> None:
     """The postprocess chain's ops and parameters (``postprocess_workers.chain.parse``): an unknown op
     or a bad parameter fails the model's load with a message naming the step."""
-    from aieng.postprocess_workers.chain import parse  # here: importing model_repo alone loads no ops
+    from aieng.postprocess_workers.chain import parse  # here: importing models.repo alone loads no ops
 
     try:
         parse(post)
@@ -53,7 +53,7 @@ def check_postprocess(cfg_path: str, post: dict) -> None:
 def load_spec(name: str, version: str, path: str) -> ModelSpec:
     cfg_path = os.path.join(path, "model.yaml")
     try:
-        cfg = model_yaml.load(cfg_path) or {}  # bounded, regular files only, no aliases (model_yaml.py)
+        cfg = yaml_file.load(cfg_path) or {}  # bounded, regular files only, no aliases (models/yaml_file.py)
     except FileNotFoundError as exc:
         raise ModelError(f"{cfg_path}: {exc.strerror}") from None
     if not isinstance(cfg, dict):

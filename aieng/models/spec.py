@@ -76,7 +76,7 @@ class ModelSpec:
 
 def version_dir(path: str) -> str:
     """A version directory's path with its parents resolved but not the directory itself: a version that is
-    a symlink (a repository view's ``NAME/1 -> DIR``, ``model_view.py``) stays in the model directory it
+    a symlink (a repository view's ``NAME/1 -> DIR``, ``models/view.py``) stays in the model directory it
     was found in, where reload and run-time loads look for its siblings (the dirname of ``spec.path``)."""
     path = os.path.normpath(os.path.abspath(path))
     return os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 
-from aieng.model_spec import ModelError
+from aieng.models.spec import ModelError
 
 GOLDEN_FILE = "golden.json"
 MAX_CASES = 256

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from aieng.model_settings import version_metadata
-from aieng.model_spec import ModelError, ModelSpec, content_hash, version_dir
+from aieng.models.settings import version_metadata
+from aieng.models.spec import ModelError, ModelSpec, content_hash, version_dir
 
 # -- pipelines: models made of other models (the frontend runs them: frontend/requests/fanout.py) ---------
 PIPELINE_STEPS = ({"step": "textdet", "model": str},

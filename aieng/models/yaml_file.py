@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from aieng.model_spec import ModelError
+from aieng.models.spec import ModelError
 
 # 1 MiB: the largest shipped model.yaml is under 4 KiB; a rules group of 50,000 short keys fits (larger:
 # the admin socket's set_rules, 8 MiB)

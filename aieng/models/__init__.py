@@ -1,0 +1,15 @@
+"""The model layer: what a model is, read from the model repository, at the ground floor of aieng.
+
+Holds the repository scan and a version's parsed spec (``repo``: ``scan``, ``load_spec``; ``spec``:
+``ModelSpec``, content hashes, per-model isolation in ``build_each``), the model-wide ``model.yaml``
+settings (``settings``: the versions policy, routing, pool, metadata), pipelines (``pipelines``), golden
+sets (``golden``), one model directory served under a name (``view``), ONNX metadata without onnx
+(``onnx_meta``) and the one reader of every model.yaml (``yaml_file``: bounded, regular files, no aliases).
+
+The contract: this package imports only the standard library, its third-party parsers and the floor below
+it (``config``, ``envs``, ``httpcore``), never the roles (``frontend/``, ``preprocess_workers/``,
+``gpu_executor/``, ``postprocess_workers/``, ``gateway/``), ``runtime/``, ``wire/``, ``client/``, ``tools/``
+or ``cli/``.  Every layer above reads models through it; tests/unit/test_layers.py holds the rule.
+Importing it loads no OpenCV, no ONNX Runtime and no postprocess ops.  (Until the pure schema parsers move
+in, ``settings`` and ``repo`` still import them from the roles, inside functions.)
+"""
