@@ -22,8 +22,8 @@ import re
 import struct
 from typing import Any
 
+from aieng.models.image_config import DEFAULT_INPUT as DEFAULT_IMAGE_INPUT
 from aieng.models.repo import ModelSpec
-from aieng.preprocess_workers.image_config import DEFAULT_INPUT as DEFAULT_IMAGE_INPUT
 from aieng.wire.protocol import INVALID_INPUT, RequestError, decode_tensor
 
 _KIND_CHECKS = {

@@ -164,7 +164,7 @@ class ModelSession:
         }
 
     def image_mode(self) -> str | None:
-        """The resize mode of an image model whose input size varies (``image_config``), else None."""
+        """The resize mode of an image model whose input size varies (``models/image_config``), else None."""
         if self.spec.preprocess.get("type") != "image":
             return None
         mode = self.spec.preprocess.get("resize", "short_crop")

@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 from aieng.models import yaml_file
+from aieng.models.image_config import check as check_image
 from aieng.models.pipelines import check_pipeline_models, pipeline_spec
 from aieng.models.settings import (
     _version_key,
@@ -87,8 +88,6 @@ def load_spec(name: str, version: str, path: str) -> ModelSpec:
     if not isinstance(pre.get("type"), str):
         raise ModelError(f"{cfg_path}: preprocess needs a 'type'")
     if pre["type"] == "image":  # resize mode and its keys (image_config imports no OpenCV)
-        from aieng.preprocess_workers.image_config import check as check_image
-
         try:
             check_image(pre)
         except ValueError as exc:

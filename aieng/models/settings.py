@@ -1,20 +1,50 @@
 """A model's own settings in ``<repo>/<model>/model.yaml`` (docs/models.md): which versions serve
-(``versions`` policy), ``routing``, the lazy ``pool``, and each version's ``metadata``; all checked at the
-scan.
+(``versions`` policy), ``routing`` (parsed by ``routing.py``), the lazy ``pool`` (``parse_setting``:
+``PoolSetting``, ``lazy`` and ``pinned`` booleans, default false; anything else a ``ValueError`` naming
+``where``), and each version's ``metadata``; all checked at the scan.
 """
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 from aieng.models import yaml_file
+from aieng.models.routing import (
+    AutoRollback,
+    RoutingError,
+    check_allow_pinned,
+    check_weights,
+    parse_rules,
+    parse_shadow,
+)
 from aieng.models.spec import ModelError, ModelSpec
+
+
+@dataclass(frozen=True)
+class PoolSetting:
+    lazy: bool = False
+    pinned: bool = False
+
+    @property
+    def evictable(self) -> bool:
+        return self.lazy and not self.pinned
+
+
+def parse_setting(raw: Any, where: str) -> PoolSetting:
+    """The model-wide ``pool`` section; ``None`` (absent) is the default: eager and pinned."""
+    if raw is None:
+        return PoolSetting()
+    if not isinstance(raw, dict) or set(raw) - {"lazy", "pinned"}:
+        raise ValueError(f"{where}: pool takes only lazy and pinned")
+    for name, value in raw.items():
+        if not isinstance(value, bool):
+            raise ValueError(f"{where}: pool.{name} must be true or false")
+    return PoolSetting(lazy=raw.get("lazy", False), pinned=raw.get("pinned", False))
 
 
 def pool_setting(raw: Any, where: str) -> dict[str, bool]:
     """The model-wide ``pool`` section as ``{lazy, pinned}`` (kept in every version's ``extra``)."""
-    from aieng.frontend.versions.pool import parse_setting  # pure; imported here like check_routing's parsers
-
     try:
         setting = parse_setting(raw, where)
     except ValueError as exc:
@@ -87,21 +117,20 @@ def apply_policy(policy: Any, versions: list[str], where: str) -> list[str]:
 
 
 def check_routing(raw: Any, versions: set[str], where: str) -> None:
-    """Refuse a malformed ``routing`` section at load time, naming the file."""
-    from aieng.frontend.rollout.canary import AutoRollback
-    from aieng.frontend.rollout.routing import RoutingError, build
-    from aieng.frontend.rollout.shadow import parse_config
-
+    """Refuse a malformed ``routing`` section at load time, naming the file: the checks the frontend's
+    ``routing.build`` makes of a new routing (weights, rules and groups, allow_pinned), then the shadow
+    and auto-rollback settings."""
     if raw is None:
         return
     keys = ("weights", "rules", "groups", "allow_pinned", "auto_rollback", "shadow")
     if not isinstance(raw, dict) or set(raw) - set(keys):
         raise ModelError(f"{where}: routing takes {', '.join(keys)}")
     try:
-        build(None, versions, raw.get("weights") or {latest(dict.fromkeys(versions)): 100},
-              {"rules": raw.get("rules") or [], "groups": raw.get("groups") or {}}, raw.get("allow_pinned"))
+        check_weights(raw.get("weights") or {latest(dict.fromkeys(versions)): 100}, versions)
+        parse_rules({"rules": raw.get("rules") or [], "groups": raw.get("groups") or {}}, versions)
+        check_allow_pinned(raw.get("allow_pinned"))
         AutoRollback.parse(raw.get("auto_rollback"))
-        parse_config(raw.get("shadow"), versions)
+        parse_shadow(raw.get("shadow"), versions)
     except (RoutingError, ValueError, TypeError) as exc:
         raise ModelError(f"{where}: routing: {exc}") from None
 

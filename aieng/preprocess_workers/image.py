@@ -1,7 +1,7 @@
 """Encoded image bytes -> a normalised CHW float32 tensor, with OpenCV, and the request's ``Geometry``.
 
 Decodes to BGR as the reference packages' loaders do, resizes as the model's ``resize`` mode says
-(``image_config``), scales, subtracts mean, divides by std, HWC -> CHW.  ``process`` returns
+(``models/image_config.py``), scales, subtracts mean, divides by std, HWC -> CHW.  ``process`` returns
 ``(tensors, seq_len, drift features)`` with a ``geometry`` attribute (``Prepared``): the page size and
 the size of the input its content fills, so postprocessing maps boxes back to the page whatever
 padding the batch adds.  ``process_crop`` serves a pipeline's crop step (``frontend/requests/fanout``):
@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from aieng.inputs import image_size, jpeg_scans
+from aieng.models import image_config
 from aieng.models.repo import ModelSpec
-from aieng.preprocess_workers import image_config
 from aieng.preprocess_workers.features import image_features
 from aieng.wire.messages import Geometry
 from aieng.wire.protocol import INVALID_INPUT, RequestError

@@ -6,7 +6,7 @@ Each has ``process(inputs) -> (tensors, seq_len, info)`` (image ones with a ``ge
 runs threads offers ``threads(n)``, the threads it may use for the next request (the image processor:
 OpenCV's); ``spread`` is the one rule for it: every core for a request alone in the server, else one.
 Importing this module loads OpenCV and the tokenizers: the supervisor and ``models/repo.py`` never do
-(``image_config`` checks an image model's section without them).
+(``models/image_config.py`` checks an image model's section without them).
 """
 from __future__ import annotations
 

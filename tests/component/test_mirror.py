@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from aieng.config import Config
 from aieng.frontend.requests.table import Request
 from aieng.frontend.rollout.mirror import SHADOW_CLIENT, Mirror
-from aieng.frontend.rollout.shadow import ShadowConfig
+from aieng.models.routing import ShadowConfig
 from aieng.wire import protocol as p
 
 

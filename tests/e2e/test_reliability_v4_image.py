@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from aieng.client import AsyncClient
-from aieng.preprocess_workers.image_config import MAX_SCANS
+from aieng.models.image_config import MAX_SCANS
 from tests.conftest import MODELS
 from tests.hostile_images import png_inflate_bomb, progressive_jpeg, scan_bomb
 from tests.waits import until

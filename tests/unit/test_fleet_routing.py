@@ -12,6 +12,7 @@ from aieng.frontend.rollout import routing
 from aieng.frontend.rollout.rollout import Rollout, model_dirs
 from aieng.frontend.rollout.watcher import ConfigWatcher, model_yaml_paths
 from aieng.models import repo as model_repo
+from aieng.models.routing import BUCKETS
 
 TENSOR_YAML = ("inputs: [{name: x, kind: tensor}]\noutputs: [{name: y, kind: tensor}]\n"
                "preprocess: {type: tensor}\npostprocess: {type: tensor}\n")
@@ -231,7 +232,7 @@ def test_two_version_canary_steps_from_model_yaml_move_only_the_buckets_that_cha
         step(r, w)
         now = r.models["m"].state.owner
         moved = sum(1 for x, y in zip(prev, now) if x != y)
-        assert moved == canary * routing.BUCKETS // 100 - prev.count("2")
+        assert moved == canary * BUCKETS // 100 - prev.count("2")
         assert all(y == "2" for x, y in zip(prev, now) if x == "2")  # every user on the canary stays there
         prev = now
 

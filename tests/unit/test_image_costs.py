@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from aieng.inputs import jpeg_scans
-from aieng.preprocess_workers.image_config import MAX_SCANS
+from aieng.models.image_config import MAX_SCANS
 from tests.hostile_images import last_scan_header, progressive_jpeg, scan_bomb
 
 SOI, EOI = b"\xff\xd8", b"\xff\xd9"

@@ -1,14 +1,8 @@
 """The model pool's pure rules: the pool setting, LRU eviction under a budget, cold-start waiters."""
 import pytest
 
-from aieng.frontend.versions.pool import (
-    ColdStarts,
-    Pool,
-    PoolSetting,
-    cold_start_message,
-    parse_setting,
-    refusal,
-)
+from aieng.frontend.versions.pool import ColdStarts, Pool, cold_start_message, refusal
+from aieng.models.settings import PoolSetting, parse_setting
 
 A, B, C, P = ("a", "1"), ("b", "1"), ("c", "1"), ("pinned", "1")
 

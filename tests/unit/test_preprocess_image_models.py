@@ -1,5 +1,5 @@
 """The image resize modes of the layout, textdet and textrec models (aieng/preprocess_workers/image.py,
-image_config.py) against the packages' own preprocessing, and the executor's padding of variable-size
+models/image_config.py) against the packages' own preprocessing, and the executor's padding of variable-size
 images (gpu_executor/sessions.py ``feeds_from``) with the Geometry that maps boxes back to the page.
 
 References: rapidocr (installed, pyproject's dev extra) and rapid_layout (the tree scripts/fetch_models.py
@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from aieng.gpu_executor.sessions import ModelSession
+from aieng.models import image_config
 from aieng.models.repo import ModelError, load_spec
 from aieng.postprocess_workers.chain import Chain
-from aieng.preprocess_workers import image_config
 from aieng.preprocess_workers.image import ImagePreprocessor
 from aieng.wire.protocol import INVALID_INPUT, RequestError
 from tests.unit.demo import MODELS, ROOT

@@ -10,11 +10,12 @@ import pytest
 from aieng.frontend.rollout import model as model_mod
 from aieng.frontend.rollout import rollout as rollout_mod
 from aieng.frontend.rollout import routing
-from aieng.frontend.rollout.canary import AutoRollback, Watch
+from aieng.frontend.rollout.canary import Watch
 from aieng.frontend.rollout.rollout import Rollout
 from aieng.frontend.rollout.routestore import RouteStore, Saved, store_path
 from aieng.frontend.rollout.statewriter import StateWriter
 from aieng.models import repo as model_repo
+from aieng.models.routing import AutoRollback, RoutingError
 from aieng.wire import protocol as p
 
 TENSOR_YAML = ("inputs: [{name: x, kind: tensor}]\noutputs: [{name: y, kind: tensor}]\n"
@@ -211,7 +212,7 @@ def test_a_routing_whose_groups_pass_the_character_limit_is_refused():
     keys = [f"{i:042d}" for i in range(100_000)]  # 43 characters each with the separator: 4.3 Mi in all
     why = (r"the groups hold 4,300,000 characters of routing keys \(each key's length \+ 1\), "
            r"over the limit of 4,194,304 for one routing")
-    with pytest.raises(routing.RoutingError, match=why):
+    with pytest.raises(RoutingError, match=why):
         routing.build(None, {"1", "2"}, {"1": 100}, rules={
             "groups": {"big": keys}, "rules": [{"name": "big", "group": "big", "version": "2"}]})
     assert routing.build(None, {"1", "2"}, {"1": 100}, rules={  # 100,000 keys of 40 characters fit

@@ -9,9 +9,10 @@ import pytest
 from aieng.frontend.rollout import routing
 from aieng.frontend.rollout.rollout import Rollout
 from aieng.frontend.rollout.routestore import RouteStore
-from aieng.frontend.rollout.shadow import ShadowConfig, Tally, compare, cosine, parse_config
+from aieng.frontend.rollout.shadow import Tally, compare, cosine
 from aieng.frontend.rollout.statewriter import StateWriter
 from aieng.models import repo as model_repo
+from aieng.models.routing import RoutingError, ShadowConfig, parse_shadow
 from aieng.wire import protocol as p
 
 V = {"1", "2"}
@@ -21,10 +22,10 @@ def t(arr) -> dict:
     return p.encode_tensor(np.asarray(arr))
 
 
-def test_parse_config_defaults_and_refusals():
-    assert parse_config(None, V) is None
-    assert parse_config({"version": 2, "percent": 10}, V) == ShadowConfig("2", 10.0, 0.5, 0)
-    assert parse_config({"version": "2", "percent": 100, "max_load": 0.25, "timeout_ms": 900}, V) == \
+def test_parse_shadow_defaults_and_refusals():
+    assert parse_shadow(None, V) is None
+    assert parse_shadow({"version": 2, "percent": 10}, V) == ShadowConfig("2", 10.0, 0.5, 0)
+    assert parse_shadow({"version": "2", "percent": 100, "max_load": 0.25, "timeout_ms": 900}, V) == \
         ShadowConfig("2", 100.0, 0.25, 900)
     for raw, why in [({"version": "3", "percent": 5}, "not served"), ({"version": "2"}, "percent"),
                      ({"version": "2", "percent": 101}, "percent"),
@@ -32,8 +33,8 @@ def test_parse_config_defaults_and_refusals():
                      ({"version": "2", "percent": 5, "max_load": 2}, "max_load"),
                      ({"version": "2", "percent": 5, "timeout_ms": -1}, "timeout_ms"),
                      ({"version": "2", "percent": 5, "extra": 1}, "takes"), ("2", "takes")]:
-        with pytest.raises(routing.RoutingError, match=why):
-            parse_config(raw, V)
+        with pytest.raises(RoutingError, match=why):
+            parse_shadow(raw, V)
 
 
 def test_identical_classifier_answers_agree_with_cosine_one_and_no_difference():
@@ -94,7 +95,7 @@ def test_routing_state_keeps_the_shadow_across_weight_changes_and_drops_it_on_of
     s1 = routing.build(s0, V, {"1": 90, "2": 10})
     assert s1.shadow == conf and s1.public()["shadow"] == conf.public()
     assert routing.build(s1, V, shadow=None).shadow is None
-    with pytest.raises(routing.RoutingError, match="not served"):
+    with pytest.raises(RoutingError, match="not served"):
         routing.build(s0, {"1"}, {"1": 100})
 
 

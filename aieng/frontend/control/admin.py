@@ -27,12 +27,13 @@ import zmq
 from aieng.config import Config
 from aieng.frontend.control.workers import Workers
 from aieng.frontend.requests.clients import curve_server
-from aieng.frontend.rollout import routing, shadow
+from aieng.frontend.rollout import routing
 from aieng.frontend.rollout.mirror import Mirror
 from aieng.frontend.rollout.rollout import Rollout
 from aieng.frontend.rollout.statewriter import RETRY_S, Ticket
 from aieng.models import repo as model_repo
 from aieng.models.repo import ModelSpec
+from aieng.models.routing import RoutingError, parse_shadow
 from aieng.wire import protocol as p
 from aieng.wire.addresses import admin_addr
 
@@ -143,7 +144,7 @@ class AdminOps:
             out = fn(req)
         except p.RequestError as exc:
             return {"id": req_id, "ok": False, "error": {"code": exc.code, "message": exc.message}}
-        except routing.RoutingError as exc:
+        except RoutingError as exc:
             return {"id": req_id, "ok": False, "error": {"code": p.INVALID_REQUEST, "message": str(exc)}}
         except Exception as exc:  # a bug must not take the frontend down
             self.log.exception("admin op failed")
@@ -247,7 +248,7 @@ class AdminOps:
     def shadow_on(self, req: dict) -> Pending:
         """Mirror ``percent`` of the model's requests to ``version`` (``max_load``, ``timeout_ms``)."""
         m = self.model(req)
-        conf = shadow.parse_config({k: req[k] for k in ("version", "percent", "max_load", "timeout_ms")
+        conf = parse_shadow({k: req[k] for k in ("version", "percent", "max_load", "timeout_ms")
                                     if k in req}, m.versions)
         failed = self.workers.failed_models().get(f"{m.name}:{conf.version}")
         if failed is not None:

@@ -1,11 +1,11 @@
 """Automatic rollback: is a canary worse than the stable version, over a recent window?
 
-Pure logic.  ``AutoRollback`` is model.yaml's ``routing.auto_rollback`` (``parse``: None when
-off, ValueError when malformed).  A ``Watch`` per model that configures it is told every
-answered request (``observe``: outcome and latency by version; a client's error such as
-INVALID_INPUT is not counted at all), and ``verdict``, called twice a second, names the first
-canary worse than the stable version (the one with the largest weight) once the canary has
-``min_requests`` in the last ``window_s`` seconds:
+Pure logic.  The policy is ``models/routing.py``'s ``AutoRollback``, model.yaml's
+``routing.auto_rollback`` (``parse``: None when off, ValueError when malformed).  A ``Watch`` per
+model that configures it is told every answered request (``observe``: outcome and latency by
+version; a client's error such as INVALID_INPUT is not counted at all), and ``verdict``, called
+twice a second, names the first canary worse than the stable version (the one with the largest
+weight) once the canary has ``min_requests`` in the last ``window_s`` seconds:
 
     error rate   errors / requests, an error being the version's fault (``FAULT_CODES``)
     worse when   canary error rate - stable error rate > max_error_rate_delta
@@ -17,39 +17,13 @@ memory stays flat at any rate.  As an operator sees it: docs/rollout.md, section
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 
 import numpy as np
 
+from aieng.models.routing import AutoRollback
+
 FAULT_CODES = frozenset({"INTERNAL", "TIMEOUT", "UNAVAILABLE"})
 MAX_SAMPLES = 20_000
-
-
-@dataclass(frozen=True)
-class AutoRollback:
-    max_error_rate_delta: float = 0.05
-    max_p99_ratio: float = 2.0
-    window_s: float = 60.0
-    min_requests: int = 20
-
-    @classmethod
-    def parse(cls, raw: object) -> "AutoRollback | None":
-        """From model.yaml's ``routing.auto_rollback`` (None: off); ValueError if malformed."""
-        if raw is None or raw is False:
-            return None
-        if not isinstance(raw, dict) or set(raw) - set(cls.__dataclass_fields__):
-            raise ValueError(f"auto_rollback takes {sorted(cls.__dataclass_fields__)}")
-        out = cls(**{k: v for k, v in raw.items()})
-        for name in cls.__dataclass_fields__:
-            v = getattr(out, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-                raise ValueError(f"auto_rollback.{name} must be a non-negative number")
-        if out.window_s <= 0 or out.min_requests < 1 or out.max_p99_ratio < 1:
-            raise ValueError("auto_rollback needs window_s > 0, min_requests >= 1 and max_p99_ratio >= 1")
-        return out
-
-    def public(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
 class Window:

@@ -1,6 +1,6 @@
 """Shadow traffic in the frontend: copying a request to a candidate version, pairing, reporting.
 
-When a model's routing has a shadow setting (``shadow.ShadowConfig``), a primary that entered the
+When a model's routing has a shadow setting (``models.routing.ShadowConfig``), a primary that entered the
 pipeline is drawn (``percent``) at admission (``after_admit``), and its copy is sent only **once the
 primary has been answered** (``primary_end``): a primary never waits for its copy, and one that
 failed gets none (``primary_failed``).  The copy is an internal ``Request`` (``SHADOW_CLIENT``, no

@@ -18,16 +18,24 @@ import logging
 import time
 from typing import Any
 
-from aieng.frontend.rollout import routing, shadow
-from aieng.frontend.rollout.canary import AutoRollback, Watch
+from aieng.frontend.rollout import routing
+from aieng.frontend.rollout.canary import Watch
 from aieng.frontend.rollout.generation import Generation, Refused
 from aieng.frontend.rollout.routestore import Saved
 from aieng.models import repo as model_repo
 from aieng.models.repo import ModelSpec
+from aieng.models.routing import (
+    MAX_GROUP_CHARS,
+    AutoRollback,
+    RoutingError,
+    check_weights,
+    parse_rules,
+    parse_shadow,
+)
 from aieng.wire import protocol as p
 
 HISTORY = 16
-SAVED_GROUP_CHARS = 2 * routing.MAX_GROUP_CHARS  # one model's current state and history together
+SAVED_GROUP_CHARS = 2 * MAX_GROUP_CHARS  # one model's current state and history together
 EVENTS = 20
 log = logging.getLogger("aieng.frontend.rollout.model")
 
@@ -44,14 +52,14 @@ def load(raw: dict, versions: set[str]) -> routing.RoutingState:
     """A saved state back (``RoutingError``/``ValueError`` when it no longer fits the versions)."""
     owner = routing.from_ranges({str(v): r for v, r in raw["ranges"].items()})
     if not set(owner) <= versions:
-        raise routing.RoutingError("names a version no longer served")
-    weights = routing.check_weights(raw["weights"], versions)
+        raise RoutingError("names a version no longer served")
+    weights = check_weights(raw["weights"], versions)
     if routing.targets(weights) != {v: owner.count(v) for v in weights}:
-        raise routing.RoutingError("bucket ranges do not match the weights")
-    rules, groups = routing.parse_rules({"rules": raw["rules"], "groups": raw["groups"]}, versions)
+        raise RoutingError("bucket ranges do not match the weights")
+    rules, groups = parse_rules({"rules": raw["rules"], "groups": raw["groups"]}, versions)
     return routing.RoutingState(weights, tuple(owner), routing.to_ranges(owner), rules, groups,
                                 bool(raw["allow_pinned"]), str(raw.get("reason", "")),
-                                shadow.parse_config(raw.get("shadow"), versions))
+                                parse_shadow(raw.get("shadow"), versions))
 
 
 def within_budget(name: str, current: routing.RoutingState, history: list) -> list:
@@ -102,7 +110,7 @@ class Model:
         self.baseline = routing.build(
             None, self.versions, cfg.get("weights") or {model_repo.latest(self.specs): 100},
             {"rules": cfg.get("rules") or [], "groups": cfg.get("groups") or {}}, cfg.get("allow_pinned"),
-            reason="model.yaml", shadow=shadow.parse_config(cfg.get("shadow"), self.versions))
+            reason="model.yaml", shadow=parse_shadow(cfg.get("shadow"), self.versions))
         policy = AutoRollback.parse(cfg.get("auto_rollback"))
         if policy is None:
             self.watch = None
@@ -154,9 +162,9 @@ class Model:
             for raw in as_list(saved.get("history")):
                 try:
                     history.append(load(raw, self.versions))
-                except (routing.RoutingError, ValueError, KeyError, TypeError, AttributeError):
+                except (RoutingError, ValueError, KeyError, TypeError, AttributeError):
                     pass  # an old state naming a version no longer served is just dropped
-        except (routing.RoutingError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        except (RoutingError, ValueError, KeyError, TypeError, AttributeError) as exc:
             log.warning("saved routing of %s not restored (%s); using model.yaml", self.name, exc)
             return False
         self.state, self.history = current, within_budget(self.name, current, history)

@@ -264,7 +264,7 @@ class Rollout:
         return state.stable, state.weights
 
     def shadow_of(self, model: str) -> Any:
-        """The model's shadow setting now (``shadow.ShadowConf``), or None."""
+        """The model's shadow setting now (``models/routing.py``'s ``ShadowConfig``), or None."""
         return self.models[model].state.shadow
 
     def add_version(self, name: str, version: str, reason: str) -> None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aieng.frontend.rollout import routing
+from aieng.models.routing import Group, RoutingError, make_group
 
 FORMAT = 2
 CHUNK = 2000  # keys per json.dumps call when a group is encoded: the GIL can pass between calls
@@ -71,12 +72,12 @@ def encode_group(keys: tuple[str, ...]) -> tuple[str, str]:
 
 
 class GroupReader:
-    """A saved state's groups as ``routing.Group`` objects, one per distinct group: by digest from the file's
+    """A saved state's groups as ``Group`` objects, one per distinct group: by digest from the file's
     table (format 2, ``table`` given) or by content (format 1: each state held its groups' keys)."""
 
     def __init__(self, table: Any):
         self.table = table if isinstance(table, dict) else None
-        self.made: dict[Any, routing.Group] = {}
+        self.made: dict[Any, Group] = {}
 
     def read(self, name: Any, value: Any) -> Any:
         """The Group a state's entry stands for; the raw value when damaged (that state is then dropped)."""
@@ -92,8 +93,8 @@ class GroupReader:
         if key in self.made:
             return self.made[key]
         try:
-            made = routing.make_group(name, value)
-        except routing.RoutingError:
+            made = make_group(name, value)
+        except RoutingError:
             return value
         if key is not None:
             self.made[key] = made
@@ -103,11 +104,11 @@ class GroupReader:
 class RouteStore:
     def __init__(self, path: str):
         self.path = path
-        self._encoded: dict[int, tuple[routing.Group, str, str]] = {}  # id -> (group, digest, JSON): save's
+        self._encoded: dict[int, tuple[Group, str, str]] = {}  # id -> (group, digest, JSON): save's
 
     # -- read (the loop: at start and reload) ----------------------------------------------
     def load(self) -> dict[str, Any]:
-        """``{model: saved}`` with every state's groups as ``routing.Group`` objects (one per distinct
+        """``{model: saved}`` with every state's groups as ``Group`` objects (one per distinct
         group, shared by the states naming it); empty when nothing (readable) is saved."""
         try:
             with open(self.path, encoding="utf-8") as fh:
@@ -135,9 +136,9 @@ class RouteStore:
     # -- write (the state writer's thread only) ------------------------------------------------
     def encode(self, models: dict[str, Saved]) -> str:
         table: dict[str, str] = {}
-        encoded: dict[int, tuple[routing.Group, str, str]] = {}
+        encoded: dict[int, tuple[Group, str, str]] = {}
 
-        def ref(g: routing.Group) -> str:
+        def ref(g: Group) -> str:
             hit = self._encoded.get(id(g))
             if hit is None or hit[0] is not g:
                 hit = (g, *encode_group(g.order))

@@ -1,12 +1,12 @@
-"""Shadow traffic, the pure part: the shadow setting, comparing two answers, and the running tallies.
+"""Shadow traffic, the pure part: comparing two answers, and the running tallies.
 
 No sockets, no clock of its own, no frontend state; ``mirror`` does the plumbing (making the
 shadow copy, pairing it with its primary) and calls in.
 
-``ShadowConfig`` is one model's setting (model.yaml ``routing.shadow`` or the ``shadow_on`` admin
-op; ``parse_config`` raises ``RoutingError`` naming the field): ``version`` the candidate,
-``percent`` (0..100) of the model's requests copied, ``max_load`` (0..1, default 0.5) the share of
-``max_inflight`` above which copies are shed, ``timeout_ms`` the copy's own deadline (0: the
+The setting is ``models/routing.py``'s ``ShadowConfig`` (model.yaml ``routing.shadow`` or the
+``shadow_on`` admin op; ``parse_shadow`` raises ``RoutingError`` naming the field): ``version`` the
+candidate, ``percent`` (0..100) of the model's requests copied, ``max_load`` (0..1, default 0.5) the
+share of ``max_inflight`` above which copies are shed, ``timeout_ms`` the copy's own deadline (0: the
 candidate's).  ``compare(primary, shadow)`` takes two decoded ``outputs`` maps, output by output:
 a str agrees or not; a float tensor gives its cosine and max |a - b|; another tensor or number its
 max |a - b|; another value (a map) is equal or a mismatch, as is a differing shape or dtype kind
@@ -23,47 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from aieng.frontend.rollout.routing import RoutingError
-
 OUTCOMES = ("compared", "shed", "timeout", "error", "primary_failed")
 DELTAS = 10_000  # latency deltas kept per (model, version): a bounded window
-DEFAULT_MAX_LOAD = 0.5
-
-
-@dataclass(frozen=True)
-class ShadowConfig:
-    version: str
-    percent: float
-    max_load: float = DEFAULT_MAX_LOAD
-    timeout_ms: int = 0  # 0: the candidate's own timeout
-
-    def public(self) -> dict:
-        return {"version": self.version, "percent": self.percent, "max_load": self.max_load,
-                "timeout_ms": self.timeout_ms}
-
-
-def _number(raw: Any, name: str, lo: float, hi: float) -> float:
-    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not lo <= raw <= hi:
-        raise RoutingError(f"shadow {name} must be a number in {lo:g}..{hi:g}, got {raw!r}")
-    return float(raw)
-
-
-def parse_config(raw: Any, versions: set[str]) -> ShadowConfig | None:
-    """The ``shadow`` map (None: no shadow); ``RoutingError`` naming the field when malformed."""
-    if raw is None:
-        return None
-    if not isinstance(raw, dict) or set(raw) - {"version", "percent", "max_load", "timeout_ms"}:
-        raise RoutingError("shadow takes version, percent, max_load, timeout_ms")
-    version = raw.get("version")
-    version = str(version) if isinstance(version, int) and not isinstance(version, bool) else version
-    if version not in versions:
-        raise RoutingError(f"shadow version {version!r} is not served (have {sorted(versions)})")
-    percent = _number(raw.get("percent"), "percent", 0, 100)
-    max_load = _number(raw.get("max_load", DEFAULT_MAX_LOAD), "max_load", 0, 1)
-    timeout = raw.get("timeout_ms", 0)
-    if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 0:
-        raise RoutingError(f"shadow timeout_ms must be an int >= 0, got {timeout!r}")
-    return ShadowConfig(version, percent, max_load, timeout)
 
 
 # -- comparing two answers ------------------------------------------------------------------

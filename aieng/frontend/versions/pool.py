@@ -2,15 +2,15 @@
 
 No I/O, no clock, no event loop: the frontend (``poolctl``) feeds it events and asks it questions,
 passing ``now`` (monotonic seconds) where time matters; every rule is unit-tested
-(tests/unit/test_pool.py).  ``parse_setting`` reads a model-wide ``pool:`` section (``lazy``,
-``pinned``: booleans, default false; anything else a ``ValueError`` naming ``where``); only a lazy,
-unpinned model is evictable.  ``Pool`` tracks the resident versions (``loaded``/``unloaded``; a
-loading one ``reserve``s its estimate, never evicted), their footprints (the last measured reading,
-0 meaning "not measured"; ``need`` is what a load will take, the caller's estimate when there is
-none or when a reading above the whole budget is ``remeasure_s`` old), recency (``touch``; a load
-counts as a use) and requests in flight (``begin``/``end``, ``set_inflight``).  ``plan`` names the
-versions to evict, LRU first, so a load fits: never pinned, busy, warm (used within ``warm_s``) or
-the loading one; ``[]`` when it fits (or no budget), ``None`` when it cannot (``refusal`` says why).
+(tests/unit/test_pool.py).  A model-wide ``pool:`` section is read by ``models/settings.py``
+(``PoolSetting``: only a lazy, unpinned model is evictable).  ``Pool`` tracks the resident versions
+(``loaded``/``unloaded``; a loading one ``reserve``s its estimate, never evicted), their footprints
+(the last measured reading, 0 meaning "not measured"; ``need`` is what a load will take, the caller's
+estimate when there is none or when a reading above the whole budget is ``remeasure_s`` old), recency
+(``touch``; a load counts as a use) and requests in flight (``begin``/``end``, ``set_inflight``).
+``plan`` names the versions to evict, LRU first, so a load fits: never pinned, busy, warm (used within
+``warm_s``) or the loading one; ``[]`` when it fits (or no budget), ``None`` when it cannot (``refusal``
+says why).
 ``ColdStarts`` holds the requests waiting for a load, bounded per version, released by ``ready``/``failed``,
 or handed back by ``expired``.  The rules and why: docs/rollout.md, section 10.
 """
@@ -18,32 +18,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Generic, Hashable, TypeVar
+from typing import Generic, Hashable, TypeVar
 
 Key = tuple[str, str]  # (model, version)
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class PoolSetting:
-    lazy: bool = False
-    pinned: bool = False
-
-    @property
-    def evictable(self) -> bool:
-        return self.lazy and not self.pinned
-
-
-def parse_setting(raw: Any, where: str) -> PoolSetting:
-    """The model-wide ``pool`` section; ``None`` (absent) is the default: eager and pinned."""
-    if raw is None:
-        return PoolSetting()
-    if not isinstance(raw, dict) or set(raw) - {"lazy", "pinned"}:
-        raise ValueError(f"{where}: pool takes only lazy and pinned")
-    for name, value in raw.items():
-        if not isinstance(value, bool):
-            raise ValueError(f"{where}: pool.{name} must be true or false")
-    return PoolSetting(lazy=raw.get("lazy", False), pinned=raw.get("pinned", False))
 
 
 def cold_start_message(model: str) -> str:

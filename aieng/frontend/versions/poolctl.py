@@ -21,9 +21,10 @@ from aieng.config import Config
 from aieng.frontend.observe.metrics import Metrics
 from aieng.frontend.requests.table import Request
 from aieng.frontend.versions.load import Load, LoadBook
-from aieng.frontend.versions.pool import ColdStarts, Pool, PoolSetting, cold_start_message, refusal
+from aieng.frontend.versions.pool import ColdStarts, Pool, cold_start_message, refusal
 from aieng.inputs import precheck
 from aieng.models.repo import ModelSpec
+from aieng.models.settings import PoolSetting
 from aieng.wire import protocol as p
 
 log = logging.getLogger("aieng.frontend.versions.poolctl")
