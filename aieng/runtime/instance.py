@@ -15,7 +15,7 @@ import shutil
 import psutil
 
 from aieng.config import Config
-from aieng.frontend.rollout import routestore
+from aieng.runtime.statedir import state_dir_problem
 from aieng.wire import addresses, shm
 
 log = logging.getLogger("aieng.runtime.supervisor")
@@ -71,7 +71,7 @@ class Instance:
         """Routing changes (automatic rollbacks too) must survive a restart: a state dir that cannot be
         written refuses the start, instead of every change living in memory only (empty: persistence off)."""
         cfg = self.cfg
-        why = routestore.state_dir_problem(cfg.state_dir) if cfg.state_dir else None
+        why = state_dir_problem(cfg.state_dir) if cfg.state_dir else None
         if why is not None:
             src = cfg.sources.get("state_dir", "default")
             raise ConfigError(f"invalid configuration: AIENG_STATE_DIR {cfg.state_dir!r} cannot be written: "

@@ -9,10 +9,9 @@ by that digest.  ``save`` (on the state writer's thread, never the loop): a temp
 directory, fsync, ``os.replace``, fsync the directory, so a crash leaves the old file or the new
 one; a group's JSON and digest are computed once (in ``CHUNK``s) and reused while a state names it.
 ``load``: a missing file is "nothing saved"; an unreadable or malformed one is logged and ignored
-(model.yaml's routing applies), never fatal.  ``state_dir_problem`` checks the state dir at start
-(created 0700 if missing, a probe file written, synced and removed) so the supervisor can refuse
-to start where a change could be kept only in memory.  The format in full, its bounds and the
-durability contract: docs/rollout.md, section 7.
+(model.yaml's routing applies), never fatal.  The supervisor checks at start that the state dir can
+be written (``runtime/statedir.py``), so it refuses to start where a change could be kept only in
+memory.  The format in full, its bounds and the durability contract: docs/rollout.md, section 7.
 """
 from __future__ import annotations
 
@@ -36,23 +35,6 @@ log = logging.getLogger("aieng.frontend.rollout.routestore")
 def store_path(state_dir: str, model_repository: str) -> str:
     tag = hashlib.sha256(os.path.realpath(model_repository).encode()).hexdigest()[:12]
     return os.path.join(state_dir, f"routing-{tag}.json")
-
-
-def state_dir_problem(path: str) -> str | None:
-    """Why the routing state cannot be written in ``path`` (None: it can).  Creates it (0700) if missing and
-    writes, syncs and removes a probe file, as a save would."""
-    try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".probe-", dir=path)
-        try:
-            os.write(fd, b"aieng")
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-            os.unlink(probe)
-    except OSError as exc:
-        return exc.strerror or str(exc)
-    return None
 
 
 @dataclass(frozen=True)
