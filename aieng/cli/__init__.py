@@ -1,2 +1,3 @@
-"""The ``aieng`` command line: ``main.py`` parses and dispatches (the ``aieng`` entry point), ``checks.py``
-turns a user's mistake into one line and exit code 2, ``rollout.py`` is the ``rollout`` subcommands."""
+"""The ``aieng`` command line: ``main.py`` parses and dispatches (the ``aieng`` entry point; a user's mistake
+becomes one line and exit code 2 through ``tools/checks.py``, shared with the tools' commands),
+``rollout.py`` is the ``rollout`` subcommands."""

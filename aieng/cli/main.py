@@ -2,7 +2,7 @@
 
 ``aieng serve`` with no arguments, run from the repository root, serves every
 model under ./models (fetched by scripts/fetch_models.py).  A user's mistake (a bad address, a file that
-is not there, a server that does not answer) is one line and exit code 2 (``checks.py``).
+is not there, a server that does not answer) is one line and exit code 2 (``tools/checks.py``).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from aieng.cli.checks import UsageError, input_pairs, reachable
+from aieng.tools.checks import UsageError, input_pairs, reachable
 
 
 def _jsonable(obj: Any) -> Any:

@@ -27,7 +27,7 @@ import msgpack
 import yaml
 import zmq
 
-from aieng.cli.checks import UsageError
+from aieng.tools.checks import UsageError
 from aieng.wire.addresses import admin_addr
 
 _ids = itertools.count(1)

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from aieng.cli import checks as cli_checks
+from aieng.tools import checks
 
 WORDS = ("the model serves requests over sockets while workers tokenize text and the executor runs "
          "batches of padded sequences through onnx runtime on two small cores shared with everyone").split()
@@ -60,7 +60,7 @@ def sample_inputs(model: str, n: int, seed: int = 0) -> list[dict[str, Any]]:
                  "island": rng.choice(["Biscoe", "Dream", "Torgersen"]),
                  "sex": rng.choice(["male", "female"])}
                 for _ in range(n)]
-    raise cli_checks.UsageError(f"no input generator for model {model!r}")
+    raise checks.UsageError(f"no input generator for model {model!r}")
 
 
 class Progress:
@@ -183,7 +183,7 @@ def make_sender(transport: str, addr: str, model: str) -> Callable[[], Any]:
     if transport == "grpc":
         shared = GrpcSender(addr, model)
         return lambda: shared
-    raise cli_checks.UsageError(f"unknown transport {transport!r} (zmq, http or grpc)")
+    raise checks.UsageError(f"unknown transport {transport!r} (zmq, http or grpc)")
 
 
 async def run_level(addr: str | None, model: str, inputs: list[dict], concurrency: int,
@@ -300,8 +300,8 @@ async def open_loop(addr: str, model: str, inputs: list[dict], rate: float, dura
 
 
 def main_load(args) -> int:
-    levels = cli_checks.levels(args.concurrency)
-    cli_checks.reachable(args.addr)
+    levels = checks.levels(args.concurrency)
+    checks.reachable(args.addr)
     inputs = sample_inputs(args.model, args.requests)
     print(f"model={args.model} requests/level={args.requests}")
     print("| concurrency | req/s | p50 ms | p95 ms | p99 ms | mean batch | errors |")

@@ -18,9 +18,9 @@ import os
 import sys
 from typing import Any
 
-from aieng.cli.checks import reachable
-from aieng.cli.plots import pyplot
 from aieng.client import Client
+from aieng.tools.checks import reachable
+from aieng.tools.plots import pyplot
 
 
 def fetch(addr: str | None, since_s: float | None = None, reset: bool = False,

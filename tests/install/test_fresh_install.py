@@ -36,7 +36,7 @@ for m in pkgutil.walk_packages(aieng.__path__, "aieng."):
         continue
     importlib.import_module(m.name)
     out["modules"].append(m.name)
-from aieng.cli.plots import MissingExtra, pyplot
+from aieng.tools.plots import MissingExtra, pyplot
 try:
     pyplot()
 except MissingExtra as exc:

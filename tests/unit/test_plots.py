@@ -7,9 +7,9 @@ import sys
 import pytest
 
 from aieng.cli.main import main
-from aieng.cli.plots import MissingExtra, pyplot
 from aieng.tools import report
 from aieng.tools.bench.run import publish
+from aieng.tools.plots import MissingExtra, pyplot
 
 STATS = {"stages": ["queue", "infer"], "models": {"m": {
     "requests": 3, "seconds": 1.0, "mean_batch": 1.0, "padding_waste": 0.0, "batch_sizes": {"1": 3},

@@ -24,14 +24,14 @@ from typing import Callable
 
 import numpy as np
 
-from aieng.cli import checks as cli_checks
-from aieng.cli.plots import MissingExtra, pyplot
+from aieng.tools import checks
 from aieng.tools.bench.kit import fmt_num as _f
 from aieng.tools.bench.kit import free_addr, ratio, spawn, start_server, stop_server, write_report
 from aieng.tools.bench.limit import InProcess
 from aieng.tools.bench.rounds import ROUNDS, Side, closed_rounds
 from aieng.tools.bench.transports import TRANSPORTS, main_transports
 from aieng.tools.loadgen import open_loop, sample_inputs
+from aieng.tools.plots import MissingExtra, pyplot
 
 # Column order of the per-process CPU table; names not listed follow, sorted.
 _ROLE_ORDER = ("frontend", "preprocess", "executor", "postprocess", "supervisor", "other")
@@ -264,13 +264,13 @@ def main_bench(args) -> int:
     transports = [t.strip() for t in str(getattr(args, "transport", "zmq")).split(",") if t.strip()]
     unknown = [t for t in transports if t not in TRANSPORTS]
     if unknown or not transports:
-        raise cli_checks.UsageError(f"--transport: unknown {unknown or transports} "
+        raise checks.UsageError(f"--transport: unknown {unknown or transports} "
                          f"(a comma-separated list of zmq, http, grpc)")
     if transports != ["zmq"]:
         return main_transports(args, transports)
     if getattr(args, "tracing", False):
         if not 0.0 <= args.trace_ratio <= 1.0:
-            raise cli_checks.UsageError(f"--trace-ratio is a share between 0 and 1, got {args.trace_ratio!r}")
+            raise checks.UsageError(f"--trace-ratio is a share between 0 and 1, got {args.trace_ratio!r}")
         from aieng.tools.bench.tracing import main_tracing
 
         return main_tracing(args)

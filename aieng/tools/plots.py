@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from aieng.cli.checks import UsageError
+from aieng.tools.checks import UsageError
 
 HINT = "pip install 'aieng[plots]'"
 

@@ -1,4 +1,7 @@
-"""The command line's checks of what a user typed: a mistake is one line and exit code 2, never a traceback.
+"""The commands' checks of what a user typed: a mistake is one line and exit code 2, never a traceback.
+
+Here in ``tools/``, below ``cli/``: the command line (``cli.main``, ``cli.rollout``) and the tools' own
+commands (load, bench, report) share it, and ``tools/`` imports nothing from ``cli/``.
 
 ``UsageError`` is raised by a command for a mistake the user can fix (an address that is not one, a file
 that is not there, a number that is not one, an input without ``=``); ``cli.main`` prints
