@@ -24,8 +24,8 @@ PROPERTIES = ("length", "bytes", "value")
 MAX_RULES = 64
 MAX_GROUP = 100_000  # keys in one group
 # Characters of routing keys (a key's length + 1 each) in the groups of one routing, all together: what the
-# state file holds for it (rollout.py keeps history within twice this per model).  100,000 keys of up to 40
-# characters fit; a routing over it is refused, never truncated.
+# state file holds for it (the frontend keeps a model's history within twice this: frontend/rollout/model.py).
+# 100,000 keys of up to 40 characters fit; a routing over it is refused, never truncated.
 MAX_GROUP_CHARS = 4 * 1024 * 1024
 DEFAULT_MAX_LOAD = 0.5  # a shadow's share of max_inflight above which copies are shed
 

@@ -109,7 +109,7 @@ class RoutingState:
     groups: dict[str, Group] = field(default_factory=dict)
     allow_pinned: bool = True
     reason: str = ""  # what made this state (config, set_weights, rollback, auto-rollback, ...)
-    shadow: Any = None  # shadow.ShadowConfig: requests mirrored to a candidate (None: none)
+    shadow: Any = None  # models.routing.ShadowConfig: requests mirrored to a candidate (None: none)
     serial: int = field(default_factory=lambda: next(_SERIALS), compare=False)  # unique per state built
 
     def routes_as(self, other: "RoutingState") -> bool:
@@ -147,7 +147,7 @@ KEEP = object()  # build(shadow=KEEP): the previous state's shadow setting stand
 def build(prev: RoutingState | None, versions: set[str], weights: Any = None, rules: Any = None,
           allow_pinned: Any = None, reason: str = "", shadow: Any = KEEP) -> RoutingState:
     """A new state from ``prev`` with whatever is given changed; ``RoutingError`` changes nothing.
-    ``shadow`` is an already parsed ``shadow.ShadowConfig`` or None (off)."""
+    ``shadow`` is an already parsed ``models.routing.ShadowConfig`` or None (off)."""
     if weights is None and prev is None:
         raise RoutingError("weights are needed for a new routing")
     w = check_weights(weights, versions) if weights is not None else prev.weights
