@@ -251,11 +251,9 @@ class Executor(HubWorker):
             return
         infer_us = job.run_ns // 1000
         padded = max((max(s.values(), default=0) for s in sizes), default=0)
-        if job.background:  # rare (a load's golden cases): shown at the next heartbeat
-            self.bg_runs[key] = self.bg_runs.get(key, 0) + 1
-            self.versions.refresh()
-        elif job.spare:  # shown at the next heartbeat, re-encoded then (not once per run)
-            self.spare_runs[key] = self.spare_runs.get(key, 0) + 1
+        if job.background or job.spare:  # shown at the next heartbeat, re-encoded then (not once per run)
+            runs = self.bg_runs if job.background else self.spare_runs
+            runs[key] = runs.get(key, 0) + 1
             self.hello_stale = True
         if learn:  # the cost model describes the serving lanes' runs, which carry the load
             self.batcher.observe(key, len(live), padded, infer_us / 1e6)

@@ -158,8 +158,8 @@ class HttpServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
-        host = peer[0] if isinstance(peer, tuple) and peer else str(peer)
-        key = peer_key(host)
+        ends = Peer.of(peer, writer.get_extra_info("sockname"))
+        key = peer_key(ends.host)
         if len(self.conns) >= self.max_conns and not self.closing:
             victim = self._victim(key)
             if victim is not None:  # no peer's connections lock another peer out
@@ -182,7 +182,6 @@ class HttpServer:
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         conn = Reader(self.budget, self.max_body, self.head_s, writer)
-        ends = Peer.of(peer, writer.get_extra_info("sockname"))
         try:
             while not self.closing and await self._next(conn, reader, writer, peer, ends):
                 pass

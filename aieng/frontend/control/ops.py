@@ -109,8 +109,14 @@ class ClientOps:
     def wide_ops(self) -> dict[str, Callable[[dict], dict]]:
         """The server-wide ops as the admin socket serves them: ``fn(req)`` -> the reply's fields, or
         ``RequestError``."""
-        return {"log_level": lambda req: self.log_level(req.get("id"), req, admin=True),
-                "stats": lambda req: self.stats_op(req.get("id"), req, admin=True)}
+        def as_admin(op: Callable[..., dict]) -> Callable[[dict], dict]:
+            def run(req: dict) -> dict:
+                out = op(req.get("id"), req, admin=True)
+                if not out["ok"]:  # the client socket's error reply, as the admin socket's error
+                    raise p.RequestError(out["error"]["code"], out["error"]["message"])
+                return out
+            return run
+        return {"log_level": as_admin(self.log_level), "stats": as_admin(self.stats_op)}
 
     @staticmethod
     def denied(req_id: Any, what: str, admin_op: str) -> dict:
@@ -145,8 +151,6 @@ class ClientOps:
         if not (admin or self.client_admin):
             return self.denied(req_id, "changing the log level", "log_level")
         if level not in LEVELS:
-            if admin:
-                raise p.RequestError(p.INVALID_REQUEST, "level must be DEBUG, INFO, WARNING or ERROR")
             return {"id": req_id, "ok": False,
                     "error": {"code": p.INVALID_REQUEST,
                               "message": "level must be DEBUG, INFO, WARNING or ERROR"}}

@@ -24,7 +24,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from aieng.frontend.observe.driftref import Binned, build, problem
+from aieng.frontend.observe.driftref import Binned, build, features_problem
 from aieng.models import yaml_file
 from aieng.models.golden import read_golden
 from aieng.models.repo import ModelSpec
@@ -42,12 +42,9 @@ def read_reference_file(path: str, key: str) -> dict | None:
     from a regular file of bounded size, without blocking on what is not one."""
     try:
         ref = json.loads(yaml_file.read_bytes(path, MAX_REFERENCE_FILE_BYTES))
-        if not isinstance(ref, dict) or not isinstance(ref.get("features", {}), dict):
-            raise ValueError("not a map with a map of features")
-        for name, feature in ref.get("features", {}).items():
-            why = problem(feature)
-            if why:
-                raise ValueError(f"feature {name!r}: {why}")
+        why = features_problem(ref.get("features", {})) if isinstance(ref, dict) else "not a map"
+        if why:
+            raise ValueError(why)
         return ref
     except (OSError, ModelError, ValueError, RecursionError) as exc:  # JSON's errors are ValueErrors
         log.error("%s: drift reference %s not used, built from traffic instead: %s", key, path, exc)

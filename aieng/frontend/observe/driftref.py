@@ -13,7 +13,8 @@ the population stability index
 
 a the window's shares, e the reference's, both floored at 1e-4; no score before ``MIN_OBSERVATIONS``
 values.  Only bin indices are kept, never the values themselves.  ``problem(ref)`` says what is wrong
-with a reference read back from a file (None: ``Binned`` can take it).  Pure: no files, no clocks.
+with a reference read back from a file (None: ``Binned`` can take it), ``features_problem`` with a map of
+them.  Pure: no files, no clocks.
 """
 from __future__ import annotations
 
@@ -87,6 +88,17 @@ def problem(ref) -> str | None:
         return "edges must be sorted numbers"
     if cats is not None and not all(isinstance(c, str) for c in cats):
         return "categories must be strings"
+    return None
+
+
+def features_problem(features, where: str = "") -> str | None:
+    """Why a map of feature name -> reference (read back from a file) cannot be used; None if it can."""
+    if not isinstance(features, dict):
+        return f"{where or 'features'} must be a map"
+    for name, ref in features.items():
+        why = problem(ref)
+        if why is not None:
+            return f"{where}.{name}: {why}" if where else f"feature {name!r}: {why}"
     return None
 
 

@@ -18,7 +18,7 @@ import logging
 import os
 
 from aieng.frontend.observe.drift import DriftMonitor, ReferenceRule
-from aieng.frontend.observe.driftref import problem
+from aieng.frontend.observe.driftref import features_problem
 from aieng.frontend.rollout.routestore import store_path, write_atomically
 from aieng.frontend.rollout.statewriter import StateWriter
 
@@ -72,15 +72,8 @@ def check(built) -> str | None:
     size = built.get("size")
     if not isinstance(built.get("digest"), str) or not isinstance(size, int) or isinstance(size, bool):
         return "digest must be a string and size an int"
-    for part in ("inputs", "outputs"):
-        feats = built.get(part)
-        if not isinstance(feats, dict):
-            return f"{part} must be a map"
-        for name, ref in feats.items():
-            why = problem(ref)
-            if why is not None:
-                return f"{part}.{name}: {why}"
-    return None
+    return (features_problem(built.get("inputs"), "inputs")
+            or features_problem(built.get("outputs"), "outputs"))
 
 
 def build_drift(cfg, specs: dict) -> tuple[DriftMonitor, StateWriter | None]:
