@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from aieng.models.repo import ModelSpec
-from aieng.postprocess_workers.answer import answer, to_wire
-from aieng.postprocess_workers.chain import Chain
+from aieng.processing.post.answer import answer, to_wire
+from aieng.processing.post.chain import Chain
 from aieng.wire import messages as m
 from aieng.wire.protocol import pack
 

@@ -68,7 +68,7 @@ class InlinePre:
     def consider(self, spec: ModelSpec, sess=None) -> str:
         """Build ``spec``'s processor when it may run here and, given its built ``sess``, measure
         whether it may at any load; file the decision for ``adopt``."""
-        from aieng.preprocess_workers.processors import PROCESSORS
+        from aieng.processing.pre.processors import PROCESSORS
 
         kind = spec.preprocess.get("type", "")
         image = kind in IDLE_KINDS
@@ -151,8 +151,8 @@ class InlinePre:
         """Validate and encode one request's frame; raises ``RequestError`` for a bad one (the same
         checks and messages as a preprocess worker's).  ``alone``: the request is alone in the server,
         so a processor with native threads (an image's OpenCV) may use every core, as in the pool."""
-        from aieng.preprocess_workers.processors import spread
         from aieng.preprocess_workers.worker import read_request
+        from aieng.processing.pre.processors import spread
 
         inputs, params = read_request(self.specs[key], body, self.max_message_bytes)
         proc = self.procs[key]

@@ -43,7 +43,7 @@ OUTPUT_KINDS = ("tensor", "str", "number", "list")
 def check_postprocess(cfg_path: str, post: dict) -> None:
     """The postprocess chain's ops and parameters (``postprocess_workers.chain.parse``): an unknown op
     or a bad parameter fails the model's load with a message naming the step."""
-    from aieng.postprocess_workers.chain import parse  # here: importing models.repo alone loads no ops
+    from aieng.processing.post.chain import parse  # here: importing models.repo alone loads no ops
 
     try:
         parse(post)

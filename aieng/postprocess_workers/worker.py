@@ -14,8 +14,8 @@ from __future__ import annotations
 from aieng.config import Config
 from aieng.models import repo as model_repo
 from aieng.models.repo import ModelSpec
-from aieng.postprocess_workers.answer import answer
-from aieng.postprocess_workers.chain import Chain
+from aieng.processing.post.answer import answer
+from aieng.processing.post.chain import Chain
 from aieng.runtime.worker import HubWorker
 from aieng.runtime.worker_hotswap import Versions
 from aieng.wire import messages as m

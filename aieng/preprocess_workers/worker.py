@@ -25,7 +25,7 @@ from aieng.config import Config
 from aieng.inputs import validate_inputs
 from aieng.models import repo as model_repo
 from aieng.models.repo import ModelSpec
-from aieng.preprocess_workers.processors import PROCESSORS, spread
+from aieng.processing.pre.processors import PROCESSORS, spread
 from aieng.runtime.worker import HubWorker, own_ring, push_socket
 from aieng.runtime.worker_hotswap import Versions
 from aieng.wire import messages as m

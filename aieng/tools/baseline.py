@@ -22,7 +22,7 @@ from typing import Any
 
 import zmq
 
-from aieng.postprocess_workers.answer import to_wire
+from aieng.processing.post.answer import to_wire
 from aieng.wire import protocol as p
 
 MAX_MESSAGE_BYTES = 32 * 1024 * 1024  # aieng's default max_message_bytes

@@ -17,8 +17,8 @@ def load_spec(model: str, repo: str) -> ModelSpec:
 
 class InProcessModel:
     def __init__(self, spec: ModelSpec):
-        from aieng.postprocess_workers.chain import Chain
-        from aieng.preprocess_workers.processors import PROCESSORS
+        from aieng.processing.post.chain import Chain
+        from aieng.processing.pre.processors import PROCESSORS
 
         self.spec = spec
         self.pre = PROCESSORS[spec.preprocess["type"]](spec)

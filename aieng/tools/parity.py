@@ -131,7 +131,7 @@ def sample_requests(spec: ModelSpec, n: int, start: int = 0) -> list[dict[str, A
 
 
 def sample_feeds(spec: ModelSpec, requests: list[dict]) -> list[dict[str, np.ndarray]]:
-    from aieng.preprocess_workers.processors import PROCESSORS
+    from aieng.processing.pre.processors import PROCESSORS
 
     if spec.preprocess["type"] == "tensor":  # the server passes client tensors through unchanged
         return [dict(r) for r in requests]

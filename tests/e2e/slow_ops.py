@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from aieng.postprocess_workers.schema import Op, Param, register
+from aieng.models.postprocess_schema import Op, Param, register
 
 
 class _Slow(Op):

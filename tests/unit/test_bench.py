@@ -175,8 +175,8 @@ def test_full_table_has_every_section():
 # ------------------------------------------------------------ the baseline server, for real
 def in_process_answer(inputs: dict) -> dict:
     from aieng.gpu_executor.sessions import ModelSession
-    from aieng.postprocess_workers.chain import Chain
-    from aieng.preprocess_workers.processors import PROCESSORS
+    from aieng.processing.post.chain import Chain
+    from aieng.processing.pre.processors import PROCESSORS
 
     s = spec("tabular")
     tensors, _, _ = PROCESSORS[s.preprocess["type"]](s).process(inputs)

@@ -12,8 +12,8 @@ from aieng.frontend.observe.drift import DriftMonitor, ReferenceRule
 from aieng.frontend.observe.driftref import Binned, build, psi
 from aieng.frontend.observe.driftstore import DriftStore, drift_path
 from aieng.models.repo import load_spec
-from aieng.postprocess_workers.centroid import Centroid
-from aieng.preprocess_workers.features import image_features, text_features
+from aieng.processing.post.centroid import Centroid
+from aieng.processing.pre.features import image_features, text_features
 from tests.conftest import ROOT
 
 MODELS = os.path.join(ROOT, "models")

@@ -50,7 +50,7 @@ def test_short_or_foreign_data_is_read_without_error(data):
 
 
 def test_the_image_processor_refuses_a_scan_bomb_before_decoding():
-    from aieng.preprocess_workers.image import ImagePreprocessor
+    from aieng.processing.pre.image import ImagePreprocessor
     from aieng.wire.protocol import INVALID_INPUT, RequestError
     from tests.unit.demo import spec
 

@@ -13,7 +13,7 @@ import numpy as np
 from aieng.gpu_executor.inline_post import EXECUTOR, InlinePost, eligible
 from aieng.gpu_executor.sessions import ModelSession
 from aieng.models.repo import load_spec
-from aieng.postprocess_workers.chain import Chain
+from aieng.processing.post.chain import Chain
 from aieng.wire import messages as m
 from aieng.wire.protocol import decode_tensor
 from tests.unit.demo import MODELS, needs_demo_models, spec, spec_with

@@ -11,7 +11,7 @@ import pytest
 
 from aieng.gpu_executor.inline_pre import InlinePre
 from aieng.gpu_executor.sessions import ModelSession
-from aieng.preprocess_workers.processors import PROCESSORS
+from aieng.processing.pre.processors import PROCESSORS
 from aieng.wire.protocol import INVALID_INPUT, RequestError
 from tests.unit.demo import needs_demo_models, spec, spec_with
 

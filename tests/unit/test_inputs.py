@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from aieng.inputs import precheck, validate_inputs
-from aieng.preprocess_workers.tensor import TensorPreprocessor
+from aieng.processing.pre.tensor import TensorPreprocessor
 from aieng.wire.protocol import RequestError, encode_tensor
 from tests.unit.demo import needs_demo_models, spec
 

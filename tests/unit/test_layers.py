@@ -30,8 +30,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # inputs: a request's inputs checked against a spec, answered with the wire protocol's codes, so it
     # stands on the wire, not in the model layer.
     ("aieng.wire", "aieng.inputs"),
-    # (the processing library goes here, issue 34 item 2: the processors, the postprocess chain and its
-    # ops, request reading; what two roles run, below both)
+    # the processing library: the processors, request reading, the postprocess chain, its ops and the
+    # answer; what two roles run (a pool and the executor), below both
+    ("aieng.processing",),
     ("aieng.runtime", "aieng.client"),
     ROLES,
     ("aieng.tools",),
@@ -40,15 +41,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 
 # (importer, imported) edges that still break (a) or (b), each with the issue-34 item that removes it.
 KNOWN: frozenset[tuple[str, str]] = frozenset({
-    # (a) models -> a role, inside ``repo.check_postprocess``: each op declares its parameters on its own
-    # class next to its code, so the scan checks a chain with the chain's parser (item 1, once item 2
-    # separates the op declarations from the ops).
-    ("aieng.models.repo", "aieng.postprocess_workers.chain"),
-    # (b) the executor's inline postprocessing runs the pool's chain and answer: item 2 (processing library).
-    ("aieng.gpu_executor.inline_post", "aieng.postprocess_workers.answer"),
-    ("aieng.gpu_executor.inline_post", "aieng.postprocess_workers.chain"),
-    # (b) the executor's inline preprocessing runs the pool's processors and request reading: item 2.
-    ("aieng.gpu_executor.inline_pre", "aieng.preprocess_workers.processors"),
+    # (a) models -> the processing library, inside ``repo.check_postprocess``: each op declares its
+    # parameters on its own class next to its code, so the scan checks a chain with the chain's parser
+    # (item 2, once the op declarations are separate from the ops).
+    ("aieng.models.repo", "aieng.processing.post.chain"),
+    # (b) the executor's inline preprocessing reads a request as the pool does: item 2.
     ("aieng.gpu_executor.inline_pre", "aieng.preprocess_workers.worker"),
 })
 

@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from aieng.postprocess_workers.chain import Chain
+from aieng.processing.post.chain import Chain
 from aieng.wire.protocol import INVALID_INPUT, RequestError
 from tests.unit.demo import MODELS, ROOT, needs_demo_models, spec  # noqa: F401
 from tests.unit.demo import spec_with as _spec_with

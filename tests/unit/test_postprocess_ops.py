@@ -22,10 +22,10 @@ import zipfile
 import numpy as np
 import pytest
 
-from aieng.postprocess_workers.chain import Chain, StepTimedOut, parse
-from aieng.postprocess_workers.guard import Guard
-from aieng.postprocess_workers.ops import softmax
-from aieng.postprocess_workers.schema import REGISTRY, Op, Param, register
+from aieng.models.postprocess_schema import REGISTRY, Op, Param, register
+from aieng.processing.post.chain import Chain, StepTimedOut, parse
+from aieng.processing.post.guard import Guard
+from aieng.processing.post.ops import softmax
 from aieng.wire.protocol import INVALID_INPUT, TIMEOUT, RequestError
 from tests.unit.demo import ROOT, needs_demo_models, spec
 

@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 
 from aieng.inputs import image_pixels, image_size
-from aieng.preprocess_workers.image import ImagePreprocessor
-from aieng.preprocess_workers.processors import PROCESSORS
-from aieng.preprocess_workers.tabular import TabularPreprocessor
-from aieng.preprocess_workers.tensor import TensorPreprocessor
-from aieng.preprocess_workers.text import TextPreprocessor
 from aieng.preprocess_workers.worker import validate_inputs
+from aieng.processing.pre.image import ImagePreprocessor
+from aieng.processing.pre.processors import PROCESSORS
+from aieng.processing.pre.tabular import TabularPreprocessor
+from aieng.processing.pre.tensor import TensorPreprocessor
+from aieng.processing.pre.text import TextPreprocessor
 from aieng.wire.protocol import INVALID_INPUT, RequestError, encode_tensor
 from tests.unit.demo import MODELS, ROOT, needs_demo_models, spec  # noqa: F401
 from tests.unit.demo import spec_with as _spec_with
@@ -32,7 +32,7 @@ from tests.unit.demo import spec_with as _spec_with
 VENDOR = ROOT / ".cache" / "vendor"
 pytestmark = needs_demo_models
 
-import cv2  # noqa: E402  (after aieng.preprocess_workers.image has set OpenCV's pixel guard)
+import cv2  # noqa: E402  (after aieng.processing.pre.image has set OpenCV's pixel guard)
 
 
 # ------------------------------------------------------------ helpers

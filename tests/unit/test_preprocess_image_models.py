@@ -17,8 +17,8 @@ import pytest
 from aieng.gpu_executor.sessions import ModelSession
 from aieng.models import image_config
 from aieng.models.repo import ModelError, load_spec
-from aieng.postprocess_workers.chain import Chain
-from aieng.preprocess_workers.image import ImagePreprocessor
+from aieng.processing.post.chain import Chain
+from aieng.processing.pre.image import ImagePreprocessor
 from aieng.wire.protocol import INVALID_INPUT, RequestError
 from tests.unit.demo import MODELS, ROOT
 

@@ -10,8 +10,8 @@ import msgpack
 import numpy as np
 
 from aieng.models.repo import load_spec
-from aieng.preprocess_workers.image import ImagePreprocessor
 from aieng.preprocess_workers.worker import PreprocessWorker
+from aieng.processing.pre.image import ImagePreprocessor
 from aieng.wire import messages as m
 from tests.unit.demo import MODELS, needs_demo_models
 

@@ -29,7 +29,7 @@ import numpy as np
 from aieng.inputs import image_size, jpeg_scans
 from aieng.models import image_config
 from aieng.models.repo import ModelSpec
-from aieng.preprocess_workers.features import image_features
+from aieng.processing.pre.features import image_features
 from aieng.wire.messages import Geometry
 from aieng.wire.protocol import INVALID_INPUT, RequestError
 

@@ -13,7 +13,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from aieng.models.repo import ModelSpec
-from aieng.preprocess_workers.features import text_features
+from aieng.processing.pre.features import text_features
 from aieng.wire.protocol import INVALID_INPUT, RequestError
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from aieng.models.onnx_meta import read_metadata
-from aieng.postprocess_workers.schema import Op, Param, register
+from aieng.models.postprocess_schema import Op, Param, register
 
 
 def load_characters(cfg: dict, spec) -> list[str]:

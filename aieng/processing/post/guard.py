@@ -148,5 +148,5 @@ def bench(n: int = 20000) -> dict[str, float]:
     return out
 
 
-if __name__ == "__main__":  # pragma: no cover - python -m aieng.postprocess_workers.guard
+if __name__ == "__main__":  # pragma: no cover - python -m aieng.processing.post.guard
     print("microseconds per guarded empty step:", bench())

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from aieng.preprocess_workers.image import ImagePreprocessor
-from aieng.preprocess_workers.tabular import TabularPreprocessor
-from aieng.preprocess_workers.tensor import TensorPreprocessor
-from aieng.preprocess_workers.text import TextPreprocessor
+from aieng.processing.pre.image import ImagePreprocessor
+from aieng.processing.pre.tabular import TabularPreprocessor
+from aieng.processing.pre.tensor import TensorPreprocessor
+from aieng.processing.pre.text import TextPreprocessor
 
 
 def spread(proc: Any, alone: bool, cores: int) -> None:

@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from aieng.postprocess_workers import ctc, detection, ops  # noqa: F401  (they fill the registry)
-from aieng.postprocess_workers.guard import Guard
-from aieng.postprocess_workers.schema import GEOMETRY, REGISTRY, check_params
+from aieng.models.postprocess_schema import GEOMETRY, REGISTRY, check_params
+from aieng.processing.post import ctc, detection, ops  # noqa: F401  (they fill the registry)
+from aieng.processing.post.guard import Guard
 from aieng.wire.protocol import TIMEOUT, RequestError
 from aieng.wire.records import Step
 

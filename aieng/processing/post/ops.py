@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from aieng.models.onnx_meta import read_metadata
-from aieng.postprocess_workers.centroid import Centroid
-from aieng.postprocess_workers.schema import Op, Param, register
+from aieng.models.postprocess_schema import Op, Param, register
+from aieng.processing.post.centroid import Centroid
 from aieng.wire.protocol import INVALID_INPUT, RequestError
 
 SOURCE = Param("source", "str", doc="the value the op reads")

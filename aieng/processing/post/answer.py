@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from aieng.postprocess_workers.chain import Chain, StepTimedOut
+from aieng.processing.post.chain import Chain, StepTimedOut
 from aieng.wire import messages as m
 from aieng.wire.protocol import INTERNAL, RequestError, encode_tensor, pack
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from aieng.postprocess_workers.ops import SOURCE, softmax
-from aieng.postprocess_workers.schema import GEOMETRY, Op, Param, register
+from aieng.models.postprocess_schema import GEOMETRY, Op, Param, register
+from aieng.processing.post.ops import SOURCE, softmax
 
 
 @register

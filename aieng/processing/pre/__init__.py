@@ -1,0 +1,1 @@
+"""Preprocessing: a model's processors by ``preprocess.type`` (``processors.PROCESSORS``)."""
