@@ -151,8 +151,8 @@ class InlinePre:
         """Validate and encode one request's frame; raises ``RequestError`` for a bad one (the same
         checks and messages as a preprocess worker's).  ``alone``: the request is alone in the server,
         so a processor with native threads (an image's OpenCV) may use every core, as in the pool."""
-        from aieng.preprocess_workers.worker import read_request
         from aieng.processing.pre.processors import spread
+        from aieng.processing.pre.request import read_request
 
         inputs, params = read_request(self.specs[key], body, self.max_message_bytes)
         proc = self.procs[key]

@@ -22,10 +22,10 @@ import time
 from typing import Any
 
 from aieng.config import Config
-from aieng.inputs import validate_inputs
 from aieng.models import repo as model_repo
 from aieng.models.repo import ModelSpec
 from aieng.processing.pre.processors import PROCESSORS, spread
+from aieng.processing.pre.request import read_request
 from aieng.runtime.worker import HubWorker, own_ring, push_socket
 from aieng.runtime.worker_hotswap import Versions
 from aieng.wire import messages as m
@@ -36,17 +36,9 @@ from aieng.wire.protocol import (
     INVALID_REQUEST,
     UNAVAILABLE,
     RequestError,
-    unpack_limited,
 )
 
 MAX_DRAIN = 64
-
-
-def read_request(spec: ModelSpec, body, max_bytes: int) -> tuple[dict[str, Any], dict]:
-    """A client's request frame as preprocessing reads it (here and in the executor's ``inline_pre``):
-    ``(inputs, params)``, the inputs checked against the model's declared ones (``RequestError``)."""
-    req = unpack_limited(body, max_bytes)
-    return validate_inputs(spec, req.get("inputs")), req.get("params") or {}
 
 
 class PreprocessWorker(HubWorker):

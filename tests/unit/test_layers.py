@@ -45,8 +45,6 @@ KNOWN: frozenset[tuple[str, str]] = frozenset({
     # parameters on its own class next to its code, so the scan checks a chain with the chain's parser
     # (item 2, once the op declarations are separate from the ops).
     ("aieng.models.repo", "aieng.processing.post.chain"),
-    # (b) the executor's inline preprocessing reads a request as the pool does: item 2.
-    ("aieng.gpu_executor.inline_pre", "aieng.preprocess_workers.worker"),
 })
 
 

@@ -18,8 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aieng.inputs import image_pixels, image_size
-from aieng.preprocess_workers.worker import validate_inputs
+from aieng.inputs import image_pixels, image_size, validate_inputs
 from aieng.processing.pre.image import ImagePreprocessor
 from aieng.processing.pre.processors import PROCESSORS
 from aieng.processing.pre.tabular import TabularPreprocessor
