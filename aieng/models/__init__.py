@@ -7,14 +7,13 @@ sets (``golden``), one model directory served under a name (``view``), ONNX meta
 (``onnx_meta``), the one reader of every model.yaml (``yaml_file``: bounded, regular files, no aliases),
 and the pure schema parsers the scan and the roles share: the ``routing`` section (``routing``: weights,
 rules and groups, shadow, auto-rollback; the frontend builds its routing state on them), the ``pool``
-section (``settings.parse_setting``) and an image model's ``preprocess`` section (``image_config``).
+section (``settings.parse_setting``), an image model's ``preprocess`` section (``image_config``) and the
+``postprocess`` section (``postprocess``: the ops a chain may name, declared with their parameters, and
+the chain's check; ``postprocess_schema``: the parameter contract), whose op code is in ``processing/post``.
 
 The contract: this package imports only the standard library, its third-party parsers and the floor below
 it (``config``, ``envs``, ``httpcore``), never the roles (``frontend/``, ``preprocess_workers/``,
-``gpu_executor/``, ``postprocess_workers/``, ``gateway/``), ``runtime/``, ``wire/``, ``client/``, ``tools/``
-or ``cli/``.  Every layer above reads models through it; tests/unit/test_layers.py holds the rule.
-Importing it loads no OpenCV, no ONNX Runtime and no postprocess ops.  One arrow still runs up, inside a
-function: ``repo.check_postprocess`` checks a chain with ``postprocess_workers.chain.parse``, because each
-op declares its parameters on its own class, next to its code (listed as known in the layer test until the
-op declarations move below the roles, issue 34 item 2).
+``gpu_executor/``, ``postprocess_workers/``, ``gateway/``), ``processing/``, ``runtime/``, ``wire/``,
+``client/``, ``tools/`` or ``cli/``.  Every layer above reads models through it; tests/unit/test_layers.py
+holds the rule.  Importing it loads no OpenCV, no ONNX Runtime and no postprocess ops.
 """

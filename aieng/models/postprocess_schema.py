@@ -1,24 +1,18 @@
-"""The postprocess op contract and its registry; no numpy-heavy imports, so models/repo.py validates with it.
+"""The parameter contract of a postprocess op: ``Param`` (one declared parameter), ``OpDecl`` (an op's name,
+its parameters, whether it runs long C calls) and ``check_params`` (a step's parameters against them).
 
-An op is a small class registered under a name.  It declares its parameters (``PARAMS``: name, kind,
-default, limits); a step's parameters are checked against them when a model's spec is loaded, so an
-unknown op, an unknown key or a bad value fails the model's load with a message naming the step.
-
-Ops read and write a *state*: a map of named values that starts as the model's outputs (read-only
-shared-memory views) and that each step adds to.  An instance lists the names it reads (``inputs``)
-and writes (``outputs``), so the chain knows what a skipped step leaves missing.  ``__call__(state,
-params, degraded)`` returns ``{name: value}`` (only names among ``outputs``); ``params`` are the
-client's request params and ``degraded`` the model's degradation level at admission (a typed field
-the frontend sets).  ``RUNS_C`` marks ops whose time goes into long C calls that release the GIL
-(OpenCV): with a timeout they run on a helper thread (``guard``), because a signal cannot stop them.
+Pure: no numpy, no onnx, no op code, so the repository scan checks a chain (``models/postprocess.parse``)
+without loading any op.  The declarations of the server's ops are in ``models/postprocess``; the code that
+runs them is in ``processing/post`` and registers each implementation against its declaration by name.
+``runs_c`` marks an op whose time goes into long C calls that release the GIL (OpenCV): a step of it
+isolates on a helper thread by default (``processing/post/guard``), because a signal cannot stop it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 REQUIRED = object()
-GEOMETRY = "geometry"  # the state key of an image request's Geometry (never part of the answer)
 KINDS = ("str", "int", "float", "bool", "names", "ints", "floats", "any")
 
 
@@ -71,39 +65,22 @@ class Param:
             raise ValueError(f"'{self.name}' must be in {self.lo}..{self.hi}; got {v}")
 
 
-class Op:
-    """Base of every op (see the module docstring)."""
-
-    NAME: ClassVar[str] = ""
-    PARAMS: ClassVar[tuple[Param, ...]] = ()
-    RUNS_C: ClassVar[bool] = False
-    inputs: list[str]
-    outputs: list[str]
-
-    def __init__(self, cfg: dict, spec):
-        self.cfg = cfg
-
-    def __call__(self, state: dict[str, Any], params: dict, degraded: int = 0) -> dict[str, Any]:
-        raise NotImplementedError
+@dataclass(frozen=True)
+class OpDecl:
+    """What a chain step may say about one op: its ``name``, its ``params`` and ``runs_c`` (the module
+    docstring).  What it reads, writes and does is its implementation's (``processing/post``)."""
+    name: str
+    params: tuple[Param, ...] = ()
+    runs_c: bool = False
 
 
-REGISTRY: dict[str, type[Op]] = {}
-
-
-def register(cls: type[Op]) -> type[Op]:
-    if cls.NAME in REGISTRY and REGISTRY[cls.NAME] is not cls:
-        raise RuntimeError(f"postprocess op {cls.NAME!r} registered twice")
-    REGISTRY[cls.NAME] = cls
-    return cls
-
-
-def check_params(op: type[Op], given: dict[str, Any]) -> dict[str, Any]:
-    """``given`` checked against ``op.PARAMS`` with defaults filled; ValueError names the bad key."""
-    declared = {p.name: p for p in op.PARAMS}
+def check_params(op: OpDecl, given: dict[str, Any]) -> dict[str, Any]:
+    """``given`` checked against ``op.params`` with defaults filled; ValueError names the bad key."""
+    declared = {p.name: p for p in op.params}
     unknown = sorted(set(given) - set(declared))
     if unknown:
         raise ValueError(f"unknown parameter(s) {', '.join(map(repr, unknown))} "
-                         f"(op {op.NAME} takes {', '.join(declared) or 'none'})")
+                         f"(op {op.name} takes {', '.join(declared) or 'none'})")
     out: dict[str, Any] = {}
     for name, p in declared.items():
         if name in given and given[name] is not None:

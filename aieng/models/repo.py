@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from aieng.models import yaml_file
+from aieng.models import postprocess, yaml_file
 from aieng.models.image_config import check as check_image
 from aieng.models.pipelines import check_pipeline_models, pipeline_spec
 from aieng.models.settings import (
@@ -41,12 +41,11 @@ OUTPUT_KINDS = ("tensor", "str", "number", "list")
 
 
 def check_postprocess(cfg_path: str, post: dict) -> None:
-    """The postprocess chain's ops and parameters (``postprocess_workers.chain.parse``): an unknown op
-    or a bad parameter fails the model's load with a message naming the step."""
-    from aieng.processing.post.chain import parse  # here: importing models.repo alone loads no ops
-
+    """The postprocess chain's ops and parameters, against their declarations (``postprocess.parse``; no
+    op code is loaded): an unknown op or a bad parameter fails the model's load with a message naming the
+    step."""
     try:
-        parse(post)
+        postprocess.parse(post)
     except ValueError as exc:
         raise ModelError(f"{cfg_path}: {exc}") from None
 

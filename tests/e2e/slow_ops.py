@@ -1,9 +1,9 @@
 """Deliberately slow postprocess ops, for tests/e2e/test_rule_chain.py only.
 
-Never part of the server: they are registered in a server's processes only by a test that starts
-it with a ``sitecustomize`` importing this module (``PYTHONPATH`` set by the test), so a model.yaml
-can name them.  How slow a request makes them is its own ``params`` (a test-only op, so a client
-steering it harms nothing).
+Never part of the server: they are declared (``models/postprocess.declare``) and registered in a server's
+processes only by a test that starts it with a ``sitecustomize`` importing this module (``PYTHONPATH`` set
+by the test), so a model.yaml can name them.  How slow a request makes them is its own ``params`` (a
+test-only op, so a client steering it harms nothing).
 
 - ``test_spin``: a pure-Python busy loop for ``params.spin_s`` seconds (stopped by the guard's
   SIGALRM when it runs past its step's limit).
@@ -17,12 +17,16 @@ import time
 
 import numpy as np
 
-from aieng.models.postprocess_schema import Op, Param, register
+from aieng.models.postprocess import declare
+from aieng.models.postprocess_schema import OpDecl, Param
+from aieng.processing.post.op import Op, register
+
+PARAMS = (Param("source", "str"), Param("output", "str"))
+declare(OpDecl("test_spin", PARAMS))
+declare(OpDecl("test_blur", PARAMS, runs_c=True))
 
 
 class _Slow(Op):
-    PARAMS = (Param("source", "str"), Param("output", "str"))
-
     def __init__(self, cfg, spec):
         super().__init__(cfg, spec)
         self.inputs, self.outputs = [cfg["source"]], [cfg["output"]]
@@ -45,7 +49,6 @@ class Spin(_Slow):
 class Blur(_Slow):
     """One OpenCV Gaussian blur with sigma params.blur_sigma (0: none), then source -> output."""
     NAME = "test_blur"
-    RUNS_C = True
 
     def __init__(self, cfg, spec):
         super().__init__(cfg, spec)

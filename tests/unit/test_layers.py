@@ -9,8 +9,9 @@ low to high); a module may import its own layer or below.  Three rules:
   (b) no role importing another role (a role's package imports only itself and the layers below);
   (c) no import circle between modules.
 
-What still breaks (a) or (b) is listed in ``KNOWN``, each with the issue-34 item that removes it.  The list
-can only shrink: an entry that no longer occurs fails the test too, so whoever removes an arrow also
+Nothing breaks them: ``KNOWN``, the edges allowed to break (a) or (b), is empty since issue 34 (the last
+five arrows went with the processing library, item 2).  An exception added there names the issue that
+removes it, and an entry that no longer occurs fails the test too, so whoever removes the arrow also
 removes its entry.
 """
 from __future__ import annotations
@@ -39,13 +40,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("aieng.cli",),
 )
 
-# (importer, imported) edges that still break (a) or (b), each with the issue-34 item that removes it.
-KNOWN: frozenset[tuple[str, str]] = frozenset({
-    # (a) models -> the processing library, inside ``repo.check_postprocess``: each op declares its
-    # parameters on its own class next to its code, so the scan checks a chain with the chain's parser
-    # (item 2, once the op declarations are separate from the ops).
-    ("aieng.models.repo", "aieng.processing.post.chain"),
-})
+# (importer, imported) edges allowed to break (a) or (b), each with the issue that removes it: none.
+KNOWN: frozenset[tuple[str, str]] = frozenset()
 
 
 def modules() -> dict[str, Path]:

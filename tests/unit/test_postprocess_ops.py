@@ -22,9 +22,11 @@ import zipfile
 import numpy as np
 import pytest
 
-from aieng.models.postprocess_schema import REGISTRY, Op, Param, register
-from aieng.processing.post.chain import Chain, StepTimedOut, parse
+from aieng.models.postprocess import declare, parse
+from aieng.models.postprocess_schema import OpDecl, Param
+from aieng.processing.post.chain import Chain, StepTimedOut
 from aieng.processing.post.guard import Guard
+from aieng.processing.post.op import REGISTRY, Op, register
 from aieng.processing.post.ops import softmax
 from aieng.wire.protocol import INVALID_INPUT, TIMEOUT, RequestError
 from tests.unit.demo import ROOT, needs_demo_models, spec
@@ -282,12 +284,14 @@ def test_ctc_decode_matches_rapidocr():
 
 
 # ------------------------------------------------------------ the chain: time limits, skip, fail
+declare(OpDecl("test_spin", (Param("output", "str", "spun"),)))
+
+
 @register
 class SpinForever(Op):
     """Test op: a pure-Python loop, counting in ``SpinForever.count``, for 10 s unless stopped (then it
     returns, and the chain would report it ``ok``)."""
     NAME = "test_spin"
-    PARAMS = (Param("output", "str", "spun"),)
     count = 0
 
     def __init__(self, cfg, spec):

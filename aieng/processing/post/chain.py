@@ -3,8 +3,10 @@
 ``model.yaml``'s ``postprocess`` gives either ``steps`` (and an optional ``answer`` list), the list of
 steps itself, or, as before, one op (a one-step chain named after its op).  Step keys: ``op``,
 ``name``, ``timeout_ms``, ``on_timeout`` (``fail`` or ``skip``), ``isolate`` (see ``guard``), and the
-op's own parameters (docs/models.md, 'Postprocess chains').  ``parse`` checks all of it when a spec is
-loaded and its ValueError names the step, so a bad chain fails the model's load.
+op's own parameters (docs/models.md, 'Postprocess chains').  ``parse`` (``models/postprocess``) checks all
+of it against the ops' declarations when a spec is loaded and its ValueError names the step, so a bad chain
+fails the model's load; ``Chain`` builds each step from that result, its op's implementation looked up by
+name once, here (``op.REGISTRY``), never per request.
 
 A run starts from the model's outputs.  A step whose inputs are missing because an earlier step was
 skipped is skipped as well.  Each step reports ``[name, microseconds, outcome]`` with outcome ``ok``,
@@ -21,69 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from aieng.models.postprocess_schema import GEOMETRY, REGISTRY, check_params
+from aieng.models.postprocess import parse
 from aieng.processing.post import ctc, detection, ops  # noqa: F401  (they fill the registry)
 from aieng.processing.post.guard import Guard
+from aieng.processing.post.op import GEOMETRY, REGISTRY
 from aieng.wire.protocol import TIMEOUT, RequestError
 from aieng.wire.records import Step
-
-STEP_KEYS = ("op", "name", "timeout_ms", "on_timeout", "isolate")
-MAX_STEPS = 32
-
-
-def parse(post: Any) -> dict[str, Any]:
-    """The chain of a ``postprocess`` section, checked: ``{"steps": [...], "answer": [...] | None}``.
-
-    Each step is ``{name, op, timeout_ms, on_timeout, isolate, params}`` with ``params`` checked
-    against the op's declaration.  Raises ValueError naming the step.
-    """
-    answer = None
-    if isinstance(post, dict) and "type" in post:  # the single-op form
-        if not isinstance(post["type"], str):
-            raise ValueError("postprocess.type must be a string")
-        raw = [{"op": post["type"], **{k: v for k, v in post.items() if k != "type"}}]
-    elif isinstance(post, dict):
-        if "steps" not in post:
-            raise ValueError("postprocess needs a 'type' (one op) or 'steps' (a chain)")
-        unknown = set(post) - {"steps", "answer"}
-        if unknown:
-            raise ValueError(f"postprocess: unknown key(s) {sorted(unknown)} (expected steps, answer)")
-        raw, answer = post.get("steps"), post.get("answer")
-        if answer is not None and not (isinstance(answer, list) and all(isinstance(a, str) for a in answer)):
-            raise ValueError("postprocess.answer must be a list of value names")
-    else:
-        raw = post
-    if not isinstance(raw, list) or not raw or len(raw) > MAX_STEPS:
-        raise ValueError(f"postprocess needs a 'type' or a list of 1..{MAX_STEPS} steps")
-    steps, names = [], set()
-    for i, step in enumerate(raw):
-        where = f"postprocess step {i + 1}"
-        if not isinstance(step, dict) or not isinstance(step.get("op"), str):
-            raise ValueError(f"{where}: each step is a mapping with an 'op'")
-        name = step.get("name", step["op"])
-        where = f"postprocess step {i + 1} '{name}'"
-        op = REGISTRY.get(step["op"])
-        if op is None:
-            raise ValueError(f"{where}: unknown op {step['op']!r} (known: {', '.join(sorted(REGISTRY))})")
-        if not isinstance(name, str) or not name or name in names:
-            raise ValueError(f"{where}: step names must be unique non-empty strings")
-        names.add(name)
-        timeout_ms = step.get("timeout_ms", 0)
-        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)) or timeout_ms < 0:
-            raise ValueError(f"{where}: timeout_ms must be a number >= 0 (0: no limit)")
-        on_timeout = step.get("on_timeout", "fail")
-        if on_timeout not in ("fail", "skip"):
-            raise ValueError(f"{where}: on_timeout must be 'fail' or 'skip', got {on_timeout!r}")
-        isolate = step.get("isolate", "thread" if op.RUNS_C else "inline")
-        if isolate not in ("inline", "thread"):
-            raise ValueError(f"{where}: isolate must be 'inline' or 'thread', got {isolate!r}")
-        try:
-            params = check_params(op, {k: v for k, v in step.items() if k not in STEP_KEYS})
-        except ValueError as exc:
-            raise ValueError(f"{where} (op {op.NAME}): {exc}") from None
-        steps.append({"name": name, "op": op.NAME, "timeout_ms": float(timeout_ms), "on_timeout": on_timeout,
-                      "isolate": isolate, "params": params})
-    return {"steps": steps, "answer": answer}
 
 
 @dataclass

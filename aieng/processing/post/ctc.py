@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from aieng.models.onnx_meta import read_metadata
-from aieng.models.postprocess_schema import Op, Param, register
+from aieng.processing.post.op import Op, register
 
 
 def load_characters(cfg: dict, spec) -> list[str]:
@@ -40,10 +40,6 @@ class CTCDecode(Op):
     and ``score_output`` (float).  Characters from ``dictionary`` (a file, one per line), ``characters``
     (inline) or, by default, the ONNX metadata property ``metadata``."""
     NAME = "ctc_decode"
-    PARAMS = (Param("source", "str"), Param("metadata", "str", "character"),
-              Param("dictionary", "str", None, "a file in the version directory, one character per line"),
-              Param("characters", "names", None, "the characters inline"),
-              Param("text_output", "str", "text"), Param("score_output", "str", "score"))
 
     def __init__(self, cfg: dict, spec):
         super().__init__(cfg, spec)

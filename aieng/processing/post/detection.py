@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from aieng.models.postprocess_schema import GEOMETRY, Op, Param, register
-from aieng.processing.post.ops import SOURCE, softmax
+from aieng.processing.post.op import GEOMETRY, Op, register
+from aieng.processing.post.ops import softmax
 
 
 @register
@@ -25,12 +25,6 @@ class BoxDecode(Op):
     the cell centre.  Keeps the ``candidates`` best cells per stride.  Writes ``boxes_output``
     ``[M, 4]`` (x1, y1, x2, y2 in input pixels) and ``scores_output`` ``[M, C]``."""
     NAME = "box_decode"
-    PARAMS = (Param("scores", "names", doc="score outputs, one per stride"),
-              Param("boxes", "names", doc="box-distribution outputs, one per stride"),
-              Param("strides", "ints", [8, 16, 32, 64], lo=1),
-              Param("input_size", "ints", doc="[height, width] of the model input", lo=1),
-              Param("candidates", "int", 1000, "cells kept per stride, best first", lo=1),
-              Param("boxes_output", "str", "boxes"), Param("scores_output", "str", "scores"))
 
     def __init__(self, cfg: dict, spec):
         super().__init__(cfg, spec)
@@ -87,14 +81,6 @@ class NMS(Op):
     ``[N, 4]`` and ``scores`` ``[N, C]``; writes ``boxes`` ``[K, 4]`` (clipped to ``clip`` ``[h, w]``
     when given), ``scores`` ``[K]`` and ``classes`` ``[K]`` (int64) under the ``*_output`` names."""
     NAME = "nms"
-    PARAMS = (Param("boxes", "str", "boxes"), Param("scores", "str", "scores"),
-              Param("score_threshold", "float", 0.5, lo=0.0, hi=1.0),
-              Param("iou_threshold", "float", 0.5, lo=0.0, hi=1.0),
-              Param("keep", "int", 100, "boxes kept per class", lo=1),
-              Param("candidates", "int", 200, "best boxes per class considered", lo=1),
-              Param("clip", "ints", None, "[height, width] the boxes are clipped to", lo=1),
-              Param("boxes_output", "str", "boxes"), Param("scores_output", "str", "scores"),
-              Param("classes_output", "str", "classes"))
 
     def __init__(self, cfg: dict, spec):
         super().__init__(cfg, spec)
@@ -191,16 +177,6 @@ class DBBoxes(Op):
     ``[H, W]``); writes ``boxes_output`` ``[N, 4, 2]`` float32 (clockwise from the top-left, in pixels of
     ``size`` ``[h, w]``, default the map's) and ``scores_output`` ``[N]``, in contour order."""
     NAME = "db_boxes"
-    RUNS_C = True
-    PARAMS = (SOURCE, Param("thresh", "float", 0.3, "binarisation threshold", lo=0.0, hi=1.0),
-              Param("box_thresh", "float", 0.5, "lowest mean probability of a box", lo=0.0, hi=1.0),
-              Param("max_candidates", "int", 1000, lo=1), Param("unclip_ratio", "float", 1.6, lo=0.0),
-              Param("use_dilation", "bool", True, "dilate the binary map with a 2x2 kernel"),
-              Param("min_size", "int", 3, "shortest side kept", lo=0),
-              Param("size", "ints", None, "[height, width] boxes are scaled to", lo=1),
-              Param("to_page", "bool", False, "scale to the request's page (its Geometry); the map is "
-                                              "first cut to the input its content filled"),
-              Param("boxes_output", "str", "boxes"), Param("scores_output", "str", "scores"))
 
     def __init__(self, cfg: dict, spec):
         super().__init__(cfg, spec)
@@ -257,7 +233,6 @@ class ScaleBoxes(Op):
     Geometry: clipped to the input its content filled, then scaled by page / input per axis (rapid_layout's
     ``warp_boxes`` and ``scale_factor``).  Writes ``output`` (default: overwrites ``source``), float32."""
     NAME = "scale_boxes"
-    PARAMS = (Param("source", "str", "boxes"), Param("output", "str", None))
 
     def __init__(self, cfg: dict, spec):
         super().__init__(cfg, spec)
@@ -279,8 +254,6 @@ class SortBoxes(Op):
     by the first corner's y, a new line where y grows by ``line_gap`` or more, by x within a line.  The
     values in ``apply_to`` (same first axis) are reordered alike (rapidocr leaves its scores unsorted)."""
     NAME = "sort_boxes"
-    PARAMS = (Param("source", "str", "boxes"), Param("line_gap", "float", 10.0, lo=0.0),
-              Param("apply_to", "names", None, "values reordered alongside"))
 
     def __init__(self, cfg: dict, spec):
         super().__init__(cfg, spec)

@@ -1,11 +1,10 @@
-"""The postprocess op registry: every op a chain step can name, each small, with declared parameters.
+"""The general postprocess ops' code: softmax, sigmoid, l2_normalize, mean_pool, classify, top_k, threshold,
+label_map and tensor, each registered against its declaration (``models/postprocess``: its parameters).
 
-This module holds the general ops and imports the others (``detection``: box decoding, non-maximum
-suppression, DB text boxes; ``ctc``: CTC decoding) so importing it fills ``schema.REGISTRY``.  Each
-op's docstring says what it reads and writes; the table in docs/models.md lists them all.  Ops take
-the request's values as read-only views (the model's outputs lie in shared memory) and never modify
-them.  ``OPS`` maps the old single-op ``type`` names to the chain builder, for the callers that
-build a model's postprocessing by that name (the baseline server, the in-process bench).
+``detection`` (box decoding, non-maximum suppression, DB text boxes) and ``ctc`` (CTC decoding) hold the
+others; ``chain`` imports all three, which fills ``op.REGISTRY``.  Each op's docstring says what it reads
+and writes; the table in docs/models.md lists them all.  Ops take the request's values as read-only views
+(the model's outputs lie in shared memory) and never modify them.
 """
 from __future__ import annotations
 
@@ -15,24 +14,13 @@ from typing import Any
 import numpy as np
 
 from aieng.models.onnx_meta import read_metadata
-from aieng.models.postprocess_schema import Op, Param, register
 from aieng.processing.post.centroid import Centroid
+from aieng.processing.post.op import Op, register
 from aieng.wire.protocol import INVALID_INPUT, RequestError
-
-SOURCE = Param("source", "str", doc="the value the op reads")
-
-
-def out_param(default: Any = None) -> Param:
-    return Param("output", "str", default, "the name it writes (default: " + (default or "its source") + ")")
-
-
-LABELS = Param("labels", "any", None,
-               "{file: labels.json} (a JSON list), {metadata: KEY} (lines of an ONNX metadata property) "
-               "or a list; none: the class index as a string")
 
 
 def load_labels(labels: Any, spec) -> list[str] | None:
-    """Class labels from a file, the ONNX metadata, or given inline (see ``LABELS``)."""
+    """Class labels from a file, the ONNX metadata, or given inline (``models/postprocess.LABELS``)."""
     if not labels:
         return None
     if isinstance(labels, list):
@@ -73,7 +61,6 @@ class _OneToOne(Op):
 class Softmax(_OneToOne):
     """softmax(source) along ``axis`` -> output (float32)."""
     NAME = "softmax"
-    PARAMS = (SOURCE, out_param(), Param("axis", "int", -1, "the axis normalised"))
 
     def __call__(self, state, params, degraded=0):
         return {self.output: softmax(state[self.source], self.cfg["axis"]).astype(np.float32)}
@@ -83,7 +70,6 @@ class Softmax(_OneToOne):
 class Sigmoid(_OneToOne):
     """sigmoid(source) elementwise -> output (float32)."""
     NAME = "sigmoid"
-    PARAMS = (SOURCE, out_param())
 
     def __call__(self, state, params, degraded=0):
         return {self.output: sigmoid(state[self.source]).astype(np.float32)}
@@ -93,7 +79,6 @@ class Sigmoid(_OneToOne):
 class L2Normalize(_OneToOne):
     """source / ||source|| along the last axis (a zero vector stays zero) -> output (float32)."""
     NAME = "l2_normalize"
-    PARAMS = (SOURCE, out_param())
 
     def __call__(self, state, params, degraded=0):
         x = np.asarray(state[self.source], np.float64)
@@ -106,7 +91,6 @@ class MeanPool(_OneToOne):
     """Mean over the token axis of ``[tokens, dim]`` (the executor already cut padding, so no mask),
     optionally L2-normalised -> output (float32); also reports ``distance`` to the golden centroid."""
     NAME = "mean_pool"
-    PARAMS = (SOURCE, out_param("embedding"), Param("normalize", "bool", True, "L2-normalise the mean"))
 
     def __init__(self, cfg: dict, spec):
         super().__init__({**cfg, "output": cfg.get("output") or "embedding"}, spec)
@@ -140,9 +124,6 @@ class Classify(Op):
     """Scores -> best label and scores, and ``top_k`` when the request asks (``params.top_k``; skipped at
     degradation level 1+).  The single-op form of the demo classifiers; also reports ``confidence``."""
     NAME = "classify"
-    PARAMS = (SOURCE, Param("activation", "str", "none", "applied to the scores first",
-                            choices=("none", "softmax", "sigmoid")), LABELS,
-              Param("label_output", "str", "label"), Param("scores_output", "str", "scores"))
 
     def __init__(self, cfg: dict, spec):
         super().__init__(cfg, spec)
@@ -175,8 +156,6 @@ class TopK(Op):
     output.  ``k`` unset: the request's ``params.top_k``, and nothing when it has none or when the
     model is degraded (level 1+ skips optional postprocessing, as ``classify`` does)."""
     NAME = "top_k"
-    PARAMS = (SOURCE, Param("k", "int", None, "how many (default: params.top_k)", lo=1), LABELS,
-              out_param("top_k"))
 
     def __init__(self, cfg: dict, spec):
         super().__init__(cfg, spec)
@@ -196,8 +175,6 @@ class Threshold(Op):
     """Keeps the rows whose ``source`` score is >= ``min`` (the row's best score when ``source`` is
     ``[N, C]``), in ``source`` and every value named in ``apply_to`` (same first axis)."""
     NAME = "threshold"
-    PARAMS = (SOURCE, Param("min", "float", doc="the lowest score kept"),
-              Param("apply_to", "names", None, "values filtered alongside"))
 
     def __init__(self, cfg: dict, spec):
         super().__init__(cfg, spec)
@@ -215,7 +192,6 @@ class Threshold(Op):
 class LabelMap(Op):
     """Class indices (an int or an int array) -> their labels (a str or a list of str) -> output."""
     NAME = "label_map"
-    PARAMS = (SOURCE, Param("labels", "any", doc=LABELS.doc), out_param("labels"))
 
     def __init__(self, cfg: dict, spec):
         super().__init__(cfg, spec)
@@ -237,7 +213,6 @@ class Passthrough(Op):
     """Every value so far (at the start: every model output) as a tensor map, copied out of shared
     memory."""
     NAME = "tensor"
-    PARAMS = ()
 
     def __init__(self, cfg: dict, spec):
         super().__init__(cfg, spec)
