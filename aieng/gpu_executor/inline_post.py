@@ -112,7 +112,7 @@ class InlinePost:
 
     def answer(self, key: str, task: m.InferTask, tensors: list, log) -> m.Result | m.Failed:
         """``key``'s chain run on one request's output rows (views of the batch outputs): the message the
-        request gets, as a postprocess worker builds it (``postprocess_workers.answer``)."""
+        request gets, as a postprocess worker builds it (``processing.post.answer``)."""
         return answer(self.chains[key], task, dict(tensors), log)
 
 

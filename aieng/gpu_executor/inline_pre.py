@@ -5,7 +5,8 @@ The executor keeps its own processor for the versions whose preprocessing is che
 JPEG of at most ``AIENG_INLINE_IMAGE_PIXELS``, only while the server is idle; the frontend never sends a
 PNG: ``inputs.direct_image_pixels``).  The frontend may send
 such a request (a ``PreTask`` with the client's frame, on the express lane or the hub; ``direct``)
-straight to it; ``InlinePre.task`` validates and encodes it with the pool's checks, and the executor
+straight to it; ``InlinePre.task`` validates and encodes it as the pool does (the processing library's
+``read_request`` and processors, ``processing/pre``), and the executor
 queues it like a preprocessed task, its tensors in its own memory (no ring slot: nothing to free,
 nothing to leak).  A version is advertised (``Hello.inline_pre``) only when its postprocessing also
 runs in the executor (``inline_post``) and its kind's limit is not 0; at any load

@@ -2,7 +2,7 @@
 
 ``read_golden`` returns the parsed set, None when the version has none, and raises ``ModelError`` for a
 malformed one.  Read by the frontend's hot swap (its cases gate a load: ``frontend/versions/golden``) and
-by the embedding postprocessing (its expected embeddings make the drift centroid: ``postprocess_workers/
+by the embedding postprocessing (its expected embeddings make the drift centroid: ``processing/post/
 centroid``).
 """
 from __future__ import annotations

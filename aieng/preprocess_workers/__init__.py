@@ -1,2 +1,3 @@
-"""Preprocessing role: raw request inputs -> tensors in shared memory (``worker.py``); the
-implementations by ``preprocess.type`` are in ``processors.PROCESSORS``."""
+"""Preprocessing role: the pool's process loop (``worker.py``), raw request inputs -> tensors in shared
+memory.  The processors it runs (by ``preprocess.type``) and the request reading are the processing
+library's (``processing/pre``), shared with the executor's inline preprocessing."""

@@ -86,7 +86,7 @@ class InferTask:
     geometry: Optional[Geometry] = None  # image models: sizes for mapping boxes to the page
     background: bool = False  # PreTask.background, passed on
     alone: bool = False  # PreTask.alone, passed on: only such a request may run on the idle-time wide session
-    # its small facts for input-drift monitoring (preprocess_workers/features: token count and
+    # its small facts for input-drift monitoring (processing/pre/features: token count and
     # out-of-vocabulary share, image size, aspect and brightness; tabular features as given), for its Result
     features: dict[str, float] = field(default_factory=dict)
 

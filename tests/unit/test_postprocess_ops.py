@@ -1,4 +1,4 @@
-"""Unit tests for the postprocess op registry (aieng/postprocess_workers/{ops,detection,ctc}.py) and
+"""Unit tests for the postprocess op registry (aieng/processing/post/{ops,detection,ctc}.py) and
 the chain that runs them (chain.py, guard.py).
 
 The detection and text ops are compared with the reference packages' own code, read from their

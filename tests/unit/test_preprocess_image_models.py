@@ -1,4 +1,4 @@
-"""The image resize modes of the layout, textdet and textrec models (aieng/preprocess_workers/image.py,
+"""The image resize modes of the layout, textdet and textrec models (aieng/processing/pre/image.py,
 models/image_config.py) against the packages' own preprocessing, and the executor's padding of variable-size
 images (gpu_executor/sessions.py ``feeds_from``) with the Geometry that maps boxes back to the page.
 

@@ -1,1 +1,2 @@
-"""Postprocessing: a model's chain of ops (``chain``), its ops, and the answer it makes (``answer``)."""
+"""Postprocessing: a model's chain of steps (``chain``), each under its limit (``guard``), its ops' code
+(``op``: base and registry; ``ops``, ``detection``, ``ctc``, ``centroid``) and the answer (``answer``)."""
