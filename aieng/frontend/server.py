@@ -44,6 +44,7 @@ from aieng.frontend.rollout.watcher import ConfigWatcher, model_yaml_paths
 from aieng.frontend.versions.manager import GOLDEN_CLIENT, VersionManager
 from aieng.models import repo as model_repo
 from aieng.models.repo import ModelSpec
+from aieng.models.served import ServedVersions
 from aieng.runtime import procutil
 from aieng.runtime.hub import dispatch
 from aieng.wire import express, shm
@@ -55,9 +56,8 @@ from aieng.wire.addresses import express_path, hub_addr
 class Frontend:
     def __init__(self, cfg: Config, specs: dict[str, ModelSpec], worker: str, log):
         self.cfg, self.log = cfg, log
-        self.specs: dict[str, dict[str, ModelSpec]] = {}
-        for s in specs.values():
-            self.specs.setdefault(s.name, {})[s.version] = s
+        # the served versions: every component reads them; only the version manager writes (claim_writer)
+        self.specs = ServedVersions.of(specs.values())
         self.life = Lifecycle()
         self.init_policy()
         self.init_sockets()

@@ -5,6 +5,7 @@ Holds the repository scan and a version's parsed spec (``repo``: ``scan``, ``loa
 settings (``settings``: the versions policy, routing, pool, metadata), pipelines (``pipelines``), golden
 sets (``golden``), one model directory served under a name (``view``), ONNX metadata without onnx
 (``onnx_meta``), the one reader of every model.yaml (``yaml_file``: bounded, regular files, no aliases),
+the registry of the versions served (``served``: every frontend component reads it, one writer changes it),
 and the pure schema parsers the scan and the roles share: the ``routing`` section (``routing``: weights,
 rules and groups, shadow, auto-rollback; the frontend builds its routing state on them), the ``pool``
 section (``settings.parse_setting``), an image model's ``preprocess`` section (``image_config``) and the

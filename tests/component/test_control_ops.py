@@ -22,6 +22,7 @@ from aieng.frontend.observe.metrics import Metrics
 from aieng.frontend.observe.stats import StageStats
 from aieng.frontend.rollout.rollout import Rollout
 from aieng.models import repo as model_repo
+from aieng.models.served import ServedVersions
 from aieng.wire import messages as m
 from aieng.wire import protocol as p
 
@@ -89,6 +90,7 @@ def parts():
         spec = model_repo.load_spec("tabular", v, os.path.join(ROOT, "models", "tabular", v))
         spec.extra["routing"] = {"weights": {"1": 100}}
         specs["tabular"][v] = spec
+    specs = ServedVersions(specs)
     workers = Workers()
     now = time.monotonic()
     workers.hello(m.Hello("pre-0", "preprocess", 11), now)

@@ -16,6 +16,7 @@ from aieng.config import Config
 from aieng.frontend.requests.table import Request
 from aieng.frontend.rollout.mirror import SHADOW_CLIENT, Mirror
 from aieng.models.routing import ShadowConfig
+from aieng.models.served import ServedVersions
 from aieng.wire import protocol as p
 
 
@@ -40,7 +41,8 @@ class Admission:
 
 def rig(table_size: int = 0, refused: set[str] = frozenset()):
     started: list[Request] = []
-    specs = {"tabular": {"1": SimpleNamespace(timeout_ms=0), "2": SimpleNamespace(timeout_ms=0)}}
+    specs = ServedVersions({"tabular": {"1": SimpleNamespace(timeout_ms=0),
+                                        "2": SimpleNamespace(timeout_ms=0)}})
     rollout = SimpleNamespace(shadow_of=lambda model: ShadowConfig("2", 100.0, 0.5, 0))
     mirror = Mirror(Config(max_inflight=10), specs, rollout, Admission(refused), Table(table_size),
                     started.append, CollectorRegistry())

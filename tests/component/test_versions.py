@@ -23,6 +23,7 @@ from aieng.frontend.rollout.rollout import Rollout
 from aieng.frontend.versions.golden import _input
 from aieng.frontend.versions.manager import GOLDEN_CLIENT, VersionManager
 from aieng.models import repo as model_repo
+from aieng.models.served import ServedVersions
 from aieng.wire import messages as m
 from aieng.wire import protocol as p
 from tests.waits import until
@@ -66,6 +67,7 @@ class Rig:
             spec.extra["pool"] = {"lazy": True} if lazy else None
             spec.extra["routing"] = {"weights": {"1": 100}}  # model-wide, as model.yaml says
             self.specs["tabular"][v] = spec
+        self.specs = ServedVersions(self.specs)
         self.cfg = Config(cold_versions=[f"tabular:{v}" for v in cold], **cfg)
         self.hub, self.table, self.workers = Hub(), Table(), Workers()
         for name, role in BUILDERS.items():

@@ -12,6 +12,7 @@ from aieng.frontend.observe.drift import DriftMonitor, ReferenceRule
 from aieng.frontend.observe.driftref import Binned, build, psi
 from aieng.frontend.observe.driftstore import DriftStore, drift_path
 from aieng.models.repo import load_spec
+from aieng.models.served import ServedVersions
 from aieng.processing.post.centroid import Centroid
 from aieng.processing.pre.features import image_features, text_features
 from tests.conftest import ROOT
@@ -107,8 +108,9 @@ def test_the_embedding_distance_to_the_golden_centroid():
 
 
 def spec_table():
-    return {name: {v: load_spec(name, v, os.path.join(MODELS, name, v)) for v in versions}
-            for name, versions in (("minilm", ("1", "2")), ("orientation", ("1",)), ("tabular", ("1",)))}
+    return ServedVersions({name: {v: load_spec(name, v, os.path.join(MODELS, name, v)) for v in versions}
+                           for name, versions in (("minilm", ("1", "2")), ("orientation", ("1",)),
+                                                  ("tabular", ("1",)))})
 
 
 def test_a_version_without_reference_file_collects_its_first_n_answers_then_scores_and_saves(tmp_path):

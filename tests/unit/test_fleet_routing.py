@@ -13,6 +13,7 @@ from aieng.frontend.rollout.rollout import Rollout, model_dirs
 from aieng.frontend.rollout.watcher import ConfigWatcher, model_yaml_paths
 from aieng.models import repo as model_repo
 from aieng.models.routing import BUCKETS
+from aieng.models.served import ServedVersions
 
 TENSOR_YAML = ("inputs: [{name: x, kind: tensor}]\noutputs: [{name: y, kind: tensor}]\n"
                "preprocess: {type: tensor}\npostprocess: {type: tensor}\n")
@@ -40,7 +41,7 @@ def replace(path, text: str) -> None:
 def replica(repo: str, metrics=None) -> tuple[Rollout, ConfigWatcher]:
     specs = model_repo.scan(repo)
     watcher = ConfigWatcher(model_yaml_paths(model_dirs(specs)), start=False)
-    return Rollout(specs, None, None, metrics, watcher), watcher
+    return Rollout(ServedVersions(specs), None, None, metrics, watcher), watcher
 
 
 def step(r: Rollout, w: ConfigWatcher) -> None:

@@ -16,6 +16,7 @@ from aieng.frontend.rollout.routestore import RouteStore, Saved, store_path
 from aieng.frontend.rollout.statewriter import StateWriter
 from aieng.models import repo as model_repo
 from aieng.models.routing import AutoRollback, RoutingError
+from aieng.models.served import ServedVersions
 from aieng.wire import protocol as p
 
 TENSOR_YAML = ("inputs: [{name: x, kind: tensor}]\noutputs: [{name: y, kind: tensor}]\n"
@@ -95,7 +96,8 @@ def rollout():
 
     def make(repo: str, state_dir, retry_s: float = 5.0) -> Rollout:
         store = RouteStore(store_path(str(state_dir), repo))
-        r = Rollout(model_repo.scan(repo), store, StateWriter(store.save, store.path, retry_s=retry_s))
+        r = Rollout(ServedVersions(model_repo.scan(repo)), store,
+                    StateWriter(store.save, store.path, retry_s=retry_s))
         made.append(r)
         return r
 

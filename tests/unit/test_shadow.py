@@ -13,6 +13,7 @@ from aieng.frontend.rollout.shadow import Tally, compare, cosine
 from aieng.frontend.rollout.statewriter import StateWriter
 from aieng.models import repo as model_repo
 from aieng.models.routing import RoutingError, ShadowConfig, parse_shadow
+from aieng.models.served import ServedVersions
 from aieng.wire import protocol as p
 
 V = {"1", "2"}
@@ -120,7 +121,7 @@ SHADOW_YAML = "routing:\n  weights: {'1': 100}\n  shadow: {version: '2', percent
 def _rollout(tmp_path) -> Rollout:
     specs = model_repo.scan(_repo(tmp_path, SHADOW_YAML))
     store = RouteStore(str(tmp_path / "state" / "routing.json"))
-    return Rollout(specs, store, StateWriter(store.save, store.path))
+    return Rollout(ServedVersions(specs), store, StateWriter(store.save, store.path))
 
 
 def test_a_malformed_shadow_in_model_yaml_is_refused_naming_the_file(tmp_path):

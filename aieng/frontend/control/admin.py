@@ -32,8 +32,8 @@ from aieng.frontend.rollout.mirror import Mirror
 from aieng.frontend.rollout.rollout import Rollout
 from aieng.frontend.rollout.statewriter import RETRY_S, Ticket
 from aieng.models import repo as model_repo
-from aieng.models.repo import ModelSpec
 from aieng.models.routing import RoutingError, parse_shadow
+from aieng.models.served import ServedVersions
 from aieng.wire import protocol as p
 from aieng.wire.addresses import admin_addr
 
@@ -116,7 +116,7 @@ class Versions(Protocol):
 
 class AdminOps:
     def __init__(self, rollout: Rollout, mirror: Mirror, versions: Versions, workers: Workers,
-                 specs: dict[str, dict[str, ModelSpec]],
+                 specs: ServedVersions,
                  log: logging.Logger, wide: dict[str, Callable[[dict], dict]] | None = None):
         self.rollout, self.mirror, self.versions, self.workers = rollout, mirror, versions, workers
         self.specs, self.log = specs, log

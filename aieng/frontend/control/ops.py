@@ -23,7 +23,7 @@ from aieng.frontend.observe.stats import StageStats
 from aieng.frontend.requests.table import RequestTable
 from aieng.frontend.rollout.mirror import Mirror
 from aieng.frontend.rollout.rollout import Rollout
-from aieng.models.repo import ModelSpec
+from aieng.models.served import ServedVersions
 from aieng.wire import messages as m
 from aieng.wire import protocol as p
 
@@ -37,7 +37,7 @@ def _version() -> str:
 
 class ClientOps:
     def __init__(self, workers: Workers, life: Lifecycle, table: RequestTable,
-                 specs: dict[str, dict[str, ModelSpec]], rollout: Rollout, stats: StageStats, mirror: Mirror,
+                 specs: ServedVersions, rollout: Rollout, stats: StageStats, mirror: Mirror,
                  hub: Callable[[str, list], bool], views: dict[str, Callable[[], Any]], log: logging.Logger,
                  client_admin: bool = False):
         """``views`` gives ``breakers``, ``degradation``, ``cache`` (None when off), ``clients``, ``counts``
@@ -88,7 +88,7 @@ class ClientOps:
         failed = self.workers.failed_models()
         # the executor's session facts arrive with its hello, after its pid may be known, and change (its
         # background_runs): key on their value (a dict compare per call; the models op is not a hot path)
-        served = tuple((n, tuple(sorted(v))) for n, v in sorted(self.specs.items()))  # run-time loads
+        served = self.specs.generation  # counts the run-time loads and unloads
         images_off = self.views["direct"]()["images_off"]  # the frontend's own word on the image route
         key = (self.workers.pid("executor"), ex, served, tuple(sorted(failed.items())),
                self.rollout.serials(), images_off)

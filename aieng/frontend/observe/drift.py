@@ -28,6 +28,7 @@ from aieng.frontend.observe.driftref import Binned, build, features_problem
 from aieng.models import yaml_file
 from aieng.models.golden import read_golden
 from aieng.models.repo import ModelSpec
+from aieng.models.served import ServedVersions
 from aieng.models.spec import ModelError
 
 MAX_REFERENCE_N = 100_000  # values held per feature while a reference is collected: a bound on memory
@@ -162,7 +163,7 @@ def _has_golden(spec: ModelSpec) -> bool:
 
 
 class DriftMonitor:
-    def __init__(self, specs: dict[str, dict[str, ModelSpec]], window: int = 1000, reference_n: int = 200,
+    def __init__(self, specs: ServedVersions, window: int = 1000, reference_n: int = 200,
                  saved: dict[str, dict] | None = None, persist: Callable[[dict], Any] | None = None,
                  rule: ReferenceRule = ReferenceRule()):
         """``specs`` is the live table (versions loaded at run time appear in it); ``saved``: the
@@ -177,7 +178,7 @@ class DriftMonitor:
                 self.version(name, v)
 
     def version(self, model: str, version: str) -> VersionDrift | None:
-        spec = self.specs.get(model, {}).get(version)
+        spec = self.specs.get(model, version)
         vd = self.versions.get((model, version))
         if vd is not None and (spec is None or vd.digest == spec.content_hash):
             return vd

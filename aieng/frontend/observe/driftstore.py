@@ -21,6 +21,7 @@ from aieng.frontend.observe.drift import DriftMonitor, ReferenceRule
 from aieng.frontend.observe.driftref import features_problem
 from aieng.frontend.rollout.routestore import store_path, write_atomically
 from aieng.frontend.rollout.statewriter import StateWriter
+from aieng.models.served import ServedVersions
 
 FORMAT = 1
 log = logging.getLogger("aieng.frontend.observe.driftstore")
@@ -76,7 +77,7 @@ def check(built) -> str | None:
             or features_problem(built.get("outputs"), "outputs"))
 
 
-def build_drift(cfg, specs: dict) -> tuple[DriftMonitor, StateWriter | None]:
+def build_drift(cfg, specs: ServedVersions) -> tuple[DriftMonitor, StateWriter | None]:
     """The monitor, and its writer (None without ``AIENG_STATE_DIR``: references live until a restart)."""
     store = DriftStore(drift_path(cfg.state_dir, cfg.model_repository)) if cfg.state_dir else None
     writer = StateWriter(store.save, store.path, what="drift references") if store else None

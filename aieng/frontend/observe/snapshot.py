@@ -18,14 +18,14 @@ from aieng.frontend.observe.metrics import Metrics
 from aieng.frontend.observe.procinfo import gpu_usage, process_memory
 from aieng.frontend.observe.stats import StageStats
 from aieng.frontend.requests.table import EXEC, POST, PRE, RequestTable
-from aieng.models.repo import ModelSpec
+from aieng.models.served import ServedVersions
 
 MEMORY_EVERY_S = 2.0  # process memory costs a psutil call per process
 
 
 class Snapshots:
     def __init__(self, metrics: Metrics, table: RequestTable, stats: StageStats, drift: DriftMonitor,
-                 life: Lifecycle, workers: Workers, specs: dict[str, dict[str, ModelSpec]],
+                 life: Lifecycle, workers: Workers, specs: ServedVersions,
                  health: Callable[[], dict], views: dict[str, Callable[[], Any]],
                  debug_asked: threading.Event | None):
         """``health()`` is the health op's answer; ``views`` gives ``counts``, ``routing``, ``pool`` and

@@ -29,7 +29,7 @@ from aieng.frontend.requests.degrade import Degrader
 from aieng.frontend.requests.table import RequestTable
 from aieng.frontend.rollout.rollout import Rollout
 from aieng.inputs import direct_image_pixels
-from aieng.models.repo import ModelSpec
+from aieng.models.served import ServedVersions
 from aieng.wire import protocol as p
 from aieng.wire import traceparent as tp
 
@@ -61,7 +61,7 @@ class Immediate:
 
 
 class Admission:
-    def __init__(self, cfg: Config, specs: dict[str, dict[str, ModelSpec]], rollout: Rollout,
+    def __init__(self, cfg: Config, specs: ServedVersions, rollout: Rollout,
                  table: RequestTable, breakers: Breakers, cache: ResponseCache, degrader: Degrader,
                  life: Lifecycle, tracing: Tracing | None = None):
         self.cfg, self.specs, self.rollout = cfg, specs, rollout
@@ -149,7 +149,7 @@ class Admission:
         return trace, self.tracing.begin(parent, trace, state)
 
     @staticmethod
-    def labels_of(req: Any, specs: dict) -> tuple[str, str]:
+    def labels_of(req: Any, specs: ServedVersions) -> tuple[str, str]:
         """Model/version labels for counting a refusal: only names we serve (bounded label sets)."""
         if not isinstance(req, dict):
             return "", ""

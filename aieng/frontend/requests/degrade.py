@@ -18,7 +18,7 @@ from collections import deque
 
 import numpy as np
 
-from aieng.models.repo import ModelSpec
+from aieng.models.served import ServedVersions
 
 
 class _Model:
@@ -45,7 +45,7 @@ class _Model:
 
 
 class Degrader:
-    def __init__(self, specs: dict[str, dict[str, ModelSpec]]):
+    def __init__(self, specs: ServedVersions):
         self.models: dict[str, _Model] = {}
         for versions in specs.values():
             for spec in versions.values():

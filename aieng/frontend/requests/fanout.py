@@ -27,6 +27,7 @@ import numpy as np
 from aieng.frontend.control.workers import Workers
 from aieng.frontend.requests.table import Request, RequestTable
 from aieng.models.repo import latest
+from aieng.models.served import ServedVersions
 from aieng.wire import protocol as p
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -58,14 +59,14 @@ class Page:
 
 
 class Fanout:
-    def __init__(self, pipeline: "Pipeline", table: RequestTable, workers: Workers, specs: dict):
+    def __init__(self, pipeline: "Pipeline", table: RequestTable, workers: Workers, specs: ServedVersions):
         """``pipeline`` starts and ends the step requests and answers the page (its methods only)."""
         self.pl, self.table, self.workers, self.specs = pipeline, table, workers, specs
         self.pages: dict[int, Page] = {}
 
     def owns(self, req: Request) -> bool:
         # .get: a version being loaded at run time (its golden set) is not among the served specs yet
-        spec = self.specs.get(req.model, {}).get(req.version)
+        spec = self.specs.get(req.model, req.version)
         return spec is not None and spec.pipeline is not None
 
     # -- starting a page and its steps ---------------------------------------------------

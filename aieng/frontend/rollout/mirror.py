@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from aieng.frontend.requests.admission import Admission
     from aieng.frontend.requests.table import RequestTable
     from aieng.frontend.rollout.rollout import Rollout
-    from aieng.models.repo import ModelSpec
+    from aieng.models.served import ServedVersions
 
 SHADOW_CLIENT = b"\x00aieng-shadow"  # a ZMQ ROUTER identity is never empty-prefixed like this one
 COSINE_BUCKETS = (0.0, 0.5, 0.9, 0.99, 0.999, 0.9999, 1.0)
@@ -63,7 +63,7 @@ def _outputs(packed: bytes) -> dict:
 
 
 class Mirror:
-    def __init__(self, cfg: Config, specs: dict[str, dict[str, ModelSpec]], rollout: Rollout,
+    def __init__(self, cfg: Config, specs: ServedVersions, rollout: Rollout,
                  admission: Admission, table: RequestTable, start: Callable[[Request], None],
                  registry: CollectorRegistry):
         """``start`` sends a request down the pipeline (the shadow copy, once its primary is answered)."""

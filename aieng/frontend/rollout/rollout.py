@@ -28,6 +28,7 @@ from aieng.frontend.rollout.statewriter import StateWriter, Ticket
 from aieng.frontend.rollout.watcher import ConfigWatcher, FileChange
 from aieng.models import repo as model_repo
 from aieng.models.repo import ModelSpec
+from aieng.models.served import ServedVersions
 from aieng.wire import protocol as p
 
 FLUSH_S = 10.0  # a reload waits this long at most for the writer before reading the file
@@ -36,7 +37,7 @@ log = logging.getLogger("aieng.frontend.rollout.rollout")
 
 
 class Rollout:
-    def __init__(self, specs: dict[str, dict[str, ModelSpec]], store: RouteStore | None,
+    def __init__(self, specs: ServedVersions, store: RouteStore | None,
                  writer: StateWriter | None = None, metrics=None, watcher: ConfigWatcher | None = None):
         """``store`` is read here and on reload; ``writer`` writes it (both None: nothing is saved);
         ``watcher``'s model.yaml changes are applied in ``tick`` (None: only at start and reload)."""

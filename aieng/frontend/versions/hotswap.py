@@ -25,6 +25,7 @@ from aieng.frontend.versions.golden import _input, compare
 from aieng.frontend.versions.load import BUSY, Load, LoadBook
 from aieng.models import repo as model_repo
 from aieng.models.golden import GOLDEN_FILE, read_golden
+from aieng.models.served import ServedVersions, VersionsWriter
 from aieng.runtime.worker_hotswap import lower_priority
 from aieng.wire import messages as m
 from aieng.wire import protocol as p
@@ -51,13 +52,15 @@ class PoolHooks(Protocol):
 
 
 class HotSwap:
-    def __init__(self, cfg: Config, specs: dict[str, dict[str, model_repo.ModelSpec]],
+    def __init__(self, cfg: Config, specs: ServedVersions, writer: VersionsWriter,
                  hub: Callable[[str, list], bool], workers: Workers, rollout: Rollout,
                  start: Callable[[Request], None], table: RequestTable, metrics: Metrics, loads: LoadBook,
                  pool: PoolHooks):
-        """``hub(worker, frames)`` sends to a worker or the supervisor; ``start`` hands a golden request to
+        """``specs`` is read, ``writer`` (its one writer, the version manager's) adds and removes versions;
+        ``hub(worker, frames)`` sends to a worker or the supervisor; ``start`` hands a golden request to
         the pipeline; ``loads`` is shared with the pool, which records its cold and evicted versions."""
         self.cfg, self.specs, self.hub, self.workers, self.rollout = cfg, specs, hub, workers, rollout
+        self.writer = writer
         self.start, self.table, self.metrics, self.loads, self.pool = start, table, metrics, loads, pool
         self.serial = 0
         self.handlers = {m.VersionLoaded: self.on_loaded, m.VersionFailed: self.on_failed}
@@ -109,7 +112,7 @@ class HotSwap:
             return self.fail(ld, f"does not load: {type(exc).__name__}: {exc}", release=False)
         finally:
             ld.future = None
-        if spec.version in self.specs.get(spec.name, {}) and not self.pool.is_cold(spec.key):
+        if self.specs.get(spec.name, spec.version) is not None and not self.pool.is_cold(spec.key):
             return self.fail(ld, "loaded meanwhile", release=False)
         model_repo.apply_overrides({spec.name: {spec.version: spec}}, self.cfg.max_batch_size,
                                    self.cfg.max_wait_ms)
@@ -231,7 +234,7 @@ class HotSwap:
 
     def ready(self, ld: Load) -> None:
         spec = ld.spec
-        self.specs[spec.name][spec.version] = spec  # the rollout model shares this dict: pinnable now
+        self.writer.add(spec)  # the rollout model reads the served versions: pinnable now
         ld.state, ld.seconds = "ready", time.monotonic() - ld.started
         self.hub("supervisor", [m.encode(m.LoadVersion(spec, ready=True))])  # no longer pending
         # routable: weights and rules may name it (weight 0 until then)
@@ -261,7 +264,7 @@ class HotSwap:
     def release(self, key: str) -> None:
         name, _, version = key.partition(":")
         # a version still served (cold, or evicted by the pool) is kept by the supervisor as cold
-        body = m.encode(m.UnloadVersion(key, evict=version in self.specs.get(name, {})))
+        body = m.encode(m.UnloadVersion(key, evict=version in self.specs.versions_of(name)))
         for worker, _role in self.workers.names(WORKER_ROLES):
             self.hub(worker, [body])
         self.hub("supervisor", [body])
@@ -276,7 +279,7 @@ class HotSwap:
         if len(self.specs[name]) == 1:
             raise p.RequestError(p.INVALID_REQUEST, f"{key} is the model's last version")
         self.rollout.remove_version(name, version, reason=f"unload ({source}): draining")  # or refused
-        spec = self.specs[name].pop(version)  # no longer pinnable
+        spec = self.writer.remove(name, version)  # no longer pinnable
         ld = self.loads.put(key, Load(name, version, source, state="draining", spec=spec))
         self.pool.on_unloaded(key)
         in_flight = self.table.per_model().get(key, 0)

@@ -2,11 +2,13 @@
 cold and evicted versions (``VersionManager``).
 
 It builds the hot swap path (``hotswap.HotSwap``) and the model pool (``poolctl.PoolControl``) over one
-``LoadBook`` and is all that admin ops, client ops and the frontend loop call.  What it needs comes in as
-arguments: the hub sender, the workers' view, the routing (``Rollout``), the pipeline's ``start``, the
-request table and the metrics; ``refuse(req, code, message)`` answers a held request that never entered
-the pipeline.  Golden requests carry the ``GOLDEN_CLIENT`` envelope; their answers come back through
-``on_answer``.
+``LoadBook`` and is all that admin ops, client ops and the frontend loop call.  It is the one writer of
+the served versions (``models.served``): it claims the registry's writer and hands it to the hot swap,
+which adds a version once its golden set passed and removes one when it is unloaded.  What it needs
+comes in as arguments: the hub sender, the workers' view, the routing (``Rollout``), the pipeline's
+``start``, the request table and the metrics; ``refuse(req, code, message)`` answers a held request that
+never entered the pipeline.  Golden requests carry the ``GOLDEN_CLIENT`` envelope; their answers come
+back through ``on_answer``.
 """
 from __future__ import annotations
 
@@ -21,19 +23,21 @@ from aieng.frontend.versions.hotswap import GOLDEN_CLIENT, HotSwap
 from aieng.frontend.versions.load import BUSY, LoadBook
 from aieng.frontend.versions.poolctl import PoolControl
 from aieng.frontend.versions.rescan import rescan
-from aieng.models.repo import ModelSpec
+from aieng.models.served import ServedVersions
 
 __all__ = ["GOLDEN_CLIENT", "VersionManager"]
 
 
 class VersionManager:
-    def __init__(self, cfg: Config, specs: dict[str, dict[str, ModelSpec]], hub: Callable[[str, list], bool],
+    def __init__(self, cfg: Config, specs: ServedVersions, hub: Callable[[str, list], bool],
                  workers: Workers, rollout: Rollout, start: Callable[[Request], None], table: RequestTable,
                  metrics: Metrics, refuse: Callable[[Request, str, str], None]):
         self.specs, self.rollout = specs, rollout
         self.loads = LoadBook()
         self.pool = PoolControl(cfg, specs, self.loads, self, start, table.per_model, metrics, refuse)
-        self.swap = HotSwap(cfg, specs, hub, workers, rollout, start, table, metrics, self.loads, self.pool)
+        # the one writer of the served versions (models/served.py): the hot swap adds and removes them
+        self.swap = HotSwap(cfg, specs, specs.claim_writer(), hub, workers, rollout, start, table, metrics,
+                            self.loads, self.pool)
         self.handlers = self.swap.handlers  # VersionLoaded, VersionFailed from the workers
 
     # -- commands (admin ops, reload, the pool's cold loads) -------------------------------------

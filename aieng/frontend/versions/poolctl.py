@@ -23,7 +23,7 @@ from aieng.frontend.requests.table import Request
 from aieng.frontend.versions.load import Load, LoadBook
 from aieng.frontend.versions.pool import ColdStarts, Pool, cold_start_message, refusal
 from aieng.inputs import precheck
-from aieng.models.repo import ModelSpec
+from aieng.models.served import ServedVersions
 from aieng.models.settings import PoolSetting
 from aieng.wire import protocol as p
 
@@ -54,7 +54,7 @@ class Loader(Protocol):
 
 
 class PoolControl:
-    def __init__(self, cfg: Config, specs: dict[str, dict[str, ModelSpec]], loads: LoadBook, loader: Loader,
+    def __init__(self, cfg: Config, specs: ServedVersions, loads: LoadBook, loader: Loader,
                  start: Callable[[Request], None], per_model: Callable[[], dict[str, int]], metrics: Metrics,
                  refuse: Callable[[Request, str, str], None]):
         """``start`` dispatches a request; ``per_model`` counts requests in flight by ``model:version``;
@@ -65,7 +65,7 @@ class PoolControl:
         self.waiting: ColdStarts[Request] = ColdStarts(cfg.max_inflight)
         self.settings = {name: PoolSetting(**(next(iter(vs.values())).extra.get("pool") or {}))
                          for name, vs in specs.items()}
-        self.cold = {k for k in cfg.cold_versions if _pair(k)[1] in specs.get(_pair(k)[0], {})}
+        self.cold = {k for k in cfg.cold_versions if _pair(k)[1] in specs.versions_of(_pair(k)[0])}
         self.evictions: dict[str, int] = {}
         self.cold_loads: dict[str, float] = {}  # key -> seconds of its last cold load
         self.refused: dict[str, tuple[float, int]] = {}  # key -> (when last logged, refusals since)
@@ -92,8 +92,8 @@ class PoolControl:
     def estimate(self, pk: tuple[str, str], now: float) -> int:
         """A load's bytes: its last measured footprint (``Pool.need``), else the largest measured within
         the budget of its model's other versions (usually one architecture), else its model file's size."""
-        siblings = [self.pool.measured((pk[0], v)) for v in self.specs.get(pk[0], {}) if v != pk[1]]
-        default = max([_file_size(self.specs[pk[0]][pk[1]].onnx_path)] + siblings)
+        siblings = [self.pool.measured((pk[0], v)) for v in self.specs.versions_of(pk[0]) if v != pk[1]]
+        default = max([_file_size(self.specs.get(*pk).onnx_path)] + siblings)
         return self.pool.need(pk, default, now)
 
     def waiters(self) -> int:

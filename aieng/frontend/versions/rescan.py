@@ -6,6 +6,7 @@ import os
 from typing import Protocol
 
 from aieng.models import repo as model_repo
+from aieng.models.served import ServedVersions
 from aieng.wire import protocol as p
 
 log = logging.getLogger("aieng.frontend.versions.hotswap")
@@ -21,7 +22,7 @@ class Swap(Protocol):
     def unload(self, name: str, version: str, source: str = "admin") -> dict: ...
 
 
-def rescan(swap: Swap, model_dirs: dict[str, str], specs: dict[str, dict]) -> dict[str, list[str]]:
+def rescan(swap: Swap, model_dirs: dict[str, str], specs: ServedVersions) -> dict[str, list[str]]:
     """New version directories the policy serves are loaded; versions whose directory is gone are
     unloaded (when nothing routes to them: else logged and kept).  Returns what was started."""
     started: dict[str, list[str]] = {"loading": [], "unloading": [], "kept": []}
