@@ -20,6 +20,7 @@ from aieng.config import Config
 from aieng.frontend.control.admin import AdminOps, AdminServer
 from aieng.frontend.control.lifecycle import Lifecycle
 from aieng.frontend.control.ops import ClientOps
+from aieng.frontend.control.views import Views
 from aieng.frontend.control.workers import Workers
 from aieng.frontend.observe.driftstore import build_drift
 from aieng.frontend.observe.http import HttpServer
@@ -96,11 +97,11 @@ class Frontend:
         pl.attach(self.mirror, Fanout(pl, self.table, self.workers, self.specs))  # pipeline models' steps
         self.versions = VersionManager(cfg, self.specs, self.send_hub, self.workers, self.rollout, pl.start,
                                        self.table, self.metrics, self.answers.refuse)
-        self.views = {"breakers": self.breakers.view, "degradation": self.degrader.view,
-                      "cache": lambda: self.cache.view() if self.cache.enabled else None,
-                      "clients": self.gate.view, "counts": self.answers.counts.view,
-                      "pool": self.versions.pool_view, "routing": self.rollout.view, "drift": self.drift.view,
-                      "direct": pl.direct_view}
+        self.views = Views(breakers=self.breakers.view, degradation=self.degrader.view,
+                           cache=lambda: self.cache.view() if self.cache.enabled else None,
+                           clients=self.gate.view, counts=self.answers.counts.view,
+                           pool=self.versions.pool_view, routing=self.rollout.view, drift=self.drift.view,
+                           direct=pl.direct_view)
         self.ops = ClientOps(self.workers, self.life, self.table, self.specs, self.rollout, self.stats,
                              self.mirror, self.send_hub, self.views, self.log, self.cfg.client_admin_ops)
         self.handlers = dict(self.pipeline.handlers)

@@ -17,6 +17,7 @@ import pytest
 from aieng.frontend.control.admin import AdminOps, Pending
 from aieng.frontend.control.lifecycle import Lifecycle
 from aieng.frontend.control.ops import ClientOps
+from aieng.frontend.control.views import Views
 from aieng.frontend.control.workers import Workers
 from aieng.frontend.observe.metrics import Metrics
 from aieng.frontend.observe.stats import StageStats
@@ -98,9 +99,9 @@ def parts():
     workers.hello(m.Hello("post-0", "postprocess", 13), now)
     workers.hello(m.Hello("gateway-http", "gateway", 14), now)
     life, hub, rollout = Lifecycle(), Hub(gone={"post-0"}), Rollout(specs, None, None, Metrics())
-    views = {"breakers": dict, "degradation": dict, "cache": lambda: None, "clients": dict,
-             "counts": lambda: {"requests": 0}, "pool": dict, "drift": dict,
-             "direct": lambda: {"images_off": None}}
+    views = Views(breakers=dict, degradation=dict, cache=lambda: None, clients=dict,
+                  counts=lambda: {"requests": 0}, pool=dict, routing=dict, drift=dict,
+                  direct=lambda: {"images_off": None})
     ops = ClientOps(workers, life, Table(), specs, rollout, StageStats(), Mirror(), hub, views, LOG)
     versions = Versions()
     admin = AdminOps(rollout, Mirror(), versions, workers, specs, LOG, ops.wide_ops())

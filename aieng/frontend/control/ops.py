@@ -18,6 +18,7 @@ import time
 from typing import Any, Callable
 
 from aieng.frontend.control.lifecycle import Lifecycle
+from aieng.frontend.control.views import Views
 from aieng.frontend.control.workers import Workers
 from aieng.frontend.observe.stats import StageStats
 from aieng.frontend.requests.table import RequestTable
@@ -38,10 +39,10 @@ def _version() -> str:
 class ClientOps:
     def __init__(self, workers: Workers, life: Lifecycle, table: RequestTable,
                  specs: ServedVersions, rollout: Rollout, stats: StageStats, mirror: Mirror,
-                 hub: Callable[[str, list], bool], views: dict[str, Callable[[], Any]], log: logging.Logger,
+                 hub: Callable[[str, list], bool], views: Views, log: logging.Logger,
                  client_admin: bool = False):
-        """``views`` gives ``breakers``, ``degradation``, ``cache`` (None when off), ``clients``, ``counts``
-        and ``pool``; ``hub(worker, frames)`` sends to a worker or the supervisor; ``client_admin``: the
+        """``views``: what health, models and stats show of the other components (``views.Views``);
+        ``hub(worker, frames)`` sends to a worker or the supervisor; ``client_admin``: the
         server-wide changes are served on the client socket too."""
         self.client_admin = client_admin
         self.workers, self.life, self.table, self.specs, self.rollout = workers, life, table, specs, rollout
@@ -77,10 +78,10 @@ class ClientOps:
                 "stalled": sorted(n for n, _ in self.workers.names(("preprocess",))
                                   if self.workers.stalled(n, now, self.table.load)),
                 "failed_models": self.workers.failed_models(),
-                "breakers": views["breakers"](), "degradation": views["degradation"](),
-                "cache": views["cache"](), "clients": views["clients"](),
+                "breakers": views.breakers(), "degradation": views.degradation(),
+                "cache": views.cache(), "clients": views.clients(),
                 "processes": {n: ps.view() for n, ps in life.processes.items()}, "restarts": life.restarts,
-                "counts": views["counts"](), "direct": views["direct"]()}
+                "counts": views.counts(), "direct": views.direct()}
 
     def models(self, req_id: Any, req: dict | None = None) -> dict:
         hello = self.workers.last_hello("executor")
@@ -89,7 +90,7 @@ class ClientOps:
         # the executor's session facts arrive with its hello, after its pid may be known, and change (its
         # background_runs): key on their value (a dict compare per call; the models op is not a hot path)
         served = self.specs.generation  # counts the run-time loads and unloads
-        images_off = self.views["direct"]()["images_off"]  # the frontend's own word on the image route
+        images_off = self.views.direct()["images_off"]  # the frontend's own word on the image route
         key = (self.workers.pid("executor"), ex, served, tuple(sorted(failed.items())),
                self.rollout.serials(), images_off)
         if key != self._models_key:
@@ -103,8 +104,8 @@ class ClientOps:
             self._models_key, self._models_reply = key, out
         # the pool's view changes with every cold load and eviction: built per call (a few lazy versions)
         # drift scores move with every answer: built per call too (model -> version -> reference, PSI)
-        return {"id": req_id, "ok": True, "models": self._models_reply, "pool": self.views["pool"](),
-                "drift": self.views["drift"]()}
+        return {"id": req_id, "ok": True, "models": self._models_reply, "pool": self.views.pool(),
+                "drift": self.views.drift()}
 
     def wide_ops(self) -> dict[str, Callable[[dict], dict]]:
         """The server-wide ops as the admin socket serves them: ``fn(req)`` -> the reply's fields, or
@@ -135,8 +136,8 @@ class ClientOps:
         summary = self.stats.summary(since)
         summary.update({"id": req_id, "ok": True, "in_flight": len(self.table),
                         "queue_depth": self.table.depth(),
-                        "counts": self.views["counts"](), "restarts": self.life.restarts,
-                        "shadow": self.mirror.view(), "pool": self.views["pool"]()})
+                        "counts": self.views.counts(), "restarts": self.life.restarts,
+                        "shadow": self.mirror.view(), "pool": self.views.pool()})
         if req.get("reset") is True:
             self.stats.reset()
             self.mirror.reset()

@@ -12,6 +12,7 @@ import threading
 from typing import Any, Callable
 
 from aieng.frontend.control.lifecycle import Lifecycle
+from aieng.frontend.control.views import Views
 from aieng.frontend.control.workers import Workers
 from aieng.frontend.observe.drift import DriftMonitor
 from aieng.frontend.observe.metrics import Metrics
@@ -26,10 +27,11 @@ MEMORY_EVERY_S = 2.0  # process memory costs a psutil call per process
 class Snapshots:
     def __init__(self, metrics: Metrics, table: RequestTable, stats: StageStats, drift: DriftMonitor,
                  life: Lifecycle, workers: Workers, specs: ServedVersions,
-                 health: Callable[[], dict], views: dict[str, Callable[[], Any]],
+                 health: Callable[[], dict], views: Views,
                  debug_asked: threading.Event | None):
-        """``health()`` is the health op's answer; ``views`` gives ``counts``, ``routing``, ``pool`` and
-        ``clients``; ``debug_asked`` is set by the HTTP side when a /debug wants a fresh stage summary."""
+        """``health()`` is the health op's answer; of ``views`` (``control/views.Views``) it shows
+        ``counts``, ``routing``, ``pool`` and ``clients``; ``debug_asked`` is set by the HTTP side when a
+        /debug wants a fresh stage summary."""
         self.metrics, self.table, self.stats, self.drift = metrics, table, stats, drift
         self.life, self.workers, self.specs, self.health = life, workers, specs, health
         self.views, self.debug_asked = views, debug_asked
@@ -50,7 +52,7 @@ class Snapshots:
         asked = full and self.debug_asked is not None and self.debug_asked.is_set()
         if asked:
             self.debug_asked.clear()
-        views = {k: fn() for k, fn in self.views.items() if k != "drift"}
+        counts, routing, pool = self.views.counts(), self.views.routing(), self.views.pool()
         dview = self.drift.view()  # PSI per feature, computed once per snapshot
         drift, out_drift, refs = {}, {}, {}
         for model, versions in dview.items():
@@ -59,13 +61,13 @@ class Snapshots:
                 out_drift.update({(model, version, f): v for f, v in d["psi"]["output"].items()})
                 refs[(model, version)] = d["reference"]
         snap = {"published_at": now, "supervisor_seen_at": self.life.supervisor_seen_at,
-                "health": health, "queue_depth": depth, "counts": views["counts"],
+                "health": health, "queue_depth": depth, "counts": counts,
                 "in_flight": len(self.table),
                 "drift_psi": {"/".join(k): round(v, 4) for k, v in drift.items()},
                 "drift": dview,
                 "stats": self.stats.summary(None) if asked else self.current.get("stats", {}),
                 "stats_at": now if asked else self.current.get("stats_at"),
-                "routing": views["routing"], "pool": views["pool"],
+                "routing": routing, "pool": pool,
                 "models": {name: {v: {"hash": sp.content_hash, "metadata": sp.extra.get("metadata", {})}
                                   for v, sp in vs.items()} for name, vs in self.specs.items()}}
         if now >= self._rss_at or not self._rss:
@@ -78,7 +80,7 @@ class Snapshots:
             "models": {(k.split(":")[0], k.split(":")[1], v or "none"): 1.0
                        for k, v in health["providers"].items()},
             "rss": self._rss, "gpus": self._gpus, "drift": drift, "output_drift": out_drift,
-            "drift_refs": refs, "clients": views["clients"]})
+            "drift_refs": refs, "clients": self.views.clients()})
         snap["memory"] = {f"{w}": v for (_, w), v in self._rss.items()}
         snap["gpus"] = {str(i): {"memory_used_bytes": u, "utilization": g}
                         for i, (u, g) in self._gpus.items()}
