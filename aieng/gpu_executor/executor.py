@@ -77,9 +77,11 @@ class Executor(HubWorker):
     def init_hotswap(self) -> None:
         # A run-time load builds on a thread, warms up paced and has no wide session: it competes
         # with serving for the cores.
-        self.versions = Versions(self, self.sessions, self.failed, self.build_in_background, background=True,
+        self.versions = Versions(self.worker, self.send, self.refresh_hello, self.log, self.sessions,
+                                 self.failed, self.build_in_background, background=True,
                                  check=self.check_loaded, on_add=self.add_version,
-                                 on_remove=self.remove_version)
+                                 on_remove=self.remove_version, gpu=True)
+        self.handlers.update(self.versions.handlers)
 
     def build_in_background(self, spec: ModelSpec, urgent: bool) -> ModelSession:
         """A run-time load: on its own thread, no wide session; a cold load (``urgent``: a request waits)

@@ -36,7 +36,9 @@ class PostprocessWorker(HubWorker):
         self.bind_inbox(post_addr(cfg.runtime_dir, worker))  # the executor pushes PostTasks here
         self.handlers[m.PostTask] = self.handle
         # run-time load/unload of a version
-        self.versions = Versions(self, self.ops, self.failed, lambda spec, urgent: Chain(spec))
+        self.versions = Versions(self.worker, self.send, self.refresh_hello, log, self.ops, self.failed,
+                                 lambda spec, urgent: Chain(spec))
+        self.handlers.update(self.versions.handlers)
 
     def handle(self, task: m.PostTask, frames: list) -> None:
         ref = task.ref

@@ -74,9 +74,11 @@ class PreprocessWorker(HubWorker):
         def build(spec: ModelSpec, urgent: bool):
             return PROCESSORS[spec.preprocess["type"]](spec)
 
-        self.versions = Versions(self, self.procs, self.failed, build, check=check,
+        self.versions = Versions(self.worker, self.send, self.refresh_hello, self.log, self.procs,
+                                 self.failed, build, check=check,
                                  on_add=lambda spec, _: self.specs.__setitem__(spec.key, spec),
                                  on_remove=lambda key: self.specs.pop(key, None), defer=True)
+        self.handlers.update(self.versions.handlers)
 
     def init_ring(self) -> None:
         needs = [getattr(p, "max_request_bytes", 0) for p in self.procs.values()]

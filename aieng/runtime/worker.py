@@ -111,13 +111,17 @@ class HubWorker:
         """This worker's heartbeat (sent again as is until ``hello_bytes`` is rebuilt)."""
         return m.Hello(self.worker, self.role, os.getpid(), **self.hello_fields())
 
+    def refresh_hello(self) -> None:
+        """Rebuild the heartbeat now: what it shows changed (a version loaded or unloaded)."""
+        self.hello_bytes = m.encode(self.hello_msg())
+
     def after_drain(self, now: float) -> int | None:
         """Work to do once the waiting messages are read; returns the next poll timeout in ms."""
         return None
 
     # -- the loop ---------------------------------------------------------------
     def run(self, stop: procutil.StopFlag) -> None:
-        self.hello_bytes = m.encode(self.hello_msg())
+        self.refresh_hello()
         self.heartbeat()
         poller = self.poller = zmq.Poller()
         socks = [self.sock] + ([self.inbox] if self.inbox is not None else [])

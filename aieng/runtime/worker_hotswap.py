@@ -1,6 +1,6 @@
 """Run-time load and unload of one model version inside a worker (the worker side of hot swap).
 
-``Versions`` plugs two handlers into a ``HubWorker``'s dispatch table:
+``Versions`` offers two handlers (``handlers``), which its worker puts in its own dispatch table:
   * ``LoadVersion(spec)``: build the role's state for that version with the role's own ``build``,
     store it under ``model:version``, answer ``VersionLoaded`` (with the build's footprint when it was
     quiet, ``footprint.Quiet``; else 0) or ``VersionFailed`` (one line, why).  Idempotent.
@@ -9,11 +9,14 @@
 With ``background=True`` (the executor) ``build`` runs on a thread and the loop collects finished
 builds in ``poll()`` (from ``after_drain``) and installs them there: every shared structure is
 touched by the loop thread only.  ``check(key, built)`` may refuse a build the worker cannot use with
-a ``ValueError``.  Each change refreshes the worker's heartbeat.  Priorities, timings and footprints:
+a ``ValueError``.  It gets what it needs of its worker as arguments (its name, ``send``, its log and
+``hello_changed``, called after each change so the worker rebuilds its heartbeat) and writes none of the
+worker's fields.  Priorities, timings and footprints:
 docs/rollout.md, '9. Loading and unloading versions while serving'.
 """
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -45,12 +48,17 @@ def lower_priority(idle: bool = False) -> None:
 
 
 class Versions:
-    def __init__(self, worker, store: dict[str, Any], failed: dict[str, str],
+    def __init__(self, worker: str, send: Callable[[Any], None], hello_changed: Callable[[], None],
+                 log: logging.Logger, store: dict[str, Any], failed: dict[str, str],
                  build: Callable[[ModelSpec, bool], Any], background: bool = False,
                  check: Callable[[str, Any], None] | None = None,
                  on_add: Callable[[ModelSpec, Any], None] | None = None,
-                 on_remove: Callable[[str], None] | None = None, defer: bool = False):
-        self.worker, self.store, self.failed = worker, store, failed
+                 on_remove: Callable[[str], None] | None = None, defer: bool = False, gpu: bool = False):
+        """``worker`` names the worker in its answers, sent with ``send(msg)``; ``store`` and ``failed``
+        are the worker's built state and failed loads by ``model:version``, kept here as versions come
+        and go; ``gpu``: a build's GPU memory growth is measured too (the executor)."""
+        self.worker, self.send, self.hello_changed, self.log = worker, send, hello_changed, log
+        self.store, self.failed, self.gpu = store, failed, gpu
         self.build, self.background, self.check = build, background, check
         # ``defer``: a load is built after the tasks that arrived with it (``build_deferred``, called by
         # the worker at the end of its drain), so a build never delays requests it already holds
@@ -61,13 +69,12 @@ class Versions:
         self.done: list[tuple[ModelSpec, Any, BaseException | None, float, int, int, bool]] = []
         self.lock = threading.Lock()
         self.quiet = Quiet()  # was a build's growth its own (no other build or unload meanwhile)?
-        worker.handlers[m.LoadVersion] = self.on_load
-        worker.handlers[m.UnloadVersion] = self.on_unload
+        self.handlers = {m.LoadVersion: self.on_load, m.UnloadVersion: self.on_unload}
 
     def on_load(self, msg: m.LoadVersion, frames: list) -> None:
         spec = msg.spec
         if spec.key in self.store:
-            self.worker.send(m.VersionLoaded(self.worker.worker, spec.key, 0.0))
+            self.send(m.VersionLoaded(self.worker, spec.key, 0.0))
             return
         if spec.key in self.building:
             return  # its answer comes when the build ends
@@ -103,7 +110,7 @@ class Versions:
     def _build(self, spec: ModelSpec, urgent: bool) -> None:
         ticket = self.quiet.begin()
         t0, rss0 = time.perf_counter(), rss_bytes()
-        gpu0 = gpu_bytes() if self.worker.role == "executor" else 0
+        gpu0 = gpu_bytes() if self.gpu else 0
         built, error = None, None
         try:
             built = self.build(spec, urgent)
@@ -132,23 +139,23 @@ class Versions:
                     refused.append(built)
             if error is not None:
                 why = model_repo.failure_message(spec, error)
-                self.worker.log.error("run-time load failed: %s", why)
-                self.worker.send(m.VersionFailed(self.worker.worker, spec.key, why))
+                self.log.error("run-time load failed: %s", why)
+                self.send(m.VersionFailed(self.worker, spec.key, why))
                 continue
             self.store[spec.key] = built
             self.failed.pop(spec.key, None)
             if self.on_add is not None:
                 self.on_add(spec, built)
-            self.worker.log.info("loaded %s at run time in %.2fs (RSS +%.1f MiB%s)", spec.key, seconds,
+            self.log.info("loaded %s at run time in %.2fs (RSS +%.1f MiB%s)", spec.key, seconds,
                                  footprint / 2**20, "" if quiet else " while another load or an unload ran: "
                                  "not its footprint, reported as not measured")
             if not quiet:
                 footprint = gpu = 0
-            self.worker.send(m.VersionLoaded(self.worker.worker, spec.key, round(seconds, 3), footprint, gpu))
+            self.send(m.VersionLoaded(self.worker, spec.key, round(seconds, 3), footprint, gpu))
         if refused:
             with self.quiet.moving():
                 del refused, done, built
-        self.refresh()
+        self.hello_changed()
 
     def on_unload(self, msg: m.UnloadVersion, frames: list) -> None:
         with self.quiet.moving():  # a build meanwhile would read less than its own growth
@@ -158,9 +165,5 @@ class Versions:
                 self.on_remove(msg.key)
             del gone  # the last reference: the session (or state) is released here
             trimmed = release_free_memory()
-        self.worker.log.info("unloaded %s%s", msg.key, " (free heap returned to the OS)" if trimmed else "")
-        self.refresh()
-
-    def refresh(self) -> None:
-        w = self.worker
-        w.hello_bytes = m.encode(w.hello_msg())
+        self.log.info("unloaded %s%s", msg.key, " (free heap returned to the OS)" if trimmed else "")
+        self.hello_changed()

@@ -59,7 +59,9 @@ def test_concurrent_builds_report_no_footprint_and_a_build_alone_reports_its_own
         go.wait(10)
         return block
 
-    v = Versions(worker, {}, {}, build, background=True)
+    v = Versions(worker.worker, worker.send, lambda: None, worker.log, {}, {}, build, background=True,
+                 gpu=worker.role == "executor")
+    worker.handlers.update(v.handlers)
     base = spec("tabular")
     specs = [dataclasses.replace(base, version=str(i)) for i in (1, 2, 3)]
     for s in specs:

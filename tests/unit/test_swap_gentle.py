@@ -47,8 +47,9 @@ def test_a_deferred_load_is_built_after_the_drain_not_when_it_arrives():
     worker = SimpleNamespace(handlers={}, worker="pre-0", role="preprocess", log=logging.getLogger("t"),
                              info=dict, send=lambda msg: sent.append(msg),
                              hello_msg=lambda: m.Hello("pre-0", "preprocess", 1))
-    v = Versions(worker, {}, {}, build=lambda spec, urgent: order.append(f"build {spec.key}") or object(),
-                 defer=True)
+    v = Versions(worker.worker, worker.send, lambda: None, worker.log, {}, {},
+                 build=lambda spec, urgent: order.append(f"build {spec.key}") or object(), defer=True)
+    worker.handlers.update(v.handlers)
     spec = demo_spec("tabular")
     worker.handlers[m.LoadVersion](m.LoadVersion(spec), [])
     order.append("tasks of the drain")
@@ -103,7 +104,8 @@ def test_a_deferred_load_builds_on_a_nice_thread_and_a_cold_one_inline_at_the_wo
     worker = SimpleNamespace(handlers={}, worker="pre-0", role="preprocess", log=logging.getLogger("t"),
                              info=dict, send=lambda msg: sent.append(msg),
                              hello_msg=lambda: m.Hello("pre-0", "preprocess", 1))
-    v = Versions(worker, {}, {}, build=build, defer=True)
+    v = Versions(worker.worker, worker.send, lambda: None, worker.log, {}, {}, build=build, defer=True)
+    worker.handlers.update(v.handlers)
     swap, cold = demo_spec("tabular"), demo_spec("minilm")
     worker.handlers[m.LoadVersion](m.LoadVersion(swap), [])
     worker.handlers[m.LoadVersion](m.LoadVersion(cold, urgent=True), [])
