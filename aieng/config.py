@@ -2,7 +2,9 @@
 
 Precedence: defaults < YAML file < ``AIENG_*`` environment < command-line
 flags.  Every child process receives the resolved ``Config`` (as a plain dict)
-at spawn and never re-reads the environment or the command line.
+at spawn and never re-reads the environment or the command line.  A ``Config``
+is frozen: what is filled in later (the instance, its runtime dir, the gateways'
+secrets, a log level changed at run time) makes a new one (``dataclasses.replace``).
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ def _default(name: str, neutral: Any = None) -> Any:
     return var.default
 
 
-@dataclass
+@dataclass(frozen=True)
 class Config:
     frontend_addr: str = _default("frontend_addr")
     http_addr: str = _default("http_addr")
@@ -236,7 +238,6 @@ def load_config(yaml_path: str | None = None, flags: dict[str, Any] | None = Non
         if value is not None:
             values[key] = _coerce(key, value, "command line")
             sources[key] = "flag"
-    cfg = Config.from_dict(values)
-    cfg.sources = sources
+    cfg = Config.from_dict({**values, "sources": sources})
     cfg.validate()
     return cfg

@@ -7,6 +7,7 @@ is not there, a server that does not answer) is one line and exit code 2 (``tool
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -48,7 +49,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"aieng: {file_problem(exc)}", file=sys.stderr)
         return 2
     try:
-        view = one_model_view(args, cfg)
+        view, cfg = one_model_view(args, cfg)
     except UsageError as exc:
         print(f"aieng: {exc}", file=sys.stderr)
         return 2
@@ -62,13 +63,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
             view.close()
 
 
-def one_model_view(args: argparse.Namespace, cfg: Any) -> Any:
+def one_model_view(args: argparse.Namespace, cfg: Any) -> tuple[Any, Any]:
     """``--model-name NAME --model-dir DIR`` (KServe's layout, ``models/view.py``): the repository becomes a
-    view serving DIR as NAME, over AIENG_MODEL_REPOSITORY / AIENG_MODELS from any other source."""
+    view serving DIR as NAME, over AIENG_MODEL_REPOSITORY / AIENG_MODELS from any other source.  Returns
+    (the view, the config serving it), or (None, ``cfg``) without those flags."""
     from aieng.models.view import ModelView, ViewError
 
     if args.model_name is None and args.model_dir is None:
-        return None
+        return None, cfg
     if args.model_name is None or args.model_dir is None:
         raise UsageError("--model-name and --model-dir go together")
     if args.models_dir is not None or args.models is not None:
@@ -80,9 +82,8 @@ def one_model_view(args: argparse.Namespace, cfg: Any) -> Any:
     except OSError as exc:  # the state dir cannot hold the view: the start would refuse it anyway
         raise UsageError(f"cannot make the model view under AIENG_STATE_DIR {cfg.state_dir!r}: "
                          f"{file_problem(exc)}") from None
-    cfg.model_repository, cfg.models = view.path, view.name
-    cfg.sources.update(model_repository="flag --model-dir", models="flag --model-name")
-    return view
+    sources = {**cfg.sources, "model_repository": "flag --model-dir", "models": "flag --model-name"}
+    return view, dataclasses.replace(cfg, model_repository=view.path, models=view.name, sources=sources)
 
 
 def cmd_config(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ of a default one; only our sockets in a configured one), then drop the lock.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -43,15 +44,16 @@ class Instance:
         self.lock: addresses.RuntimeDirLock | None = None
         self.own_runtime_dir = not cfg.runtime_dir
 
-    def claim(self) -> None:
-        """Sets ``cfg.instance`` and ``cfg.runtime_dir``; raises ConfigError or RuntimeDirInUse."""
-        cfg = self.cfg
-        cfg.instance = str(os.getpid())
+    def claim(self) -> Config:
+        """The config with this instance's ``instance`` and ``runtime_dir`` filled in (kept as ``cfg``
+        too); raises ConfigError or RuntimeDirInUse."""
+        instance = str(os.getpid())
         gone = shm.clean_stale(_instance_alive) + addresses.clean_stale_runtime_dirs(_instance_alive)
         if gone:
             log.warning("removed %d stale segments/dirs left by crashed instances: %s", len(gone),
                         ", ".join(gone[:5]))
-        cfg.runtime_dir = addresses.runtime_dir(cfg.instance, cfg.runtime_dir)
+        runtime_dir = addresses.runtime_dir(instance, self.cfg.runtime_dir)
+        cfg = self.cfg = dataclasses.replace(self.cfg, instance=instance, runtime_dir=runtime_dir)
         lock = addresses.RuntimeDirLock(cfg.runtime_dir)
         try:  # before anything binds or spawns: a second instance must not join our hub
             os.makedirs(cfg.runtime_dir, mode=0o700, exist_ok=True)
@@ -66,6 +68,7 @@ class Instance:
             raise ConfigError(f"invalid configuration: AIENG_RUNTIME_DIR {cfg.runtime_dir!r} cannot be "
                               f"created or used: {exc.strerror or exc} (from {src})") from None
         self.lock = lock
+        return cfg
 
     def check_state_dir(self) -> None:
         """Routing changes (automatic rollbacks too) must survive a restart: a state dir that cannot be

@@ -10,6 +10,7 @@ SIGTERM, a deadline, SIGKILL; every segment of this instance is unlinked and the
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import multiprocessing as mp
 import os
@@ -61,7 +62,6 @@ class Child:
 
 class Supervisor:
     def __init__(self, cfg: Config):
-        self.cfg = cfg
         # Children fork from a server process that imported the runtime once (``FORK_PRELOAD``), instead
         # of each starting an interpreter and importing it again (measured: docs/architecture.md, Lifecycle).
         self.ctx = mp.get_context("forkserver")
@@ -76,7 +76,8 @@ class Supervisor:
         self.reload_asked = False  # SIGHUP seen, not yet passed on
         self.reload_deadline: float | None = None  # a reload is under way until the frontend answers
         self.instance = Instance(cfg)
-        self.instance.claim()
+        # the config every child receives: this instance's, and the gateways' secrets when there are any
+        cfg = self.cfg = self.with_gateway_secrets(self.instance.claim())
         try:
             shmsize.check(cfg)  # before any ring exists: a too-small /dev/shm would SIGBUS a writer later
             self.instance.check_state_dir()
@@ -87,10 +88,15 @@ class Supervisor:
         self.children = [Child(role, name) for role, name in
                          addresses.worker_names(cfg.preprocess_workers, cfg.postprocess_workers)]
         self.children += [Child("gateway", f"gw-{i}") for i in range(cfg.gateways)]  # OIP front door
+
+    @staticmethod
+    def with_gateway_secrets(cfg: Config) -> Config:
+        secrets_of: dict[str, str] = {}
         if cfg.gateways and cfg.curve_secret_key_file:  # the gateways' own key, admitted by the frontend
-            cfg.gateway_curve_key = zmq.curve_keypair()[1].decode()
+            secrets_of["gateway_curve_key"] = zmq.curve_keypair()[1].decode()
         if cfg.gateways:  # a gateway's requests name their OIP peer; this secret says they are a gateway's
-            cfg.gateway_token = secrets.token_hex(16)
+            secrets_of["gateway_token"] = secrets.token_hex(16)
+        return dataclasses.replace(cfg, **secrets_of) if secrets_of else cfg
 
     def init_models(self) -> None:
         cfg = self.cfg
@@ -200,7 +206,7 @@ class Supervisor:
 
     def on_log_level(self, msg: m.LogLevel) -> None:
         procutil.set_level(msg.level)
-        self.cfg.log_level = msg.level  # restarted children start at the new level
+        self.cfg = dataclasses.replace(self.cfg, log_level=msg.level)  # restarted children start at it
 
     def watchdog(self, now: float) -> None:
         """WATCHDOG=1 only while the frontend reports a healthy pipeline, recently."""

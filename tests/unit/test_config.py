@@ -154,7 +154,7 @@ def test_invalid_value_names_its_source(tmp_path, cpus):
 
 def test_config_dict_round_trip(cpus):
     cfg = load_config(flags={"max_inflight": 17}, environ={})
-    cfg.instance = "4242"
+    cfg = dataclasses.replace(cfg, instance="4242")
     again = Config.from_dict({**cfg.to_dict(), "not_a_field": 1})
     assert again == cfg
     assert again.ring_slots == 17

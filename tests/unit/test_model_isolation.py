@@ -4,6 +4,7 @@ other models are built; a strict build fails naming the model and its path; a ve
 files changed since they were hashed is refused (aieng/models/repo.py build_each, verify_content)."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 import time
@@ -134,6 +135,6 @@ def test_postprocess_worker_names_the_model_whose_labels_fail(tmp_path):
         assert err.value.code == UNAVAILABLE and err.value.message == w.failed["orientation:1"]
     finally:
         w.close()
-    cfg.strict_model_load = True
+    cfg = dataclasses.replace(cfg, strict_model_load=True)
     with pytest.raises(ModelLoadError, match="model orientation:1"):
         PostprocessWorker(cfg, specs, "post-0", log)
