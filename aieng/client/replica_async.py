@@ -21,10 +21,10 @@ import zmq
 from aieng.client.core import RpcClosed, RpcCore, RpcError, RpcLost, RpcTimeout, RpcUnsent
 from aieng.client.endpoints import client_error, expand
 from aieng.client.replica_base import ReplicaBase, judge
-from aieng.client.single import REPLICA_CLASSES, AsyncClient, decode_reply
+from aieng.client.single import AsyncSingleClient, decode_reply
 
 
-class AsyncReplicaClient(ReplicaBase, AsyncClient):
+class AsyncReplicaClient(ReplicaBase, AsyncSingleClient):
     """``AsyncClient`` over several replicas (see the module docstring)."""
 
     def __init__(self, addr: Any = None, timeout_s: float = 30.0, curve: Any = None, **opts: Any):
@@ -198,5 +198,3 @@ class AsyncReplicaClient(ReplicaBase, AsyncClient):
         for a in list(self.cores):
             self.close_endpoint(a)
 
-
-REPLICA_CLASSES[AsyncClient] = AsyncReplicaClient

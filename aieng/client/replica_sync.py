@@ -19,12 +19,12 @@ from zmq.utils.monitor import parse_monitor_message
 
 from aieng.client.endpoints import client_error, expand
 from aieng.client.replica_base import ReplicaBase, judge
-from aieng.client.single import REPLICA_CLASSES, Client, apply_curve, decode_reply
+from aieng.client.single import SingleClient, apply_curve, decode_reply
 
 EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
 
 
-class ReplicaClient(ReplicaBase, Client):
+class ReplicaClient(ReplicaBase, SingleClient):
     def __init__(self, addr: Any = None, timeout_s: float = 30.0, dealer: bool = True, curve: Any = None,
                  **opts: Any):
         self.socks: dict[str, zmq.Socket] = {}
@@ -197,5 +197,3 @@ class ReplicaClient(ReplicaBase, Client):
         for a in list(self.socks):
             self.close_endpoint(a)
 
-
-REPLICA_CLASSES[Client] = ReplicaClient

@@ -1,10 +1,10 @@
-"""Python clients for aieng (protocol version 1): ``Client`` and ``AsyncClient`` for one address.
+"""Python clients for aieng (protocol version 1) over one address: ``SingleClient``, ``AsyncSingleClient``.
 
-``Client``: blocking, one request at a time over a REQ socket (or a DEALER with ``dealer=True``, which
-survives a lost reply).  ``AsyncClient``: asyncio, many requests in flight over one DEALER, replies matched
-by ``id`` (the request/reply core, ``core.py``).  Given several endpoints (a list, or one string with
-commas) both construct their replica forms instead (``REPLICA_CLASSES``, filled by ``replica_sync.py`` and
-``replica_async.py``); one plain address keeps these.  Inputs may be str, bytes, numbers, lists or numpy
+``SingleClient``: blocking, one request at a time over a REQ socket (or a DEALER with ``dealer=True``,
+which survives a lost reply).  ``AsyncSingleClient``: asyncio, many requests in flight over one DEALER,
+replies matched by ``id`` (the request/reply core, ``core.py``).  Callers get them as ``Client`` and
+``AsyncClient`` (``factory.py``, which also picks the replica forms for several endpoints; the replica
+clients extend these two and share their request methods).  Inputs may be str, bytes, numbers, lists or numpy
 arrays (sent as tensor maps); tensor maps in replies come back as numpy arrays.  Usage and what each
 promises: docs/protocol.md ("The Python client"); replicas: docs/replicas.md.
 """
@@ -19,7 +19,6 @@ import numpy as np
 import zmq
 
 from aieng.client.core import RpcCore
-from aieng.client.endpoints import split_addrs
 from aieng.wire.protocol import decode_tensor, encode_tensor
 
 DEFAULT_ADDR = "tcp://127.0.0.1:5555"
@@ -81,21 +80,7 @@ def apply_curve(sock: zmq.Socket, curve: tuple[bytes, bytes, bytes] | None) -> N
         sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = curve
 
 
-def _replicas(addr: Any) -> bool:
-    return split_addrs(server_addr(addr)) is not None
-
-
-# The replica classes, by the single-address class they extend; filled by ``replica_sync.py`` and
-# ``replica_async.py`` (the package imports both), so this module never imports them.
-REPLICA_CLASSES: dict[type, type] = {}
-
-
-class Client:
-    def __new__(cls, addr: Any = None, *args: Any, **kw: Any) -> "Client":
-        if cls is Client and _replicas(addr):
-            return super().__new__(REPLICA_CLASSES[Client])
-        return super().__new__(cls)
-
+class SingleClient:
     def __init__(self, addr: str | None = None, timeout_s: float = 30.0, dealer: bool = False,
                  curve: tuple[bytes, bytes, bytes] | None = None):
         self.addr = server_addr(addr)
@@ -151,21 +136,16 @@ class Client:
     def close(self) -> None:
         self.sock.close(0)
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> "SingleClient":
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
 
-class AsyncClient:
+class AsyncSingleClient:
     """Many requests in flight over one DEALER socket; replies in any order (the request/reply core,
     ``core.py``: a late reply is dropped, ``close`` fails what is pending with ``RpcClosed``)."""
-
-    def __new__(cls, addr: Any = None, *args: Any, **kw: Any) -> "AsyncClient":
-        if cls is AsyncClient and _replicas(addr):
-            return super().__new__(REPLICA_CLASSES[AsyncClient])
-        return super().__new__(cls)
 
     def __init__(self, addr: str | None = None, timeout_s: float = 30.0,
                  curve: tuple[bytes, bytes, bytes] | None = None):
