@@ -117,7 +117,12 @@ class Executor(HubWorker):
         self.bg_runs.pop(key, None)
         self.spare_runs.pop(key, None)
         for batcher in (self.batcher, self.bg_batcher):
-            batcher.queues.pop(key, None)  # empty: its requests were drained before the unload
+            # The frontend drained the version first, but not all it sent may be gone from here: a shadow
+            # copy (its drain leaves them out) or a request it answered TIMEOUT before our ``expire``.  Their
+            # input slots are ours: freed now, not at the ring's lease.
+            q = batcher.queues.pop(key, None)
+            for p in q.items if q is not None else ():
+                self.drop(p)
 
     def init_batcher(self) -> None:
         self.batcher, self.bg_batcher = Batcher(), Batcher()  # serving; internal (background lane)
@@ -165,10 +170,7 @@ class Executor(HubWorker):
         for job in self.lanes.finished():
             self.finish_batch(job)
         for p in self.batcher.expire(now) + self.bg_batcher.expire(now):
-            if p.payload.ref is None:  # inline-preprocessed: its input is ours alone, and no answer follows
-                self.direct.expire(p.rid)
-            else:
-                self.inputs.release(p.payload.ref)  # the frontend answers TIMEOUT itself
+            self.drop(p)  # the frontend answers TIMEOUT itself
         wake = []
         for batcher, free in ((self.batcher, self.lanes.free), (self.bg_batcher, self.lanes.bg_free)):
             wake_at = None
@@ -190,6 +192,13 @@ class Executor(HubWorker):
         if wake:
             return max(0, int((min(wake) - now) * 1000) + 1)
         return 200  # a finished lane or a new task wakes the loop
+
+    def drop(self, p: Pending) -> None:
+        """A queued request leaves without a run, and without an answer: its input is freed."""
+        if p.payload.ref is None:  # inline-preprocessed: its input is ours alone
+            self.direct.expire(p.rid)
+        else:
+            self.inputs.release(p.payload.ref)  # an input slot: ours since we took the task
 
     def accept(self, task: m.InferTask, descs: list | None = None) -> bool:
         """Queue ``task`` for a batch (``descs``: its tensors, when not in a ring slot); False when it
