@@ -42,7 +42,7 @@ from aieng.frontend.rollout.rollout import Rollout, model_dirs
 from aieng.frontend.rollout.routestore import RouteStore, store_path
 from aieng.frontend.rollout.statewriter import StateWriter
 from aieng.frontend.rollout.watcher import ConfigWatcher, model_yaml_paths
-from aieng.frontend.versions.manager import GOLDEN_CLIENT, VersionManager
+from aieng.frontend.versions.manager import VersionManager
 from aieng.models import repo as model_repo
 from aieng.models.repo import ModelSpec
 from aieng.models.served import ServedVersions
@@ -88,13 +88,22 @@ class Frontend:
         # every answer: counted, cached, measured; the auto-rollback watches each (rollout.observe)
         self.answers = Answers(self.reply, self.metrics, self.stats, self.breakers, self.cache, self.drift,
                                self.degrader, self.rollout.observe, self.tracing)
-        self.pipeline = pl = Pipeline(self.table, self.workers, posts, self.send_hub, self.answers,
-                                      self.metrics, self.stats, cfg.inline_preprocess_bytes, self.send_direct,
-                                      cfg.inline_image_pixels, cfg.inline_image_budget_ms / 1000,
-                                      cfg.preprocess_budget_ms)
-        self.mirror = Mirror(cfg, self.specs, self.rollout, self.admission, self.table, pl.start,
+        # The pipeline ends what the mirror and the fan-out start, and they start requests (and end pages)
+        # through it: a true cycle.  They are built first, over narrow callables into the pipeline built next
+        # (called when a request moves, never while building); the pipeline gets both at construction.
+        def start(req: Request) -> None:
+            self.pipeline.start(req)
+
+        self.mirror = Mirror(cfg, self.specs, self.rollout, self.admission, self.table, start,
                              self.metrics.registry)  # shadow copies and their comparison
-        pl.attach(self.mirror, Fanout(pl, self.table, self.workers, self.specs))  # pipeline models' steps
+        fanout = Fanout(self.table, self.workers, self.specs, start,  # pipeline models' steps
+                        lambda rid, code, message: self.pipeline.fail(rid, code, message),
+                        lambda page, outputs, timing, extra: self.pipeline.answer_pipeline(page, outputs,
+                                                                                            timing, extra))
+        self.pipeline = pl = Pipeline(self.table, self.workers, posts, self.send_hub, self.answers,
+                                      self.metrics, self.stats, self.mirror, fanout,
+                                      cfg.inline_preprocess_bytes, self.send_direct, cfg.inline_image_pixels,
+                                      cfg.inline_image_budget_ms / 1000, cfg.preprocess_budget_ms)
         self.versions = VersionManager(cfg, self.specs, self.send_hub, self.workers, self.rollout, pl.start,
                                        self.table, self.metrics, self.answers.refuse)
         self.views = Views(breakers=self.breakers.view, degradation=self.degrader.view,
@@ -267,8 +276,6 @@ class Frontend:
         self.reply(envelope, p.error_body(req_id, p.INVALID_REQUEST, message))
 
     def reply(self, envelope: list, body: bytes) -> None:
-        if envelope[0] == GOLDEN_CLIENT:  # a golden-set request of a version being loaded: never a client
-            return self.versions.on_answer(body)
         try:
             self.clients.send_multipart(envelope + [body], flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:  # this client's send queue is full: it does not read its replies

@@ -23,6 +23,7 @@ import zmq
 
 from aieng.client import decode_reply
 from aieng.config import Config
+from aieng.frontend.requests.table import SHADOW
 from aieng.frontend.server import Frontend
 from aieng.wire import express, shm
 from aieng.wire import messages as m
@@ -192,7 +193,8 @@ def test_success_path_and_who_frees(rig):
 def test_an_answer_feeds_drift_and_a_shadow_copy_never_does(rig, shadow):
     r, task = running(rig)
     if shadow:  # the same request as a shadow copy would be: compared by the mirror, never accounted
-        r.fe.table.get(task.rid).shadow_of = 10 ** 9
+        req = r.fe.table.get(task.rid)
+        req.kind, req.link = SHADOW, 10 ** 9
     inp, out = r.slot("pre-0"), r.slot("executor")
     r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp])))
     r.peers["executor"].send(m.encode(m.Inferred([task.rid], [out])))

@@ -13,8 +13,8 @@ from types import SimpleNamespace
 from prometheus_client import CollectorRegistry
 
 from aieng.config import Config
-from aieng.frontend.requests.table import Request
-from aieng.frontend.rollout.mirror import SHADOW_CLIENT, Mirror
+from aieng.frontend.requests.table import SHADOW, Request
+from aieng.frontend.rollout.mirror import Mirror
 from aieng.models.routing import ShadowConfig
 from aieng.models.served import ServedVersions
 from aieng.wire import protocol as p
@@ -64,8 +64,8 @@ def test_an_answered_primary_gets_a_pinned_copy_and_its_answer_is_compared():
     assert started == []  # the copy waits for the primary's answer: a shadow never delays it
     mirror.primary_end(req, ANSWER, time.monotonic())
     [copy] = started
-    assert (copy.envelope, copy.version, copy.route, copy.shadow_of, copy.body) == (
-        [SHADOW_CLIENT], "2", "shadow", 7, b"the client's frame")
+    assert (copy.kind, copy.version, copy.route, copy.link, copy.body) == (
+        SHADOW, "2", "shadow", 7, b"the client's frame")
     mirror.shadow_end(copy, ANSWER, "", time.monotonic())
     view = mirror.view("tabular")["2"]
     assert (view["pairs"], view["label_pairs"], view["agreement"]) == (1, 1, 1.0)

@@ -17,11 +17,11 @@ import pytest
 from aieng.config import Config
 from aieng.frontend.control.workers import Workers
 from aieng.frontend.observe.metrics import Metrics
-from aieng.frontend.requests.table import Request
+from aieng.frontend.requests.table import GOLDEN, Request
 from aieng.frontend.rollout import routing
 from aieng.frontend.rollout.rollout import Rollout
 from aieng.frontend.versions.golden import _input
-from aieng.frontend.versions.manager import GOLDEN_CLIENT, VersionManager
+from aieng.frontend.versions.manager import VersionManager
 from aieng.models import repo as model_repo
 from aieng.models.served import ServedVersions
 from aieng.wire import messages as m
@@ -105,13 +105,13 @@ class Rig:
         were sent (the cases' order); how many."""
         self.case_of: dict[str, int] = {}
         answered = 0
-        while self.started and self.started[0].envelope == [GOLDEN_CLIENT]:
+        while self.started and self.started[0].kind is GOLDEN:
             req = self.started.pop(0)
             cases = self.golden[req.version]["cases"]
             case = self.case_of[req.client_id] = len(self.case_of)
             expected = cases[case]["expected"]
             outputs = {"label": "Gentoo"} if case == wrong_case else expected
-            self.vm.on_answer(p.pack({"id": req.client_id, "ok": True, "outputs": outputs}))
+            req.link.answer(p.pack({"id": req.client_id, "ok": True, "outputs": outputs}))
             answered += 1
         return answered
 

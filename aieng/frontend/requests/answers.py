@@ -5,8 +5,9 @@ counts (``Counts``: what health and stats report), the breaker, the response cac
 stage stats (an error for a request in the pipeline as a failure of its version), drift, degradation,
 and the ``outcome`` the auto-rollback watches.  Metrics are recorded before the reply, so a client that
 reads /metrics after its answer sees it; the answer carries the request's ``traceparent``, and its spans
-(``tracing``) are built after the reply.  Shadow copies and pipeline steps never come here (``pipeline``
-sends them to ``mirror`` and ``fanout``).
+(``tracing``) are built after the reply.  The reply goes where the request's kind says (``send``): a
+client's to its socket, a golden case's to its load (``Golden.answer``).  Shadow copies and pipeline steps
+never come here (``pipeline`` sends them to ``mirror`` and ``fanout``).
 """
 from __future__ import annotations
 
@@ -22,8 +23,7 @@ from aieng.frontend.requests.admission import Immediate
 from aieng.frontend.requests.breaker import Breakers
 from aieng.frontend.requests.cache import ResponseCache
 from aieng.frontend.requests.degrade import Degrader
-from aieng.frontend.requests.table import Request
-from aieng.frontend.versions.hotswap import GOLDEN_CLIENT
+from aieng.frontend.requests.table import GOLDEN, Request
 from aieng.wire import messages as m
 from aieng.wire import protocol as p
 
@@ -46,7 +46,8 @@ class Answers:
     def __init__(self, reply: Callable[[list, bytes], None], metrics: Metrics, stats: StageStats,
                  breakers: Breakers, cache: ResponseCache, drift: DriftMonitor, degrader: Degrader,
                  outcome: Callable[[str, str, str, float], None], tracing: Tracing | None = None):
-        """``reply(envelope, body)`` sends; ``outcome(model, version, code, seconds)`` sees every answer."""
+        """``reply(envelope, body)`` sends to a client; ``outcome(model, version, code, seconds)`` sees every
+        answer."""
         self.reply, self.metrics, self.stats, self.breakers = reply, metrics, stats, breakers
         self.cache, self.drift, self.degrader, self.outcome = cache, drift, degrader, outcome
         self.tracing = tracing if tracing is not None else Tracing()
@@ -71,7 +72,10 @@ class Answers:
             extra["traceparent"] = req.tctx.header()
         timing = timing or {"total": int((now - req.received) * 1e6)}
         body = p.result_body(req.client_id, req.model, req.version, msg.outputs, timing, extra)
-        self.reply(req.envelope, body)
+        if req.kind is GOLDEN:  # ``send``, written out: every answer passes here
+            req.link.answer(body)
+        else:
+            self.reply(req.envelope, body)
         log.debug("answered OK in %d us", timing["total"], extra={"trace": req.trace})
         sent = time.monotonic()
         timing["frontend_out"] = int((sent - now) * 1e6)
@@ -89,7 +93,7 @@ class Answers:
         if req.cache_key is not None and all(step[2] == "ok" for step in msg.steps):  # never a partial one
             self.cache.put(req.cache_key, msg.outputs)
         self.metrics.answered(req.model, req.version, timing, req.batch, msg.confidence)
-        if req.client != GOLDEN_CLIENT:  # a golden case is the server checking a load, not traffic
+        if req.kind is not GOLDEN:  # a golden case is the server checking a load, not traffic
             self.drift.observe(req.model, req.version, msg.features, msg.confidence, msg.distance,
                                req.peer, now)
         self.degrader.observe_latency(req.key, now - req.received)
@@ -118,7 +122,7 @@ class Answers:
         where = {"model": req.model, "version": req.version, "route": req.route}
         if req.tctx is not None:
             where["traceparent"] = req.tctx.header()
-        self.reply(req.envelope, p.error_body(req.client_id, code, message, req.trace, where))
+        self.send(req, p.error_body(req.client_id, code, message, req.trace, where))
 
     def count_error(self, code: str, model: str = "", version: str = "") -> None:
         self.counts.errors[code] = self.counts.errors.get(code, 0) + 1
@@ -140,9 +144,16 @@ class Answers:
         extra = {"trace_id": req.trace, "route": req.route, **extra}
         if req.tctx is not None:
             extra["traceparent"] = req.tctx.header()
-        self.reply(req.envelope, p.result_body(req.client_id, req.model, req.version, outputs, timing, extra))
+        self.send(req, p.result_body(req.client_id, req.model, req.version, outputs, timing, extra))
         self.stats.add(req.model, timing, 1, 0, 0)
         self.tracing.page(req, timing, extra, time.monotonic())
+
+    def send(self, req: Request, body: bytes) -> None:
+        """An answer's one way out, by the request's kind: a golden case's to its load, never a socket."""
+        if req.kind is GOLDEN:
+            req.link.answer(body)
+        else:
+            self.reply(req.envelope, body)
 
     def immediate(self, envelope: list, req_id: Any, d: Immediate, received: float) -> None:
         """An answer admission found without the pipeline (a cache hit, a degradation fallback)."""

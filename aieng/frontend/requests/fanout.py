@@ -2,12 +2,12 @@
 
 The page is a table entry like any other (its deadline covers every step; its in-flight counts;
 shutdown) but is never sent to a worker.  ``Fanout`` runs its steps as *internal* requests
-(``Request.parent`` = the page's rid, ``PIPELINE_CLIENT``, no id) on the normal slot paths, as
-shadow copies do, so no step can leak a slot or outlive the page's deadline.  ``ocr``: textdet on
-the client's frame; one textrec request per box (reading order, at most ``max_crops``, the rest
-left out and the answer says ``truncated``), each with the box (``PreTask.crop``) and the page's
-frame, at most ``WINDOW`` of a page in flight; join their answers as ``{box, text, score}`` lines,
-without blank texts and scores under ``min_score``.
+(``Kind.STEP``, ``Request.link`` = ``Step``: the page's rid and a crop's box; no envelope, no id) on the
+normal slot paths, as shadow copies do, so no step can leak a slot or outlive the page's deadline.
+``ocr``: textdet on the client's frame; one textrec request per box (reading order, at most
+``max_crops``, the rest left out and the answer says ``truncated``), each with the box
+(``PreTask.crop``) and the page's frame, at most ``WINDOW`` of a page in flight; join their answers as
+``{box, text, score}`` lines, without blank texts and scores under ``min_score``.
 
 Answered once: the first step that fails (error, TIMEOUT, a worker's death) answers the page with
 its code and ``step <name>: <message>`` and ends the page's other step requests (``page_failed``);
@@ -19,21 +19,17 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable
 
 import msgpack
 import numpy as np
 
 from aieng.frontend.control.workers import Workers
-from aieng.frontend.requests.table import Request, RequestTable
+from aieng.frontend.requests.table import STEP, Request, RequestTable, Step
 from aieng.models.repo import latest
 from aieng.models.served import ServedVersions
 from aieng.wire import protocol as p
 
-if TYPE_CHECKING:  # pragma: no cover
-    from aieng.frontend.requests.pipeline import Pipeline
-
-PIPELINE_CLIENT = b"\x00aieng-pipeline"  # a ZMQ ROUTER identity never starts with a NUL byte
 WINDOW = 24  # crops of one page in flight at once: 4 recogniser batches; the rest wait their turn
 log = logging.getLogger("aieng.frontend.requests.fanout")
 
@@ -59,9 +55,14 @@ class Page:
 
 
 class Fanout:
-    def __init__(self, pipeline: "Pipeline", table: RequestTable, workers: Workers, specs: ServedVersions):
-        """``pipeline`` starts and ends the step requests and answers the page (its methods only)."""
-        self.pl, self.table, self.workers, self.specs = pipeline, table, workers, specs
+    def __init__(self, table: RequestTable, workers: Workers, specs: ServedVersions, start: Callable[[Request], None],
+                 fail: Callable[[int, str, str], None],
+                 answer: Callable[[Request, bytes, dict[str, int], dict], None]):
+        """The pipeline's (``pipeline.Pipeline``): ``start(req)`` sends a step request on its way,
+        ``fail(rid, code, message)`` answers a page or ends a step with an error, ``answer(page, outputs,
+        timing, extra)`` answers a page."""
+        self.table, self.workers, self.specs = table, workers, specs
+        self.start_request, self.fail, self.answer = start, fail, answer
         self.pages: dict[int, Page] = {}
 
     def owns(self, req: Request) -> bool:
@@ -81,11 +82,10 @@ class Fanout:
     def send_step(self, page: Page, model: str, crop: dict | None = None) -> None:
         r = page.req
         version = latest(self.specs[model])
-        child = Request(self.table.new_rid(), [PIPELINE_CLIENT], None, model, version, r.deadline,
-                        time.monotonic(), {}, trace=r.trace, body=page.body, route="pipeline", parent=r.rid,
-                        crop=crop)
+        child = Request(self.table.new_rid(), None, None, model, version, r.deadline, time.monotonic(), {},
+                        trace=r.trace, body=page.body, route="pipeline", kind=STEP, link=Step(r.rid, crop))
         page.children.add(child.rid)
-        self.pl.start(child)
+        self.start_request(child)
 
     def step_of(self, rid: int) -> str:
         page = self.pages.get(rid)
@@ -94,12 +94,12 @@ class Fanout:
     # -- step requests ending ----------------------------------------------------------------
     def child_end(self, child: Request, outputs: bytes | None, code: str, message: str,
                   trail: Any = None) -> None:
-        page = self.pages.get(child.parent)
+        page = self.pages.get(child.link.page)
         if page is None or child.rid not in page.children:
             return  # the page was answered already (an earlier step failed, or its deadline passed)
         page.children.discard(child.rid)
         if outputs is None:
-            return self.pl.fail(page.req.rid, code, f"step {page.step}: {message}")
+            return self.fail(page.req.rid, code, f"step {page.step}: {message}")
         try:
             if page.step == "textdet":
                 self.detected(page, outputs)
@@ -107,7 +107,7 @@ class Fanout:
                 self.recognised(page, child, outputs, trail)
         except Exception as exc:  # an answer we cannot read fails this page, never the frontend
             log.exception("pipeline %s step %s failed", page.req.key, page.step)
-            self.pl.fail(page.req.rid, p.INTERNAL, f"step {page.step}: {type(exc).__name__}: {exc}")
+            self.fail(page.req.rid, p.INTERNAL, f"step {page.step}: {type(exc).__name__}: {exc}")
 
     def detected(self, page: Page, outputs: bytes) -> None:
         out = msgpack.unpackb(outputs, raw=False, strict_map_key=False)
@@ -138,7 +138,7 @@ class Fanout:
 
     def recognised(self, page: Page, child: Request, outputs: bytes, trail: Any) -> None:
         out = msgpack.unpackb(outputs, raw=False, strict_map_key=False)
-        page.results[child.crop["index"]] = (str(out["text"]), float(out["score"]))
+        page.results[child.link.crop["index"]] = (str(out["text"]), float(out["score"]))
         if trail is not None:
             page.crop_us += _us(trail.pre_sent - trail.pre_started)
             page.batches.append(trail.batch)
@@ -160,9 +160,9 @@ class Fanout:
         timing = {"textdet": _us(page.det_end - r.received), "crop": page.crop_us,
                   "textrec": _us(t - page.det_end), "join": _us(now - t), "total": _us(now - r.received)}
         del self.pages[r.rid]
-        self.pl.answer_pipeline(r, outputs, timing, {"crops": len(page.boxes),
-                                                     "crop_batch_mean": round(float(np.mean(page.batches)), 2)
-                                                     if page.batches else 0.0})
+        self.answer(r, outputs, timing, {"crops": len(page.boxes),
+                                         "crop_batch_mean": round(float(np.mean(page.batches)), 2)
+                                         if page.batches else 0.0})
 
     # -- the page ending otherwise ------------------------------------------------------------
     def page_failed(self, rid: int, code: str) -> None:
@@ -177,4 +177,4 @@ class Fanout:
             child = self.table.get(child_rid)
             if child is not None and child.holder and not self.workers.connected(child.holder):
                 continue
-            self.pl.fail(child_rid, code, "the pipeline request was answered")
+            self.fail(child_rid, code, "the pipeline request was answered")

@@ -4,7 +4,8 @@ The frontend sends each admitted request to a preprocess worker with its route; 
 each hand-off, and the request moves in the table to its new holder.  It is answered exactly once: the
 ``Result``, a ``Failed``, TIMEOUT at its deadline, or UNAVAILABLE when its holder dies.  Notices may arrive
 in any order: a request only moves forward.  With no live preprocess worker a request is held (bounded by
-its deadline and the in-flight limit), never refused.  A shadow copy's end goes to ``mirror``, a pipeline
+its deadline and the in-flight limit), never refused.  A request's end goes where its kind says
+(``table.Kind``): a client's or a golden case's to ``answers``, a shadow copy's to ``mirror``, a pipeline
 step's to ``fanout``; a small request of a version the executor does whole (an image small by its header's
 pixels) goes straight to it while the server is idle, or at any load when the executor says so (``direct``);
 an executor that dies holding such an image, or takes longer than ``direct_image_budget_s`` to decode one,
@@ -23,7 +24,7 @@ from aieng.frontend.control.workers import IDLE, Workers
 from aieng.frontend.observe.metrics import Metrics
 from aieng.frontend.observe.stats import StageStats
 from aieng.frontend.requests.answers import Answers
-from aieng.frontend.requests.table import EXEC, POST, PRE, Request, RequestTable
+from aieng.frontend.requests.table import EXEC, GOLDEN, POST, PRE, SHADOW, STEP, Request, RequestTable
 from aieng.wire import messages as m
 from aieng.wire import protocol as p
 
@@ -82,10 +83,13 @@ class Pages(Protocol):
 class Pipeline:
     def __init__(self, table: RequestTable, workers: Workers, post_names: list[str],
                  send: Callable[[str, list], bool], answers: Answers, metrics: Metrics, stats: StageStats,
-                 direct_bytes: int = 0, send_direct: Callable[[list], bool] | None = None,
-                 direct_pixels: int = 0, direct_image_budget_s: float = 0.2, pre_budget_ms: float = 5000.0):
-        """``send(worker, frames)`` over the hub; ``answers`` ends every admitted request once."""
+                 mirror: Shadows, fanout: Pages, direct_bytes: int = 0,
+                 send_direct: Callable[[list], bool] | None = None, direct_pixels: int = 0,
+                 direct_image_budget_s: float = 0.2, pre_budget_ms: float = 5000.0):
+        """``send(worker, frames)`` over the hub; ``answers`` ends every admitted request once; ``mirror``
+        gets both ends of shadow pairs, ``fanout`` runs pipeline models' pages."""
         self.table, self.workers, self.send, self.answers = table, workers, send, answers
+        self.mirror, self.fanout = mirror, fanout
         self.direct_bytes = direct_bytes  # AIENG_INLINE_PREPROCESS_BYTES (0: never straight to the executor)
         self.direct_pixels = direct_pixels  # AIENG_INLINE_IMAGE_PIXELS, likewise for an image
         self.images_off = ""  # why images no longer take the direct route ("": they may)
@@ -97,22 +101,15 @@ class Pipeline:
         self.send_direct = send_direct or (lambda frames: self.send("executor", frames))
         self.post_names = post_names  # every postprocess worker, live or restarting
         self.metrics, self.stats = metrics, stats
-        self.mirror: Shadows | None = None
-        self.fanout: Pages | None = None
         self.handlers: dict[type, Callable[[Any, bytes], None]] = {
             m.Preprocessed: self.on_preprocessed, m.Inferred: self.on_inferred,
             m.Result: self.on_result, m.Failed: self.on_failed,
         }
 
-    def attach(self, mirror: Shadows, fanout: Pages) -> None:
-        """The parts built over this pipeline: ``mirror.Mirror`` gets both ends of shadow pairs,
-        ``fanout.Fanout`` runs pipeline models."""
-        self.mirror, self.fanout = mirror, fanout
-
     # -- sending a request on its way ----------------------------------------------
     def start(self, req: Request) -> None:
         """A newly admitted request: to a preprocess worker with the client's raw frame."""
-        if self.fanout is not None and req.parent is None and self.fanout.owns(req):
+        if req.kind is not STEP and self.fanout.owns(req):
             return self.fanout.start(req)
         self.table.add(req)
         self.dispatch(req)
@@ -134,9 +131,11 @@ class Pipeline:
                                  or min(self.post_names, key=self.table.post_load))
         self.table.move(req, PRE, worker)
         upstream = 0 if req.degraded >= 2 else self.table.count_stage(req.key, PRE) - 1  # level 2: no waiting
+        kind, link = req.kind, req.link
+        crop, page = (link.crop, link.page) if kind is STEP else (None, 0)
+        background = kind is GOLDEN and link.background
         task = m.PreTask(req.rid, req.model, req.version, req.deadline, req.trace, req.post, upstream,
-                         req.degraded, req.crop, req.parent or 0, background=req.background,
-                         alone=alone and not req.background)
+                         req.degraded, crop, page, background=background, alone=alone and not background)
         if not self.send(worker, [m.encode(task), req.body]):  # it never got it: safe to hold
             self.workers.gone(worker)
             self.table.hold(req, PRE)
@@ -158,7 +157,7 @@ class Pipeline:
 
     def direct(self, req: Request, now: float, alone: bool) -> bool:
         """Send ``req`` straight to the executor when the module's doc says so; False: it was not."""
-        if not (req.parent is None and req.crop is None and not req.background and req.body is not None):
+        if req.body is None or req.kind is STEP or (req.kind is GOLDEN and req.link.background):
             return False
         if not (len(req.body) <= self.direct_bytes if req.pixels is None  # a text or a tabular row
                 else 0 < req.pixels <= self.direct_pixels  # an image: its decoding grows with its pixels
@@ -256,9 +255,10 @@ class Pipeline:
         now = time.monotonic()
         self.weigh_direct_image(req, msg.trail.pre_sent - msg.trail.pre_started)
         self.table.finish(msg.rid)
-        if req.shadow_of is not None:  # a shadow copy: compared, never answered or counted
+        kind = req.kind
+        if kind is SHADOW:  # a shadow copy: compared, never answered or counted
             return self.mirror.shadow_end(req, msg.outputs, "OK", now)
-        if req.parent is not None:  # a pipeline's step: its page goes on
+        if kind is STEP:  # a pipeline's step: its page goes on
             return self.fanout.child_end(req, msg.outputs, "OK", "", msg.trail)
         try:  # bookkeeping; an error here must not lose the answer (the request has left the table)
             self.credit_through(req)
@@ -266,9 +266,8 @@ class Pipeline:
             req.timing.update(stage_times(req, msg.trail, now))
         except Exception:
             log.exception("bookkeeping of an answer failed")
-        self.answers.ok(req, msg, req.timing, now)
-        if self.mirror is not None:
-            self.mirror.primary_end(req, msg.outputs, now)
+        self.answers.ok(req, msg, req.timing, now)  # a client's to its socket, a golden case's to its load
+        self.mirror.primary_end(req, msg.outputs, now)
 
     def on_failed(self, msg: m.Failed, ident: bytes) -> None:
         req = self.table.get(msg.rid)
@@ -281,7 +280,7 @@ class Pipeline:
             self.table.take(req, msg.ref)
         if msg.stage == "preprocess":  # no trail: from its dispatch, the executor starts on it at once
             self.weigh_direct_image(req, time.monotonic() - req.dispatched)
-        if msg.steps and req.shadow_of is None:  # a step ran past its limit: the report counts it
+        if msg.steps and req.kind is not SHADOW:  # a step ran past its limit: the report counts it
             self.stats.add_steps(req.model, msg.steps)
         self.metrics.worker.labels(msg.stage or req.stage, ident.decode()).inc()
         self.fail(msg.rid, msg.code, msg.message, model_fault=ident == b"executor" and msg.code == p.INTERNAL,
@@ -340,15 +339,14 @@ class Pipeline:
         req = self.table.finish(rid, holder_dead, ghost=ghost and not holder_dead)
         if req is None:
             return
-        if req.parent is not None:  # a pipeline's step: its page is answered with the step named
+        kind = req.kind
+        if kind is STEP:  # a pipeline's step: its page is answered with the step named
             return self.fanout.child_end(req, None, code, message)
-        if self.fanout is not None:  # a pipeline page: its step requests end with it
-            self.fanout.page_failed(rid, code)
-        if req.shadow_of is not None:
+        self.fanout.page_failed(rid, code)  # a pipeline page: its step requests end with it
+        if kind is SHADOW:
             return self.mirror.shadow_end(req, None, code, time.monotonic())
         self.answers.error(req, code, message, model_fault)
-        if self.mirror is not None:
-            self.mirror.primary_end(req, None, time.monotonic())
+        self.mirror.primary_end(req, None, time.monotonic())
 
     def sweep(self, now: float) -> None:
         self.table.prune_ghosts(now)
@@ -357,7 +355,7 @@ class Pipeline:
             if req.stage == EXEC:  # a direct image still in the executor at its deadline: slow to decode
                 self.weigh_direct_image(req, now - req.dispatched)
             where = req.stage if req.holder else f"waiting for a {req.stage} worker"
-            step = self.fanout.step_of(rid) if self.fanout is not None else ""
+            step = self.fanout.step_of(rid)
             where = f"step: {step}" if step else f"stage: {where}"
             self.fail(rid, p.TIMEOUT, f"no answer within the deadline ({where})")
 
@@ -366,11 +364,10 @@ class Pipeline:
         now = time.monotonic()
         if self.table.finish(req.rid) is None:
             return
-        if req.shadow_of is not None:  # a shadow copy of a pipeline request: compared, never answered
+        if req.kind is SHADOW:  # a shadow copy of a pipeline request: compared, never answered
             return self.mirror.shadow_end(req, outputs, "OK", now)
         self.answers.page(req, outputs, timing, extra, now)
-        if self.mirror is not None:
-            self.mirror.primary_end(req, outputs, now)
+        self.mirror.primary_end(req, outputs, now)
 
     def fail_all(self, code: str, message: str) -> int:
         rids = list(self.table.items)

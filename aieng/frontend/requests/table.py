@@ -1,7 +1,9 @@
 """The frontend's table of requests in flight: lifecycle, slot ownership, the counts admission reads.
 
 Every entry is resolved exactly once: ``finish`` removes it and whoever finished it sends the one
-response.  Deadlines sit in a heap (``expired``, ``next_deadline``).  Slot ownership lives here
+response.  Its ``Kind`` says what it is and where its end goes (``pipeline``, ``answers``): a client's
+request, a golden case of a version being loaded, a shadow copy, a pipeline's step; what only one kind
+carries is its ``link``.  Deadlines sit in a heap (``expired``, ``next_deadline``).  Slot ownership lives here
 and nowhere else: a request's tensors lie in one slot at a time (``Request.ref``), its holder frees
 it, and the frontend follows the hand-off notices: ``pass_on`` (the new holder frees it), ``take``
 (a failure handed it back: the frontend does), ``finish`` (frees it if the frontend owns it or the
@@ -9,9 +11,9 @@ holder died), ``stray`` (the slot of a request already answered: freed).  A requ
 a live worker holds it leaves a *ghost* that follows the notices (``ghost_passed``), so its slot
 is freed if its holder dies (``ghosts_of``); it ends with its route's ``Result``/``Failed``, after
 ``GHOST_TTL_S`` (the holder or the lease has freed it by then) or as the oldest of ``MAX_GHOSTS``.
-Also here: requests waiting for a preprocess worker (``hold``), per-client and per-stage counts,
-and ``shadows`` (internal entries: shadow copies and pipeline steps, left out of admission's
-in-flight limit; ``per_model`` leaves out shadows only).  Why: docs/architecture.md,
+Also here: requests waiting for a preprocess worker (``hold``), per-client counts (clients' requests
+only), per-stage counts, and ``shadows`` (internal entries: shadow copies and pipeline steps, left out
+of admission's in-flight limit; ``per_model`` leaves out shadows only).  Why: docs/architecture.md,
 "Shared-memory rings" and "Control hub, direct data path".
 """
 from __future__ import annotations
@@ -22,7 +24,8 @@ import secrets
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from enum import Enum
+from typing import Any, Callable
 
 from aieng.wire import shm
 from aieng.wire.messages import Ref
@@ -32,10 +35,37 @@ GHOST_TTL_S = 120.0
 MAX_GHOSTS = 65536
 
 
+class Kind(Enum):
+    """What a table entry is, and so where its end goes (``pipeline`` and ``answers`` dispatch on it)."""
+    CLIENT = "client"  # a client's request: answered on the client socket (``Request.envelope``)
+    GOLDEN = "golden"  # a golden case of a version being loaded: answered to its load (``Golden``)
+    SHADOW = "shadow"  # a shadow copy (``mirror``): compared with its primary, never answered
+    STEP = "step"  # a pipeline's step request (``fanout``): its end goes on to its page (``Step``)
+
+
+# module names for the members: the hot path compares ``req.kind is CLIENT`` (an Enum hashes in Python: no
+# dict keyed by kind on the way of every request)
+CLIENT, GOLDEN, SHADOW, STEP = Kind.CLIENT, Kind.GOLDEN, Kind.SHADOW, Kind.STEP
+
+
+@dataclass(frozen=True, slots=True)
+class Golden:
+    """``Request.link`` of a golden case: its load's answer sink and lane."""
+    answer: Callable[[bytes], None]  # the load's (``hotswap.HotSwap.on_answer``): the packed answer
+    background: bool  # a load beside serving: the executor's background lane (a cold load's: a request waits)
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """``Request.link`` of a pipeline's step request."""
+    page: int  # the page's rid (the client's request, in the table, never sent to a worker)
+    crop: dict | None = None  # a crop step: the box to cut from the page (``PreTask.crop``)
+
+
 @dataclass(slots=True)
 class Request:
     rid: int
-    envelope: list  # ZMQ routing frames to answer on; envelope[0] is the client's identity
+    envelope: list | None  # CLIENT: the ZMQ routing frames to answer on, [0] its identity; else None
     client_id: Any  # the id the client gave (echoed in the answer)
     model: str
     version: str
@@ -60,17 +90,16 @@ class Request:
     batch: int = 1
     padded: int = 0
     timing: dict = field(default_factory=dict)  # stage -> microseconds
-    shadow_of: int | None = None  # a shadow copy (``mirror``): its primary's rid; never answered
-    background: bool = False  # internal work for the executor's background lane (a swap's golden case)
-    parent: int | None = None  # a pipeline's step request (``fanout``): the page's rid; never answered
-    crop: dict | None = None  # a crop step request: the box to cut from the page (PreTask.crop)
     tctx: Any = None  # its trace context (``tracing.TraceCtx``): the answer's traceparent, its spans
     peer: str = ""  # who sent it, for the drift reference's per-client share (``clients.peer_of``)
+    kind: Kind = CLIENT
+    link: Any = None  # by kind: CLIENT None, GOLDEN ``Golden``, SHADOW the primary's rid, STEP ``Step``
 
     @property
     def internal(self) -> bool:
-        """An entry the server made itself (shadow copy, pipeline step): not a client's request."""
-        return self.shadow_of is not None or self.parent is not None
+        """An entry the server made itself to compare or to compose (shadow copy, pipeline step): out of
+        admission's in-flight limit.  A golden case is not: it takes a client's place while it runs."""
+        return self.kind is SHADOW or self.kind is STEP
 
     @property
     def key(self) -> str:
@@ -117,9 +146,11 @@ class RequestTable:
 
     def add(self, req: Request) -> None:
         self.items[req.rid] = req
-        self.shadows += req.internal
+        if req.kind is CLIENT:
+            self.by_client[req.client] = self.by_client.get(req.client, 0) + 1
+        else:
+            self.shadows += req.internal
         self._count(req, 1)
-        self.by_client[req.client] = self.by_client.get(req.client, 0) + 1
         heapq.heappush(self.deadlines, (req.deadline, req.rid))
 
     def get(self, rid: int) -> Request | None:
@@ -183,15 +214,17 @@ class RequestTable:
             return None
         if req.holder:
             self.by_holder.get(req.holder, set()).discard(rid)
-        self.shadows -= req.internal
         self._count(req, -1)
         if req.post:
             self.by_post[req.post] = self.by_post.get(req.post, 1) - 1
-        left = self.by_client.get(req.client, 1) - 1
-        if left > 0:
-            self.by_client[req.client] = left
+        if req.kind is CLIENT:
+            left = self.by_client.get(req.client, 1) - 1
+            if left > 0:
+                self.by_client[req.client] = left
+            else:
+                self.by_client.pop(req.client, None)
         else:
-            self.by_client.pop(req.client, None)
+            self.shadows -= req.internal
         if req.ref is not None and (req.fe_owns or holder_dead):
             self.rings.release(req.ref)
         elif ghost and req.holder:
@@ -262,7 +295,7 @@ class RequestTable:
     def per_model(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for r in self.items.values():
-            if r.shadow_of is None:  # a shadow's load is shed by the mirror, not degradation
+            if r.kind is not SHADOW:  # a shadow's load is shed by the mirror, not degradation
                 out[r.key] = out.get(r.key, 0) + 1
         return out
 

@@ -3,8 +3,8 @@
 When a model's routing has a shadow setting (``models.routing.ShadowConfig``), a primary that entered the
 pipeline is drawn (``percent``) at admission (``after_admit``), and its copy is sent only **once the
 primary has been answered** (``primary_end``): a primary never waits for its copy, and one that
-failed gets none (``primary_failed``).  The copy is an internal ``Request`` (``SHADOW_CLIENT``, no
-id, ``shadow_of`` = the primary's rid) for the candidate, on the table's normal slot paths, with its
+failed gets none (``primary_failed``).  The copy is an internal ``Request`` (``Kind.SHADOW``, no
+envelope, no id, ``link`` = the primary's rid) for the candidate, on the table's normal slot paths, with its
 own deadline (``timeout_ms`` from its send) and none of the model's bookkeeping; its end comes back
 here (``shadow_end``) and is never sent.  Shed first: it is sent only if the candidate did not fail
 to load, the server is not draining, the primary was not degraded and everything in flight is below
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import msgpack
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from aieng.frontend.requests.table import Request
+from aieng.frontend.requests.table import SHADOW, Request
 from aieng.frontend.rollout.shadow import Tally, compare
 from aieng.wire import protocol as p
 
@@ -36,7 +36,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from aieng.frontend.rollout.rollout import Rollout
     from aieng.models.served import ServedVersions
 
-SHADOW_CLIENT = b"\x00aieng-shadow"  # a ZMQ ROUTER identity is never empty-prefixed like this one
 COSINE_BUCKETS = (0.0, 0.5, 0.9, 0.99, 0.999, 0.9999, 1.0)
 DIFF_BUCKETS = (0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0)
 DELTA_BUCKETS = (-1.0, -0.1, -0.025, -0.01, -0.005, -0.001, 0.0, 0.001, 0.005, 0.01, 0.025, 0.1, 1.0)
@@ -121,18 +120,17 @@ class Mirror:
             return self.count(pair.model, pair.version, "shed")
         pair.primary, body, pair.body = (outputs, now - req.received), pair.body, None
         t = time.monotonic()
-        copy = Request(self.table.new_rid(), [SHADOW_CLIENT], None, pair.model, pair.version,
-                       t + pair.timeout_ms / 1000, t, req.params, trace=req.trace, body=body, route="shadow",
-                       shadow_of=req.rid)
+        copy = Request(self.table.new_rid(), None, None, pair.model, pair.version, t + pair.timeout_ms / 1000,
+                       t, req.params, trace=req.trace, body=body, route="shadow", kind=SHADOW, link=req.rid)
         self.start(copy)
 
     def shadow_end(self, req: Request, outputs: bytes | None, code: str, now: float) -> None:
-        pair = self.pairs.get(req.shadow_of)
+        pair = self.pairs.get(req.link)  # the primary's rid
         if pair is not None:
             if outputs is not None and now > req.deadline:  # answered after its own deadline, before the
                 outputs, code = None, p.TIMEOUT              # sweep saw it: a timeout all the same
             pair.shadow = (outputs, code, now - req.received)
-            self._resolve(req.shadow_of, pair)
+            self._resolve(req.link, pair)
 
     def _resolve(self, rid: int, pair: Pair) -> None:
         del self.pairs[rid]

@@ -19,7 +19,7 @@ from typing import Callable, Protocol
 from aieng.config import Config
 from aieng.frontend.control.workers import Workers
 from aieng.frontend.observe.metrics import Metrics
-from aieng.frontend.requests.table import Request, RequestTable
+from aieng.frontend.requests.table import GOLDEN, Golden, Request, RequestTable
 from aieng.frontend.rollout.rollout import Rollout
 from aieng.frontend.versions.golden import _input, compare
 from aieng.frontend.versions.load import BUSY, Load, LoadBook
@@ -30,7 +30,6 @@ from aieng.runtime.worker_hotswap import lower_priority
 from aieng.wire import messages as m
 from aieng.wire import protocol as p
 
-GOLDEN_CLIENT = b"\x00golden"  # the envelope of golden requests: answered to ``on_answer``, never a socket
 LOAD_TIMEOUT_S = 300.0  # a worker that never answers a load fails it
 WORKER_ROLES = ("preprocess", "executor", "postprocess")
 GOLDEN_WINDOW = 2  # golden requests of one load in flight at once
@@ -208,15 +207,17 @@ class HotSwap:
                            "params": params})
             ld.pending[rid_client] = i
             now = time.monotonic()
-            self.start(Request(self.table.new_rid(), [GOLDEN_CLIENT], rid_client, spec.name,
-                               spec.version, now + timeout_s, now, params,
-                               trace=f"golden{self.serial}", body=body, route="golden",
-                               background=ld.source != "cold"))  # a cold load: a request waits
+            # its answer comes back to ``on_answer`` (``answers`` sends a golden case's to its ``Golden``);
+            # a cold load's cases run on the serving lane: a request waits for them
+            golden = Golden(self.on_answer, background=ld.source != "cold")
+            self.start(Request(self.table.new_rid(), None, rid_client, spec.name, spec.version,
+                               now + timeout_s, now, params, trace=f"golden{self.serial}", body=body,
+                               route="golden", kind=GOLDEN, link=golden))
             if ld.state != "golden":  # answered at once (refused): the load failed
                 return
 
     def on_answer(self, body: bytes) -> None:
-        """The answer to a golden request (the frontend hands over every GOLDEN_CLIENT envelope)."""
+        """The answer to a golden request, packed as a client's would be (``Golden.answer``)."""
         ans = p.unpack_limited(body, self.cfg.max_message_bytes)
         ld = self.loads.owner_of(ans.get("id"))
         if ld is None or ld.state != "golden":

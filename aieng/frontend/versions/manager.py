@@ -7,8 +7,8 @@ the served versions (``models.served``): it claims the registry's writer and han
 which adds a version once its golden set passed and removes one when it is unloaded.  What it needs
 comes in as arguments: the hub sender, the workers' view, the routing (``Rollout``), the pipeline's
 ``start``, the request table and the metrics; ``refuse(req, code, message)`` answers a held request that
-never entered the pipeline.  Golden requests carry the ``GOLDEN_CLIENT`` envelope; their answers come
-back through ``on_answer``.
+never entered the pipeline.  Golden requests are ``Kind.GOLDEN``: their answers come back to the hot
+swap's ``on_answer`` through their ``Golden`` link.
 """
 from __future__ import annotations
 
@@ -19,13 +19,13 @@ from aieng.frontend.control.workers import Workers
 from aieng.frontend.observe.metrics import Metrics
 from aieng.frontend.requests.table import Request, RequestTable
 from aieng.frontend.rollout.rollout import Rollout
-from aieng.frontend.versions.hotswap import GOLDEN_CLIENT, HotSwap
+from aieng.frontend.versions.hotswap import HotSwap
 from aieng.frontend.versions.load import BUSY, LoadBook
 from aieng.frontend.versions.poolctl import PoolControl
 from aieng.frontend.versions.rescan import rescan
 from aieng.models.served import ServedVersions
 
-__all__ = ["GOLDEN_CLIENT", "VersionManager"]
+__all__ = ["VersionManager"]
 
 
 class VersionManager:
@@ -58,9 +58,6 @@ class VersionManager:
     def start(self, req: Request, inputs: Any) -> bool:
         """Dispatch ``req`` now (True), or hold it for its version's cold load (False)."""
         return self.pool.start(req, inputs)
-
-    def on_answer(self, body: bytes) -> None:
-        self.swap.on_answer(body)
 
     def waiters(self) -> int:
         return self.pool.waiters()
