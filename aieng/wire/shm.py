@@ -8,8 +8,9 @@ classes (``alloc`` never takes a slot of the other class), so small requests nev
 ones.  The producer allocates a slot; exactly one party frees it, once nobody will read it again
 (``free`` checks ``gen``, so a stale free is a no-op); a slot BUSY beyond ``lease_s`` is reclaimed by
 the producer.  When no slot of its class is free the producer waits (backpressure); a request that
-does not fit the largest slot fails.  Who frees which slot, the ordering argument and the lease:
-docs/architecture.md, 'Shared-memory rings'.  Consumers attach lazily (``RingCache``).
+does not fit the largest slot fails.  Who frees which slot at each stage, on success, error, timeout and
+a worker's death: the table in ``frontend/requests/table.py``'s docstring; the ordering argument and the
+lease: docs/architecture.md, 'Shared-memory rings'.  Consumers attach lazily (``RingCache``).
 """
 from __future__ import annotations
 

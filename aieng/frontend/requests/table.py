@@ -3,17 +3,53 @@
 Every entry is resolved exactly once: ``finish`` removes it and whoever finished it sends the one
 response.  Its ``Kind`` says what it is and where its end goes (``pipeline``, ``answers``): a client's
 request, a golden case of a version being loaded, a shadow copy, a pipeline's step; what only one kind
-carries is its ``link``.  Deadlines sit in a heap (``expired``, ``next_deadline``).  Slot ownership lives here
-and nowhere else: a request's tensors lie in one slot at a time (``Request.ref``), its holder frees
-it, and the frontend follows the hand-off notices: ``pass_on`` (the new holder frees it), ``take``
-(a failure handed it back: the frontend does), ``finish`` (frees it if the frontend owns it or the
-holder died), ``stray`` (the slot of a request already answered: freed).  A request answered while
-a live worker holds it leaves a *ghost* that follows the notices (``ghost_passed``), so its slot
-is freed if its holder dies (``ghosts_of``); it ends with its route's ``Result``/``Failed``, after
-``GHOST_TTL_S`` (the holder or the lease has freed it by then) or as the oldest of ``MAX_GHOSTS``.
-Also here: requests waiting for a preprocess worker (``hold``), per-client counts (clients' requests
-only), per-stage counts, and ``shadows`` (internal entries: shadow copies and pipeline steps, left out
-of admission's in-flight limit; ``per_model`` leaves out shadows only).  Why: docs/architecture.md,
+carries is its ``link``.  Deadlines sit in a heap (``expired``, ``next_deadline``).  Also here: requests
+waiting for a preprocess worker (``hold``), per-client counts (clients' requests only), per-stage
+counts, and ``shadows`` (shadow copies and pipeline steps, left out of admission's in-flight limit;
+``per_model`` leaves out shadow copies only).
+
+Slot ownership.  A request's tensors lie in one shared-memory slot at a time (``wire/shm.py`` draws a
+ring).  Its producer allocates and writes it once; then exactly one party frees it (``Ring.free`` checks
+``gen``: a late or repeated free is a no-op).  The frontend follows every hand-off here and nowhere else:
+``Request.ref`` is the slot now and ``fe_owns`` whether the frontend frees it; ``pass_on`` (a notice: the
+new holder frees it), ``take`` (a ``Failed`` handed it back), ``finish`` (frees it if the frontend owns
+it or the holder died), ``stray`` (a slot of a request already answered).  Who frees each slot::
+
+  +--------------------+-----------------------------------------------------------------------------+
+  | INPUT slot         | pre-N writes it into its own ring; stage PRE: held by pre-N; EXEC: by the   |
+  |  (pre-N's ring)    | executor, once it has the task (``Preprocessed`` tells the frontend)        |
+  |   success          | the executor, once the rows are copied into a batch (``Executor.assemble``) |
+  |   error            | pre-N allocates none (``publish`` frees one too small); the executor frees  |
+  |                    | it with its ``Failed`` (unknown or failed version, bad shapes)              |
+  |   timeout          | the executor drops it from its queue at the deadline (``Executor.drop``);   |
+  |   / unload         | likewise what waits for a version being unloaded (a shadow copy)            |
+  |   executor dies    | the frontend: what it answers (``finish(holder_dead)``), a notice after     |
+  |                    | the death (``fail_if_holder_died``), its ghosts (``ghosts_of``)             |
+  |   pre-N dies       | nobody: the supervisor unlinks pre-N's segment, every slot with it          |
+  +--------------------+-----------------------------------------------------------------------------+
+  | OUTPUT slot        | the executor writes it into its own ring; stage POST: held by post-M, from  |
+  |  (executor's ring) | the executor's ``Inferred``                                                 |
+  |   success          | post-M, once it has the answer (``Result``)                                 |
+  |   error            | post-M, before its ``Failed``; a failed run, or an output too big for a     |
+  |                    | slot, allocates none                                                        |
+  |   timeout          | post-M all the same (its late answer is dropped)                            |
+  |   post-M dies      | the frontend, as for the executor's death above                             |
+  |   executor dies    | nobody: its segment is unlinked, every slot with it                         |
+  +--------------------+-----------------------------------------------------------------------------+
+  | DIRECT route       | no input slot: the executor preprocesses, and keeps the tensors in its own  |
+  |                    | memory until the batch ran (``DirectRequests.take``) or ``drop``            |
+  | INLINE post        | no output slot: the executor answers from the chain (``InlinePost``)        |
+  | OIP system shm     | no slot: the client's own region; the gateway copies in and out of it       |
+  |                    | (``pread``/``pwrite``) between register and unregister (``sysshm``)         |
+  +--------------------+-----------------------------------------------------------------------------+
+
+A request answered while a live worker holds its slot (a deadline, a page failed by another step) is not
+freed by the frontend: it leaves a *ghost* that follows the notices (``ghost_passed``), so its slot is
+freed if the worker it goes to dies (``ghosts_of``) or had died when it was handed on; the ghost ends
+with its route's ``Result``/``Failed``, after ``GHOST_TTL_S`` (the holder has freed it by then) or as
+the oldest of ``MAX_GHOSTS``.  A task still in an inbox whose slot the frontend freed is skipped
+(``Ring.holds``).  A slot nobody frees (messages lost with a dead frontend) is reclaimed by its producer
+past the lease (``shm.lease_for``); at stop every segment is unlinked.  Why: docs/architecture.md,
 "Shared-memory rings" and "Control hub, direct data path".
 """
 from __future__ import annotations
