@@ -55,8 +55,8 @@ class Page:
 
 
 class Fanout:
-    def __init__(self, table: RequestTable, workers: Workers, specs: ServedVersions, start: Callable[[Request], None],
-                 fail: Callable[[int, str, str], None],
+    def __init__(self, table: RequestTable, workers: Workers, specs: ServedVersions,
+                 start: Callable[[Request], None], fail: Callable[[int, str, str], None],
                  answer: Callable[[Request, bytes, dict[str, int], dict], None]):
         """The pipeline's (``pipeline.Pipeline``): ``start(req)`` sends a step request on its way,
         ``fail(rid, code, message)`` answers a page or ends a step with an error, ``answer(page, outputs,
