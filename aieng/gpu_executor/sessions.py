@@ -288,7 +288,7 @@ def paced_warmup(sess: ModelSession, idle: bool) -> int:
     ``BACKGROUND_WARM_ROWS``), made polite: the thread drops to low priority (its own; the session's
     pool threads, made earlier, keep their priority for serving later: ``lower_priority``) and sleeps
     after each warm-up run for as long as the run took.  A swap takes longer; the models serving
-    meanwhile keep their latency (measured: scripts/hotswap_measure.py)."""
+    meanwhile keep their latency (measured: docs/bench/hotswap_measure.py)."""
     lower_priority(idle)
     run = sess.run
 

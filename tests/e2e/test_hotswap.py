@@ -240,7 +240,7 @@ def test_sighup_loads_a_new_directory_and_unloads_a_removed_one(make_server, tmp
 
 
 def test_load_unload_cycles_keep_the_executor_rss_bounded(make_server, tmp_path):
-    """A few cycles here (scripts/hotswap_measure.py runs 50 and prints the figure)."""
+    """A few cycles here (docs/bench/hotswap_measure.py runs 50 and prints the figure)."""
     repo = tmp_path / "repo"
     base_repo(repo)
     srv = start(make_server, tmp_path, repo)

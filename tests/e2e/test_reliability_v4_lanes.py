@@ -5,7 +5,7 @@ waited out a flooded model's whole batch (tabular p50 2.5 -> 17.8 ms).  Now, whi
 a model whose batches run at most a quarter as long takes the executor's spare lane.  Against the real server:
 minilm flooded on every lane, tabular asked every 2.2 s (outside the window); tabular's batches run on the
 spare lane (``onnx.spare_runs``), and every request of both models is answered.  How much it saves is a
-measurement (``scripts/rare_measure.py``, BENCHMARKS.md), not a test.
+measurement (``docs/bench/rare_measure.py``, BENCHMARKS.md), not a test.
 """
 from __future__ import annotations
 

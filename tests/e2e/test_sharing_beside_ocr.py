@@ -6,7 +6,7 @@ relative, so it holds on a slow machine as on a fast one: how many tabular reque
 answered before the first of four OCR pages is.  With no lane kept, the first tabular request timed
 out (5 s) behind the OCR batches; with one lane kept per model but textdet and textrec each holding one,
 the fifth did (load average 8); with the last lane kept for the fastest recent model, the loop's bound of
-5000 answers came first.  ``scripts/share_measure.py`` gives the latencies themselves.
+5000 answers came first.  ``docs/bench/share_measure.py`` gives the latencies themselves.
 """
 from __future__ import annotations
 

@@ -90,7 +90,7 @@ def start_server(model: str, repo: str, extra_env: dict[str, str] | None = None
                  ) -> tuple[subprocess.Popen, str, str]:
     """The aieng server serving only ``model`` on a free loopback port, ready: ``(proc, addr, log path)``.
     The OIP gateway is off unless ``extra_env`` gives its addresses; ``extra_env`` also carries the
-    settings ``aieng tune`` tries.  Also used by scripts/kill_recovery.py."""
+    settings ``aieng tune`` tries.  Also used by docs/bench/kill_recovery.py."""
     addr = free_addr()
     env = {k: v for k, v in os.environ.items() if not (k.startswith("AIENG_") and k not in PASS_THROUGH)}
     env.update({"AIENG_FRONTEND_ADDR": addr, "AIENG_MODEL_REPOSITORY": repo, "AIENG_MODELS": model,

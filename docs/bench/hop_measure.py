@@ -7,7 +7,7 @@ the same transport, the parent waits; one hand-off is half the round trip.  Both
 ``poll`` between messages, as the server's loops do at concurrency 1, so every hop pays a wake-up.
 Prints p50/p99 in microseconds per one-way hop.  Bounded: ``--n`` round trips (default 2000).
 
-    .venv/bin/python scripts/hop_measure.py [--n 2000] [--gap-ms 2]
+    .venv/bin/python docs/bench/hop_measure.py [--n 2000] [--gap-ms 2]
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Measure how long the service takes to be ready again after ``kill -9`` of each role.
 
-    python scripts/kill_recovery.py [--model minilm]
+    python docs/bench/kill_recovery.py [--model minilm]
 
 Starts a server serving one model, then for each of preprocess[0], postprocess[0],
 executor and frontend: SIGKILL it, poll the ``health`` op every 50 ms until the
@@ -16,7 +16,7 @@ import time
 
 import psutil
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from aieng.client import Client  # noqa: E402
 from aieng.config import load_config  # noqa: E402

@@ -7,7 +7,7 @@ one client keeps ``--flood`` minilm requests in flight, another sends one tabula
 seconds (longer than the lane rule's 2 s sharing window: a rarely asked model).  Prints per round and variant
 tabular's p50/p90 and ``batch_wait`` p50, and minilm's answers a second.  Bounded: ``--seconds`` per phase.
 
-    .venv/bin/python scripts/rare_measure.py [--rounds 3] [--seconds 24] [--gap 2.4] [--flood 16]
+    .venv/bin/python docs/bench/rare_measure.py [--rounds 3] [--seconds 24] [--gap 2.4] [--flood 16]
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
 from aieng.client import AsyncClient  # noqa: E402

@@ -7,7 +7,7 @@ First tabular alone (the reference), then beside the OCR load.  Prints tabular's
 ``batch_wait`` p50 beside OCR (how long it waited for a lane), and the pages answered.  Bounded: ``--seconds``
 per phase.
 
-    .venv/bin/python scripts/share_measure.py [--checkout /tmp/before] [--pages 4] [--seconds 20]
+    .venv/bin/python docs/bench/share_measure.py [--checkout /tmp/before] [--pages 4] [--seconds 20]
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
 from aieng.client import AsyncClient  # noqa: E402

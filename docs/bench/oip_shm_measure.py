@@ -5,7 +5,7 @@ a 1 MiB FP32 input, and times N sequential requests per way, each through triton
 the request (HTTP binary / gRPC raw) or placed in a registered region (shared memory).  Prints the median
 and mean milliseconds per request and the difference.  Run from the repository root:
 
-    PYTHONPATH=$PWD:$PWD/scripts .venv/bin/python scripts/oip_shm_measure.py [N]
+    .venv/bin/python docs/bench/oip_shm_measure.py [N]
 """
 from __future__ import annotations
 
@@ -24,8 +24,9 @@ from onnx import TensorProto, helper
 from PIL import Image
 from tritonclient.utils import serialize_byte_tensor
 
-from tests.conftest import MODELS, ServerProcess, save_tensor_model
-from tests.tritonshm import shm
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from tests.conftest import MODELS, ServerProcess, save_tensor_model  # noqa: E402
+from tests.tritonshm import shm  # noqa: E402
 
 ELEMS = 1 << 18  # 262144 FP32: 1 MiB
 

@@ -2,7 +2,7 @@
 
 Usage (from the repo root, after scripts/fetch_models.py built the demo versions)::
 
-    python scripts/hotswap_measure.py [--repo models] [--swap minilm:2] [--swaps 5] [--rate 15]
+    python docs/bench/hotswap_measure.py [--repo models] [--swap minilm:2] [--swaps 5] [--rate 15]
                                       [--cycles 50] [--cycle tabular:2] [--load-priority idle|low]
 
 Starts a server on the repository (its own runtime and state dirs under a temp dir), then:
@@ -31,7 +31,7 @@ import time
 
 import psutil
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from aieng.cli.rollout import call  # noqa: E402
 from aieng.client import AsyncClient, build_request  # noqa: E402

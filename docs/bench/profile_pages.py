@@ -1,6 +1,6 @@
 """Profile every server process with py-spy while a page model (ocr, layout) runs at a fixed concurrency.
 
-    .venv/bin/python scripts/profile_pages.py --model ocr --concurrency 4 --seconds 25 --out prof-out
+    .venv/bin/python docs/bench/profile_pages.py --model ocr --concurrency 4 --seconds 25 --out prof-out
 
 Starts a server as ``aieng bench`` does (``bench.kit.start_server``), warms it, then records each of its
 processes with ``py-spy record --idle -f raw`` (50 samples/s, every thread) while the same closed loop
@@ -19,7 +19,7 @@ import os
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
 from aieng.config import load_config  # noqa: E402

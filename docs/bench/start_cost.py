@@ -5,7 +5,7 @@ supervisor's whole process tree, for a server started as the tests start theirs 
 checkout to run it from (a ``git worktree`` of an older commit, with ``models`` copied or linked from
 this one, compares two commits); run the variants in turns, since this VM's speed drifts.
 
-    .venv/bin/python scripts/start_cost.py . tabular
+    .venv/bin/python docs/bench/start_cost.py . tabular
 """
 from __future__ import annotations
 
