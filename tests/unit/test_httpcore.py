@@ -9,6 +9,7 @@ import pytest
 
 from aieng.httpcore import message
 from aieng.httpcore import server as httpd
+from tests.waits import until_async
 
 
 async def echo(method, path, query, headers, body, peer):
@@ -26,7 +27,7 @@ async def read_response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
     lines = head.split(b"\r\n")
     n = int(next(line.split(b":")[1] for line in lines if line.lower().startswith(b"content-length")))
-    return int(head.split(b" ")[1]), await reader.readexactly(n)
+    return int(head.split(b" ")[1]), await asyncio.wait_for(reader.readexactly(n), 5)
 
 
 def run(coro):
@@ -67,8 +68,7 @@ def test_announced_bodies_hold_no_budget_received_bytes_do():
         for _, w in announced[:message.BODY_BUDGET]:  # now they send most of their bodies: those bytes held
             w.write(b"x" * 999)
             await w.drain()
-        while srv.body_bytes < message.BODY_BUDGET * 999:
-            await asyncio.sleep(0.01)
+        assert await until_async(lambda: srv.body_bytes >= message.BODY_BUDGET * 999, 10), srv.body_bytes
         writer.write(b"POST /x HTTP/1.1\r\nContent-Length: 10\r\n\r\n0123456789")
         refused = await read_response(reader)
         announced[0][1].write(b"x")  # a held one completes normally
@@ -89,8 +89,7 @@ def test_at_the_cap_a_new_connection_closes_the_oldest_idle_one():
     async def go():
         srv, port = await start(max_conns=2)
         conns = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
-        while len(srv.conns) < 2:
-            await asyncio.sleep(0.01)
+        assert await until_async(lambda: len(srv.conns) >= 2, 10), len(srv.conns)
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"GET /new HTTP/1.1\r\n\r\n")
         new = await read_response(reader)
@@ -120,8 +119,7 @@ def test_at_the_cap_with_every_connection_busy_a_new_one_is_closed_at_once():
         port = srv.server.sockets[0].getsockname()[1]
         busy_r, busy_w = await asyncio.open_connection("127.0.0.1", port)
         busy_w.write(b"GET /busy HTTP/1.1\r\n\r\n")
-        while not any(s.phase == "answering" for s in srv.conns.values()):
-            await asyncio.sleep(0.01)
+        assert await until_async(lambda: any(s.phase == "answering" for s in srv.conns.values()), 10)
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         extra = await asyncio.wait_for(reader.read(), 5)
         gate.set()
@@ -187,8 +185,7 @@ def test_a_client_that_does_not_read_its_answer_is_cut_and_counted(monkeypatch):
         port = srv.server.sockets[0].getsockname()[1]
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"GET /big HTTP/1.1\r\n\r\n")  # and never reads
-        while not srv.dropped:
-            await asyncio.sleep(0.05)
+        assert await until_async(lambda: srv.dropped, 10, 0.05)
         gone = not srv.conns
         writer.close()
         await srv.close(1)
@@ -212,8 +209,7 @@ def test_on_drop_counts_connections_that_ended_without_an_answer():
         reader, served = await asyncio.open_connection("127.0.0.1", port)
         served.write(b"GET /a HTTP/1.1\r\n\r\n")
         answer = await read_response(reader)  # then idles past idle_s: closed, not counted
-        while len(srv.dropped) < 2 or srv.conns:
-            await asyncio.sleep(0.05)
+        assert await until_async(lambda: len(srv.dropped) >= 2 and not srv.conns, 10, 0.05), dict(srv.dropped)
         for w in (silent, served):
             w.close()
         await srv.close(1)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -36,6 +37,7 @@ def test_lock_of_a_killed_holder_is_free(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)], cwd=root,
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
+        assert select.select([holder.stdout], [], [], 30)[0], "the holder said nothing within 30 s"  # bounded
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(RuntimeDirInUse, match=f"pid {holder.pid}"):
             RuntimeDirLock(str(tmp_path)).acquire()
