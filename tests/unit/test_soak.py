@@ -4,6 +4,7 @@ the second arrives, so that reply is late by construction); the progress line sh
 from __future__ import annotations
 
 import asyncio
+import mmap
 import threading
 import time
 
@@ -31,8 +32,13 @@ def test_progress_line_shows_every_figure_per_process():
 def test_rss_shmem_reads_proc_status():
     assert rss_shmem("Name:\tx\nRssAnon:\t  100 kB\nRssShmem:\t    2048 kB\n") == 2048 * 1024
     assert rss_shmem("Name:\tx\n") == 0
-    with open("/proc/self/status", encoding="ascii") as fh:
-        assert rss_shmem(fh.read()) >= 0
+    held = mmap.mmap(-1, 1 << 20, flags=mmap.MAP_SHARED)  # shared anonymous memory is shmem
+    try:
+        held.write(b"\x01" * (1 << 20))  # touched, so resident
+        with open("/proc/self/status", encoding="ascii") as fh:
+            assert rss_shmem(fh.read()) >= 1 << 20
+    finally:
+        held.close()
 
 
 class FakeServer:
