@@ -1,7 +1,8 @@
 """Executor lanes: whole batches run concurrently on a few threads, one ONNX Runtime run each.
 
-``lanes`` threads each run a whole batch on one intra-op thread, so every core does useful work and the
-loop assembles the next batch meanwhile (ONNX Runtime releases the GIL during ``run``; one session
+``lanes`` threads each run a whole batch on ``AIENG_INTRA_OP_THREADS`` intra-op threads (default: usable
+CPUs / lanes, one each up to 4 CPUs), so every core does useful work and the loop assembles the next batch
+meanwhile (ONNX Runtime releases the GIL during ``run``; one session
 serves concurrent runs).  One more, the *background* lane, runs internal verification batches
 (``InferTask.background``) one at a time on a thread that lowered itself first (``lower``).  With
 ``spare``, one more, the *spare* lane, runs one short batch while every serving lane is busy (the batcher's

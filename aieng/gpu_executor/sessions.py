@@ -1,6 +1,7 @@
 """ONNX Runtime sessions: creation, provider choice, input specs, warm-up.
 
-One ``ModelSession`` per model version, created once and reused.  CUDA is
+One ``ModelSession`` per model version for the lanes (and, at start, an idle-time wide one on every
+core: ``builder``), created once and reused.  CUDA is
 tried only when NVML sees a GPU (or ``AIENG_DEVICE=cuda``), and whether it is
 live is decided by what the created session reports, because onnxruntime-gpu
 lists the CUDA provider even on machines where it cannot load.

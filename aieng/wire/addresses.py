@@ -1,7 +1,8 @@
 """The wiring diagram: every internal address, who binds it and who connects.
 
 Control: the frontend binds a ROUTER at ``hub``; every worker (``pre-<i>``, ``executor``,
-``post-<j>``) and the supervisor connect a DEALER with their name as ZMQ identity.  Clients reach the
+``post-<j>``), every OIP gateway (``gw-<k>``) and the supervisor connect a DEALER with their name as
+ZMQ identity.  Clients reach the
 frontend's client ROUTER at ``Config.frontend_addr``.  Data path (descriptors only, stage to stage):
 the executor binds a PULL at ``exec_addr`` that every preprocess worker PUSHes to; each postprocess
 worker binds a PULL at ``post_addr(name)`` that the executor PUSHes to from its first send there.  The

@@ -7,8 +7,8 @@ Nothing here can slow the frontend loop down by more than a bounded amount:
   * every answer but /metrics comes from the snapshot dict the loop publishes (swapped whole, never
     mutated); the HTTP thread never calls into the loop, so /debug also works with CURVE on.  A /debug
     sets ``debug_asked``: the loop refreshes the costly stage timings at its next publish only then;
-  * the probes' bodies are encoded once per published snapshot (``Probes``); an answer only compares
-    two ages and joins bytes;
+  * the probes' bodies are encoded once per published snapshot (``health_json``); an answer only
+    compares two ages and joins bytes;
   * /metrics is rendered at most once per ``cache_ms`` (scrapers in between share the last render);
   * ``timeout_s`` for a request head and for an idle connection, at most ``MAX_CONNS`` connections, at
     most ``MAX_RATE`` answers a second, both shared fairly between client addresses by the core server

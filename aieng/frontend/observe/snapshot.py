@@ -2,8 +2,8 @@
 
 The loop calls ``publish`` every ``snapshot_ms`` (and at once when a worker comes or goes, without the
 costly stage summary, which is refreshed only when a /debug has asked for it since the last one).  Each
-builds a fresh dict and swaps it in whole; nothing mutates it afterwards, so the HTTP threads never
-touch the loop's tables and never make the loop compute on their behalf, however many scrapers there
+builds a fresh dict and swaps it in whole; nothing mutates it afterwards, so the HTTP thread never
+touches the loop's tables and never makes the loop compute on its behalf, however many scrapers there
 are.  The Prometheus collector's part goes to ``Metrics.publish`` the same way.
 """
 from __future__ import annotations

@@ -5,9 +5,9 @@ A *generation* is one ``routing`` section of a model's model.yaml as this replic
 ``number`` (1 for the section read at start, one more for each different section applied since,
 by the watcher or a reload: local to the replica).  The routing a generation gives is a function of
 the section alone (``Model.baseline``, built from no previous state), so replicas on one file agree
-bucket by bucket whatever each did before.  ``Source`` says whether the routing in force is the
+bucket by bucket whatever each did before.  ``source_view`` says whether the routing in force is the
 generation's (``model.yaml``) or a local change made after it (an admin command, an automatic
-rollback), and which file was refused, if any.  docs/rollout.md, section 11.
+rollback), and which file was refused (``Refused``), if any.  docs/rollout.md, section 11.
 """
 from __future__ import annotations
 
