@@ -1,10 +1,10 @@
 """What one server instance claims on this machine before it starts anything, and gives back on every exit.
 
 ``Instance.claim``: clean what crashed instances left (shared memory, runtime dirs), create and lock the
-runtime directory (one instance per directory; a link, another user's or a world-writable one is refused),
-and check that the routing state directory can be written.  A setting that cannot be used is a
-``ConfigError`` naming the variable (exit 2).  ``release``: remove what is ours in the runtime dir (all
-of a default one; only our sockets in a configured one), then drop the lock.
+runtime directory (one instance per directory; a link, another user's or a world-writable one is refused).
+``check_state_dir``, its own step after the claim: the routing state directory can be written.  A setting
+that cannot be used is a ``ConfigError`` naming the variable (exit 2).  ``release``: remove what is ours in
+the runtime dir (all of a default one; only our sockets in a configured one), then drop the lock.
 """
 from __future__ import annotations
 
