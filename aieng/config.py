@@ -2,7 +2,8 @@
 
 Precedence: defaults < YAML file < ``AIENG_*`` environment < command-line
 flags.  Every child process receives the resolved ``Config`` (as a plain dict)
-at spawn and never re-reads the environment or the command line.  A ``Config``
+at spawn and never re-reads ``AIENG_*`` or the command line (the frontend's tracing reads
+the standard ``OTEL_*`` variables itself).  A ``Config``
 is frozen: what is filled in later (the instance, its runtime dir, the gateways'
 secrets, a log level changed at run time) makes a new one (``dataclasses.replace``).
 """

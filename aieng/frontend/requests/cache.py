@@ -2,7 +2,8 @@
 
 LRU with a byte budget.  The key is sha256 over the model, version, and the
 msgpack encoding of the request's ``inputs`` and ``params``; the value is the
-packed outputs exactly as a postprocess worker produced them.  Only successful
+packed outputs exactly as the postprocessing produced them (a postprocess worker, or
+the executor for a version it postprocesses itself).  Only successful
 answers are stored, never errors.  A hit is answered at once, also while the
 server sheds load or a model's breaker is open, and says ``"cached": true``.
 """
