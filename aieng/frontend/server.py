@@ -2,8 +2,8 @@
 
 Three ROUTER sockets, one thread: clients (``Config.frontend_addr``: one msgpack map in, one out), the hub
 (every worker, the gateways and the supervisor) and admin (routing and version changes).  This module
-builds every component with what it needs and wires them, and keeps the loop and the sockets; what happens to a
-message is decided by the components: ``clients`` (rate limits), ``ops`` (health, models, stats,
+builds every component with what it needs and wires them, and keeps the loop and the sockets; what
+happens to a message is decided by the components: ``clients`` (rate limits), ``ops`` (health, models, stats,
 log_level), ``admission`` (an ``infer`` map -> request, immediate answer or refusal), ``pipeline`` (the
 stages, one answer per request), ``versions`` (loads, golden sets, unloads, the lazy pool), ``mirror``
 (shadow copies).  No CPU-heavy work happens here.  On the way down every request still in flight is
