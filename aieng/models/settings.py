@@ -1,12 +1,11 @@
 """A model's own settings in ``<repo>/<model>/model.yaml`` (docs/models.md): which versions serve
 (``versions`` policy), ``routing`` (parsed by ``routing.py``), the lazy ``pool`` (``parse_setting``:
-``PoolSetting``, ``lazy`` and ``pinned`` booleans, default false; anything else a ``ValueError`` naming
-``where``), and each version's ``metadata``; all checked at the scan.
+``sections.PoolSetting``, ``lazy`` and ``pinned`` booleans, default false; anything else a ``ValueError``
+naming ``where``), and each version's ``metadata``; all checked at the scan.
 """
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Any
 
 from aieng.models import yaml_file
@@ -18,17 +17,8 @@ from aieng.models.routing import (
     parse_rules,
     parse_shadow,
 )
+from aieng.models.sections import PoolSetting
 from aieng.models.spec import ModelError, ModelSpec
-
-
-@dataclass(frozen=True)
-class PoolSetting:
-    lazy: bool = False
-    pinned: bool = False
-
-    @property
-    def evictable(self) -> bool:
-        return self.lazy and not self.pinned
 
 
 def parse_setting(raw: Any, where: str) -> PoolSetting:
@@ -43,13 +33,12 @@ def parse_setting(raw: Any, where: str) -> PoolSetting:
     return PoolSetting(lazy=raw.get("lazy", False), pinned=raw.get("pinned", False))
 
 
-def pool_setting(raw: Any, where: str) -> dict[str, bool]:
-    """The model-wide ``pool`` section as ``{lazy, pinned}`` (kept in every version's ``extra``)."""
+def pool_setting(raw: Any, where: str) -> PoolSetting:
+    """The model-wide ``pool`` section (kept in every version's spec), or ``ModelError``."""
     try:
-        setting = parse_setting(raw, where)
+        return parse_setting(raw, where)
     except ValueError as exc:
         raise ModelError(str(exc)) from None
-    return {"lazy": setting.lazy, "pinned": setting.pinned}
 
 
 METADATA_KEYS = ("created", "training_data", "metrics", "notes")

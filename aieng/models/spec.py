@@ -3,13 +3,34 @@ content checks, and per-model isolation (``build_each``): each role builds each 
 fails is recorded with one line naming it and its path and every other model serves; only a strict build
 turns a failure into ``ModelLoadError``. ``verify_content`` re-hashes a version so a file changed after
 the scan is refused.
+
+``ModelSpec`` is frozen, and so is every section it holds (``models/sections.py``): roles read it by
+attribute; a changed spec is a new one (``dataclasses.replace``, where the scan, the overrides and a
+run-time load build it).  It crosses processes as a msgpack map (``to_dict``; ``from_dict`` rebuilds the
+records, once per spec received, never per request).
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
+
+from aieng.models.frozen import NO_VALUE, Opaque, build, plain
+from aieng.models.sections import (
+    Batching,
+    Degrade,
+    Drift,
+    InputDecl,
+    OutputDecl,
+    Padding,
+    Pipeline,
+    PoolSetting,
+    Postprocess,
+    Preprocess,
+    Routing,
+)
 
 
 class ModelError(ValueError):
@@ -29,49 +50,58 @@ class ModelLoadError(RuntimeError):
     """A strict build had failing models; the message names each one and its path."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
     version: str
     path: str
     content_hash: str
     description: str
-    inputs: list[dict]
-    outputs: list[dict]
-    preprocess: dict
-    postprocess: dict
-    padding: dict[str, float]
-    batching: dict[str, Any]
+    inputs: tuple[InputDecl, ...]
+    outputs: tuple[OutputDecl, ...]
+    preprocess: Preprocess  # or a subclass per type (sections.PREPROCESS_TYPES)
+    postprocess: Postprocess
+    padding: Padding
+    batching: Batching
     timeout_ms: int
     onnx_path: str = ""
-    extra: dict = field(default_factory=dict)
+    drift: Drift = Drift()
+    degrade: Degrade | None = None  # None: never degraded
+    # model.yaml ``metadata:`` (created, training_data, metrics, notes; settings.version_metadata): passed
+    # whole to clients (the models op, /debug), never read by key by the server, so it stays opaque.
+    metadata: Opaque = NO_VALUE
+    routing: Routing | None = None  # model-wide (<model>/model.yaml); None: the default version takes all
+    pool: PoolSetting = PoolSetting()  # model-wide
+    pipeline: Pipeline | None = None  # a ``kind: pipeline`` model's checked steps; None for an ONNX model
 
     @property
     def key(self) -> str:
         return f"{self.name}:{self.version}"
 
+    @functools.cached_property
+    def inputs_by_name(self) -> dict[str, InputDecl]:
+        """The declared inputs by name, in order (``inputs.validate_inputs``, per request: built once)."""
+        return {i.name: i for i in self.inputs}
+
     def file(self, rel: str) -> str:
         return resolve_inside(self.path, rel)
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+        """The msgpack-safe wire form: records as maps, tuples as lists, opaque values as written."""
+        return plain(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ModelSpec":
-        return cls(**data)
-
-    @property
-    def pipeline(self) -> dict | None:
-        """A ``kind: pipeline`` model's checked steps (``check_pipeline``); None for an ONNX model."""
-        return self.extra.get("pipeline")
+        return build(cls, data)
 
     def public(self) -> dict[str, Any]:
         """What the ``models`` op shows clients."""
         return {"version": self.version, "hash": self.content_hash, "description": self.description,
-                "inputs": self.inputs, "outputs": self.outputs,
-                "max_batch_size": self.batching["max_batch_size"], "timeout_ms": self.timeout_ms,
-                "metadata": self.extra.get("metadata", {}),
-                **({"kind": "pipeline", "steps": self.pipeline["steps"]} if self.pipeline else {})}
+                "inputs": [i.shown.thaw() for i in self.inputs],
+                "outputs": [o.shown.thaw() for o in self.outputs],
+                "max_batch_size": self.batching.max_batch_size, "timeout_ms": self.timeout_ms,
+                "metadata": self.metadata.thaw(),
+                **({"kind": "pipeline", "steps": self.pipeline.public()} if self.pipeline else {})}
 
 
 def version_dir(path: str) -> str:

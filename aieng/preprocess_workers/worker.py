@@ -59,7 +59,7 @@ class PreprocessWorker(HubWorker):
         """Each model's processor on its own: one that fails (e.g. a corrupt tokenizer file) is
         recorded in ``failed`` and its requests get UNAVAILABLE; the other models serve."""
         self.specs = specs
-        self.procs, self.failed = model_repo.build_each(specs, lambda s: PROCESSORS[s.preprocess["type"]](s),
+        self.procs, self.failed = model_repo.build_each(specs, lambda s: PROCESSORS[s.preprocess.type](s),
                                                         self.log, self.cfg.strict_model_load)
 
     def init_hotswap(self) -> None:
@@ -72,7 +72,7 @@ class PreprocessWorker(HubWorker):
                                  f"AIENG_SHM_SLOT_BYTES >= {need}, or serve it from the start (not lazy)")
 
         def build(spec: ModelSpec, urgent: bool):
-            return PROCESSORS[spec.preprocess["type"]](spec)
+            return PROCESSORS[spec.preprocess.type](spec)
 
         self.versions = Versions(self.worker, self.send, self.refresh_hello, self.log, self.procs,
                                  self.failed, build, check=check,

@@ -22,7 +22,7 @@ log = logging.getLogger("aieng.runtime.supervisor")
 class VersionRecord:
     def __init__(self, specs: dict[str, ModelSpec]):
         self.specs = specs
-        self.cold = {k for k, s in specs.items() if (s.extra.get("pool") or {}).get("lazy")}
+        self.cold = {k for k, s in specs.items() if s.pool.lazy}
         self.pending: dict[str, tuple[ModelSpec | None, bool]] = {}  # key -> (the spec before it, was cold)
 
     @classmethod

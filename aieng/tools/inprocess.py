@@ -21,7 +21,7 @@ class InProcessModel:
         from aieng.processing.pre.processors import PROCESSORS
 
         self.spec = spec
-        self.pre = PROCESSORS[spec.preprocess["type"]](spec)
+        self.pre = PROCESSORS[spec.preprocess.type](spec)
         self.post = Chain(spec)
         self.sessions: dict[tuple[int, bool], Any] = {}
 

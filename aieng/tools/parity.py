@@ -81,7 +81,7 @@ def _tabular_rows(spec: ModelSpec, n: int, start: int) -> list[dict]:
         with open(ref, encoding="utf-8") as fh:
             cases = [c["input"] for c in json.load(fh)["cases"]]
         return [cases[i % len(cases)] for i in range(start, start + n)]
-    with open(spec.file(spec.preprocess.get("state", "preprocess.json")), encoding="utf-8") as fh:
+    with open(spec.file(spec.preprocess.state), encoding="utf-8") as fh:
         state = json.load(fh)
     rng = np.random.default_rng(start)
     rows = []
@@ -116,11 +116,11 @@ def _tensors(spec: ModelSpec, n: int, start: int) -> list[dict]:
 
 def sample_requests(spec: ModelSpec, n: int, start: int = 0) -> list[dict[str, Any]]:
     """``n`` request inputs; another ``start`` gives other samples (calibration vs. parity)."""
-    kind = spec.preprocess["type"]
+    kind = spec.preprocess.type
     if kind == "image":
-        return [{spec.preprocess.get("input", "image"): b} for b in _images(n, start)]
+        return [{spec.preprocess.input: b} for b in _images(n, start)]
     if kind == "text":
-        name = spec.preprocess.get("input", "text")
+        name = spec.preprocess.input
         return [{name: SENTENCES[i % len(SENTENCES)] + ("" if i < len(SENTENCES) else f" ({i})")}
                 for i in range(start, start + n)]
     if kind == "tabular":
@@ -133,9 +133,9 @@ def sample_requests(spec: ModelSpec, n: int, start: int = 0) -> list[dict[str, A
 def sample_feeds(spec: ModelSpec, requests: list[dict]) -> list[dict[str, np.ndarray]]:
     from aieng.processing.pre.processors import PROCESSORS
 
-    if spec.preprocess["type"] == "tensor":  # the server passes client tensors through unchanged
+    if spec.preprocess.type == "tensor":  # the server passes client tensors through unchanged
         return [dict(r) for r in requests]
-    pre = PROCESSORS[spec.preprocess["type"]](spec)
+    pre = PROCESSORS[spec.preprocess.type](spec)
     if pre.batchable:
         done = pre.process_many([pre.check(r) for r in requests])
     else:
@@ -149,7 +149,7 @@ def stack(spec: ModelSpec, feeds: list[dict[str, np.ndarray]]) -> dict[str, np.n
     for name in feeds[0]:
         arrs = [f[name] for f in feeds]
         shape = np.max([a.shape for a in arrs], axis=0)
-        batch = np.full((len(arrs), *shape), spec.padding.get(name, 0), dtype=arrs[0].dtype)
+        batch = np.full((len(arrs), *shape), spec.padding.pad_value(name), dtype=arrs[0].dtype)
         for i, a in enumerate(arrs):
             batch[(i, *(slice(0, d) for d in a.shape))] = a
         out[name] = batch
@@ -173,7 +173,8 @@ def run_each(sess, spec: ModelSpec, feeds: list[dict]) -> list[dict[str, np.ndar
 
 
 def classifier_output(spec: ModelSpec) -> str | None:
-    return spec.postprocess.get("source") if spec.postprocess.get("type") == "classify" else None
+    """The output a single-op ``classify`` postprocess reads (its top-1 is compared), else None."""
+    return spec.postprocess.steps[0].source if spec.postprocess.type == "classify" else None
 
 
 def compare(spec: ModelSpec, ref: list[dict], new: list[dict]) -> dict[str, dict[str, Any]]:

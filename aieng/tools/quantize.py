@@ -163,7 +163,7 @@ def quantize(args: argparse.Namespace) -> tuple[dict, str | None]:
         ref = parity.run_each(parity.session(spec.onnx_path, args.threads), spec, feeds)
         new = parity.run_each(parity.session(new_onnx, args.threads), spec, feeds)
         metrics = parity.compare(spec, ref, new)
-        big = min(8, spec.batching["max_batch_size"])
+        big = min(8, spec.batching.max_batch_size)
         report = {
             "model": args.model, "source_version": args.version, "source_hash": spec.content_hash,
             "version": out_version, "to": args.to, "method": method, "samples": len(feeds),

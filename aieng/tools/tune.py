@@ -156,7 +156,7 @@ def main_tune(args) -> int:
         print(f"aieng tune: no model {args.model!r} with a version under {repo}", file=sys.stderr)
         return 2
     spec = load_spec(args.model, versions[-1], os.path.join(mdir, versions[-1]))
-    max_batch = int(spec.batching["max_batch_size"])
+    max_batch = int(spec.batching.max_batch_size)
     cpus = envs.cpu_count()
     inputs = sample_inputs(args.model, max(args.requests, 4 * args.concurrency))
     print(f"tune {args.model}: {cpus} usable CPUs, {args.requests} requests per level, c=1 and "

@@ -7,6 +7,7 @@ error in ``models`` and cannot be given weight; admin requests that are not maps
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -23,6 +24,7 @@ from aieng.frontend.observe.metrics import Metrics
 from aieng.frontend.observe.stats import StageStats
 from aieng.frontend.rollout.rollout import Rollout
 from aieng.models import repo as model_repo
+from aieng.models.sections import Routing
 from aieng.models.served import ServedVersions
 from aieng.wire import messages as m
 from aieng.wire import protocol as p
@@ -89,7 +91,7 @@ def parts():
     specs = {"tabular": {}}
     for v in ("1", "2"):
         spec = model_repo.load_spec("tabular", v, os.path.join(ROOT, "models", "tabular", v))
-        spec.extra["routing"] = {"weights": {"1": 100}}
+        spec = dataclasses.replace(spec, routing=Routing.parse({"weights": {"1": 100}}))
         specs["tabular"][v] = spec
     specs = ServedVersions(specs)
     workers = Workers()

@@ -7,6 +7,7 @@ are in flight; an unload refused while routed to.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -23,6 +24,7 @@ from aieng.frontend.rollout.rollout import Rollout
 from aieng.frontend.versions.golden import _input
 from aieng.frontend.versions.manager import VersionManager
 from aieng.models import repo as model_repo
+from aieng.models.sections import PoolSetting, Routing
 from aieng.models.served import ServedVersions
 from aieng.wire import messages as m
 from aieng.wire import protocol as p
@@ -64,8 +66,8 @@ class Rig:
         self.specs = {"tabular": {}}
         for v in served:
             spec = model_repo.load_spec("tabular", v, str(repo / "tabular" / v))
-            spec.extra["pool"] = {"lazy": True} if lazy else None
-            spec.extra["routing"] = {"weights": {"1": 100}}  # model-wide, as model.yaml says
+            spec = dataclasses.replace(spec, pool=PoolSetting(lazy=True) if lazy else PoolSetting(),
+                                       routing=Routing.parse({"weights": {"1": 100}}))  # model-wide
             self.specs["tabular"][v] = spec
         self.specs = ServedVersions(self.specs)
         self.cfg = Config(cold_versions=[f"tabular:{v}" for v in cold], **cfg)

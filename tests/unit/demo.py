@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from aieng.models.repo import load_spec
+from aieng.models.sections import Postprocess, Preprocess
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "models"
@@ -25,4 +26,5 @@ def spec(name: str):
 def spec_with(name: str, section: str, **settings):
     """The demo spec with ``settings`` merged into its ``preprocess`` or ``postprocess`` section."""
     s = spec(name)
-    return dataclasses.replace(s, **{section: {**getattr(s, section), **settings}})
+    parse = {"preprocess": Preprocess.parse, "postprocess": Postprocess.parse}[section]
+    return dataclasses.replace(s, **{section: parse({**getattr(s, section).section(), **settings})})

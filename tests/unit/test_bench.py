@@ -179,7 +179,7 @@ def in_process_answer(inputs: dict) -> dict:
     from aieng.processing.pre.processors import PROCESSORS
 
     s = spec("tabular")
-    tensors, _, _ = PROCESSORS[s.preprocess["type"]](s).process(inputs)
+    tensors, _, _ = PROCESSORS[s.preprocess.type](s).process(inputs)
     sess = ModelSession(s, "cpu", 1, False)
     feeds, sizes = sess.feeds_from([dict(tensors)])
     outs = sess.run(feeds)

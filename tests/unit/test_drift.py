@@ -1,5 +1,6 @@
 """Drift for every model: the features preprocessing reports, references built from a sample, PSI,
 the embedding's distance to its golden centroid, and the saved references' round trip."""
+import dataclasses
 import json
 import os
 import random
@@ -154,7 +155,8 @@ def test_saved_references_round_trip_and_a_changed_version_starts_a_new_one(tmp_
         mon.versions[("minilm", "1")].outputs["distance"].ref
     assert again.view()["minilm"]["2"]["reference"]["state"] == "collecting"  # its own reference
     specs = spec_table()
-    specs["minilm"]["1"].content_hash = "0" * 64  # new files under the same version: a new reference
+    # new files under the same version: a new reference
+    specs["minilm"]["1"] = dataclasses.replace(specs["minilm"]["1"], content_hash="0" * 64)
     changed = DriftMonitor(specs, window=200, reference_n=60, saved=store.load())
     assert changed.view()["minilm"]["1"]["reference"]["state"] == "collecting"
 

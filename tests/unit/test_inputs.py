@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from aieng.inputs import precheck, validate_inputs
+from aieng.models.sections import InputDecl, Preprocess
 from aieng.processing.pre.tensor import TensorPreprocessor
 from aieng.wire.protocol import RequestError, encode_tensor
 from tests.unit.demo import needs_demo_models, spec
@@ -30,8 +31,8 @@ def test_precheck_refuses_what_the_workers_refuse_with_their_message(model, inpu
 
 @needs_demo_models
 def test_precheck_reads_a_tensor_maps_header_as_the_tensor_processor_does():
-    s = dataclasses.replace(spec("tabular"), inputs=[{"name": "idx", "kind": "tensor"}],
-                            preprocess={"type": "tensor"})
+    s = dataclasses.replace(spec("tabular"), inputs=(InputDecl.parse({"name": "idx", "kind": "tensor"}),),
+                            preprocess=Preprocess.parse({"type": "tensor"}))
     good = encode_tensor(np.arange(4, dtype=np.int64))
     precheck(s, {"idx": good})
     for bad in ({**good, "dtype": "complex64"}, {**good, "shape": [5]}, {**good, "data": "text"}):

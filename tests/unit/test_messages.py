@@ -83,7 +83,7 @@ def test_nested_records_come_back_as_their_types():
     assert all(type(s) is m.Step for s in steps) and steps[1].outcome == "skipped"
     assert type(procs["pre0"]) is m.ProcessState and procs["post0"].pid is None
     spec = back["load_version"].spec
-    assert type(spec) is ModelSpec and spec.key == "tabular:2" and spec.batching["max_batch_size"] > 0
+    assert type(spec) is ModelSpec and spec.key == "tabular:2" and spec.batching.max_batch_size > 0
     assert type(back["infer"].ref) is m.Ref and type(back["infer"].trail) is m.Trail
 
 

@@ -41,8 +41,7 @@ def specs_of(repo, *names) -> dict:
 def test_build_each_records_a_failure_and_builds_the_rest(tmp_path):
     copy_model("tabular", tmp_path)
     spec = load_spec("tabular", "1", str(tmp_path / "tabular" / "1"))
-    other = load_spec("tabular", "1", str(tmp_path / "tabular" / "1"))
-    other.name = "other"
+    other = dataclasses.replace(load_spec("tabular", "1", str(tmp_path / "tabular" / "1")), name="other")
 
     def build(s):
         if s.name == "other":

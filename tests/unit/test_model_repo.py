@@ -11,6 +11,7 @@ import yaml
 
 from aieng.models import repo as model_repo
 from aieng.models.repo import ModelError, apply_overrides, resolve_inside, scan
+from aieng.models.sections import Batching
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "models"
@@ -121,8 +122,8 @@ def test_a_pipeline_is_checked_at_scan(tmp_path):
             "  - {step: textrec, model: textrec}\n  - {step: join}\n")
     (tmp_path / "ocr" / "1" / "model.yaml").write_text(good)
     spec = scan(str(tmp_path))["ocr"]["1"]
-    assert spec.pipeline["steps"][1] == {"step": "crop", "max_crops": 10, "rotate_ratio": 1.5}
-    assert spec.pipeline["steps"][3] == {"step": "join", "min_score": 0.5}
+    assert spec.pipeline.public()[1] == {"step": "crop", "max_crops": 10, "rotate_ratio": 1.5}
+    assert spec.pipeline.public()[3] == {"step": "join", "min_score": 0.5}
     with pytest.raises(ModelError, match="names model 'textrec', which is not served"):
         scan(str(tmp_path), only=["textdet", "ocr"])
     (tmp_path / "ocr" / "1" / "model.yaml").write_text(good.replace("max_crops: 10", "max_crops: 0"))
@@ -152,11 +153,11 @@ def test_scan_empty_or_missing_repository(tmp_path):
 def test_demo_specs_parse_as_documented():
     specs = scan(str(MODELS))
     minilm, orient, tab = specs["minilm"]["1"], specs["orientation"]["1"], specs["tabular"]["1"]
-    assert minilm.preprocess["type"] == "text" and minilm.batching["max_batch_size"] == 32
-    assert minilm.padding == {"input_ids": 0, "attention_mask": 0, "token_type_ids": 0}
+    assert minilm.preprocess.type == "text" and minilm.batching.max_batch_size == 32
+    assert dict(minilm.padding.values) == {"input_ids": 0, "attention_mask": 0, "token_type_ids": 0}
     # max_padding_waste is not in orientation's model.yaml: the default applies.
-    assert orient.batching == {"max_batch_size": 16, "max_wait_ms": 2, "max_padding_waste": 0.3}
-    assert tab.timeout_ms == 5000 and all(i.get("optional") for i in tab.inputs)
+    assert orient.batching == Batching(max_batch_size=16, max_wait_ms=2, max_padding_waste=0.3)
+    assert tab.timeout_ms == 5000 and all(i.optional for i in tab.inputs)
     pub = tab.public()
     assert pub["hash"] == tab.content_hash and pub["max_batch_size"] == 64 and pub["version"] == "1"
     again = model_repo.ModelSpec.from_dict(tab.to_dict())
@@ -246,16 +247,16 @@ def test_spec_file_is_confined(repo):
 def test_apply_overrides(repo):
     shutil.copytree(MODELS / "tabular", repo / "other")
     specs = scan(str(repo))
-    before = {n: dict(v["1"].batching) for n, v in specs.items()}
+    before = {n: v["1"].batching for n, v in specs.items()}
     apply_overrides(specs, max_batch_size=0, max_wait_ms=-1.0)  # "not set"
     assert {n: v["1"].batching for n, v in specs.items()} == before
 
     apply_overrides(specs, max_batch_size=4, max_wait_ms=0.0)  # 0 ms is a real override
     for versions in specs.values():
         b = versions["1"].batching
-        assert (b["max_batch_size"], b["max_wait_ms"], b["max_padding_waste"]) == (4, 0.0, 0.3)
+        assert (b.max_batch_size, b.max_wait_ms, b.max_padding_waste) == (4, 0.0, 0.3)
         assert versions["1"].public()["max_batch_size"] == 4
 
     apply_overrides(specs, max_batch_size=2, max_wait_ms=-1.0)
-    assert all(v["1"].batching["max_batch_size"] == 2 and v["1"].batching["max_wait_ms"] == 0.0
+    assert all(v["1"].batching.max_batch_size == 2 and v["1"].batching.max_wait_ms == 0.0
                for v in specs.values())

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from aieng.gateway import codec, models
 from aieng.gateway.http import parse_infer, render, requested_outputs
 from aieng.gateway.service import Answer, timeout_ms_of
+from aieng.models.sections import Batching
 from aieng.wire.protocol import INVALID_INPUT, INVALID_REQUEST, RequestError, decode_tensor
 
 NUMERIC = [k for k in codec.NUMERIC if k != "FP16"]
@@ -105,7 +106,7 @@ PUB = {"version": "1", "inputs": [{"name": "text", "kind": "text"}],
 
 
 def test_metadata_and_config_shapes():
-    view = models.build_view("m", PUB, {"max_wait_ms": 5})
+    view = models.build_view("m", PUB, Batching(max_wait_ms=5))
     meta = models.metadata(view)
     assert meta["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
     assert meta["outputs"][0] == {"name": "embedding", "datatype": "FP32", "shape": [-1, 384]}

@@ -229,9 +229,9 @@ def lazy_repo(tmp_path):
 def test_the_pool_key_is_accepted_in_the_model_wide_yaml(lazy_repo):
     from aieng.models.repo import scan
 
-    assert scan(str(lazy_repo))["tab"]["1"].extra["pool"] == {"lazy": False, "pinned": False}
+    assert scan(str(lazy_repo))["tab"]["1"].pool == PoolSetting(lazy=False, pinned=False)
     (lazy_repo / "tab" / "model.yaml").write_text("pool: {lazy: true, pinned: true}\n")
-    assert scan(str(lazy_repo))["tab"]["1"].extra["pool"] == {"lazy": True, "pinned": True}
+    assert scan(str(lazy_repo))["tab"]["1"].pool == PoolSetting(lazy=True, pinned=True)
 
 
 def test_a_malformed_pool_key_fails_the_scan_naming_the_file(lazy_repo):
@@ -246,12 +246,12 @@ def test_a_pipeline_and_its_steps_cannot_be_lazy():
     from types import SimpleNamespace
 
     from aieng.models.repo import ModelError, check_pipeline_models
+    from aieng.models.sections import Pipeline, PipelineStep
 
     def spec(pipeline=None, lazy=False):
-        return SimpleNamespace(pipeline=pipeline, path="/r/x/1",
-                               extra={"pool": {"lazy": lazy, "pinned": False}})
+        return SimpleNamespace(pipeline=pipeline, path="/r/x/1", pool=PoolSetting(lazy=lazy, pinned=False))
 
-    steps = {"steps": [{"step": "detect", "model": "det"}]}
+    steps = Pipeline((PipelineStep("detect", model="det"),))
     check_pipeline_models({"ocr": {"1": spec(steps)}, "det": {"1": spec()}})
     with pytest.raises(ModelError, match="names model 'det', which is lazy"):
         check_pipeline_models({"ocr": {"1": spec(steps)}, "det": {"1": spec(lazy=True)}})

@@ -6,6 +6,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from aieng.models.sections import Postprocess
 from aieng.processing.post.chain import Chain
 from aieng.wire.protocol import INVALID_INPUT, RequestError
 from tests.unit.demo import MODELS, ROOT, needs_demo_models, spec  # noqa: F401
@@ -34,7 +35,7 @@ def test_single_op_form_is_a_one_step_chain():
     for name in ("minilm", "orientation", "tabular"):
         chain = Chain(spec(name))
         assert [(s["name"], s["op"], s["timeout_ms"]) for s, _ in chain.steps] == \
-            [(spec(name).postprocess["type"],) * 2 + (0.0,)]
+            [(spec(name).postprocess.type,) * 2 + (0.0,)]
 
 
 # ------------------------------------------------------------ mean pool
@@ -172,7 +173,7 @@ def test_classify_without_labels_uses_indices():
 
 # ------------------------------------------------------------ passthrough
 def test_passthrough_copies_every_output():
-    op = Passthrough(dataclasses.replace(spec("tabular"), postprocess={"type": "tensor"}))
+    op = Passthrough(dataclasses.replace(spec("tabular"), postprocess=Postprocess.parse({"type": "tensor"})))
     a = np.arange(4, dtype=np.float32)
     out = op({"a": a, "b": np.ones((2, 2), np.int64)}, {})
     assert set(out) == {"a", "b"}

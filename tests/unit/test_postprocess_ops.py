@@ -24,6 +24,7 @@ import pytest
 
 from aieng.models.postprocess import declare, parse
 from aieng.models.postprocess_schema import OpDecl, Param
+from aieng.models.sections import Postprocess
 from aieng.processing.post.chain import Chain, StepTimedOut
 from aieng.processing.post.guard import Guard
 from aieng.processing.post.op import REGISTRY, Op, register
@@ -36,7 +37,7 @@ pytestmark = needs_demo_models
 
 def chain_of(steps, answer=None, base="tabular", guard=None) -> Chain:
     post = {"steps": steps} if answer is None else {"steps": steps, "answer": answer}
-    return Chain(dataclasses.replace(spec(base), postprocess=post), guard)
+    return Chain(dataclasses.replace(spec(base), postprocess=Postprocess.parse(post)), guard)
 
 
 def ref_module(wheel: str, member: str) -> types.ModuleType:

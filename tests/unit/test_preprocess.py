@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from aieng.inputs import image_pixels, image_size, validate_inputs
+from aieng.models.sections import InputDecl
 from aieng.processing.pre.image import ImagePreprocessor
 from aieng.processing.pre.processors import PROCESSORS
 from aieng.processing.pre.tabular import TabularPreprocessor
@@ -374,7 +375,7 @@ def test_tabular_wrong_types_rejected(row, match):
 
 def test_tabular_required_feature():
     s = spec("tabular")
-    inputs = [dict(i, optional=False) if i["name"] == "island" else i for i in s.inputs]
+    inputs = tuple(dataclasses.replace(i, optional=False) if i.name == "island" else i for i in s.inputs)
     pre = TabularPreprocessor(dataclasses.replace(s, inputs=inputs))
     invalid(pre.process, {"sex": "male"}, match="island")
     invalid(pre.process, {"island": None}, match="island")
@@ -383,8 +384,8 @@ def test_tabular_required_feature():
 
 # ================================================================== tensor
 def tensor_spec():
-    return dataclasses.replace(spec("tabular"), inputs=[{"name": "a", "kind": "tensor"},
-                                                        {"name": "b", "kind": "tensor"}])
+    return dataclasses.replace(spec("tabular"), inputs=(InputDecl("a", "tensor"),
+                                                        InputDecl("b", "tensor")))
 
 
 def test_tensor_passthrough():

@@ -95,7 +95,7 @@ def test_a_bad_image_section_fails_the_models_load(tmp_path, pre, match):
 
 
 def test_orientation_keeps_its_defaults():
-    cfg = image_config.check(spec("orientation").preprocess)
+    cfg = image_config.check(spec("orientation").preprocess.section())
     assert (cfg["resize"], cfg["resize_short"], cfg["crop"]) == ("short_crop", 256, 224)
 
 

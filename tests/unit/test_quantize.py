@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from aieng.models.repo import ModelSpec
+from aieng.models.sections import Batching, Padding, Postprocess, Preprocess
 from aieng.tools import parity
 from aieng.tools.quantize import new_model_yaml, next_version
 from tests.unit.demo import needs_demo_models, spec
@@ -14,9 +15,10 @@ from tests.unit.demo import needs_demo_models, spec
 
 def _spec(post: dict | None = None, padding: dict | None = None) -> ModelSpec:
     return ModelSpec(name="m", version="1", path="/nowhere", content_hash="ab" * 32, description="d",
-                     inputs=[], outputs=[], preprocess={"type": "tensor"},
-                     postprocess=post or {"type": "tensor"}, padding=padding or {},
-                     batching={"max_batch_size": 8}, timeout_ms=0)
+                     inputs=(), outputs=(), preprocess=Preprocess.parse({"type": "tensor"}),
+                     postprocess=Postprocess.parse(post or {"type": "tensor"}),
+                     padding=Padding.parse(padding),
+                     batching=Batching(max_batch_size=8), timeout_ms=0)
 
 
 def test_next_version_counts_every_numeric_entry(tmp_path):

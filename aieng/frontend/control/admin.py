@@ -201,7 +201,7 @@ class AdminOps:
             state = self.rollout.model(name).state
             out[name] = {"stable": state.stable, "versions": {
                 v: {"hash": s.content_hash, "description": s.description,
-                    "metadata": s.extra.get("metadata", {}), "weight": state.weights.get(v, 0.0),
+                    "metadata": s.metadata.thaw(), "weight": state.weights.get(v, 0.0),
                     "load_error": failed.get(s.key), "path": s.path}
                 for v, s in versions.items()}}
         for key, view in self.versions.loads_view().items():  # loading, failed, draining, unloaded: shown too

@@ -175,6 +175,6 @@ def onnx_view(spec, onnx: dict | None, images_off: str | None) -> dict | None:
     """A version's session facts as the executor reported them, except where the frontend has since sent
     its images to the pool (``Pipeline.images_off``): then its ``preprocess`` says so."""
     pre = (onnx or {}).get("preprocess") or {}
-    if not images_off or (spec.preprocess or {}).get("type") != "image" or pre.get("where", "pool") == "pool":
+    if not images_off or spec.preprocess.type != "image" or pre.get("where", "pool") == "pool":
         return onnx
     return {**onnx, "preprocess": {"where": "pool", "why": images_off}}

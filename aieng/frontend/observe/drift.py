@@ -83,7 +83,7 @@ class VersionDrift:
         self.file_features = set((file_ref or {}).get("features", {}))
         self.inputs = {k: Binned(f, window) for k, f in (file_ref or {}).get("features", {}).items()}
         self.outputs: dict[str, Binned] = {}
-        embedding = spec.postprocess.get("type") == "mean_pool"
+        embedding = spec.postprocess.type == "mean_pool"
         self.centroid = "golden" if embedding and _has_golden(spec) else None
         self.built: dict | None = None  # the traffic part of the reference, as persisted
         self.sample: dict[str, list] | None = {}  # feature -> values, while collecting
@@ -182,9 +182,9 @@ class DriftMonitor:
         vd = self.versions.get((model, version))
         if vd is not None and (spec is None or vd.digest == spec.content_hash):
             return vd
-        if spec is None or spec.extra.get("pipeline") is not None:
+        if spec is None or spec.pipeline is not None:
             return None
-        ref_file = (spec.extra.get("drift") or {}).get("reference")
+        ref_file = spec.drift.reference
         file_ref = read_reference_file(spec.file(ref_file), spec.key) if ref_file else None
         saved = self.saved.get(spec.key)  # a new content hash starts a new reference
         vd = self.versions[(model, version)] = VersionDrift(spec, file_ref, saved, self.reference_n,

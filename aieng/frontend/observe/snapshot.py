@@ -68,7 +68,7 @@ class Snapshots:
                 "stats": self.stats.summary(None) if asked else self.current.get("stats", {}),
                 "stats_at": now if asked else self.current.get("stats_at"),
                 "routing": routing, "pool": pool,
-                "models": {name: {v: {"hash": sp.content_hash, "metadata": sp.extra.get("metadata", {})}
+                "models": {name: {v: {"hash": sp.content_hash, "metadata": sp.metadata.thaw()}
                                   for v, sp in vs.items()} for name, vs in self.specs.items()}}
         if now >= self._rss_at or not self._rss:
             self._rss = process_memory(self.life.processes)

@@ -18,14 +18,15 @@ from collections import deque
 
 import numpy as np
 
+from aieng.models.sections import Degrade
 from aieng.models.served import ServedVersions
 
 
 class _Model:
-    def __init__(self, cfg: dict):
-        self.depth = [float(x) for x in cfg.get("queue_depth") or []]
-        self.latency = [float(x) / 1000.0 for x in cfg.get("latency_ms") or []]
-        self.fallback = cfg.get("fallback")
+    def __init__(self, cfg: Degrade):
+        self.depth = [float(x) for x in cfg.queue_depth or []]
+        self.latency = [float(x) / 1000.0 for x in cfg.latency_ms or []]
+        self.fallback = cfg.fallback.thaw() if cfg.fallback is not None else None
         self.level = 0
         self.recent: deque[float] = deque(maxlen=200)
 
@@ -49,8 +50,8 @@ class Degrader:
         self.models: dict[str, _Model] = {}
         for versions in specs.values():
             for spec in versions.values():
-                cfg = spec.extra.get("degrade")
-                if cfg:
+                cfg = spec.degrade
+                if cfg is not None:
                     self.models[spec.key] = _Model(cfg)
 
     def level(self, key: str) -> int:

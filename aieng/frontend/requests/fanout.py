@@ -42,7 +42,7 @@ def _us(seconds: float) -> int:
 class Page:
     req: Request  # the client's request (in the table, never sent to a worker)
     body: bytes  # the client's frame: the page for every step
-    steps: list[dict]
+    steps: tuple  # the pipeline's checked steps (models.sections.PipelineStep)
     step: str = "textdet"
     children: set[int] = field(default_factory=set)  # step requests in flight
     boxes: Any = None  # (N, 4, 2) float32 in page pixels, reading order, after the cap
@@ -74,10 +74,10 @@ class Fanout:
     def start(self, req: Request) -> None:
         spec = self.specs[req.model][req.version]
         body = bytes(req.body.buffer) if hasattr(req.body, "buffer") else bytes(req.body)
-        page = self.pages[req.rid] = Page(req, body, spec.pipeline["steps"])
+        page = self.pages[req.rid] = Page(req, body, spec.pipeline.steps)
         self.table.add(req)
         req.body = None
-        self.send_step(page, page.steps[0]["model"])
+        self.send_step(page, page.steps[0].model)
 
     def send_step(self, page: Page, model: str, crop: dict | None = None) -> None:
         r = page.req
@@ -112,7 +112,7 @@ class Fanout:
     def detected(self, page: Page, outputs: bytes) -> None:
         out = msgpack.unpackb(outputs, raw=False, strict_map_key=False)
         boxes = p.decode_tensor(out["boxes"], "textdet boxes").reshape(-1, 4, 2)
-        cap = page.steps[1]["max_crops"]
+        cap = page.steps[1].max_crops
         page.found, page.boxes = len(boxes), boxes[:cap]
         page.det_end, page.step = time.monotonic(), "textrec"
         page.results = [None] * len(page.boxes)
@@ -122,17 +122,17 @@ class Fanout:
 
     def fill(self, page: Page) -> None:
         """Send crop requests until ``WINDOW`` of this page are in flight or every box was sent."""
-        crop_step, det = page.steps[1], self.specs[page.steps[0]["model"]]
+        crop_step, det = page.steps[1], self.specs[page.steps[0].model]
         det_pre = latest(det)
         limits = det[det_pre].preprocess
         while len(page.children) < WINDOW and page.next_box < len(page.boxes):
             i = page.next_box
             page.next_box += 1
             crop = {"box": page.boxes[i].astype(float).ravel().tolist(), "index": i,
-                    "rotate_ratio": float(crop_step["rotate_ratio"]),
-                    "max_bytes": int(limits.get("max_bytes", 20_000_000)),
-                    "max_pixels": int(limits.get("max_pixels", 40_000_000))}
-            self.send_step(page, page.steps[2]["model"], crop)
+                    "rotate_ratio": float(crop_step.rotate_ratio),
+                    "max_bytes": int(limits.max_bytes),
+                    "max_pixels": int(limits.max_pixels)}
+            self.send_step(page, page.steps[2].model, crop)
             if page.req.rid not in self.pages:  # a send failed the page (it cannot, but be sure)
                 return
 
@@ -149,7 +149,7 @@ class Fanout:
     def join(self, page: Page) -> None:
         t = time.monotonic()
         page.step = "join"
-        min_score = page.steps[3]["min_score"]
+        min_score = page.steps[3].min_score
         lines = [{"box": box.tolist(), "text": text, "score": score}
                  for box, (text, score) in zip(page.boxes, page.results)
                  if text.strip() and score >= min_score]

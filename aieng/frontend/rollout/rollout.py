@@ -46,7 +46,8 @@ class Rollout:
         saved = store.load() if store else {}
         self.models: dict[str, Model] = {}
         for name, versions in specs.items():
-            config = next(iter(versions.values())).extra.get("routing")
+            routing = next(iter(versions.values())).routing  # model-wide: every version holds it
+            config = routing.section() if routing is not None else None
             self.models[name] = m = Model(name, versions, config)
             if m.restore(saved.get(name)):
                 log.info("routing of %s restored from %s: %s", name, store.path, m.state.weights)

@@ -10,6 +10,7 @@ its measurements.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -113,10 +114,9 @@ class HotSwap:
             ld.future = None
         if self.specs.get(spec.name, spec.version) is not None and not self.pool.is_cold(spec.key):
             return self.fail(ld, "loaded meanwhile", release=False)
-        model_repo.apply_overrides({spec.name: {spec.version: spec}}, self.cfg.max_batch_size,
-                                   self.cfg.max_wait_ms)
-        model_wide = next(iter(self.specs[spec.name].values())).extra
-        spec.extra["routing"], spec.extra["pool"] = model_wide.get("routing"), model_wide.get("pool")
+        model_wide = next(iter(self.specs[spec.name].values()))  # routing and pool are the model's
+        spec = dataclasses.replace(model_repo.overridden(spec, self.cfg.max_batch_size, self.cfg.max_wait_ms),
+                                   routing=model_wide.routing, pool=model_wide.pool)
         ld.spec, ld.golden, ld.state = spec, golden, "loading"
         body = m.encode(m.LoadVersion(spec, urgent=ld.source == "cold"))
         self.hub("supervisor", [body])  # first: a worker restarted from now on comes up with it

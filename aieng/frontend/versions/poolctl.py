@@ -63,8 +63,7 @@ class PoolControl:
         self.per_model, self.metrics, self.refuse = per_model, metrics, refuse
         self.pool = Pool(cfg.model_memory_budget, cfg.pool_warm_s, cfg.pool_remeasure_s)
         self.waiting: ColdStarts[Request] = ColdStarts(cfg.max_inflight)
-        self.settings = {name: PoolSetting(**(next(iter(vs.values())).extra.get("pool") or {}))
-                         for name, vs in specs.items()}
+        self.settings = {name: next(iter(vs.values())).pool for name, vs in specs.items()}  # model-wide
         self.cold = {k for k in cfg.cold_versions if _pair(k)[1] in specs.versions_of(_pair(k)[0])}
         self.evictions: dict[str, int] = {}
         self.cold_loads: dict[str, float] = {}  # key -> seconds of its last cold load

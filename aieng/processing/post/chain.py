@@ -57,7 +57,7 @@ class Chain:
     values (the old single-op interface); ``run`` returns the whole ``Outcome``."""
 
     def __init__(self, spec, guard: Guard | None = None):
-        parsed = parse(spec.postprocess)
+        parsed = parse(spec.postprocess.section())
         self.guard = guard or _GUARD
         self.answer = parsed["answer"]
         self.steps = []

@@ -99,16 +99,16 @@ class ImagePreprocessor:
     threads = staticmethod(set_threads)  # the worker spreads a lone request over its cores
 
     def __init__(self, spec: ModelSpec):
-        cfg = self.cfg = image_config.check(spec.preprocess)
-        self.mode = cfg["resize"]
-        self.input, self.tensor = cfg["input"], cfg["tensor"]
-        self.scale = np.float32(cfg["scale"])
-        self.mean = np.asarray(cfg["mean"], dtype=np.float32).reshape(1, 1, 3)
-        self.std = np.asarray(cfg["std"], dtype=np.float32).reshape(1, 1, 3)
+        cfg = self.cfg = spec.preprocess  # checked at scan (models.image_config.ImagePreprocess)
+        self.mode = cfg.resize
+        self.input, self.tensor = cfg.input, cfg.tensor
+        self.scale = np.float32(cfg.scale)
+        self.mean = np.asarray(cfg.mean, dtype=np.float32).reshape(1, 1, 3)
+        self.std = np.asarray(cfg.std, dtype=np.float32).reshape(1, 1, 3)
         values = np.arange(256, dtype=np.float32).reshape(256, 1)
         self.luts = [(values * self.scale - self.mean[0, 0, c]) / self.std[0, 0, c] for c in range(3)]
-        self.max_bytes, self.max_pixels = cfg["max_bytes"], cfg["max_pixels"]
-        self.max_scans = cfg["max_scans"]
+        self.max_bytes, self.max_pixels = cfg.max_bytes, cfg.max_pixels
+        self.max_scans = cfg.max_scans
         c, h, w = image_config.input_shape_max(cfg)
         self.max_request_bytes = c * h * w * 4 + 64
         self.pages: dict[int, np.ndarray] = {}  # page request id -> decoded page (process_crop)
@@ -167,33 +167,33 @@ class ImagePreprocessor:
         h, w = img.shape[:2]
         cfg = self.cfg
         if self.mode == "fixed":
-            return cv2.resize(img, (cfg["size"][1], cfg["size"][0]))
+            return cv2.resize(img, (cfg.size[1], cfg.size[0]))
         if self.mode == "limit32":  # rapidocr DetPreProcess.resize
-            side = cfg["limit_side_len"]
-            if cfg["limit_type"] == "max":
+            side = cfg.limit_side_len
+            if cfg.limit_type == "max":
                 ratio = side / (h if h > w else w) if max(h, w) > side else 1.0
             else:
                 ratio = side / (h if h < w else w) if min(h, w) < side else 1.0
             nh, nw = int(round(int(h * ratio) / 32) * 32), int(round(int(w * ratio) / 32) * 32)
-            if nh <= 0 or nw <= 0 or nh * nw > cfg["max_input_pixels"]:
+            if nh <= 0 or nw <= 0 or nh * nw > cfg.max_input_pixels:
                 raise RequestError(INVALID_INPUT, f"image of {w}x{h} pixels would be a {nw}x{nh} model "
-                                                  f"input, outside 32x32..{cfg['max_input_pixels']} pixels")
+                                                  f"input, outside 32x32..{cfg.max_input_pixels} pixels")
             return cv2.resize(img, (nw, nh))
         if self.mode == "height":  # rapidocr TextRecognizer.resize_norm_img, before its padding
-            height, ratio = cfg["height"], w / float(h)
+            height, ratio = cfg.height, w / float(h)
             # its input is int(height * max(min_width / height, ratio)) wide; the crop fills
             # ceil(height * ratio) of it, or all of it when that is wider
-            nw = min(int(math.ceil(height * ratio)), int(height * max(cfg["min_width"] / height, ratio)))
-            if nw > cfg["max_width"]:
+            nw = min(int(math.ceil(height * ratio)), int(height * max(cfg.min_width / height, ratio)))
+            if nw > cfg.max_width:
                 raise RequestError(INVALID_INPUT, f"a {w}x{h} crop would be {nw} pixels wide at height "
-                                                  f"{height}, more than {cfg['max_width']}")
+                                                  f"{height}, more than {cfg.max_width}")
             return cv2.resize(img, (nw, height))
-        percent = float(cfg["resize_short"]) / min(w, h)
+        percent = float(cfg.resize_short) / min(w, h)
         nw, nh = int(round(w * percent)), int(round(h * percent))
         if nw * nh > self.max_pixels:  # a 1 x 100000 strip would blow up when resized
             raise RequestError(INVALID_INPUT, f"image aspect ratio {w}x{h} is too extreme")
         img = cv2.resize(img, dsize=(nw, nh), interpolation=cv2.INTER_LANCZOS4)
-        crop = cfg["crop"]
+        crop = cfg.crop
         top, left = (nh - crop) // 2, (nw - crop) // 2
         if top < 0 or left < 0:
             raise RequestError(INVALID_INPUT, "image too small to crop")
@@ -201,9 +201,9 @@ class ImagePreprocessor:
 
     def transform(self, img: np.ndarray) -> np.ndarray:
         x = self.normalise(self.resize(img))
-        if self.mode == "height" and x.shape[2] < self.cfg["min_width"]:
+        if self.mode == "height" and x.shape[2] < self.cfg.min_width:
             # rapidocr pads every crop to at least imgW (320) with zeros after normalising
-            x = np.concatenate([x, np.zeros((3, x.shape[1], self.cfg["min_width"] - x.shape[2]),
+            x = np.concatenate([x, np.zeros((3, x.shape[1], self.cfg.min_width - x.shape[2]),
                                             np.float32)], axis=2)
         return x
 

@@ -23,14 +23,14 @@ class TabularPreprocessor:
     batchable = False
 
     def __init__(self, spec: ModelSpec):
-        with open(spec.file(spec.preprocess.get("state", "preprocess.json")), encoding="utf-8") as fh:
+        with open(spec.file(spec.preprocess.state), encoding="utf-8") as fh:
             state = json.load(fh)
-        self.tensor = spec.preprocess.get("tensor", state.get("tensor", "features"))
+        self.tensor = spec.preprocess.tensor or state.get("tensor", "features")
         self.numeric = state["numeric"]
         self.categorical = [dict(c, index={v: i for i, v in enumerate(c["categories"])})
                             for c in state["categorical"]]
         self.known = {f["name"] for f in self.numeric} | {c["name"] for c in self.categorical}
-        self.required = {i["name"] for i in spec.inputs if not i.get("optional", False)}
+        self.required = {i.name for i in spec.inputs if not i.optional}
         self.width = len(self.numeric) + sum(len(c["categories"]) + 1 for c in self.categorical)
 
     def process(self, inputs: dict[str, Any]):

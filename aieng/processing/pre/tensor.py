@@ -17,7 +17,7 @@ class TensorPreprocessor:
     batchable = False
 
     def __init__(self, spec: ModelSpec):
-        self.names = [i["name"] for i in spec.inputs]
+        self.names = [i.name for i in spec.inputs]
 
     def process(self, inputs: dict[str, Any]):
         tensors = []

@@ -22,16 +22,13 @@ class TextPreprocessor:
 
     def __init__(self, spec: ModelSpec):
         cfg = spec.preprocess
-        self.input = cfg.get("input", "text")
-        self.max_length = int(cfg.get("max_length", 512))
-        self.max_chars = int(cfg.get("max_chars", 100_000))
-        names = cfg.get("tensors") or {}
-        self.ids_name = names.get("ids", "input_ids")
-        self.mask_name = names.get("mask")
-        self.type_name = names.get("type_ids")
+        self.input = cfg.input
+        self.max_length = int(cfg.max_length)
+        self.max_chars = int(cfg.max_chars)
+        self.ids_name, self.mask_name, self.type_name = cfg.ids, cfg.mask, cfg.type_ids
         n_tensors = 1 + bool(self.mask_name) + bool(self.type_name)
         self.max_request_bytes = n_tensors * (self.max_length * 8 + 64)
-        self.tok = Tokenizer.from_file(spec.file(cfg.get("tokenizer", "tokenizer.json")))
+        self.tok = Tokenizer.from_file(spec.file(cfg.tokenizer))
         self.tok.no_padding()
         self.tok.enable_truncation(max_length=self.max_length)
         unk = getattr(self.tok.model, "unk_token", None)

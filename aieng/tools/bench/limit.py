@@ -33,7 +33,7 @@ class InProcess:
         self.inputs = inputs
         self.threads = threads
         self.row_seconds = row_seconds
-        self.max_batch = int(self.spec.batching["max_batch_size"])
+        self.max_batch = int(self.spec.batching.max_batch_size)
         self.arrival = list(range(len(inputs)))
         lengths = [e[1] for e in self.model.encode(inputs)]
         self.by_len = sorted(self.arrival, key=lambda i: lengths[i])
