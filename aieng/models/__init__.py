@@ -1,7 +1,9 @@
 """The model layer: what a model is, read from the model repository, at the ground floor of aieng.
 
 Holds the repository scan and a version's parsed spec (``repo``: ``scan``, ``load_spec``; ``spec``:
-``ModelSpec``, content hashes, per-model isolation in ``build_each``), the model-wide ``model.yaml``
+``ModelSpec``, frozen and read by attribute, content hashes, per-model isolation in ``build_each``; its
+sections as frozen records in ``sections``; values kept as written and the wire form in ``frozen``), the
+model-wide ``model.yaml``
 settings (``settings``: the versions policy, routing, pool, metadata), pipelines (``pipelines``), golden
 sets (``golden``), one model directory served under a name (``view``), ONNX metadata without onnx
 (``onnx_meta``), the one reader of every model.yaml (``yaml_file``: bounded, regular files, no aliases),
