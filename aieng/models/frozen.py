@@ -81,14 +81,16 @@ def build(hint: Any, data: Any) -> Any:
         inner = [a for a in args if a is not type(None)]
         return build(inner[0], data) if len(inner) == 1 else data
     if origin is tuple:
+        if not isinstance(data, (list, tuple)):  # a value as written that is not a list: kept, frozen
+            return freeze(data)
         if len(args) == 2 and args[1] is Ellipsis:
             return tuple(build(args[0], v) for v in data)
         return tuple(build(a, v) for a, v in zip(args, data)) if args else freeze(data)
     if hint is Opaque:
         return Opaque.of(data)
-    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint) and isinstance(data, dict):
         return hint.from_wire(data) if "from_wire" in vars(hint) else build_fields(hint, data)
-    return data
+    return freeze(data)  # a scalar, or a value as written (frozen as the scan froze it)
 
 
 def build_fields(cls: type, data: dict) -> Any:

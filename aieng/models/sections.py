@@ -240,11 +240,11 @@ class Routing:
     def parse(cls, raw: dict | None) -> "Routing | None":
         if raw is None:
             return None
-        return cls(**{k: raw[k] if k == "allow_pinned" else Opaque.of(raw[k]) for k in cls.KEYS if k in raw},
-                   given=tuple(raw))
+        return cls(**{k: raw[k] if k == "allow_pinned" or raw[k] is None else Opaque.of(raw[k])
+                      for k in cls.KEYS if k in raw}, given=tuple(raw))
 
     def section(self) -> dict[str, Any]:
-        return {k: (getattr(self, k) if k == "allow_pinned" else getattr(self, k).thaw()) for k in self.given}
+        return {k: v.thaw() if isinstance(v := getattr(self, k), Opaque) else v for k in self.given}
 
 
 @dataclass(frozen=True)

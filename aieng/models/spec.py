@@ -59,7 +59,7 @@ class ModelSpec:
     description: str
     inputs: tuple[InputDecl, ...]
     outputs: tuple[OutputDecl, ...]
-    preprocess: Preprocess  # or a subclass per type (sections.PREPROCESS_TYPES)
+    preprocess: Preprocess  # the record of its type: sections.PREPROCESS_TYPES (image_config.ImagePreprocess)
     postprocess: Postprocess
     padding: Padding
     batching: Batching
