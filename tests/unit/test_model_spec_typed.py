@@ -3,10 +3,12 @@
 The walk reads the field types of ``ModelSpec`` and of every record below it (each preprocess type too) and
 fails on a field typed dict, list, set or a Mapping, on a bare ``Any``, and on a dataclass that is not
 frozen.  ``Opaque`` (a value as model.yaml wrote it, frozen, with no lookup by key) is allowed only where
-``OPAQUE`` names it.  The same holds of the values of real specs, and the wire form round-trips them.
+``OPAQUE`` names it.  The same holds of the values of real specs, and the wire form round-trips them.  And
+no module of aieng/ reads a section of a spec by key (``spec.preprocess["type"]``, ``s.batching.get(...)``).
 """
 from __future__ import annotations
 
+import ast
 import collections.abc
 import dataclasses
 import shutil
@@ -23,7 +25,7 @@ from aieng.models.repo import scan
 from aieng.models.sections import PREPROCESS_TYPES, Preprocess
 from aieng.models.spec import ModelSpec
 from aieng.wire import messages as m
-from tests.unit.demo import MODELS, needs_demo_models
+from tests.unit.demo import MODELS, ROOT, needs_demo_models
 
 # Where a spec holds a value as written, and why the server never reads it by key.
 OPAQUE = {
@@ -80,6 +82,28 @@ def test_every_field_of_the_spec_is_a_frozen_record_a_tuple_of_them_or_a_scalar(
     walk(ModelSpec, "", problems, opaque, set())
     assert problems == []
     assert opaque == OPAQUE
+
+
+def test_no_module_reads_a_spec_section_by_key():
+    """``x.<section>[key]`` or ``x.<section>.get(...)`` for a section field of the spec, anywhere in aieng/
+    (``self.<name>`` is left out: components have their own ``inputs``, ``batching``, ... maps)."""
+    sections = {f.name for f in dataclasses.fields(ModelSpec)} - {
+        "name", "version", "path", "content_hash", "description", "timeout_ms", "onnx_path"}
+    found = []
+    for path in sorted((ROOT / "aieng").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Subscript) and not (isinstance(node.slice, ast.Constant)
+                                                        and isinstance(node.slice.value, int)):
+                target = node.value
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                  and node.func.attr in ("get", "items", "keys", "values")):
+                target = node.func.value
+            else:
+                continue
+            if (isinstance(target, ast.Attribute) and target.attr in sections
+                    and not (isinstance(target.value, ast.Name) and target.value.id == "self")):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+    assert found == []
 
 
 def test_an_opaque_value_has_no_lookup_by_key():
