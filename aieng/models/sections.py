@@ -55,7 +55,8 @@ class OutputDecl:
 
 # -- preprocess: one record per type ---------------------------------------------------------------------
 # Values are kept as written: each processor converts and checks its own at its start, as before (a bad
-# setting fails that model at the worker's start, docs/models.md), except the image section, checked at scan.
+# setting fails that model at the worker's start, docs/models.md), except the image section and a text
+# section's ``tensors`` map, checked at scan.
 @dataclass(frozen=True)
 class Preprocess:
     """A type without its own record: ``tensor``, a pipeline's ``pipeline``, or one no processor serves
@@ -103,7 +104,8 @@ class TextPreprocess(Preprocess):
         if not isinstance(names, dict):
             raise ValueError("preprocess.tensors must be a mapping (ids, mask, type_ids)")
         tensors = {k: names[k] for k in cls.TENSORS if k in names}
-        return super().from_section({**{k: v for k, v in raw.items() if k != "tensors"}, **tensors})
+        rest = {k: v for k, v in raw.items() if k != "tensors" and k not in cls.TENSORS}  # those are tensors'
+        return super().from_section({**rest, **tensors})
 
     def section(self) -> dict[str, Any]:
         out = _given(self, skip=self.TENSORS)
