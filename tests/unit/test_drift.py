@@ -108,10 +108,13 @@ def test_the_embedding_distance_to_the_golden_centroid():
     assert Centroid(orientation, "embedding").vector is None
 
 
-def spec_table():
-    return ServedVersions({name: {v: load_spec(name, v, os.path.join(MODELS, name, v)) for v in versions}
-                           for name, versions in (("minilm", ("1", "2")), ("orientation", ("1",)),
-                                                  ("tabular", ("1",)))})
+def spec_dicts() -> dict:
+    return {name: {v: load_spec(name, v, os.path.join(MODELS, name, v)) for v in versions}
+            for name, versions in (("minilm", ("1", "2")), ("orientation", ("1",)), ("tabular", ("1",)))}
+
+
+def spec_table() -> ServedVersions:
+    return ServedVersions(spec_dicts())
 
 
 def test_a_version_without_reference_file_collects_its_first_n_answers_then_scores_and_saves(tmp_path):
@@ -154,10 +157,10 @@ def test_saved_references_round_trip_and_a_changed_version_starts_a_new_one(tmp_
     assert again.versions[("minilm", "1")].outputs["distance"].ref == \
         mon.versions[("minilm", "1")].outputs["distance"].ref
     assert again.view()["minilm"]["2"]["reference"]["state"] == "collecting"  # its own reference
-    specs = spec_table()
+    specs = spec_dicts()
     # new files under the same version: a new reference
     specs["minilm"]["1"] = dataclasses.replace(specs["minilm"]["1"], content_hash="0" * 64)
-    changed = DriftMonitor(specs, window=200, reference_n=60, saved=store.load())
+    changed = DriftMonitor(ServedVersions(specs), window=200, reference_n=60, saved=store.load())
     assert changed.view()["minilm"]["1"]["reference"]["state"] == "collecting"
 
 
