@@ -4,9 +4,10 @@
 list of ``bytes`` (``BYTES``).  ``from_json`` reads JSON ``data``; ``from_raw`` raw bytes (the HTTP binary
 tensor extension, gRPC's ``raw_input_contents``; a ``BYTES`` element is a 4-byte little-endian length and
 its bytes).  ``split_rows`` makes one native input map per row by the model's input kinds (text and
-category: str; image: bytes; number: float, NaN missing; tensor: row i's tensor map); a model that does
-not batch (``max_batch_size`` 1) takes no batch dimension, as in Triton.  ``join_rows`` stacks the native
-answers back: ``tensor`` outputs keep their dtype, rows first; ``str`` outputs become ``BYTES`` [N],
+category: str; image: bytes; number: float, NaN missing; tensor: row i's tensor map, of any datatype,
+``BYTES`` as a ``bytes`` map); a model that does not batch (``max_batch_size`` 1) takes no batch
+dimension, as in Triton.  ``join_rows`` stacks the native answers back: ``tensor`` outputs keep their
+dtype, rows first (a string tensor's as ``BYTES``); ``str`` outputs become ``BYTES`` [N],
 ``number`` outputs ``FP64`` [N], lists and maps (e.g. ``top_k``) ``BYTES`` [N] of JSON text.  Every
 problem with a request is a ``RequestError`` with an INVALID_* code (HTTP 400).  The datatypes and
 shapes each kind takes: docs/oip.md ("Tensors").
@@ -27,7 +28,8 @@ NUMERIC = {"BOOL": "bool", "UINT8": "uint8", "UINT16": "uint16", "UINT32": "uint
            "INT8": "int8", "INT16": "int16", "INT32": "int32", "INT64": "int64", "FP16": "float16",
            "FP32": "float32", "FP64": "float64"}
 DATATYPES = tuple(NUMERIC) + ("BYTES",)
-BY_DTYPE = {v: k for k, v in NUMERIC.items()}
+# a string tensor: ``bytes`` in tensor maps and a model.yaml's output dtype, ``object`` in numpy
+BY_DTYPE = {**{v: k for k, v in NUMERIC.items()}, "bytes": "BYTES", "object": "BYTES", "string": "BYTES"}
 MAX_DIMS = 8
 ROW_KINDS = ("text", "category", "image", "number")
 
@@ -170,6 +172,8 @@ def _row_value(kind: str, t: Tensor, flat: Any, i: int) -> Any:
 
 
 def _check_datatype(t: Tensor, kind: str) -> None:
+    if kind == "tensor":  # any datatype: the executor checks it against the graph's (one message)
+        return
     want_bytes = kind in ("text", "category", "image")
     if want_bytes != (t.datatype == "BYTES") or (kind == "number" and t.datatype == "BOOL"):
         need = "BYTES" if want_bytes else "a numeric datatype"

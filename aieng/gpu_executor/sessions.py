@@ -5,6 +5,11 @@ core: ``builder``), created once and reused.  CUDA is
 tried only when NVML sees a GPU (or ``AIENG_DEVICE=cuda``), and whether it is
 live is decided by what the created session reports, because onnxruntime-gpu
 lists the CUDA provider even on machines where it cannot load.
+
+Every tensor type ONNX Runtime's Python binding can feed and fetch serves (``_ORT_DTYPES``): bool,
+(u)int8-64, float16/32/64 and string (an object array: elements cross processes as bytes and become
+``str`` for the run, ``wire/strings``).  A graph input or output of another tensor type (bfloat16, the
+float8 types: numpy has none) fails that model's load naming it.
 """
 from __future__ import annotations
 
@@ -18,6 +23,8 @@ import onnxruntime as ort
 from aieng.envs import cpu_count
 from aieng.models.repo import ModelSpec
 from aieng.runtime.worker_hotswap import lower_priority
+from aieng.wire import strings
+from aieng.wire.protocol import dtype_name
 
 log = logging.getLogger("aieng.executor.sessions")
 
@@ -25,7 +32,20 @@ _ORT_DTYPES = {
     "tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(float16)": np.float16,
     "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int16)": np.int16,
     "tensor(int8)": np.int8, "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_,
+    "tensor(uint16)": np.uint16, "tensor(uint32)": np.uint32, "tensor(uint64)": np.uint64,
+    "tensor(string)": np.object_,
 }
+
+
+def ort_dtype(key: str, side: str, name: str, ort_type: str) -> np.dtype:
+    """The numpy dtype of a graph input's or output's ONNX Runtime type; RuntimeError naming the type
+    for one that cannot be served (bfloat16, float8: no numpy type to feed or fetch it)."""
+    dtype = _ORT_DTYPES.get(ort_type)
+    if dtype is None:
+        why = (" (ONNX Runtime's Python API has no numpy type for it)"
+               if ort_type.startswith("tensor(") else "")
+        raise RuntimeError(f"{key}: {side} {name} has unsupported type {ort_type}{why}")
+    return np.dtype(dtype)
 
 
 def gpu_count() -> int:
@@ -86,25 +106,29 @@ class ModelSession:
         if device == "cuda" and self.provider != "CUDAExecutionProvider":
             raise RuntimeError(f"{spec.key}: AIENG_DEVICE=cuda but CUDA is not usable here")
         self.inputs = [self._input_spec(i) for i in self.session.get_inputs()]
-        self.outputs = [OutputSpec(o.name, np.dtype(_ORT_DTYPES.get(o.type, np.float32)).name,
+        self.outputs = [OutputSpec(o.name, self._output_dtype(o),
                                    [d if isinstance(d, int) else (d or f"out{i}")
                                     for i, d in enumerate(o.shape[1:], 1)])
                         for o in self.session.get_outputs()]
         self.output_names = [o.name for o in self.outputs]
 
+    def _output_dtype(self, node) -> str:
+        if not node.type.startswith("tensor("):  # a sequence or map output: as before (never served)
+            return np.dtype(_ORT_DTYPES.get(node.type, np.float32)).name
+        return dtype_name(ort_dtype(self.spec.key, "output", node.name, node.type))
+
     def _input_spec(self, node) -> InputSpec:
-        dtype = _ORT_DTYPES.get(node.type)
-        if dtype is None:
-            raise RuntimeError(f"{self.spec.key}: input {node.name} has unsupported type {node.type}")
+        dtype = ort_dtype(self.spec.key, "input", node.name, node.type)
         dims = [d if isinstance(d, int) else (d or f"dim{i}") for i, d in enumerate(node.shape[1:], start=1)]
-        return InputSpec(node.name, np.dtype(dtype), dims, float(self.spec.padding.pad_value(node.name)))
+        return InputSpec(node.name, dtype, dims, float(self.spec.padding.pad_value(node.name)))
 
     def feeds_from(
         self, per_request: list[dict[str, np.ndarray]]
     ) -> tuple[dict[str, np.ndarray], list[dict]]:
         """Padded batch arrays from per-request tensors (no batch axis), one copy per request.
 
-        Variable dims are padded to the longest in the batch with the input's pad value.
+        Variable dims are padded to the longest in the batch with the input's pad value (a string
+        input's: the empty string); string elements become ``str`` here, for ONNX Runtime.
         Returns the feeds and, per request, its size along each named variable dim.
         """
         feeds = {}
@@ -112,10 +136,11 @@ class ModelSession:
             per = [t[spec.name] for t in per_request]
             shape = [len(per)] + [max(a.shape[k] for a in per) for k in range(len(spec.dims))]
             variable = any(isinstance(d, str) for d in spec.dims)
-            arr = (np.full(shape, spec.pad, dtype=spec.dtype) if variable
+            text = spec.dtype.hasobject
+            arr = (np.full(shape, "" if text else spec.pad, dtype=spec.dtype) if variable
                    else np.empty(shape, dtype=spec.dtype))
             for row, a in enumerate(per):
-                arr[(row,) + tuple(slice(0, n) for n in a.shape)] = a
+                arr[(row,) + tuple(slice(0, n) for n in a.shape)] = strings.as_str(a) if text else a
             feeds[spec.name] = arr
         sizes = [{d: t[spec.name].shape[k] for spec in self.inputs for k, d in enumerate(spec.dims)
                   if isinstance(d, str)} for t in per_request]
@@ -130,7 +155,8 @@ class ModelSession:
             if d is None:
                 return f"model input '{spec.name}' was not provided"
             if np.dtype(d[1]) != spec.dtype:
-                return f"input '{spec.name}' must be {spec.dtype.name}, got {np.dtype(d[1]).name}"
+                return (f"input '{spec.name}' must be {dtype_name(spec.dtype)}, "
+                        f"got {dtype_name(np.dtype(d[1]))}")
             shape = d[2]
             if len(shape) != len(spec.dims):
                 return f"input '{spec.name}' must have {len(spec.dims)} dims per request, got {len(shape)}"
@@ -158,7 +184,7 @@ class ModelSession:
     def describe(self) -> dict:
         return {
             "provider": self.provider, "providers": self.providers,
-            "inputs": [{"name": i.name, "dtype": i.dtype.name, "shape": ["batch"] + i.dims}
+            "inputs": [{"name": i.name, "dtype": dtype_name(i.dtype), "shape": ["batch"] + i.dims}
                        for i in self.inputs],
             "outputs": [{"name": o.name, "dtype": o.dtype, "shape": ["batch"] + o.dims}
                         for o in self.outputs],
@@ -211,7 +237,8 @@ class ModelSession:
         feeds = {}
         for i in self.inputs:
             shape = [rows] + [d if isinstance(d, int) else self._dim(length) for d in i.dims]
-            feeds[i.name] = (np.ones(shape, dtype=i.dtype) if i.dtype.kind in "iub"
+            feeds[i.name] = (np.full(shape, "1", dtype=object) if i.dtype.hasobject  # parses as a number
+                             else np.ones(shape, dtype=i.dtype) if i.dtype.kind in "iub"
                              else np.zeros(shape, dtype=i.dtype))
         return feeds
 
@@ -241,7 +268,7 @@ class ModelSession:
                 # outputs grow at most linearly with the input's length: size slots for the longest
                 grow = self.max_length() / length if length > 0 else 1.0
                 self.max_output_bytes = max(self.max_output_bytes,
-                                            int(sum(o.nbytes // max(1, rows) * grow + 64 for o in outs)))
+                                            int(sum(_nbytes(o) // max(1, rows) * grow + 64 for o in outs)))
                 runs += 1
         mid = lengths[len(lengths) // 2]
         for rows in (r for r in (1, 2, 4, 8, 16, 32) if r <= max_b):
@@ -277,6 +304,11 @@ class ModelSession:
             if time.perf_counter() >= t_end and (len(costs) >= 2 or costs[0] >= budget_s * 1e6):
                 break
         return int(min(costs))
+
+
+def _nbytes(out: np.ndarray) -> int:
+    """An output's bytes in a slot (a string tensor's packed, ``wire/strings``)."""
+    return strings.packed_size(out) if out.dtype.hasobject else out.nbytes
 
 
 BACKGROUND_WARM_ROWS = 8  # a run-time load warms batches up to this many rows (see ModelSession.warmup)

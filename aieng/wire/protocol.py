@@ -12,6 +12,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from aieng.wire import strings
+
 PROTOCOL_VERSION = 1
 
 # Error codes (docs/protocol.md).
@@ -29,8 +31,11 @@ ERROR_CODES = (INVALID_REQUEST, INVALID_INPUT, MODEL_NOT_FOUND, OVERLOADED, TIME
 
 OPS = ("infer", "health", "models", "stats", "log_level")
 
-# dtypes a tensor map may carry; always little endian on the wire.
-DTYPES = ("float32", "float64", "float16", "int64", "int32", "int16", "int8", "uint8", "bool")
+# numeric dtypes a tensor map may carry, always little endian on the wire; and ``bytes``, a string tensor:
+# its ``data`` a list of its elements (bin, or str taken as UTF-8), row-major.
+DTYPES = ("float32", "float64", "float16", "int64", "int32", "int16", "int8", "uint64", "uint32", "uint16",
+          "uint8", "bool")
+BYTES = "bytes"
 MAX_TENSOR_DIMS = 8
 
 
@@ -67,8 +72,16 @@ def pack(obj: Any) -> bytes:
     return msgpack.packb(obj, use_bin_type=True)
 
 
+def dtype_name(dt: np.dtype) -> str:
+    """A dtype as tensor maps and messages name it: ``bytes`` for a string tensor's."""
+    return BYTES if dt.kind in "OSU" else dt.name
+
+
 def encode_tensor(arr: np.ndarray) -> dict[str, Any]:
     arr = np.asarray(arr, order="C")  # not ascontiguousarray: that turns a 0-d array into shape [1]
+    if strings.is_strings(arr):
+        return {"dtype": BYTES, "shape": list(arr.shape),
+                "data": [strings.element_bytes(x) for x in arr.reshape(-1).tolist()]}
     if arr.dtype.byteorder == ">":
         arr = arr.astype(arr.dtype.newbyteorder("<"))
     return {"dtype": arr.dtype.name, "shape": list(arr.shape), "data": arr.tobytes()}
@@ -79,23 +92,42 @@ def decode_tensor(value: Any, what: str = "tensor") -> np.ndarray:
     if not isinstance(value, dict):
         raise RequestError(INVALID_INPUT, f"{what}: expected a tensor map")
     dtype, shape, data = value.get("dtype"), value.get("shape"), value.get("data")
-    if dtype not in DTYPES:
+    if dtype not in DTYPES and dtype != BYTES:
         raise RequestError(INVALID_INPUT, f"{what}: unsupported dtype {dtype!r}")
     if (not isinstance(shape, list) or len(shape) > MAX_TENSOR_DIMS
             or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d for d in shape)):
         raise RequestError(INVALID_INPUT,
                            f"{what}: shape must be a list of up to {MAX_TENSOR_DIMS} non-negative ints")
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise RequestError(INVALID_INPUT, f"{what}: data must be bin")
-    dt = np.dtype(dtype).newbyteorder("<")
     count = 1
     for d in shape:
         count *= d
+    if dtype == BYTES:
+        return _decode_strings(data, shape, count, what)
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise RequestError(INVALID_INPUT, f"{what}: data must be bin")
+    dt = np.dtype(dtype).newbyteorder("<")
     if count * dt.itemsize != len(data):
         raise RequestError(INVALID_INPUT,
                            f"{what}: shape {shape} x {dtype} needs {count * dt.itemsize} bytes, "
                            f"got {len(data)}")
     return np.frombuffer(data, dtype=dt).reshape(shape)
+
+
+def _decode_strings(data: Any, shape: list[int], count: int, what: str) -> np.ndarray:
+    """A ``bytes`` tensor map's elements as an object array of bytes."""
+    if not isinstance(data, list):
+        raise RequestError(INVALID_INPUT, f"{what}: a bytes tensor's data must be a list of its elements")
+    if len(data) != count:
+        raise RequestError(INVALID_INPUT, f"{what}: shape {shape} needs {count} elements, got {len(data)}")
+    arr = np.empty(count, dtype=object)
+    for i, x in enumerate(data):
+        if isinstance(x, str):
+            x = x.encode("utf-8")
+        elif not isinstance(x, bytes):
+            raise RequestError(INVALID_INPUT,
+                               f"{what}: element {i} must be bin or str, got {type(x).__name__}")
+        arr[i] = x
+    return arr.reshape(shape)
 
 
 def error_body(req_id: Any, code: str, message: str, trace: str | None = None,

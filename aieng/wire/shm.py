@@ -8,9 +8,11 @@ classes (``alloc`` never takes a slot of the other class), so small requests nev
 ones.  The producer allocates a slot; exactly one party frees it, once nobody will read it again
 (``free`` checks ``gen``, so a stale free is a no-op); a slot BUSY beyond ``lease_s`` is reclaimed by
 the producer.  When no slot of its class is free the producer waits (backpressure); a request that
-does not fit the largest slot fails.  Who frees which slot at each stage, on success, error, timeout and
-a worker's death: the table in ``frontend/requests/table.py``'s docstring; the ordering argument and the
-lease: docs/architecture.md, 'Shared-memory rings'.  Consumers attach lazily (``RingCache``).
+does not fit the largest slot fails.  A string tensor is written packed (``strings``: per element a
+4-byte length and its bytes, descriptor dtype ``"|O"``) and read back as an object array.  Who frees
+which slot at each stage, on success, error, timeout and a worker's death: the table in
+``frontend/requests/table.py``'s docstring; the ordering argument and the lease:
+docs/architecture.md, 'Shared-memory rings'.  Consumers attach lazily (``RingCache``).
 """
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ from collections import OrderedDict
 from typing import Any, Iterable
 
 import numpy as np
+
+from aieng.wire import strings
 
 SHM_DIR = "/dev/shm"
 PREFIX = "aieng."
@@ -59,7 +63,9 @@ def payload_bytes(tensors: list[tuple[str, np.ndarray]]) -> int:
     """The bytes ``Ring.write`` uses for ``tensors`` (each 64-byte aligned): which class they need."""
     off = 0
     for _, arr in tensors:
-        off = (off + np.asarray(arr).nbytes + ALIGN - 1) & ~(ALIGN - 1)
+        arr = np.asarray(arr)
+        nbytes = strings.packed_size(arr) if arr.dtype.hasobject else arr.nbytes
+        off = (off + nbytes + ALIGN - 1) & ~(ALIGN - 1)
     return off
 
 
@@ -190,6 +196,14 @@ class Ring:
         descs = []
         for name, arr in tensors:
             arr = np.asarray(arr)
+            if arr.dtype.hasobject:  # a string tensor: its packed elements (``strings``)
+                blob = strings.pack(arr)
+                if off + len(blob) > size:
+                    raise OverflowError(f"tensors need more than the {size}-byte slot")
+                self.seg.buf[base + off: base + off + len(blob)] = np.frombuffer(blob, dtype=np.uint8)
+                descs.append([name, strings.OBJECT, list(arr.shape), off])
+                off = (off + len(blob) + ALIGN - 1) & ~(ALIGN - 1)
+                continue
             nbytes = arr.nbytes
             if off + nbytes > size:
                 raise OverflowError(f"tensors need more than the {size}-byte slot")
@@ -210,9 +224,12 @@ class Ring:
 
     # -- consumer side ------------------------------------------------------
     def views(self, slot: int, descs: list[list[Any]]) -> dict[str, np.ndarray]:
-        base = self.where(slot)[0]
+        base, size = self.where(slot)
         out = {}
         for name, dtype, shape, off in descs:
+            if dtype == strings.OBJECT:  # a string tensor: a copy, as an object array of bytes
+                out[name] = strings.unpack(self.seg.buf, base + off, base + size, shape)
+                continue
             dt = np.dtype(dtype)
             count = math.prod(shape)
             start = base + off

@@ -1,7 +1,9 @@
 """Raw tensors straight through: each model input arrives as a tensor map.
 
 For models whose clients send tensors ready to run.  Shapes are per request
-(no batch dimension); the executor checks them against the session's inputs.
+(no batch dimension); the executor checks them against the session's inputs (dtype and shape).
+NaN/Inf are refused in float tensors; a string tensor's elements must be UTF-8 (ONNX Runtime's Python
+binding takes only ``str``: ``wire/strings``).
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from aieng.models.repo import ModelSpec
+from aieng.wire import strings
 from aieng.wire.protocol import INVALID_INPUT, RequestError, decode_tensor
 
 
@@ -28,6 +31,11 @@ class TensorPreprocessor:
             arr = decode_tensor(inputs[name], f"input '{name}'")
             if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
                 raise RequestError(INVALID_INPUT, f"input '{name}' contains NaN or Inf")
+            if arr.dtype.hasobject:
+                bad = strings.check_utf8(arr)
+                if bad is not None:
+                    raise RequestError(INVALID_INPUT, f"input '{name}': element {bad} is not valid UTF-8 "
+                                                      "(ONNX Runtime's string tensors hold text)")
             seq_len = max(seq_len, arr.shape[0] if arr.ndim else 0)
             tensors.append((name, arr))
         return tensors, seq_len, {}
