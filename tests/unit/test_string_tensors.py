@@ -143,3 +143,31 @@ def test_types_without_numpy_counterpart_are_refused_by_name(ort_type):
     with pytest.raises(RuntimeError) as info:
         sessions.ort_dtype("m:1", "output", "y", ort_type)
     assert str(info.value).startswith(f"m:1: output y has unsupported type {ort_type}")
+
+
+def test_string_rows_batch_padded_and_cut_back():
+    """Object arrays of the same non-batch shape stack along the batch axis; along a variable axis they pad
+    with the empty string and each request gets its own elements back (a real ONNX Runtime run)."""
+    import onnxruntime as ort
+    from onnx import TensorProto as T
+    from onnx import helper
+
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", T.STRING, ["batch", "n"])],
+                              [helper.make_tensor_value_info("y", T.STRING, ["batch", "n"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    sess = object.__new__(sessions.ModelSession)
+    sess.inputs = [sessions.InputSpec("x", np.dtype(object), ["n"], 0.0)]
+    sess.outputs = [sessions.OutputSpec("y", "bytes", ["n"])]
+    per = [{"x": obj([b"a", "\u00e9".encode(), b"c"])}, {"x": obj([b"only"])}, {"x": obj([b"", b"z"])}]
+    feeds, sizes = sess.feeds_from(per)
+    assert feeds["x"].shape == (3, 3) and feeds["x"].tolist() == [["a", "\u00e9", "c"], ["only", "", ""],
+                                                                  ["", "z", ""]]
+    run = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    outs = run.run(["y"], feeds)
+    got = [dict(sess.request_outputs(outs, row, sizes[row]))["y"].tolist() for row in range(3)]
+    assert got == [["a", "\u00e9", "c"], ["only"], ["", "z"]]
+    fixed = object.__new__(sessions.ModelSession)
+    fixed.inputs = [sessions.InputSpec("x", np.dtype(object), [2], 0.0)]
+    stacked, _ = fixed.feeds_from([{"x": obj([b"1", b"2"])}, {"x": obj([b"3", b"4"])}])
+    assert stacked["x"].tolist() == [["1", "2"], ["3", "4"]]
