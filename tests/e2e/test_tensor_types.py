@@ -83,14 +83,21 @@ def build_repo(repo) -> None:
         ["x"], [("y", "float32", "[2]")])
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+@pytest.fixture(scope="module", params=["post-in-executor", "post-in-pool"])
+def server(tmp_path_factory, request):
+    """Outputs answered from the executor (these chains are cheap) and, with AIENG_INLINE_POSTPROCESS_US 0,
+    through the executor's output ring to a postprocess worker (string outputs packed in a slot)."""
     from tests.conftest import ServerProcess
 
     tmp = tmp_path_factory.mktemp("tensor_types")
     build_repo(tmp / "repo")
     srv = ServerProcess(tmp, AIENG_MODEL_REPOSITORY=str(tmp / "repo"), AIENG_STRICT_MODEL_LOAD="false",
-                        AIENG_PREPROCESS_WORKERS="1", AIENG_POSTPROCESS_WORKERS="1").start()
+                        AIENG_PREPROCESS_WORKERS="1", AIENG_POSTPROCESS_WORKERS="1",
+                        AIENG_INLINE_POSTPROCESS_US="0" if request.param == "post-in-pool" else "200").start()
+    where = "pool" if request.param == "post-in-pool" else "executor"
+    with srv.client() as c:  # the route under test is the one taken
+        versions = c.models()["models"]["simple_string"]["versions"]
+    assert versions["1"]["onnx"]["postprocess"]["where"] == where
     yield srv
     assert srv.stop() == 0, srv.output()
     assert srv.segments() == [], "shared memory left behind after a clean stop"
