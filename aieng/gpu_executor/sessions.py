@@ -42,8 +42,8 @@ def ort_dtype(key: str, side: str, name: str, ort_type: str) -> np.dtype:
     for one that cannot be served (bfloat16, float8: no numpy type to feed or fetch it)."""
     dtype = _ORT_DTYPES.get(ort_type)
     if dtype is None:
-        why = (" (ONNX Runtime's Python API has no numpy type for it)"
-               if ort_type.startswith("tensor(") else "")
+        why = (" (numpy has no such type for ONNX Runtime's Python API to feed or fetch; a Cast to float16 "
+               "or float32 at the graph's edge serves it)" if ort_type.startswith("tensor(") else "")
         raise RuntimeError(f"{key}: {side} {name} has unsupported type {ort_type}{why}")
     return np.dtype(dtype)
 

@@ -8,6 +8,7 @@ tensor ``model.yaml`` (batched, ``max_batch_size`` 8):
   sum, OUTPUT1 their difference, as strings (Cast string->int32, Add, Sub, Cast int32->string);
 - ``simple_identity``: a string Identity with a variable second axis (rows of different lengths batch
   together, padded with the empty string and cut back);
+- ``identity_unbatched``: a string Identity that does not batch (``max_batch_size`` 1: OIP whole shapes);
 - ``bf16``: a bfloat16 Identity, which fails its own load naming the type (start not strict) while the
   others serve.
 Values are checked exactly; wrong datatypes get one INVALID_INPUT / 400 naming the input and both types.
@@ -31,10 +32,10 @@ NUMERIC = {  # ONNX element type name -> (numpy dtype, OIP datatype)
     "FLOAT16": (np.float16, "FP16"), "FLOAT": (np.float32, "FP32"), "DOUBLE": (np.float64, "FP64"),
 }
 YAML = ("inputs: [{ins}]\noutputs: [{outs}]\npreprocess: {{type: tensor}}\npostprocess: {{type: tensor}}\n"
-        "batching: {{max_batch_size: 8, max_wait_ms: 2}}\n")
+        "batching: {{max_batch_size: {mbs}, max_wait_ms: 2}}\n")
 
 
-def _save(repo, name, graph, ins, outs):
+def _save(repo, name, graph, ins, outs, max_batch_size: int = 8):
     import onnx
     from onnx import helper
 
@@ -44,7 +45,8 @@ def _save(repo, name, graph, ins, outs):
               str(d / "model.onnx"))
     (d / "model.yaml").write_text(YAML.format(
         ins=", ".join(f"{{name: {n}, kind: tensor}}" for n in ins),
-        outs=", ".join(f"{{name: {n}, kind: tensor, dtype: {dt}, shape: {shape}}}" for n, dt, shape in outs)))
+        outs=", ".join(f"{{name: {n}, kind: tensor, dtype: {dt}, shape: {shape}}}" for n, dt, shape in outs),
+        mbs=max_batch_size))
 
 
 def build_repo(repo) -> None:
@@ -76,6 +78,12 @@ def build_repo(repo) -> None:
         [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])], "simple_identity",
         [vi("INPUT0", T.STRING, ["batch", "n"])], [vi("OUTPUT0", T.STRING, ["batch", "n"])]),
         ["INPUT0"], [("OUTPUT0", "bytes", "[-1]")])
+
+    # max_batch_size 1: OIP shows Triton's max_batch_size 0, a request is one native request's whole tensor
+    _save(repo, "identity_unbatched", helper.make_graph(
+        [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])], "identity_unbatched",
+        [vi("INPUT0", T.STRING, ["batch", "n"])], [vi("OUTPUT0", T.STRING, ["batch", "n"])]),
+        ["INPUT0"], [("OUTPUT0", "bytes", "[-1]")], max_batch_size=1)
 
     _save(repo, "bf16", helper.make_graph(
         [helper.make_node("Identity", ["x"], ["y"])], "bf16",
@@ -266,6 +274,27 @@ def test_string_rows_of_different_lengths_batch_and_come_back_whole(server):
         assert reply["outputs"]["OUTPUT0"].tolist() == x.tolist()
 
 
+def test_an_unbatched_string_model_takes_whole_shapes(server):
+    import tritonclient.grpc as tg
+    import tritonclient.http as th
+
+    x = np.array([b"one", b"", "tr\u00e8s".encode()], dtype=object)
+    with th.InferenceServerClient(server.oip_http) as c:
+        meta = c.get_model_metadata("identity_unbatched")
+        assert meta["inputs"] == [{"name": "INPUT0", "datatype": "BYTES", "shape": [-1]}]
+        assert c.get_model_config("identity_unbatched")["max_batch_size"] == 0
+        for binary in (False, True):
+            t = th.InferInput("INPUT0", [3], "BYTES")
+            t.set_data_from_numpy(x, binary_data=binary)
+            got = c.infer("identity_unbatched", [t], outputs=[th.InferRequestedOutput("OUTPUT0", binary)])
+            got = [v if isinstance(v, bytes) else v.encode() for v in got.as_numpy("OUTPUT0")]
+            assert got == x.tolist()
+    with tg.InferenceServerClient(server.oip_grpc) as c:
+        t = tg.InferInput("INPUT0", [3], "BYTES")
+        t.set_data_from_numpy(x)
+        assert c.infer("identity_unbatched", [t]).as_numpy("OUTPUT0").tolist() == x.tolist()
+
+
 def test_wrong_datatypes_are_one_clear_error_each(server):
     import tritonclient.grpc as tg
     import tritonclient.http as th
@@ -317,13 +346,13 @@ def test_a_bfloat16_graph_fails_only_its_own_load_naming_the_type(server):
             c.infer("bf16", {"x": np.zeros(2, np.float32)})
     assert info.value.code == "UNAVAILABLE"
     assert "input x has unsupported type tensor(bfloat16)" in info.value.message
-    assert {"alltypes", "simple_string", "simple_identity"} <= set(models)
+    assert {"alltypes", "simple_string", "simple_identity", "identity_unbatched"} <= set(models)
 
 
 def test_a_strict_start_with_a_bfloat16_graph_fails_naming_it(make_server, tmp_path):
     """The default start (strict) refuses the repository, and says which model and type."""
     build_repo(tmp_path / "repo")
-    for name in ("alltypes", "simple_string", "simple_identity"):
+    for name in ("alltypes", "simple_string", "simple_identity", "identity_unbatched"):
         shutil.rmtree(tmp_path / "repo" / name)
     srv = make_server(AIENG_MODEL_REPOSITORY=str(tmp_path / "repo"))
     with pytest.raises(RuntimeError) as info:
