@@ -79,7 +79,7 @@ def dtype_name(dt: np.dtype) -> str:
 
 def encode_tensor(arr: np.ndarray) -> dict[str, Any]:
     arr = np.asarray(arr, order="C")  # not ascontiguousarray: that turns a 0-d array into shape [1]
-    if strings.is_strings(arr):
+    if arr.dtype.kind in "OSU":  # a string tensor (``strings.is_strings``, inline: every answer passes here)
         return {"dtype": BYTES, "shape": list(arr.shape),
                 "data": [strings.element_bytes(x) for x in arr.reshape(-1).tolist()]}
     if arr.dtype.byteorder == ">":

@@ -358,3 +358,46 @@ def test_a_strict_start_with_a_bfloat16_graph_fails_naming_it(make_server, tmp_p
     with pytest.raises(RuntimeError) as info:
         srv.start(timeout=60)
     assert "bf16" in str(info.value) and "input x has unsupported type tensor(bfloat16)" in str(info.value)
+
+
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+def test_simple_string_through_system_shared_memory(server, transport):
+    """Triton's simple_*_shm_string_client: BYTES inputs read from a region, outputs written into one."""
+    import os
+
+    import tritonclient.grpc as tg
+    import tritonclient.http as th
+    from tritonclient.utils import serialize_byte_tensor
+
+    from tests.tritonshm import shm
+
+    mod = th if transport == "http" else tg
+    a, b, sa, sb = _string_pair()
+    ser0, ser1 = serialize_byte_tensor(sa), serialize_byte_tensor(sb)
+    n0, n1 = len(ser0.item()), len(ser1.item())
+    tag_in, tag_out = f"str-in-{transport}", f"str-out-{transport}"
+    key_in, key_out = f"/aieng-tt-{os.getpid()}-{tag_in}", f"/aieng-tt-{os.getpid()}-{tag_out}"
+    h_in = shm.create_shared_memory_region(tag_in, key_in, n0 + n1)
+    h_out = shm.create_shared_memory_region(tag_out, key_out, 1024)
+    client = (th.InferenceServerClient(server.oip_http) if transport == "http"
+              else tg.InferenceServerClient(server.oip_grpc))
+    try:
+        shm.set_shared_memory_region(h_in, [ser0, ser1])
+        client.register_system_shared_memory(tag_in, key_in, n0 + n1)
+        client.register_system_shared_memory(tag_out, key_out, 1024)
+        ins = [mod.InferInput("INPUT0", [1, 16], "BYTES"), mod.InferInput("INPUT1", [1, 16], "BYTES")]
+        ins[0].set_shared_memory(tag_in, n0)
+        ins[1].set_shared_memory(tag_in, n1, offset=n0)
+        outs = [mod.InferRequestedOutput("OUTPUT0"), mod.InferRequestedOutput("OUTPUT1")]
+        outs[0].set_shared_memory(tag_out, 512)
+        outs[1].set_shared_memory(tag_out, 512, offset=512)
+        client.infer("simple_string", ins, outputs=outs)
+        o0 = shm.get_contents_as_numpy(h_out, np.object_, [1, 16])
+        o1 = shm.get_contents_as_numpy(h_out, np.object_, [1, 16], offset=512)
+        assert [int(v) for v in o0.reshape(-1)] == (a + b).reshape(-1).tolist()
+        assert [int(v) for v in o1.reshape(-1)] == (a - b).reshape(-1).tolist()
+    finally:
+        client.unregister_system_shared_memory()
+        client.close()
+        shm.destroy_shared_memory_region(h_in)
+        shm.destroy_shared_memory_region(h_out)
