@@ -273,7 +273,8 @@ REGISTRY: tuple[EnvVar, ...] = (
     EnvVar("AIENG_SNAPSHOT_MS", int, 500,
            "How often the frontend loop publishes the health/stats snapshot HTTP serves", "snapshot_ms"),
     EnvVar("AIENG_STRICT_MODEL_LOAD", boolean, True,
-           "At start, exit non-zero if any model fails to load (false: serve whatever loads)",
+           "At start, exit non-zero if any model fails to load (false: serve whatever loads, a failed "
+           "model UNAVAILABLE saying why; serve --exit-on-error / --no-exit-on-error, as Triton's)",
            "strict_model_load"),
     EnvVar("AIENG_LOG_LEVEL", str, "INFO", "Log level of every process", "log_level"),
     EnvVar("AIENG_LOG_FORMAT", str, "json",

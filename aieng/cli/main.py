@@ -39,7 +39,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     flags = {"frontend_addr": args.addr, "model_repository": args.models_dir, "models": args.models,
              "preprocess_workers": args.preprocess_workers, "postprocess_workers": args.postprocess_workers,
-             "log_level": args.log_level}
+             "log_level": args.log_level, "strict_model_load": args.exit_on_error}
     try:
         cfg = load_config(args.config, flags)
     except ValueError as exc:
@@ -198,6 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--preprocess-workers", type=int)
     s.add_argument("--postprocess-workers", type=int)
     s.add_argument("--log-level")
+    s.add_argument("--exit-on-error", action=argparse.BooleanOptionalAction, default=None,
+                   help="at start, exit if any model fails to load (the default, as Triton's "
+                        "--exit-on-error); --no-exit-on-error serves the others, the failed one UNAVAILABLE "
+                        "saying why (AIENG_STRICT_MODEL_LOAD)")
     s.set_defaults(func=cmd_serve)
 
     c = sub.add_parser("config", help="print the effective configuration and where each value came from")
