@@ -108,7 +108,7 @@ class Gateway:
         if cfg.oip_http_addr:
             host, port = split_addr(cfg.oip_http_addr, "AIENG_OIP_HTTP_ADDR")
             self.http = HttpServer(OipHttp(self.service).handle, cfg.max_message_bytes, cfg.http_timeout_s,
-                                   cfg.http_timeout_s * IDLE_FACTOR, cap, self.log)
+                                   cfg.http_timeout_s * IDLE_FACTOR, cap, self.log, codings=True)
             try:
                 await self.http.start(host, port)
             except OSError as exc:

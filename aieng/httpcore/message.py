@@ -31,6 +31,7 @@ BODY_BUDGET = 4
 BODY_CHUNK = 1 << 20  # a body is read, and counted against the budget, this much at a time
 REASONS = {100: "Continue", 200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
            404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout", 413: "Payload Too Large",
+           415: "Unsupported Media Type",
            431: "Request Header Fields Too Large", 500: "Internal Server Error", 501: "Not Implemented",
            503: "Service Unavailable", 504: "Gateway Timeout", 505: "HTTP Version Not Supported"}
 

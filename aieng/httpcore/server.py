@@ -14,6 +14,9 @@ descriptor and a coroutine, never a thread, and every way of holding one is boun
                  holding at least as many as P; a connection being answered is never closed for another;
                  when there is none to close, the new one is closed at once.  So one peer can hold every
                  connection while nobody else wants one, and never keep another peer out
+    codings      with ``codings`` on, gzip and deflate request bodies (``coding.py``): the handler sees
+                 the inflated body (bounded by ``max_body``, counted in the body budget); which answers
+                 are compressed is the handler's to say
     rate         with ``rate`` set, at most that many answers a second, the waiting requests of every
                  peer taking turns (``fair.FairPace``): a flood from one peer delays another's request
                  by about one turn per peer waiting, not by the flood
@@ -37,6 +40,7 @@ from typing import Awaitable, Callable
 
 import httptools
 
+from aieng.httpcore.coding import Codings
 from aieng.httpcore.fair import Bumped, FairPace, peer_key
 from aieng.httpcore.message import (
     BODY_BUDGET,
@@ -89,7 +93,8 @@ class _Stalled(Exception):
 
 class HttpServer:
     def __init__(self, handler: Handler, max_body: int, head_s: float, idle_s: float, max_conns: int,
-                 log: logging.Logger, on_drop: Callable[[str], None] | None = None, rate: float = 0.0):
+                 log: logging.Logger, on_drop: Callable[[str], None] | None = None, rate: float = 0.0,
+                 codings: bool = False):
         self.handler, self.max_body, self.head_s, self.idle_s = handler, max_body, head_s, idle_s
         self.max_conns, self.log, self.on_drop = max_conns, log, on_drop
         self.conns: dict[asyncio.Task, _Slot] = {}  # every open connection, oldest first
@@ -99,6 +104,7 @@ class HttpServer:
         self.server: asyncio.AbstractServer | None = None
         self.closing = False
         self.budget = BodyBudget(BODY_BUDGET * max_body)
+        self.codings = Codings(max_body, self.budget) if codings else None  # gzip/deflate request bodies
         self._date = (0, "")
 
     async def start(self, host: str, port: int) -> None:
@@ -261,6 +267,8 @@ class HttpServer:
                 raise
         slot.phase, slot.turn = "answering", None
         try:
+            if self.codings is not None:
+                await self.codings.decode(req)
             status, rheaders, rbody = await self.handler(req.method, req.path, req.query, req.headers,
                                                          req.body, ends)
         except HttpError as exc:
@@ -332,3 +340,5 @@ class HttpServer:
             await asyncio.wait(rest, timeout=2.0)
         if self.pace is not None:
             self.pace.close()
+        if self.codings is not None:
+            self.codings.close()
