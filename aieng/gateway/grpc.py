@@ -7,8 +7,9 @@ live/ready/metadata, model ready/metadata/config/statistics, ModelInfer (tensors
 the ``traceparent`` metadata's trace and answers with the server span's, trailing), the repository
 extension (RepositoryModelLoad/Unload: admin ops, PERMISSION_DENIED unless AIENG_OIP_REPOSITORY_CONTROL
 is on; ``repository.py``), system shared memory (register, unregister, status; ``shmio.py``: an output
-written to a region has an empty ``raw_output_contents`` entry) and logging (LogSettings,
-``logsettings.py``); the CUDA shared-memory, trace and streaming calls are UNIMPLEMENTED.  A message
+written to a region has an empty ``raw_output_contents`` entry), CUDA shared memory on a server without
+a CUDA device (``cudashm.py``: status lists nothing, unregister succeeds, register is INVALID_ARGUMENT) and
+logging (LogSettings, ``logsettings.py``); the trace and streaming calls are UNIMPLEMENTED.  A message
 that does not parse is INVALID_ARGUMENT.  Metadata, config and statistics are the dicts the HTTP side
 sends, parsed into the messages (``json_format``).  Errors map to status codes by
 ``service.GRPC_STATUS``; the call's deadline bounds the native timeout.
@@ -23,7 +24,7 @@ import grpc
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
-from aieng.gateway import codec, models, shmio
+from aieng.gateway import codec, cudashm, models, shmio
 from aieng.gateway.peers import Caller
 from aieng.gateway.proto import grpc_service_pb2 as pb
 from aieng.gateway.proto import grpc_service_pb2_grpc as pbg
@@ -149,14 +150,14 @@ class Servicer(pbg.GRPCInferenceServiceServicer):
 
     async def ModelMetadata(self, request, context):
         try:
-            view = await self.svc.view(request.name, request.version or None)
+            view = await self.svc.ready_view(request.name, request.version or None)
         except p.RequestError as exc:
             return await self._fail(context, exc)
         return json_format.ParseDict(models.metadata(view), pb.ModelMetadataResponse())
 
     async def ModelConfig(self, request, context):
         try:
-            view = await self.svc.view(request.name, request.version or None)
+            view = await self.svc.ready_view(request.name, request.version or None)
         except p.RequestError as exc:
             return await self._fail(context, exc)
         resp = pb.ModelConfigResponse()
@@ -255,6 +256,24 @@ class Servicer(pbg.GRPCInferenceServiceServicer):
             return await self._fail(context, exc)
         return json_format.ParseDict({"regions": {r["name"]: r for r in regions}},
                                      pb.SystemSharedMemoryStatusResponse())
+
+    async def CudaSharedMemoryStatus(self, request, context):
+        try:
+            regions = cudashm.status(request.name or None)
+        except p.RequestError as exc:
+            return await self._fail(context, exc)
+        return json_format.ParseDict({"regions": {r["name"]: r for r in regions}},
+                                     pb.CudaSharedMemoryStatusResponse())
+
+    async def CudaSharedMemoryRegister(self, request, context):
+        try:
+            raise cudashm.refused(request.name)
+        except p.RequestError as exc:
+            return await self._fail(context, exc)
+
+    async def CudaSharedMemoryUnregister(self, request, context):
+        cudashm.unregister(request.name or None)
+        return pb.CudaSharedMemoryUnregisterResponse()
 
     async def LogSettings(self, request, context):
         """Reads the settings; with ``settings`` given, changes them (``logsettings.py``)."""

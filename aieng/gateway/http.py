@@ -3,8 +3,12 @@ request onto ``Service``.
 
 Routes under ``/v2``: server health (live, ready) and metadata; per model (and version) metadata, ready,
 Triton config and statistics, and infer (JSON tensors and the binary tensor extension, ``parse_infer``
-and ``render``); the repository index, load and unload (admin ops, off by default: 403,
-``repository.py``); the logging extension (``/v2/logging``, ``logsettings.py``).  Errors are
+and ``render``; a gzip or deflate body is inflated by the HTTP core, the answer compressed when the
+client's ``Accept-Encoding`` asks, as Triton does for infer only, so ``Inference-Header-Content-Length``
+counts uncompressed bytes both ways); the repository index, load and unload (admin ops, off by default: 403,
+``repository.py``); system shared memory (``sysshm.py``) and CUDA shared memory on a server without a
+CUDA device (``cudashm.py``: status lists nothing, unregister succeeds, register is 400); the logging
+extension (``/v2/logging``, ``logsettings.py``).  Errors are
 ``{"error": "..."}`` with the status ``service.HTTP_STATUS`` gives.  Infer joins the caller's W3C
 ``traceparent`` and answers with the frontend's server span.
 Each route's answer, the binary extension's framing and the errors: docs/oip.md.
@@ -15,10 +19,11 @@ import json
 from typing import Any
 from urllib.parse import parse_qsl
 
-from aieng.gateway import codec, models, shmio
+from aieng.gateway import codec, cudashm, models, shmio
 from aieng.gateway.peers import Caller
 from aieng.gateway.service import HTTP_STATUS, Answer, Service
 from aieng.gateway.sysshm import SystemShm
+from aieng.httpcore.coding import compress, response_coding
 from aieng.httpcore.message import HttpError, error_response
 from aieng.httpcore.server import Peer
 from aieng.wire import protocol as p
@@ -142,6 +147,8 @@ class OipHttp:
                 return await self.repository(method, parts[2:], query, body)
             if parts[:2] == ["v2", "systemsharedmemory"]:
                 return self.shared_memory(method, parts[2:], body, caller)
+            if parts[:2] == ["v2", "cudasharedmemory"]:
+                return self.cuda_shared_memory(method, parts[2:])
             if parts == ["v2", "logging"]:
                 return await self.logging(method, body)
             return await self.route(method, parts, headers, body, caller)
@@ -171,10 +178,14 @@ class OipHttp:
                 raise HttpError(405, "infer takes POST")
             return await self.infer(name, version, headers, body, caller)
         view = await svc.view(name, version)
+        if tail == ["ready"]:
+            if view.load_error is not None:  # Triton sends no body; ours says which failed and why
+                return error_response(503, models.not_ready(view, version))
+            return _empty(await up.is_ready())
+        if tail in ([], ["config"]):
+            view = await svc.ready_view(name, version)
         if not tail:
             return _json(models.metadata(view))
-        if tail == ["ready"]:
-            return _empty(await up.is_ready() and view.load_error is None)
         if tail == ["config"]:
             return _json(models.config(view))
         if tail == ["stats"]:
@@ -193,7 +204,13 @@ class OipHttp:
         ans = await self.svc.infer(name, version, tensors, params, names, caller, None, out_shm(req), trace)
         req_id = req.get("id")
         status, head, out = render(ans, req_id if isinstance(req_id, str) else None, binary)
-        return status, ({**head, "traceparent": ans.traceparent} if ans.traceparent else head), out
+        if ans.traceparent:
+            head = {**head, "traceparent": ans.traceparent}
+        coding = response_coding(headers)
+        if coding is not None:  # as Triton: infer answers only, whatever their size
+            out = await self.svc.decoder.run(len(out), compress, out, coding)
+            head = {**head, "Content-Encoding": coding, "Vary": "Accept-Encoding"}
+        return status, head, out
 
     async def stats(self, name: str | None, version: str | None) -> list[dict]:
         if name is not None:
@@ -250,6 +267,25 @@ class OipHttp:
             raise p.RequestError(p.INVALID_REQUEST, "a register request is an object")
         shm.register(caller, name, req.get("key"), req.get("offset", 0), req.get("byte_size"))
         return 200, {}, b""
+
+
+    @staticmethod
+    def cuda_shared_memory(method: str, rest: list[str]):
+        """The CUDA extension's routes, shaped like the system ones, on a server with no CUDA device
+        (``cudashm.py``): status lists nothing, unregister succeeds, register is refused."""
+        name, action = (rest[1], rest[2:]) if rest[:1] == ["region"] and len(rest) == 3 else (None, rest)
+        if action == ["status"]:
+            if method != "GET":
+                raise HttpError(405, "shared memory status takes GET")
+            return _json(cudashm.status(name))
+        if action not in (["register"], ["unregister"]) or (action == ["register"] and name is None):
+            raise HttpError(404, "not found")
+        if method != "POST":
+            raise HttpError(405, f"shared memory {action[0]} takes POST")
+        if action == ["unregister"]:
+            cudashm.unregister(name)
+            return 200, {}, b""
+        raise cudashm.refused(name)
 
 
 def load_params(body: bytes, query: str) -> dict:

@@ -8,7 +8,8 @@ splits rows by, and ``max_batch_size`` (the most rows one OIP request may carry)
 batch (``max_batch_size`` 1) is shown as Triton shows one: shapes without the batch dimension, config
 ``max_batch_size`` 0, one request per OIP request.  The answers are
 plain dicts in the shapes Triton's HTTP API uses; the gRPC side parses the same dicts into its
-messages, so both transports say the same thing.
+messages, so both transports say the same thing.  An unknown model or version, and one that failed to
+load, are refused in Triton's words (``unknown_model``, ``not_ready``), which its clients match.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ KIND_TYPE = {"text": "BYTES", "category": "BYTES", "image": "BYTES", "number": "
              "list": "BYTES"}
 CONFIG_TYPE = {"BYTES": "TYPE_STRING", **{k: "TYPE_" + k for k in ("BOOL", "UINT8", "UINT16", "UINT32",
                "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64")}}
+UNKNOWN = "Request for unknown model: "  # Triton's prefix, which its clients look for (e.g. startswith)
 STAT_KEYS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit",
              "cache_miss")
 
@@ -109,6 +111,18 @@ class Catalog:
         if not versions:
             return None
         return versions.get(version or self.default.get(name) or "")
+
+
+def unknown_model(name: str, version: str | None) -> str:
+    """Triton's text for a model (version) it does not serve: its clients match the prefix."""
+    return f"{UNKNOWN}'{name}'" + (f" version {version}" if version else "") + " is not found"
+
+
+def not_ready(view: ModelView, version: str | None) -> str:
+    """Triton's text for a model whose version failed to load (a version named: "is not at ready state";
+    the default one: "has no available versions"), with our reason after it."""
+    what = f"version {version} is not at ready state" if version else "has no available versions"
+    return f"{UNKNOWN}'{view.name}' {what}: {view.load_error}"
 
 
 def metadata(view: ModelView) -> dict:

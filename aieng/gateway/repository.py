@@ -26,6 +26,7 @@ import zmq.auth
 
 from aieng.client.core import RpcCore, RpcError, RpcTimeout
 from aieng.config import Config
+from aieng.gateway.models import unknown_model
 from aieng.models import repo as model_repo
 from aieng.wire import protocol as p
 from aieng.wire.addresses import admin_addr
@@ -101,10 +102,11 @@ class Repository:
             raise p.RequestError(err.get("code", p.INTERNAL), err.get("message", f"admin {name} failed"))
         return reply
 
-    async def model(self, name: str) -> dict:
+    async def model(self, name: str, unknown: str | None = None) -> dict:
+        """The admin view of ``name``; unknown: MODEL_NOT_FOUND with ``unknown`` (default: Triton's text)."""
         entry = (await self.op("models"))["models"].get(name)
         if entry is None:
-            raise p.RequestError(p.MODEL_NOT_FOUND, f"unknown model '{name}'")
+            raise p.RequestError(p.MODEL_NOT_FOUND, unknown or unknown_model(name, None))
         return entry
 
     def policy_versions(self, name: str) -> list[str]:
@@ -118,7 +120,8 @@ class Repository:
             raise p.RequestError(p.INVALID_REQUEST, f"cannot read the policy of '{name}': {exc}") from None
 
     async def load(self, name: str, params: dict, wait_s: float) -> list[str]:
-        entry = await self.model(name)
+        # Triton's words for a name its repository does not hold (its clients look for "failed to load")
+        entry = await self.model(name, f"failed to load '{name}', failed to poll from model repository")
         named = versions_of(params)
         loaded = {v for v, e in entry["versions"].items() if routable(e)}
         todo = [v for v in (named or self.policy_versions(name)) if v not in loaded]

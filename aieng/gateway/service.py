@@ -9,6 +9,9 @@ row's error (in row order) is the request's error, otherwise the rows are stacke
 per-request ``timeout`` parameter (microseconds, as Triton's clients send it) becomes the native
 ``timeout_ms``; a gRPC deadline does the same when it is shorter.
 
+An unknown model or version answers in Triton's words ("Request for unknown model: 'x' is not found"),
+which its clients match; the metadata and config of a version that failed to load too ("... has no
+available versions: <why>", ``ready_view``).
 Error codes map as the field does: INVALID_* 400 / INVALID_ARGUMENT, MODEL_NOT_FOUND 404 / NOT_FOUND,
 OVERLOADED and UNAVAILABLE 503 / UNAVAILABLE, TIMEOUT 504 / DEADLINE_EXCEEDED, INTERNAL 500 / INTERNAL.
 """
@@ -25,7 +28,7 @@ from aieng.gateway import codec, shmio, sysshm
 from aieng.gateway.budget import PeerBudget
 from aieng.gateway.decode import Decoder
 from aieng.gateway.logsettings import LogSettings
-from aieng.gateway.models import ModelView
+from aieng.gateway.models import ModelView, not_ready, unknown_model
 from aieng.gateway.peers import Caller
 from aieng.gateway.repository import DEFAULT_WAIT_S, Repository, denied
 from aieng.gateway.upstream import Upstream
@@ -89,8 +92,14 @@ class Service:
             raise p.RequestError(p.UNAVAILABLE, "the model list is not known yet (the frontend is silent)")
         view = self.up.catalog.get(name, version)
         if view is None:
-            what = f"model '{name}'" + (f" version '{version}'" if version else "")
-            raise p.RequestError(p.MODEL_NOT_FOUND, f"unknown {what}")
+            raise p.RequestError(p.MODEL_NOT_FOUND, unknown_model(name, version))
+        return view
+
+    async def ready_view(self, name: str, version: str | None) -> ModelView:
+        """``view``, refused (UNAVAILABLE, saying why) when that version failed to load."""
+        view = await self.view(name, version)
+        if view.load_error is not None:
+            raise p.RequestError(p.UNAVAILABLE, not_ready(view, version))
         return view
 
     async def infer(self, name: str, version: str | None, tensors: list[codec.Tensor], params: dict,
