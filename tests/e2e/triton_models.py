@@ -54,7 +54,7 @@ MODELS = {  # name -> (graph, dtype, dims of each input and output)
 
 
 def model_yaml(graph: onnx.GraphProto, dtype: str, dims: list) -> str:
-    yaml_dtype = "string" if dtype == "bytes" else dtype
+    yaml_dtype = dtype  # "bytes": string tensors, as the dtypes work names them
 
     def side(items) -> str:
         return ", ".join(f"{{name: {t.name}, kind: tensor, dtype: {yaml_dtype}, shape: {dims}}}"
