@@ -209,3 +209,18 @@ def test_a_failed_model_is_its_own(srv, hc, gc):
         assert models["simple"]["versions"]["1"]["load_error"] is None
         r = c.infer(BROKEN, {"INPUT0": np.arange(3, dtype=np.int32)}, raise_on_error=False)
         assert r["error"]["code"] == "UNAVAILABLE" and f"model {BROKEN}:1" in r["error"]["message"]
+
+
+def test_exit_on_error_is_the_default_and_the_flag_wins_over_the_variable(make_server, tmp_path):
+    """Fail-fast stays the default (Triton's --exit-on-error); the flag overrides AIENG_STRICT_MODEL_LOAD."""
+    repo = triton_models.build(tmp_path / "models", ["simple"])
+    (repo / BROKEN / "1").mkdir(parents=True)
+    (repo / BROKEN / "1" / "model.onnx").write_bytes(b"this is not an onnx file")
+    (repo / BROKEN / "1" / "model.yaml").write_text(triton_models.model_yaml(
+        triton_models.identity("int32"), "int32", [-1]))
+    for env, args in (({}, []), ({"AIENG_STRICT_MODEL_LOAD": "false"}, ["--exit-on-error"])):
+        s = make_server(AIENG_MODEL_REPOSITORY=str(repo), **env)
+        s.args = args
+        s.start(wait=False)
+        code = s.proc.wait(120)
+        assert code != 0 and f"model {BROKEN}:1" in s.output(), s.output()[-2000:]
