@@ -224,3 +224,13 @@ def test_exit_on_error_is_the_default_and_the_flag_wins_over_the_variable(make_s
         s.start(wait=False)
         code = s.proc.wait(120)
         assert code != 0 and f"model {BROKEN}:1" in s.output(), s.output()[-2000:]
+
+
+def test_a_grpc_zip_bomb_is_refused_by_its_inflated_size(gc, hc):
+    """gRPC compression is grpcio's: the message limit applies to the inflated message."""
+    big = np.zeros((1, 10 << 20), dtype=np.int32)  # 40 MiB of zeros, ~40 KiB gzipped: past the 32 MiB limit
+    t = tg.InferInput("INPUT0", list(big.shape), "INT32")
+    t.set_data_from_numpy(big)
+    err = error_of(lambda: gc.infer("simple", [t], compression_algorithm="gzip"))
+    assert err.status() == "StatusCode.RESOURCE_EXHAUSTED", err
+    assert hc.is_model_ready("simple")  # still serving
