@@ -26,7 +26,6 @@ pytestmark = pytest.mark.e2e
 EXAMPLES = Path(__file__).resolve().parents[1] / "triton_examples"
 CLIENT_TIMEOUT_S = 120
 
-NEEDS_DTYPES = "needs dtypes: string tensors (BYTES) served, simple_string and simple_identity load"
 NEEDS_ZERO = "needs zero: a version directory holding only model.onnx serves"
 CANNOT = {
     "simple_http_health_metadata": "cannot pass: checks the server's name is 'triton'",
@@ -81,7 +80,7 @@ SERVINGS = ("model_yaml", "bare_onnx")
 def marks(script: str, serving: str) -> list:
     if script in CANNOT:
         return [pytest.mark.xfail(strict=True, reason=CANNOT[script])]
-    needs = ([NEEDS_ZERO] if serving == "bare_onnx" else []) + ([NEEDS_DTYPES] if script in STRINGS else [])
+    needs = [NEEDS_ZERO] if serving == "bare_onnx" else []
     return [pytest.mark.xfail(strict=True, reason="; ".join(needs))] if needs else []
 
 
