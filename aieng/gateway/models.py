@@ -6,7 +6,9 @@ gateway asks at start and every ``REFRESH_S``, so a change of models shows witho
 (datatype and shape, batch first as ``-1``, variable dimensions ``-1``), the input kinds the codec
 splits rows by, and ``max_batch_size`` (the most rows one OIP request may carry).  A model that does not
 batch (``max_batch_size`` 1) is shown as Triton shows one: shapes without the batch dimension, config
-``max_batch_size`` 0, one request per OIP request.  The answers are
+``max_batch_size`` 0, one request per OIP request; so is one whose executor session reports it takes whole
+shapes (``batched`` false: a graph without a batch axis).  A model inferred from its graph says what was
+inferred and why in its config's ``parameters`` (``aieng.*``).  The answers are
 plain dicts in the shapes Triton's HTTP API uses; the gRPC side parses the same dicts into its
 messages, so both transports say the same thing.  An unknown model or version, and one that failed to
 load, are refused in Triton's words (``unknown_model``, ``not_ready``), which its clients match.
@@ -16,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from aieng.gateway.codec import BY_DTYPE
+from aieng.gateway.codec import BY_DTYPE, DATATYPES
 from aieng.models.sections import Batching
 
 KIND_TYPE = {"text": "BYTES", "category": "BYTES", "image": "BYTES", "number": "FP32", "str": "BYTES",
@@ -38,6 +40,7 @@ class ModelView:
     inputs: list[dict[str, Any]] = field(default_factory=list)  # {name, datatype, shape, kind, optional}
     outputs: list[dict[str, Any]] = field(default_factory=list)  # {name, datatype, shape}
     load_error: str | None = None
+    inferred: dict[str, Any] | None = None  # what was inferred from the graph and why (models/inferred.py)
 
     @property
     def batched(self) -> bool:
@@ -56,23 +59,31 @@ def _onnx_io(onnx: dict | None, side: str, name: str) -> dict | None:
     return next((t for t in (onnx or {}).get(side, []) if t.get("name") == name), None)
 
 
-def _tensor_io(item: dict, onnx_item: dict | None) -> tuple[str, list[int]]:
+def _tensor_io(item: dict, onnx_item: dict | None, batched: bool = True) -> tuple[str, list[int]]:
+    """``batched`` False: the executor's session takes whole shapes (the graph has no batch axis): shown
+    as the session has them, whatever a model.yaml declares."""
     dtype, shape = item.get("dtype"), item.get("shape")
-    if dtype is None and onnx_item is not None:
-        dtype, shape = onnx_item.get("dtype"), (onnx_item.get("shape") or [None])[1:]
-    return BY_DTYPE.get(dtype or "float32", "FP32"), [-1] + _dims(shape if shape is not None else [-1])
+    if onnx_item is not None and (dtype is None or not batched):
+        dtype = dtype or onnx_item.get("dtype")
+        got = onnx_item.get("shape") or [None]
+        shape = got[1:] if batched else got
+    datatype = item.get("datatype")  # an inferred declaration names its OIP datatype
+    if datatype not in DATATYPES:
+        datatype = BY_DTYPE.get(dtype or "float32", "FP32")
+    return datatype, [-1] + _dims(shape if shape is not None else [-1])
 
 
 def build_view(name: str, pub: dict, batching: Batching | None) -> ModelView:
     onnx = pub.get("onnx")
-    view = ModelView(name, pub["version"], max(1, int(pub.get("max_batch_size") or 1)),
+    whole = (onnx or {}).get("batched") is False  # the executor runs it unbatched, whatever the spec says
+    view = ModelView(name, pub["version"], 1 if whole else max(1, int(pub.get("max_batch_size") or 1)),
                      float(batching.max_wait_ms if batching else 0.0), int(pub.get("timeout_ms") or 0),
-                     load_error=pub.get("load_error"))
+                     load_error=pub.get("load_error"), inferred=pub.get("inferred"))
     lead = [-1] if view.batched else []
     for item in pub.get("inputs", []):
         kind = item["kind"]
         if kind == "tensor":
-            dt, shape = _tensor_io(item, _onnx_io(onnx, "inputs", item["name"]))
+            dt, shape = _tensor_io(item, _onnx_io(onnx, "inputs", item["name"]), not whole)
             shape = lead + shape[1:]
         else:
             dt, shape = KIND_TYPE[kind], (lead or [1])
@@ -81,7 +92,7 @@ def build_view(name: str, pub: dict, batching: Batching | None) -> ModelView:
     for item in pub.get("outputs", []):
         kind = item["kind"]
         if kind == "tensor":
-            dt, shape = _tensor_io(item, _onnx_io(onnx, "outputs", item["name"]))
+            dt, shape = _tensor_io(item, _onnx_io(onnx, "outputs", item["name"]), not whole)
             shape = lead + shape[1:]
         else:
             dt, shape = ("FP64" if kind == "number" else KIND_TYPE[kind]), (lead or [1])
@@ -152,7 +163,19 @@ def config(view: ModelView) -> dict:
             "dynamic_batching": {"preferred_batch_size": [],
                                  "max_queue_delay_microseconds": int(view.max_wait_ms * 1000)},
             "instance_group": [{"name": view.name, "kind": "KIND_CPU", "count": 1}],
-            "parameters": {}}
+            "parameters": _inferred_parameters(view.inferred)}
+
+
+def _inferred_parameters(inferred: dict | None) -> dict:
+    """What was inferred and why, as Triton's config ``parameters`` (string values, both transports)."""
+    if not inferred:
+        return {}
+    rows = ", ".join(f"{r}: {us}" for r, us in (inferred.get("measured_us_per_row") or {}).items())
+    found = {"aieng.inferred_from": f"{inferred.get('from')} {inferred.get('onnx_file')}",
+             "aieng.batching": str(inferred.get("batching_why")),
+             "aieng.max_batch_size": str(inferred.get("cap_why")),
+             **({"aieng.measured_us_per_row": rows} if rows else {})}
+    return {k: {"string_value": v} for k, v in found.items()}
 
 
 def _duration(count: int, ns: float) -> dict:

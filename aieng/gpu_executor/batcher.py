@@ -4,7 +4,8 @@ Per model version a queue of pending requests, each with its sequence length (0 
 ``next_batch`` picks what to run now:
 * The oldest pending request anchors the next batch of its model, so no length starves.
 * The batch grows with the requests nearest in length to the anchor within ``max_padding_waste`` and
-  ``max_batch_size``; it runs the smallest count whose measured cost per row is within 5% of the
+  ``max_batch_size`` (only those of the anchor's shapes, ``Pending.shape``, for a model whose tensors may
+  not be padded); it runs the smallest count whose measured cost per row is within 5% of the
   cheapest (``best_rows``).
 * It runs when full, when nothing more is on its way (``upstream``), when the anchor has waited
   ``max_wait_ms``, or when waiting is not expected to pay (``cost`` learned online, ``CostModel``).
@@ -73,6 +74,7 @@ class Pending:
     arrived: float
     deadline: float
     payload: Any = None
+    shape: Any = None  # its tensors' shapes where the model batches only equal shapes (no padding), else None
 
 
 @dataclass
@@ -166,6 +168,8 @@ class Batcher:
         for p in rest:
             if len(chosen) >= q.max_batch_size:
                 break
+            if p.shape != anchor.shape:  # a model that may not be padded batches equal shapes only
+                continue
             trial = lengths + [p.seq_len]
             if padding_waste(trial) <= q.max_padding_waste:
                 chosen.append(p)

@@ -105,7 +105,7 @@ class Executor(HubWorker):
     def add_to_batcher(self, spec: ModelSpec, sess: ModelSession) -> None:
         b = spec.batching
         for batcher in (self.batcher, self.bg_batcher):
-            batcher.add_model(spec.key, int(b.max_batch_size), float(b.max_wait_ms),
+            batcher.add_model(spec.key, sess.max_rows(), float(b.max_wait_ms),
                               float(b.max_padding_waste))
             for rows, length, seconds in sess.warm_costs:  # seed the cost model from warm-up runs
                 batcher.observe(spec.key, rows, length, seconds)
@@ -221,7 +221,8 @@ class Executor(HubWorker):
         now = time.monotonic()
         task.trail.exec_arrived = now
         batcher = self.bg_batcher if task.background else self.batcher
-        batcher.put(key, Pending(task.rid, task.seq_len, now, task.deadline, task), task.upstream)
+        shape = sess.shape_key(task.ref.tensors if descs is None else descs) if sess.exact else None
+        batcher.put(key, Pending(task.rid, task.seq_len, now, task.deadline, task, shape), task.upstream)
         return True
 
     def start_batch(self, key: str, batch: list[Pending], background: bool = False,

@@ -10,6 +10,13 @@ Every tensor type ONNX Runtime's Python binding can feed and fetch serves (``_OR
 (u)int8-64, float16/32/64 and string (an object array: elements cross processes as bytes and become
 ``str`` for the run, ``wire/strings``).  A graph input or output of another tensor type (bfloat16, the
 float8 types: numpy has none) fails that model's load naming it.
+
+Whether a session batches is decided from its own input shapes (``batched``): only a graph whose every
+input has an open first axis (a symbol, -1 or unknown) can take requests stacked along it, whatever the
+spec says; one with a fixed first axis or none (Triton's ``max_batch_size: 0``), or a spec that says
+``batching.batched: false``, runs each request alone with whole shapes (no axis added, nothing stacked),
+and its warm-up runs the graph's own shapes, never a batch it cannot take.  ``exact``: requests of
+different shapes are not padded together (``batching.exact_shapes``; the batcher groups by ``shape_key``).
 """
 from __future__ import annotations
 
@@ -61,6 +68,16 @@ def gpu_count() -> int:
         return 0
 
 
+def _open_first(shape) -> bool:
+    """ONNX Runtime's shape for an input leaves its first axis open (a symbol, None, or negative)."""
+    return bool(shape) and (not isinstance(shape[0], int) or shape[0] < 0)
+
+
+def _dim_name(d, unnamed: str):
+    """A fixed size as an int; an open one as its symbol, or ``unnamed`` when it has none."""
+    return d if isinstance(d, int) and d >= 0 else (d if isinstance(d, str) and d else unnamed)
+
+
 @dataclass
 class InputSpec:
     name: str
@@ -105,11 +122,16 @@ class ModelSession:
             log.warning("%s: CUDA was requested but the session runs on %s", spec.key, self.provider)
         if device == "cuda" and self.provider != "CUDAExecutionProvider":
             raise RuntimeError(f"{spec.key}: AIENG_DEVICE=cuda but CUDA is not usable here")
-        self.inputs = [self._input_spec(i) for i in self.session.get_inputs()]
+        nodes = self.session.get_inputs()
+        self.batched = bool(spec.batching.batched and nodes and all(_open_first(n.shape) for n in nodes))
+        skip = 1 if self.batched else 0  # per request: the batch axis left out, or the whole shape
+        self.inputs = [self._input_spec(i, skip) for i in nodes]
         self.outputs = [OutputSpec(o.name, self._output_dtype(o),
-                                   [d if isinstance(d, int) else (d or f"out{i}")
-                                    for i, d in enumerate(o.shape[1:], 1)])
+                                   [_dim_name(d, f"out{i}")
+                                    for i, d in enumerate((o.shape or [])[skip:], skip)])
                         for o in self.session.get_outputs()]
+        self.exact = bool(spec.batching.exact_shapes and self.batched
+                          and any(isinstance(d, str) for i in self.inputs for d in i.dims))
         self.output_names = [o.name for o in self.outputs]
 
     def _output_dtype(self, node) -> str:
@@ -117,10 +139,19 @@ class ModelSession:
             return np.dtype(_ORT_DTYPES.get(node.type, np.float32)).name
         return dtype_name(ort_dtype(self.spec.key, "output", node.name, node.type))
 
-    def _input_spec(self, node) -> InputSpec:
+    def _input_spec(self, node, skip: int) -> InputSpec:
         dtype = ort_dtype(self.spec.key, "input", node.name, node.type)
-        dims = [d if isinstance(d, int) else (d or f"dim{i}") for i, d in enumerate(node.shape[1:], start=1)]
+        dims = [_dim_name(d, f"dim{i}") for i, d in enumerate((node.shape or [])[skip:], start=skip)]
         return InputSpec(node.name, dtype, dims, float(self.spec.padding.pad_value(node.name)))
+
+    def max_rows(self) -> int:
+        """The most requests one run takes: the spec's cap, 1 for a session that does not batch."""
+        return int(self.spec.batching.max_batch_size) if self.batched else 1
+
+    @staticmethod
+    def shape_key(descs: list) -> tuple:
+        """One request's tensor shapes (``[name, dtype, shape, ...]`` each): equal keys batch together."""
+        return tuple(tuple(d[2]) for d in descs)
 
     def feeds_from(
         self, per_request: list[dict[str, np.ndarray]]
@@ -129,8 +160,13 @@ class ModelSession:
 
         Variable dims are padded to the longest in the batch with the input's pad value (a string
         input's: the empty string); string elements become ``str`` here, for ONNX Runtime.
-        Returns the feeds and, per request, its size along each named variable dim.
+        Returns the feeds and, per request, its size along each named variable dim.  A session that does
+        not batch runs one request's tensors as they are (copied: the slot is freed after this).
         """
+        if not self.batched:
+            (one,) = per_request
+            return {spec.name: strings.as_str(one[spec.name]) if spec.dtype.hasobject
+                    else np.array(one[spec.name], dtype=spec.dtype) for spec in self.inputs}, [{}]
         feeds = {}
         for spec in self.inputs:
             per = [t[spec.name] for t in per_request]
@@ -169,7 +205,10 @@ class ModelSession:
 
     def request_outputs(self, outputs: list[np.ndarray], row: int,
                         size: dict) -> list[tuple[str, np.ndarray]]:
-        """One request's rows of the batch outputs, with padding cut along named dims."""
+        """One request's rows of the batch outputs, with padding cut along named dims (a session that
+        does not batch: its outputs whole)."""
+        if not self.batched:
+            return [(spec.name, out) for spec, out in zip(self.outputs, outputs)]
         tensors = []
         for spec, out in zip(self.outputs, outputs):
             part = out[row]
@@ -182,11 +221,12 @@ class ModelSession:
         return self.session.run(self.output_names, feeds)
 
     def describe(self) -> dict:
+        lead = ["batch"] if self.batched else []
         return {
-            "provider": self.provider, "providers": self.providers,
-            "inputs": [{"name": i.name, "dtype": dtype_name(i.dtype), "shape": ["batch"] + i.dims}
+            "provider": self.provider, "providers": self.providers, "batched": self.batched,
+            "inputs": [{"name": i.name, "dtype": dtype_name(i.dtype), "shape": lead + i.dims}
                        for i in self.inputs],
-            "outputs": [{"name": o.name, "dtype": o.dtype, "shape": ["batch"] + o.dims}
+            "outputs": [{"name": o.name, "dtype": o.dtype, "shape": lead + o.dims}
                         for o in self.outputs],
         }
 
@@ -234,9 +274,11 @@ class ModelSession:
         return max(1, length)
 
     def _feeds(self, rows: int, length: int) -> dict[str, np.ndarray]:
+        """Warm-up inputs: ``rows`` stacked (a session that does not batch: the graph's whole shapes)."""
         feeds = {}
+        lead = [rows] if self.batched else []
         for i in self.inputs:
-            shape = [rows] + [d if isinstance(d, int) else self._dim(length) for d in i.dims]
+            shape = lead + [d if isinstance(d, int) else self._dim(length) for d in i.dims]
             feeds[i.name] = (np.full(shape, "1", dtype=object) if i.dtype.hasobject  # parses as a number
                              else np.ones(shape, dtype=i.dtype) if i.dtype.kind in "iub"
                              else np.zeros(shape, dtype=i.dtype))
@@ -256,7 +298,7 @@ class ModelSession:
         runs = 0
         self.max_output_bytes = 0
         self.warm_costs: list[tuple[int, int, float]] = []
-        max_b = int(self.spec.batching.max_batch_size)
+        max_b = self.max_rows()
         if max_rows:
             max_b = min(max_b, max_rows)
         lengths = self.warm_lengths()
@@ -285,7 +327,7 @@ class ModelSession:
         session): every warm length at 1 and ``rows`` rows.  Returns the number of runs."""
         runs = 0
         for length in self.warm_lengths():
-            for n in sorted({1, rows}):
+            for n in sorted({1, min(rows, self.max_rows())}):
                 self.run(self._feeds(n, length))
                 runs += 1
         return runs

@@ -1,5 +1,9 @@
 """The model repository: ``<repo>/<model>/<version>/{model.yaml, model.onnx, ...}``.
 
+A version directory is described by its ``model.yaml``, else by its ONNX graph alone (``model.onnx`` or a
+single ``*.onnx``: ``models/inferred.py``, a tensor model inferred from the graph); a directory with neither
+is not a version.
+
 A version directory holds everything needed to serve the model identically to how it was trained; nothing
 model-specific lives in the server.  ``scan`` finds the served versions (``models/settings.py``: the
 model-wide model.yaml), ``load_spec`` parses and validates a version's ``model.yaml`` (docs/models.md),
@@ -14,6 +18,7 @@ from typing import Any
 
 from aieng.models import postprocess, yaml_file
 from aieng.models.frozen import Opaque
+from aieng.models.inferred import inferred_spec, onnx_file
 from aieng.models.pipelines import check_pipeline_models, pipeline_spec
 from aieng.models.sections import (
     Batching,
@@ -103,7 +108,8 @@ def load_spec(name: str, version: str, path: str) -> ModelSpec:
     except ValueError as exc:
         raise ModelError(f"{cfg_path}: {exc}") from None
     check_postprocess(cfg_path, post)
-    batching = {"max_batch_size": 8, "max_wait_ms": 2.0, "max_padding_waste": 0.3}
+    batching = {"max_batch_size": 8, "max_wait_ms": 2.0, "max_padding_waste": 0.3, "batched": True,
+                "exact_shapes": False}
     if not isinstance(cfg.get("batching") or {}, dict):
         raise ModelError(f"{cfg_path}: 'batching' must be a mapping")
     batching.update(cfg.get("batching") or {})
@@ -113,6 +119,9 @@ def load_spec(name: str, version: str, path: str) -> ModelSpec:
         val = batching[key]
         if isinstance(val, bool) or not isinstance(val, (int, float)) or not lo <= val <= hi:
             raise ModelError(f"{cfg_path}: batching.{key} must be a number in {lo}..{hi}")
+    for key in ("batched", "exact_shapes"):
+        if not isinstance(batching[key], bool):
+            raise ModelError(f"{cfg_path}: batching.{key} must be true or false")
     timeout_ms = cfg.get("timeout_ms", 0)
     if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms < 0:
         raise ModelError(f"{cfg_path}: timeout_ms must be a non-negative int (0: the server default)")
@@ -124,12 +133,29 @@ def load_spec(name: str, version: str, path: str) -> ModelSpec:
         description=str(cfg.get("description", "")), inputs=tuple(InputDecl.parse(i) for i in inputs),
         outputs=tuple(OutputDecl.parse(o) for o in outputs), preprocess=preprocess,
         postprocess=Postprocess.parse(post), padding=Padding.parse(dict(cfg.get("padding") or {})),
-        batching=Batching(batching["max_batch_size"], batching["max_wait_ms"], batching["max_padding_waste"]),
+        batching=Batching(batching["max_batch_size"], batching["max_wait_ms"], batching["max_padding_waste"],
+                          batching["batched"], batching["exact_shapes"]),
         timeout_ms=timeout_ms, onnx_path=onnx_path,
         drift=Drift(dict(cfg.get("drift") or {}).get("reference")),
         degrade=Degrade.parse(dict(cfg.get("degrade") or {})),
         metadata=Opaque.of(version_metadata(cfg.get("metadata"), cfg_path)),
     )
+
+
+def describes(path: str) -> bool:
+    """A version directory is served: it has a model.yaml, or an ONNX file to infer one from."""
+    return os.path.isfile(os.path.join(path, "model.yaml")) or (os.path.isdir(path)
+                                                                  and onnx_file(path) is not None)
+
+
+def version_spec(name: str, version: str, path: str) -> ModelSpec:
+    """A version's spec from what describes it (issue 35): its model.yaml, else its ONNX graph."""
+    if os.path.isfile(os.path.join(path, "model.yaml")):
+        return load_spec(name, version, path)
+    found = onnx_file(path)
+    if found is None:
+        raise ModelError(f"{path}: no model.yaml and no ONNX file (model.onnx, or a single *.onnx)")
+    return inferred_spec(name, version, path, found)
 
 
 def scan(repo: str, only: list[str] | None = None) -> dict[str, dict[str, ModelSpec]]:
@@ -142,7 +168,7 @@ def scan(repo: str, only: list[str] | None = None) -> dict[str, dict[str, ModelS
         if name.startswith(".") or not os.path.isdir(mdir) or (only and name not in only):
             continue
         found_versions = [v for v in sorted(os.listdir(mdir), key=_version_key)
-                          if os.path.isfile(os.path.join(mdir, v, "model.yaml"))]
+                          if not v.startswith(".") and describes(os.path.join(mdir, v))]
         if not found_versions:
             continue
         settings = model_settings(mdir)
@@ -151,7 +177,7 @@ def scan(repo: str, only: list[str] | None = None) -> dict[str, dict[str, ModelS
         check_routing(settings.get("routing"), set(served), where)
         pool = pool_setting(settings.get("pool"), where)
         routing = Routing.parse(settings.get("routing"))
-        found[name] = {ver: dataclasses.replace(load_spec(name, ver, os.path.join(mdir, ver)),
+        found[name] = {ver: dataclasses.replace(version_spec(name, ver, os.path.join(mdir, ver)),
                                                 routing=routing, pool=pool) for ver in served}
     check_pipeline_models(found)
     missing = set(only or ()) - set(found)
@@ -179,6 +205,6 @@ def apply_overrides(specs: dict[str, dict[str, ModelSpec]], max_batch_size: int,
 
 
 __all__ = ["ContentChanged", "ModelError", "ModelLoadError", "ModelSpec", "apply_overrides", "apply_policy",
-           "build_each", "check_pipeline_models", "check_routing", "content_hash", "failure_message",
-           "latest", "load_spec", "model_settings", "overridden", "resolve_inside", "scan", "verify_content",
-           "version_dir"]
+           "build_each", "check_pipeline_models", "check_routing", "content_hash", "describes",
+           "failure_message", "latest", "load_spec", "model_settings", "overridden", "resolve_inside", "scan",
+           "verify_content", "version_dir", "version_spec"]

@@ -182,6 +182,13 @@ class Batching:
     max_batch_size: int = 8
     max_wait_ms: float = 2.0
     max_padding_waste: float = 0.3
+    # False: the graph has no batch axis to stack along (a fixed first axis, or none: Triton's
+    # max_batch_size 0); each request carries whole shapes and runs alone (max_batch_size is then 1).
+    # The executor also finds this from the session's own input shapes, whatever the spec says.
+    batched: bool = True
+    # True: requests batch only with requests whose tensors have the same shapes (no padding: a model
+    # inferred from its graph says nowhere that padding is safe); False: padded along variable axes.
+    exact_shapes: bool = False
 
 
 @dataclass(frozen=True)
@@ -219,6 +226,39 @@ class Degrade:
         fallback = raw.get("fallback")
         return cls(freeze(raw.get("queue_depth")), freeze(raw.get("latency_ms")),
                    None if fallback is None else Opaque.of(fallback))
+
+
+# -- what a model described by its graph alone was inferred as (models/inferred.py) -------------------------
+@dataclass(frozen=True)
+class InferredTensor:
+    name: str
+    datatype: str  # OIP
+    graph_shape: tuple[Any, ...]  # as the graph gives it: an int, a symbol, or None per axis
+    shape: tuple[int, ...]  # per request (the batch axis left out when batched); -1: any size
+
+
+@dataclass(frozen=True)
+class Inferred:
+    """What was inferred from the graph, and why (shown by ``aieng models``, the models op, OIP config)."""
+    onnx_file: str
+    inputs: tuple[InferredTensor, ...]
+    outputs: tuple[InferredTensor, ...]
+    batched: bool
+    batching_why: str  # the batch-axis rule's verdict, naming the tensor that decided it
+    max_batch_size: int
+    cap_why: str  # how the cap was chosen
+    measured: tuple[tuple[int, float], ...] = ()  # (rows, microseconds per row) of the cap's runs
+
+    def public(self) -> dict[str, Any]:
+        return {"from": "onnx graph", "onnx_file": self.onnx_file, "batched": self.batched,
+                "batching_why": self.batching_why, "max_batch_size": self.max_batch_size,
+                "cap_why": self.cap_why, "measured_us_per_row": {str(r): us for r, us in self.measured},
+                "inputs": [_public(t) for t in self.inputs], "outputs": [_public(t) for t in self.outputs]}
+
+
+def _public(t: InferredTensor) -> dict[str, Any]:
+    return {"name": t.name, "datatype": t.datatype, "graph_shape": list(t.graph_shape),
+            "shape": list(t.shape)}
 
 
 # -- model-wide: routing, pool -----------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from aieng.models.sections import (
     Batching,
     Degrade,
     Drift,
+    Inferred,
     InputDecl,
     OutputDecl,
     Padding,
@@ -73,6 +74,7 @@ class ModelSpec:
     routing: Routing | None = None  # model-wide (<model>/model.yaml); None: the default version takes all
     pool: PoolSetting = PoolSetting()  # model-wide
     pipeline: Pipeline | None = None  # a ``kind: pipeline`` model's checked steps; None for an ONNX model
+    inferred: Inferred | None = None  # described by its ONNX graph alone (models/inferred.py): what and why
 
     @property
     def key(self) -> str:
@@ -99,8 +101,9 @@ class ModelSpec:
         return {"version": self.version, "hash": self.content_hash, "description": self.description,
                 "inputs": [i.shown.thaw() for i in self.inputs],
                 "outputs": [o.shown.thaw() for o in self.outputs],
-                "max_batch_size": self.batching.max_batch_size, "timeout_ms": self.timeout_ms,
-                "metadata": self.metadata.thaw(),
+                "max_batch_size": self.batching.max_batch_size if self.batching.batched else 0,
+                "timeout_ms": self.timeout_ms, "metadata": self.metadata.thaw(),
+                **({"inferred": self.inferred.public()} if self.inferred else {}),
                 **({"kind": "pipeline", "steps": self.pipeline.public()} if self.pipeline else {})}
 
 

@@ -2,16 +2,19 @@
 
 DIR is a model directory (``DIR/<version>/model.yaml``, with or without the model-wide ``DIR/model.yaml``)
 or one version (``DIR/model.yaml`` beside its model file, served as version ``1``): the two layouts a
-KServe storage initializer leaves in /mnt/models.  The view is a directory holding one symlink,
-``<view>/NAME -> DIR`` or ``<view>/NAME/1 -> DIR``, and becomes the server's model repository, so the
-scan, reload, run-time loads, the OIP repository API and the routing state file work unchanged.
+KServe storage initializer leaves in /mnt/models.  A version without a model.yaml is described by its
+ONNX file (``models/inferred.py``), so DIR may hold just ``model.onnx`` (KServe's ONNX ``storageUri``).
+The view is a directory holding one symlink, ``<view>/NAME -> DIR`` or ``<view>/NAME/1 -> DIR``, and becomes
+the server's model repository, so the scan, reload, run-time loads, the OIP repository API and the routing
+state file work unchanged.
 
 Where: under the state dir (``<state dir>/model-views/<16 hex>``, named after the layout, DIR and NAME),
 so a restarted server finds the same repository path and with it its saved routing; a start that finds
 the link pointing elsewhere replaces it atomically.  With no state dir, a fresh private temp dir that
 ``close`` removes.  The links point at DIR as given (not its real path), so a deploy tool swapping a
 ``current`` symlink is followed.
-A mistake (DIR missing, no model.yaml, a bad NAME) raises ``ViewError``: one line for the command line.
+A mistake (DIR missing, neither a model.yaml nor an ONNX file, a bad NAME) raises ``ViewError``: one
+line for the command line.
 """
 from __future__ import annotations
 
@@ -21,6 +24,8 @@ import secrets
 import shutil
 import tempfile
 
+from aieng.models.repo import describes
+
 SINGLE_VERSION = "1"
 
 
@@ -29,16 +34,16 @@ class ViewError(ValueError):
 
 
 def layout(model_dir: str) -> str:
-    """``"versions"`` (DIR/<version>/model.yaml) or ``"version"`` (DIR/model.yaml only)."""
+    """``"versions"`` (DIR/<version>/ described) or ``"version"`` (DIR described itself): a version is
+    described by its model.yaml or an ONNX file (``models/repo.describes``)."""
     if not os.path.isdir(model_dir):
         raise ViewError(f"--model-dir {model_dir!r} is not a directory")
-    if any(not v.startswith(".") and os.path.isfile(os.path.join(model_dir, v, "model.yaml"))
-           for v in os.listdir(model_dir)):
+    if any(not v.startswith(".") and describes(os.path.join(model_dir, v)) for v in os.listdir(model_dir)):
         return "versions"
-    if os.path.isfile(os.path.join(model_dir, "model.yaml")):
+    if describes(model_dir):
         return "version"
-    raise ViewError(f"--model-dir {model_dir!r} holds no model.yaml (neither DIR/model.yaml nor "
-                    f"DIR/<version>/model.yaml)")
+    raise ViewError(f"--model-dir {model_dir!r} holds no model.yaml and no ONNX file (model.onnx, or a "
+                    f"single *.onnx), neither in DIR nor in DIR/<version>/")
 
 
 def check_name(name: str) -> None:

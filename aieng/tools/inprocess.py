@@ -43,7 +43,10 @@ class InProcessModel:
         return [self.pre.process(i) for i in items]
 
     def answer(self, sess: Any, encoded: list, params: dict | None = None) -> list[dict]:
-        """Run ``encoded`` requests as one batch on ``sess`` and postprocess each row."""
+        """Run ``encoded`` requests as one batch on ``sess`` and postprocess each row (one run each on a
+        session that does not batch)."""
+        if not getattr(sess, "batched", True) and len(encoded) > 1:
+            return [answer for e in encoded for answer in self.answer(sess, [e], params)]
         feeds, sizes = sess.feeds_from([dict(e[0]) for e in encoded])
         outs = sess.run(feeds)
         return [self.post(dict(sess.request_outputs(outs, row, sizes[row])), params or {})

@@ -84,9 +84,9 @@ class HotSwap:
         if cur is not None and cur.state in BUSY:
             raise p.RequestError(p.INVALID_REQUEST, f"{key} is {cur.state} already")
         vdir = os.path.join(self.rollout.model_dirs()[name], version)
-        if not version or os.sep in version or version.startswith(".") or not os.path.isfile(
-                os.path.join(vdir, "model.yaml")):
-            raise p.RequestError(p.MODEL_NOT_FOUND, f"no version directory {vdir} with a model.yaml")
+        if not version or os.sep in version or version.startswith(".") or not model_repo.describes(vdir):
+            raise p.RequestError(p.MODEL_NOT_FOUND, f"no version directory {vdir} with a model.yaml "
+                                                    "or an ONNX file")
         if self.pool.is_cold(key):  # a lazy model's version: evict to fit the budget first (or refuse)
             self.pool.make_room(key)
         # Validating hashes the model file (tens of MB: 100+ ms): on a thread, so the loop keeps serving
@@ -100,7 +100,7 @@ class HotSwap:
     @staticmethod
     def validate(name: str, version: str, vdir: str) -> tuple[model_repo.ModelSpec, dict | None]:
         # on a helper thread (low priority: hashing a 90 MB file leaves the cores to serving)
-        spec = model_repo.load_spec(name, version, vdir)
+        spec = model_repo.version_spec(name, version, vdir)
         return spec, read_golden(spec.path)
 
     def validated(self, ld: Load) -> None:

@@ -1,0 +1,108 @@
+"""The batch cap of a batched graph, measured on the graph itself (issue 35: not a constant).
+
+``measure_cap(path, info)`` runs the graph in ONNX Runtime on one thread (as an executor lane runs a batch)
+at 1, 2, 4, ... rows up to ``CAP`` with zero-filled inputs shaped as the graph says (an open axis other
+than the batch: ``OPEN_SIZE``), the least of a few timed runs per size after one untimed run, and keeps
+doubling while the time per row still falls by at least ``GAIN`` from the size before; the cap is the last
+size that gained.  It stops early at ``BUDGET_S`` of measuring per model (a size whose runs would not fit
+is not tried).  A graph that cannot run on made-up inputs gets a cap of 1 and the reason, instead of a load
+failure here: the executor's warm-up, on the same shapes, names the error.  Results are kept per file
+(path, size, mtime) for the process, so a re-scan of an unchanged file (a reload) finds the same cap and
+with it the same spec.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from aieng.models.onnx_infer import GraphInfo
+
+CAP = 64
+GAIN = 0.10  # a size must cut the time per row by at least this share to be worth its wait
+BUDGET_S = 2.0
+OPEN_SIZE = 8  # an open axis other than the batch axis (a sequence length, say), when measuring
+RUNS = 3  # timed runs per size (the least counts: noise only adds time)
+
+
+@dataclass(frozen=True)
+class CapMeasure:
+    max_batch_size: int
+    why: str
+    rows: tuple[tuple[int, float], ...]  # (rows, microseconds per row)
+
+
+_MEASURED: dict[tuple[str, int, int], CapMeasure] = {}
+
+
+def feeds(info: GraphInfo, rows: int, open_size: int = OPEN_SIZE) -> dict[str, np.ndarray]:
+    """Zero-filled inputs of ``rows`` rows (the first axis; the graph's size where it fixes one)."""
+    out = {}
+    for t in info.inputs:
+        dims = list(t.shape or ())
+        shape = [(rows if k == 0 else open_size) if d is None else d for k, d in enumerate(dims)]
+        if t.np_dtype == "object":
+            out[t.name] = np.full(shape, "", dtype=object)
+        else:
+            out[t.name] = np.zeros(shape, dtype=np.dtype(t.np_dtype or "float32"))
+    return out
+
+
+def measure_cap(path: str, info: GraphInfo) -> CapMeasure:
+    st = os.stat(path)
+    key = (os.path.realpath(path), st.st_size, st.st_mtime_ns)
+    if key not in _MEASURED:
+        _MEASURED[key] = _measure(path, info)
+    return _MEASURED[key]
+
+
+def _measure(path: str, info: GraphInfo) -> CapMeasure:
+    import onnxruntime as ort  # only a scan that meets a batched graph without a model.yaml pays for it
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3
+    t_end = time.perf_counter() + BUDGET_S
+    try:
+        sess = ort.InferenceSession(path, sess_options=opts, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # the executor's own session names it at load
+        return CapMeasure(1, f"not measured: ONNX Runtime cannot load the graph ({type(exc).__name__})", ())
+    rows: list[tuple[int, float]] = []
+    cap, why, n = 1, "", 1
+    while n <= CAP:
+        if rows and time.perf_counter() + rows[-1][1] * 2 * n * (RUNS + 1) / 1e6 > t_end:
+            why = f"stopped at the {BUDGET_S:g} s measuring budget"
+            break
+        try:
+            per_row = _per_row_us(sess, feeds(info, n), n)
+        except Exception as exc:
+            if n == 1:
+                return CapMeasure(1, f"not measured: the graph does not run on zero inputs with open axes of "
+                                     f"{OPEN_SIZE} ({type(exc).__name__})", ())
+            why = f"{n} rows failed to run ({type(exc).__name__})"
+            break
+        rows.append((n, round(per_row, 2)))
+        if n > 1:
+            before = rows[-2][1]
+            if per_row > before * (1 - GAIN):
+                why = (f"{n} rows cost {per_row:.1f} us per row against {before:.1f} at {n // 2}: "
+                       f"less than {GAIN:.0%} cheaper")
+                break
+            cap = n
+        n *= 2
+    else:
+        why = f"still {GAIN:.0%} cheaper per row at the cap of {CAP}"
+    return CapMeasure(cap, f"measured at load: {why}; cap {cap}", tuple(rows))
+
+
+def _per_row_us(sess, inputs: dict, rows: int) -> float:
+    sess.run(None, inputs)  # allocations happen on the first run of a shape
+    best = float("inf")
+    for _ in range(RUNS):
+        t0 = time.perf_counter_ns()
+        sess.run(None, inputs)
+        best = min(best, (time.perf_counter_ns() - t0) / 1000)
+    return best / rows
