@@ -146,6 +146,10 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
+    if args.action == "init":
+        from aieng.cli.models_init import main_init
+
+        return main_init(args)
     if args.action in ("list", "load", "unload"):
         from aieng.cli.rollout import main_rollout
 

@@ -233,11 +233,12 @@ def add_admin_args(p: argparse.ArgumentParser) -> None:
 
 
 def models_args(p: argparse.ArgumentParser) -> None:
-    """``aieng models [list]``: without ``list`` the client op (as before), with it the admin op."""
-    p.add_argument("action", nargs="?", choices=["list", "load", "unload"],
+    """``aieng models [list]``: without ``list`` the client op (as before), with it the admin op;
+    ``init PATH`` writes the model.yaml inferred for an ONNX file (``cli/models_init.py``)."""
+    p.add_argument("action", nargs="?", choices=["list", "load", "unload", "init"],
                    help="list: over the admin socket (metadata, weights); load/unload MODEL VERSION: at run "
-                        "time (docs/rollout.md)")
-    p.add_argument("model", nargs="?")
+                        "time (docs/rollout.md); init PATH: write the model.yaml inferred for an ONNX file")
+    p.add_argument("model", nargs="?", help="MODEL (load/unload), or PATH (init)")
     p.add_argument("version", nargs="?")
     p.add_argument("--no-wait", action="store_true", help="load/unload: answer once started")
     p.add_argument("--wait-s", type=float, default=300.0, help="load/unload: how long to wait for the end")
@@ -245,6 +246,7 @@ def models_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--curve-client-cert", help="CURVE: this client's secret certificate (zmq.auth)")
     p.add_argument("--curve-server-cert", help="CURVE: the server's public certificate")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--no-measure", action="store_true", help="init: do not time the graph for its batch cap")
 
 
 def register(sub) -> None:
