@@ -24,6 +24,8 @@ import secrets
 import shutil
 import tempfile
 
+from aieng.models.inferred import onnx_file
+from aieng.models.onnx_infer import describe
 from aieng.models.repo import describes
 
 SINGLE_VERSION = "1"
@@ -41,9 +43,21 @@ def layout(model_dir: str) -> str:
     if any(not v.startswith(".") and describes(os.path.join(model_dir, v)) for v in os.listdir(model_dir)):
         return "versions"
     if describes(model_dir):
+        if not os.path.isfile(os.path.join(model_dir, "model.yaml")):
+            _readable(model_dir)
         return "version"
     raise ViewError(f"--model-dir {model_dir!r} holds no model.yaml and no ONNX file (model.onnx, or a "
                     f"single *.onnx), neither in DIR nor in DIR/<version>/")
+
+
+def _readable(model_dir: str) -> None:
+    """A bare ONNX file that is not one is the mount's mistake: said in one line here, before a start."""
+    name = onnx_file(model_dir)
+    try:
+        describe(os.path.join(model_dir, str(name)))
+    except ValueError:  # the parser's own words name no file and help no one here
+        raise ViewError(f"--model-dir {model_dir!r} holds no model.yaml, and its {name} is not a readable "
+                        f"ONNX model") from None
 
 
 def check_name(name: str) -> None:

@@ -177,3 +177,24 @@ def test_the_batcher_stacks_only_equal_shapes_when_told():
     assert key == "m" and [p.rid for p in batch] == [0, 2, 4]
     key, batch, _ = b.next_batch(1.0)
     assert [p.rid for p in batch] == [1, 3]
+
+
+def test_model_dir_layouts_of_bare_onnx_files(tmp_path):
+    from aieng.models.view import ModelView, ViewError, layout
+
+    just = tmp_path / "just"
+    save_add(just, ["n", 4])
+    assert layout(str(just)) == "version"
+    view = ModelView("simple", str(just))
+    try:
+        assert list(repo.scan(view.path)["simple"]) == ["1"]
+    finally:
+        view.close()
+    versions = tmp_path / "versions"
+    save_add(versions / "3", ["n", 4], name="net.onnx")
+    assert layout(str(versions)) == "versions"
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "model.onnx").write_bytes(b"not an onnx file")
+    with pytest.raises(ViewError, match="no model.yaml, and its model.onnx is not a readable ONNX model"):
+        layout(str(bad))
