@@ -11,11 +11,13 @@ Every tensor type ONNX Runtime's Python binding can feed and fetch serves (``_OR
 ``str`` for the run, ``wire/strings``).  A graph input or output of another tensor type (bfloat16, the
 float8 types: numpy has none) fails that model's load naming it.
 
-Whether a session batches is decided from its own input shapes (``batched``): only a graph whose every
+Whether a session batches is decided from its own input shapes (``max_rows``): only a graph whose every
 input has an open first axis (a symbol, -1 or unknown) can take requests stacked along it, whatever the
-spec says; one with a fixed first axis or none (Triton's ``max_batch_size: 0``), or a spec that says
-``batching.batched: false``, runs each request alone with whole shapes (no axis added, nothing stacked),
-and its warm-up runs the graph's own shapes, never a batch it cannot take.  ``exact``: requests of
+spec says; any other runs one request at a time, and its warm-up runs the graph's own shapes, never a
+batch it cannot take.  A tensor model (clients send the tensors) with a fixed first axis or none
+(Triton's ``max_batch_size: 0``), or a spec that says ``batching.batched: false``, takes whole shapes
+(``batched`` False: no axis added, nothing stacked); a model whose preprocessing makes each request's
+tensors keeps the batch axis added here (one row).  ``exact``: requests of
 different shapes are not padded together (``batching.exact_shapes``; the batcher groups by ``shape_key``).
 """
 from __future__ import annotations
@@ -123,7 +125,11 @@ class ModelSession:
         if device == "cuda" and self.provider != "CUDAExecutionProvider":
             raise RuntimeError(f"{spec.key}: AIENG_DEVICE=cuda but CUDA is not usable here")
         nodes = self.session.get_inputs()
-        self.batched = bool(spec.batching.batched and nodes and all(_open_first(n.shape) for n in nodes))
+        # A fixed first axis: a model whose clients send tensors (preprocess ``tensor``) sends it whole; one
+        # whose preprocessing makes each request's tensors without a batch axis (image, text, tabular) keeps
+        # the axis added here, one row per run (layout's [1, 3, 800, 608], as before).
+        self.open_first = bool(nodes) and all(_open_first(n.shape) for n in nodes)
+        self.batched = bool(spec.batching.batched and (self.open_first or spec.preprocess.type != "tensor"))
         skip = 1 if self.batched else 0  # per request: the batch axis left out, or the whole shape
         self.inputs = [self._input_spec(i, skip) for i in nodes]
         self.outputs = [OutputSpec(o.name, self._output_dtype(o),
@@ -145,8 +151,9 @@ class ModelSession:
         return InputSpec(node.name, dtype, dims, float(self.spec.padding.pad_value(node.name)))
 
     def max_rows(self) -> int:
-        """The most requests one run takes: the spec's cap, 1 for a session that does not batch."""
-        return int(self.spec.batching.max_batch_size) if self.batched else 1
+        """The most requests one run takes: the spec's cap; 1 for a session that does not batch, or whose
+        graph fixes its first axis (never a batch the graph cannot take, in the warm-up either)."""
+        return int(self.spec.batching.max_batch_size) if self.batched and self.open_first else 1
 
     @staticmethod
     def shape_key(descs: list) -> tuple:

@@ -44,13 +44,34 @@ def save_add(d, shape, elem=TensorProto.FLOAT, name: str = "model.onnx") -> None
          [helper.make_tensor_value_info("sum", elem, shape)], name)
 
 
+def save_mean(d, work: int = 0) -> None:
+    """``m = mean(x)`` over the last two axes of FP32 ``x[batch, 2, len]``; ``work`` > 0 adds a
+    ``work x work`` matrix product per row whose result is multiplied by 0 (a run long enough for requests
+    to queue behind it, without changing the answer)."""
+    nodes = [helper.make_node("ReduceMean", ["x"], ["mean"], axes=[1, 2], keepdims=0)]
+    if work:
+        shape = helper.make_tensor("shape", TensorProto.INT64, [3], [1, work, work])
+        zero = helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0])
+        nodes = [helper.make_node("ReduceMean", ["x"], ["mean3"], axes=[1, 2], keepdims=1),
+                 helper.make_node("Constant", [], ["shape"], value=shape),
+                 helper.make_node("Constant", [], ["zero"], value=zero),
+                 helper.make_node("Expand", ["mean3", "shape"], ["big"]),
+                 helper.make_node("MatMul", ["big", "big"], ["prod"]),
+                 helper.make_node("ReduceMax", ["prod"], ["most"], axes=[1, 2], keepdims=0),
+                 helper.make_node("Mul", ["most", "zero"], ["nothing"]),
+                 helper.make_node("ReduceMean", ["x"], ["mean"], axes=[1, 2], keepdims=0),
+                 helper.make_node("Add", ["mean", "nothing"], ["m"])]
+    else:
+        nodes[0].output[0] = "m"
+    save(d, nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 2, "len"])],
+         [helper.make_tensor_value_info("m", TensorProto.FLOAT, ["batch"])])
+
+
 def build_repo(repo) -> None:
     save_add(repo / "adder" / "1", ["batch", 4])
     save_add(repo / "fixed" / "1", [1, 4])
     save_add(repo / "nobatch" / "1", [3], TensorProto.INT32)
-    save(repo / "mean" / "1", [helper.make_node("ReduceMean", ["x"], ["m"], axes=[1, 2], keepdims=0)],
-         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 2, "len"])],
-         [helper.make_tensor_value_info("m", TensorProto.FLOAT, ["batch"])])
+    save_mean(repo / "mean" / "1")
     save_add(repo / "handfixed" / "1", [1, 4])
     (repo / "handfixed" / "1" / "model.yaml").write_text(
         "inputs: [{name: a, kind: tensor}, {name: b, kind: tensor}]\noutputs: [{name: sum, kind: tensor}]\n"
@@ -108,15 +129,20 @@ def test_native_client_answers(server):
             c.infer("fixed", {"a": f32(2, 4), "b": f32(2, 4)})
 
 
-def test_requests_of_different_lengths_are_never_padded_together(server):
+def test_requests_of_different_lengths_are_never_padded_together(make_server, tmp_path):
     """Many ``mean`` requests of shapes [2, 1..6] in flight at once: each answer is its own request's mean
     (one padded with zeros to a longer neighbour's length would give a smaller mean), and equal shapes
-    still batch together."""
+    still batch together.  One lane and a run of a few milliseconds make the requests queue (the cap is
+    set, since the measured one of a run that long may be 1)."""
+    save_mean(tmp_path / "repo" / "mean" / "1", work=192)
+    srv = make_server(AIENG_MODEL_REPOSITORY=str(tmp_path / "repo"), AIENG_PREPROCESS_WORKERS="1",
+                      AIENG_POSTPROCESS_WORKERS="1", AIENG_EXECUTOR_LANES="1", AIENG_MAX_BATCH_SIZE="16",
+                      AIENG_EXECUTOR_SPARE_LANE="0", AIENG_IDLE_WIDE_RUNS="0").start()
     rows = [np.arange(1, 2 * n + 1, dtype=np.float32).reshape(2, n) * (k + 1)
             for k in range(96) for n in (k % 6 + 1,)]
 
     async def together():
-        client = AsyncClient(server.addr)
+        client = AsyncClient(srv.addr)
         try:
             return await asyncio.gather(*(client.infer("mean", {"x": x}) for x in rows))
         finally:

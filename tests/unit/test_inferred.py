@@ -198,3 +198,18 @@ def test_model_dir_layouts_of_bare_onnx_files(tmp_path):
     (bad / "model.onnx").write_bytes(b"not an onnx file")
     with pytest.raises(ViewError, match="no model.yaml, and its model.onnx is not a readable ONNX model"):
         layout(str(bad))
+
+
+def test_a_preprocessed_model_with_a_fixed_first_axis_keeps_its_added_axis_one_row_per_run(tmp_path):
+    """layout's [1, 3, 800, 608] behind an image preprocessor: per-request tensors come without the batch
+    axis, so the session keeps adding it, and never runs (or warms) more than the graph's one row."""
+    d = tmp_path / "m" / "1"
+    save_add(d, [1, 4])
+    (d / "model.yaml").write_text("inputs: [{name: x, kind: number}]\noutputs: [{name: sum, kind: tensor}]\n"
+                                  "preprocess: {type: tabular}\npostprocess: {type: tensor}\n"
+                                  "batching: {max_batch_size: 8}\n")
+    sess = ModelSession(repo.load_spec("m", "1", str(d)), "cpu", 1)
+    assert sess.batched and not sess.open_first and sess.max_rows() == 1
+    assert [i.dims for i in sess.inputs] == [[4], [4]]
+    assert sess.describe()["inputs"][0]["shape"] == ["batch", 4]
+    assert sess.warmup() > 0 and all(rows == 1 for rows, _, _ in sess.warm_costs)
