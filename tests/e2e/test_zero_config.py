@@ -25,6 +25,7 @@ import tritonclient.grpc as tg
 import tritonclient.http as th
 from onnx import TensorProto, helper
 
+from aieng.cli.rollout import call
 from aieng.client import AsyncClient
 from tests.conftest import ROOT, ServerProcess
 
@@ -112,6 +113,9 @@ def test_models_op_shows_what_was_inferred_and_why(server):
     assert fixed["onnx"]["batched"] is False and fixed["onnx"]["inputs"][0]["shape"] == [1, 4]
     hand = models["handfixed"]["versions"]["1"]
     assert "inferred" not in hand and hand["onnx"]["batched"] is False  # the session decided
+    listed = call(server.admin_addr, "models")["models"]  # `aieng models list`
+    assert listed["fixed"]["versions"]["1"]["inferred"]["batching_why"] == fixed["inferred"]["batching_why"]
+    assert "inferred" not in listed["handfixed"]["versions"]["1"]
 
 
 def test_native_client_answers(server):

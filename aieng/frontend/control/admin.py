@@ -202,7 +202,8 @@ class AdminOps:
             out[name] = {"stable": state.stable, "versions": {
                 v: {"hash": s.content_hash, "description": s.description,
                     "metadata": s.metadata.thaw(), "weight": state.weights.get(v, 0.0),
-                    "load_error": failed.get(s.key), "path": s.path}
+                    "load_error": failed.get(s.key), "path": s.path,
+                    **({"inferred": s.inferred.public()} if s.inferred else {})}
                 for v, s in versions.items()}}
         for key, view in self.versions.loads_view().items():  # loading, failed, draining, unloaded: shown too
             name, _, version = key.partition(":")
