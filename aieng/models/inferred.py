@@ -45,15 +45,16 @@ def onnx_file(path: str) -> str | None:
 
 
 def _served(t: TensorInfo, batched: bool) -> InferredTensor:
+    dtype = t.np_dtype or str(t.datatype).lower()
     if t.dims is None:  # the graph gives no rank (never batched): any shape, as Triton shows one
-        return InferredTensor(t.name, str(t.datatype), (), (-1,))
+        return InferredTensor(t.name, str(t.datatype), dtype, (), (-1,))
     per = t.dims[1:] if batched else t.dims
-    return InferredTensor(t.name, str(t.datatype), tuple(t.dims),
+    return InferredTensor(t.name, str(t.datatype), dtype, tuple(t.dims),
                           tuple(d if isinstance(d, int) else -1 for d in per))
 
 
-def _decl(t: InferredTensor, np_dtype: str | None) -> dict[str, Any]:
-    return {"name": t.name, "kind": "tensor", "dtype": np_dtype or t.datatype.lower(), "datatype": t.datatype,
+def _decl(t: InferredTensor) -> dict[str, Any]:
+    return {"name": t.name, "kind": "tensor", "dtype": t.dtype, "datatype": t.datatype,
             "shape": list(t.shape)}
 
 
@@ -87,9 +88,8 @@ def inferred_spec(name: str, version: str, path: str, onnx_name: str, measure: b
     else:
         cap = CapMeasure(1, "not measured (aieng models init --no-measure): set batching.max_batch_size", ())
     inferred = Inferred(onnx_name, ins, outs, axis.batched, axis.why, cap.max_batch_size, cap.why, cap.rows)
-    np_dtypes = {t.name: t.np_dtype for t in info.inputs + info.outputs}
-    inputs = tuple(InputDecl.parse(_decl(t, np_dtypes[t.name])) for t in ins)
-    outputs = tuple(OutputDecl.parse(_decl(t, np_dtypes[t.name])) for t in outs)
+    inputs = tuple(InputDecl.parse(_decl(t)) for t in ins)
+    outputs = tuple(OutputDecl.parse(_decl(t)) for t in outs)
     return ModelSpec(
         name=name, version=version, path=version_dir(path), content_hash=content_hash(path),
         description=f"inferred from {onnx_name}", inputs=inputs, outputs=outputs,
@@ -114,15 +114,11 @@ def yaml_text(spec: ModelSpec) -> str:
     if inf.onnx_file != DEFAULT_FILE:
         lines.append(f"model_file: {_quote(inf.onnx_file)}")
 
-    def decl(items) -> list[str]:
-        out = []
-        for d in items:
-            shown = d.shown.thaw()
-            out.append(f"  - {{name: {_quote(shown['name'])}, kind: tensor, dtype: {shown['dtype']}, "
-                       f"datatype: {shown['datatype']}, shape: {shown['shape']}}}")
-        return out
+    def decl(items: tuple[InferredTensor, ...]) -> list[str]:
+        return [f"  - {{name: {_quote(t.name)}, kind: tensor, dtype: {t.dtype}, datatype: {t.datatype}, "
+                f"shape: {list(t.shape)}}}" for t in items]
 
-    lines += ["inputs:", *decl(spec.inputs), "outputs:", *decl(spec.outputs),
+    lines += ["inputs:", *decl(inf.inputs), "outputs:", *decl(inf.outputs),
               "preprocess: {type: tensor}", "postprocess: {type: tensor}",
               f"batching: {{max_batch_size: {spec.batching.max_batch_size}, "
               f"max_wait_ms: {spec.batching.max_wait_ms}, max_padding_waste: 0.0, "

@@ -233,6 +233,7 @@ class Degrade:
 class InferredTensor:
     name: str
     datatype: str  # OIP
+    dtype: str  # numpy's name, where numpy has one (else the OIP name, lower case: "bf16")
     graph_shape: tuple[Any, ...]  # as the graph gives it: an int, a symbol, or None per axis
     shape: tuple[int, ...]  # per request (the batch axis left out when batched); -1: any size
 
@@ -257,7 +258,7 @@ class Inferred:
 
 
 def _public(t: InferredTensor) -> dict[str, Any]:
-    return {"name": t.name, "datatype": t.datatype, "graph_shape": list(t.graph_shape),
+    return {"name": t.name, "datatype": t.datatype, "dtype": t.dtype, "graph_shape": list(t.graph_shape),
             "shape": list(t.shape)}
 
 
