@@ -135,15 +135,16 @@ def test_native_client_answers(server):
 
 
 def test_requests_of_different_shapes_are_never_padded_together(make_server, tmp_path):
-    """Many ``mean`` requests of shapes [64, 1..6] in flight at once (one batching length, 64, which the
-    warm-up measured): each answer is its own request's mean (one padded with zeros to a wider neighbour's
-    width would give a smaller mean), and equal shapes still batch together.  One lane and a run of a few
-    milliseconds make the requests queue.  The test fails when the executor pads them together."""
+    """Many ``mean`` requests of shapes [32, 1..6] in flight at once (one batching length, 32: the one the
+    warm-up times at 1, 2 and 4 rows, so the batcher knows a batch pays): each answer is its own
+    request's mean (one padded with zeros to a wider neighbour's width would give a smaller mean), and
+    equal shapes still batch together. One lane and a run of a few milliseconds make the requests queue.
+    The test fails when the executor pads them together."""
     save_mean(tmp_path / "repo" / "mean" / "1", work=512)
     srv = make_server(AIENG_MODEL_REPOSITORY=str(tmp_path / "repo"), AIENG_PREPROCESS_WORKERS="1",
                       AIENG_POSTPROCESS_WORKERS="1", AIENG_EXECUTOR_LANES="1",
                       AIENG_EXECUTOR_SPARE_LANE="0", AIENG_IDLE_WIDE_RUNS="0").start()
-    rows = [(np.arange(64 * w, dtype=np.float32).reshape(64, w) % 7) + k
+    rows = [(np.arange(32 * w, dtype=np.float32).reshape(32, w) % 7) + k
             for k in range(96) for w in (k % 6 + 1,)]
 
     async def together():
