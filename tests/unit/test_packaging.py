@@ -8,6 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PROTO = ROOT / "aieng" / "gateway" / "proto"
+PROTOS = (PROTO, ROOT / "aieng" / "models" / "proto")  # the gRPC stubs; Triton's ModelConfig message
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 
 
@@ -24,8 +25,8 @@ def test_grpcio_lower_bound_is_the_version_the_stubs_require():
 
 def test_protobuf_lower_bound_is_the_gencode_version_of_every_stub():
     versions = {re.search(r"^# Protobuf Python Version: ([\d.]+)$", p.read_text(), re.M).group(1)
-                for p in PROTO.glob("*_pb2.py")}
-    assert len(versions) == 1, versions
+                for d in PROTOS for p in d.glob("*_pb2.py")}
+    assert len(versions) == 1 and len(list(PROTOS[1].glob("*_pb2.py"))) == 1, versions
     assert lower_bound(PROJECT["dependencies"], "protobuf") == versions.pop()
 
 
