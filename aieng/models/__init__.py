@@ -7,6 +7,8 @@ model-wide ``model.yaml``
 settings (``settings``: the versions policy, routing, pool, metadata), pipelines (``pipelines``), golden
 sets (``golden``), one model directory served under a name (``view``), ONNX metadata without onnx
 (``onnx_meta``), the one reader of every model.yaml (``yaml_file``: bounded, regular files, no aliases),
+Triton's ``config.pbtxt`` (``triton_config``: read into Triton's own ``ModelConfig`` message, ``proto``,
+and checked field by field; ``triton_spec``: against the graph, as a tensor model's spec),
 the registry of the versions served (``served``: every frontend component reads it, one writer changes it),
 and the pure schema parsers the scan and the roles share: the ``routing`` section (``routing``: weights,
 rules and groups, shadow, auto-rollback; the frontend builds its routing state on them), the ``pool``

@@ -1,8 +1,10 @@
 """The model repository: ``<repo>/<model>/<version>/{model.yaml, model.onnx, ...}``.
 
-A version directory is described by its ``model.yaml``, else by its ONNX graph alone (``model.onnx`` or a
-single ``*.onnx``: ``models/inferred.py``, a tensor model inferred from the graph); a directory with neither
-is not a version.
+A version directory is described by its ``model.yaml``, else by its model directory's Triton
+``config.pbtxt`` (``models/triton_spec.py``; every numbered directory is then a version, under the config's
+``version_policy`` unless the model-wide model.yaml sets ``versions``), else by its ONNX graph alone
+(``model.onnx`` or a single ``*.onnx``: ``models/inferred.py``, a tensor model inferred from the graph); a
+directory with none of them is not a version (``version_spec``, ``model_versions``).
 
 A version directory holds everything needed to serve the model identically to how it was trained; nothing
 model-specific lives in the server.  ``scan`` finds the served versions (``models/settings.py``: the
@@ -13,10 +15,11 @@ every referenced file strictly inside the version directory, with its sha256 con
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from typing import Any
 
-from aieng.models import postprocess, yaml_file
+from aieng.models import postprocess, triton_config, triton_spec, yaml_file
 from aieng.models.frozen import Opaque
 from aieng.models.inferred import inferred_spec, onnx_file
 from aieng.models.pipelines import check_pipeline_models, pipeline_spec
@@ -52,6 +55,9 @@ from aieng.models.spec import (
     verify_content,
     version_dir,
 )
+
+log = logging.getLogger("aieng.models")
+version_dirs = triton_spec.version_dirs
 
 INPUT_KINDS = ("text", "image", "number", "category", "tensor")
 OUTPUT_KINDS = ("tensor", "str", "number", "list")
@@ -148,14 +154,45 @@ def describes(path: str) -> bool:
                                                                   and onnx_file(path) is not None)
 
 
-def version_spec(name: str, version: str, path: str) -> ModelSpec:
-    """A version's spec from what describes it (issue 35): its model.yaml, else its ONNX graph."""
+def triton_model(mdir: str, override: Any = None) -> triton_config.TritonConfig | None:
+    """The model's checked config.pbtxt (or ``override``, a ModelConfig in JSON form), logging the fields
+    that do not apply once; None when it has neither."""
+    if override is None and not os.path.isfile(os.path.join(mdir, triton_config.CONFIG_FILE)):
+        return None
+    cfg = triton_config.load(mdir, override)
+    triton_spec.log_notes(cfg, log)
+    return cfg
+
+
+def version_spec(name: str, version: str, path: str,
+                 triton: triton_config.TritonConfig | None = None) -> ModelSpec:
+    """A version's spec from what describes it (issue 35), first found: its model.yaml, the model's
+    config.pbtxt (``triton``: ``triton_model``), its ONNX graph."""
     if os.path.isfile(os.path.join(path, "model.yaml")):
         return load_spec(name, version, path)
+    if triton is not None:
+        return triton_spec.load_version(name, version, path, triton)
     found = onnx_file(path)
     if found is None:
         raise ModelError(f"{path}: no model.yaml and no ONNX file (model.onnx, or a single *.onnx)")
     return inferred_spec(name, version, path, found)
+
+
+def model_versions(mdir: str, triton: triton_config.TritonConfig | None,
+                   settings: dict[str, Any] | None = None) -> tuple[list[str], list[str]]:
+    """A model directory's versions and those its policy serves: each directory ``describes`` accepts, and
+    with a config.pbtxt (``triton``) each numbered one; the model-wide model.yaml's ``versions``, else the
+    config's ``version_policy``.  ``([], [])`` when it has none."""
+    found = [v for v in sorted(os.listdir(mdir), key=_version_key)
+             if not v.startswith(".") and describes(os.path.join(mdir, v))]
+    if triton is not None:
+        found = sorted(set(found) | set(version_dirs(mdir)), key=_version_key)
+    if not found:
+        return [], []
+    settings = model_settings(mdir) if settings is None else settings
+    policy = settings.get("versions", triton.version_policy if triton else None)
+    where = os.path.join(mdir, "model.yaml") if triton is None else triton.path
+    return found, apply_policy(policy, found, where)
 
 
 def scan(repo: str, only: list[str] | None = None) -> dict[str, dict[str, ModelSpec]]:
@@ -167,17 +204,16 @@ def scan(repo: str, only: list[str] | None = None) -> dict[str, dict[str, ModelS
         mdir = os.path.join(repo, name)
         if name.startswith(".") or not os.path.isdir(mdir) or (only and name not in only):
             continue
-        found_versions = [v for v in sorted(os.listdir(mdir), key=_version_key)
-                          if not v.startswith(".") and describes(os.path.join(mdir, v))]
+        triton = triton_model(mdir)  # a config.pbtxt beside the versions (models/triton_spec.py)
+        found_versions, served = model_versions(mdir, triton)
         if not found_versions:
             continue
         settings = model_settings(mdir)
         where = os.path.join(mdir, "model.yaml")
-        served = apply_policy(settings.get("versions"), found_versions, where)
         check_routing(settings.get("routing"), set(served), where)
         pool = pool_setting(settings.get("pool"), where)
         routing = Routing.parse(settings.get("routing"))
-        found[name] = {ver: dataclasses.replace(version_spec(name, ver, os.path.join(mdir, ver)),
+        found[name] = {ver: dataclasses.replace(version_spec(name, ver, os.path.join(mdir, ver), triton),
                                                 routing=routing, pool=pool) for ver in served}
     check_pipeline_models(found)
     missing = set(only or ()) - set(found)
@@ -206,5 +242,5 @@ def apply_overrides(specs: dict[str, dict[str, ModelSpec]], max_batch_size: int,
 
 __all__ = ["ContentChanged", "ModelError", "ModelLoadError", "ModelSpec", "apply_overrides", "apply_policy",
            "build_each", "check_pipeline_models", "check_routing", "content_hash", "describes",
-           "failure_message", "latest", "load_spec", "model_settings", "overridden", "resolve_inside", "scan",
-           "verify_content", "version_dir", "version_spec"]
+           "failure_message", "latest", "load_spec", "model_settings", "model_versions", "overridden",
+           "resolve_inside", "scan", "triton_model", "verify_content", "version_dir", "version_spec"]

@@ -1,0 +1,97 @@
+"""A Triton model repository served as it comes: ``<model>/config.pbtxt`` + ``<model>/1/model.onnx``, no
+model.yaml, with Triton's own clients (tritonclient over HTTP and gRPC).
+
+Triton's ``simple`` (INPUT0, INPUT1 INT32 [16] -> OUTPUT0 sum, OUTPUT1 difference, max_batch_size 8): values,
+metadata and the model config answer; a model.yaml beside the config.pbtxt wins for its version; a malformed
+config.pbtxt fails the start naming the file and the line; the repository load with a ``config`` override."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tritonclient.grpc as tg
+import tritonclient.http as th
+
+from tests.triton_repo import SIMPLE_CONFIG, write_model
+
+pytestmark = pytest.mark.e2e
+
+
+def _inputs(mod, a: np.ndarray, b: np.ndarray) -> list:
+    out = []
+    for name, arr in (("INPUT0", a), ("INPUT1", b)):
+        t = mod.InferInput(name, list(arr.shape), "INT32")
+        t.set_data_from_numpy(arr)
+        out.append(t)
+    return out
+
+
+@pytest.fixture
+def simple_server(make_server, tmp_path):
+    repo = tmp_path / "repo"
+    write_model(repo, "simple", SIMPLE_CONFIG)
+    return make_server(AIENG_MODEL_REPOSITORY=str(repo), AIENG_PREPROCESS_WORKERS="1").start()
+
+
+def test_simple_over_http_and_grpc(simple_server):
+    a = np.arange(32, dtype=np.int32).reshape(2, 16)
+    b = np.full((2, 16), 3, dtype=np.int32)
+    with th.InferenceServerClient(simple_server.oip_http) as c:
+        assert c.is_model_ready("simple")
+        meta = c.get_model_metadata("simple")
+        assert meta["inputs"] == [{"name": "INPUT0", "datatype": "INT32", "shape": [-1, 16]},
+                                  {"name": "INPUT1", "datatype": "INT32", "shape": [-1, 16]}]
+        assert [o["name"] for o in meta["outputs"]] == ["OUTPUT0", "OUTPUT1"]
+        cfg = c.get_model_config("simple")
+        assert cfg["max_batch_size"] == 8
+        assert cfg["dynamic_batching"]["max_queue_delay_microseconds"] == 3000
+        assert [(i["name"], i["data_type"], i["dims"]) for i in cfg["input"]] == \
+            [("INPUT0", "TYPE_INT32", [16]), ("INPUT1", "TYPE_INT32", [16])]
+        assert [(o["name"], o["data_type"], o["dims"]) for o in cfg["output"]] == \
+            [("OUTPUT0", "TYPE_INT32", [16]), ("OUTPUT1", "TYPE_INT32", [16])]
+        res = c.infer("simple", _inputs(th, a, b))
+        np.testing.assert_array_equal(res.as_numpy("OUTPUT0"), a + b)
+        np.testing.assert_array_equal(res.as_numpy("OUTPUT1"), a - b)
+        assert res.as_numpy("OUTPUT0").dtype == np.int32
+    with tg.InferenceServerClient(simple_server.oip_grpc) as g:
+        cfg = g.get_model_config("simple").config
+        assert cfg.max_batch_size == 8 and [list(i.dims) for i in cfg.input] == [[16], [16]]
+        res = g.infer("simple", _inputs(tg, a[:1], b[:1]))
+        np.testing.assert_array_equal(res.as_numpy("OUTPUT0"), a[:1] + b[:1])
+        np.testing.assert_array_equal(res.as_numpy("OUTPUT1"), a[:1] - b[:1])
+
+
+def test_auto_complete_from_the_graph(make_server, tmp_path):
+    """A config.pbtxt naming only the platform: inputs, outputs and batching come from the graph; the
+    latest version only (Triton's default policy); a version with a model.yaml is described by it."""
+    repo = tmp_path / "repo"
+    write_model(repo, "auto", 'platform: "onnxruntime_onnx"\n', versions=("1", "2"))
+    srv = make_server(AIENG_MODEL_REPOSITORY=str(repo), AIENG_PREPROCESS_WORKERS="1").start()
+    with th.InferenceServerClient(srv.oip_http) as c:
+        assert c.is_model_ready("auto", "2") and not c.is_model_ready("auto", "1")
+        cfg = c.get_model_config("auto")
+        assert cfg["max_batch_size"] > 0
+        assert {i["name"]: (i["data_type"], i["dims"]) for i in cfg["input"]} == \
+            {"INPUT0": ("TYPE_INT32", [16]), "INPUT1": ("TYPE_INT32", [16])}
+        a = np.ones((3, 16), dtype=np.int32)
+        res = c.infer("auto", _inputs(th, a, 2 * a))
+        np.testing.assert_array_equal(res.as_numpy("OUTPUT1"), -a)
+
+
+def test_malformed_config_fails_naming_file_and_line(make_server, tmp_path):
+    repo = tmp_path / "repo"
+    write_model(repo, "simple", SIMPLE_CONFIG)
+    write_model(repo, "broken", 'platform: "onnxruntime_onnx"\nmax_batch_size: 8\ninput [ { name: "x" ]\n')
+    srv = make_server(AIENG_MODEL_REPOSITORY=str(repo), AIENG_PREPROCESS_WORKERS="1")
+    with pytest.raises(RuntimeError) as err:
+        srv.start(timeout=60)
+    text = str(err.value)
+    assert f"{repo / 'broken' / 'config.pbtxt'}:3:" in text and "malformed config.pbtxt" in text
+
+
+def test_other_platform_refused_by_name(make_server, tmp_path):
+    repo = tmp_path / "repo"
+    write_model(repo, "plan", 'platform: "tensorrt_plan"\nmax_batch_size: 8\n')
+    srv = make_server(AIENG_MODEL_REPOSITORY=str(repo), AIENG_PREPROCESS_WORKERS="1")
+    with pytest.raises(RuntimeError) as err:
+        srv.start(timeout=60)
+    assert "platform 'tensorrt_plan' (TensorRT)" in str(err.value)
