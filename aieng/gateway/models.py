@@ -77,8 +77,9 @@ def build_view(name: str, pub: dict, batching: Batching | None) -> ModelView:
     onnx = pub.get("onnx")
     whole = (onnx or {}).get("batched") is False  # the executor runs it unbatched, whatever the spec says
     view = ModelView(name, pub["version"], 1 if whole else max(1, int(pub.get("max_batch_size") or 1)),
-                     float(batching.max_wait_ms if batching else 0.0), int(pub.get("timeout_ms") or 0),
-                     load_error=pub.get("load_error"), inferred=pub.get("inferred"))
+                     float(batching.max_wait_ms if batching else pub.get("max_wait_ms") or 0.0),
+                     int(pub.get("timeout_ms") or 0), load_error=pub.get("load_error"),
+                     inferred=pub.get("inferred"))
     lead = [-1] if view.batched else []
     for item in pub.get("inputs", []):
         kind = item["kind"]

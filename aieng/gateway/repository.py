@@ -5,7 +5,10 @@ reaches an OIP port may use them); off, they answer PERMISSION_DENIED (403, ``de
 On, they are the ``load``/``unload`` admin ops (as ``aieng models load|unload``) sent to
 ``AIENG_ADMIN_ADDR``, never to the client socket; with admin CURVE on a key made at start.
 ``versions_of``: the versions a request names (``config``'s ``version_policy.specific.versions``, or
-``version``).  Without one, load takes every version the model's policy serves that is not loaded, unload
+``version``).  For a model with a Triton ``config.pbtxt``, ``config`` is Triton's override: the whole
+ModelConfig in JSON form, used instead of the file for the versions its ``version_policy`` serves (which
+must not be loaded already: aieng does not reload a loaded version in place).
+Naming no version, load takes every version the model's policy serves that is not loaded, unload
 every loaded version with weight 0 (the admin op refuses one a rule names).  A load waits for ``ready``
 or ``failed`` (polled from the admin ``models`` op) for the request's ``timeout`` or ``DEFAULT_WAIT_S``
 (``TIMEOUT`` after: it goes on); an unload for its drain.  The index comes from the admin ``models`` op.
@@ -109,26 +112,47 @@ class Repository:
             raise p.RequestError(p.MODEL_NOT_FOUND, unknown or unknown_model(name, None))
         return entry
 
-    def policy_versions(self, name: str) -> list[str]:
-        """The versions ``<model>/model.yaml``'s policy serves, from the repository directory."""
+    def policy_versions(self, name: str, override: str | None = None) -> list[str]:
+        """The versions the model's policy serves, from the repository directory (``override``: a
+        config.pbtxt model's JSON config, whose ``version_policy`` decides)."""
         mdir = os.path.join(self.cfg.model_repository, name)
         try:
-            dirs = [d for d in sorted(os.listdir(mdir), key=model_repo._version_key)
-                    if os.path.isfile(os.path.join(mdir, d, "model.yaml"))]
-            return model_repo.apply_policy(model_repo.model_settings(mdir).get("versions"), dirs, mdir)
+            return model_repo.model_versions(mdir, model_repo.triton_model(mdir, override))[1]
         except (OSError, model_repo.ModelError) as exc:
             raise p.RequestError(p.INVALID_REQUEST, f"cannot read the policy of '{name}': {exc}") from None
+
+    def config_override(self, name: str, params: dict) -> str | None:
+        """A load's ``config`` as Triton reads it: the whole ModelConfig, used instead of the model's
+        config.pbtxt; None for a model without one (its ``config`` only names versions: ``versions_of``)."""
+        raw = params.get("config")
+        mdir = os.path.join(self.cfg.model_repository, name)
+        if raw in (None, "", b"") or not os.path.isfile(os.path.join(mdir, "config.pbtxt")):
+            return None
+        if isinstance(raw, dict):
+            return json.dumps(raw)
+        return raw.decode() if isinstance(raw, bytes) else str(raw)
 
     async def load(self, name: str, params: dict, wait_s: float) -> list[str]:
         # Triton's words for a name its repository does not hold (its clients look for "failed to load")
         entry = await self.model(name, f"failed to load '{name}', failed to poll from model repository")
-        named = versions_of(params)
         loaded = {v for v, e in entry["versions"].items() if routable(e)}
-        todo = [v for v in (named or self.policy_versions(name)) if v not in loaded]
-        self.log.warning("OIP repository load of %s: versions %s", name, todo or "none (all loaded)")
+        override = self.config_override(name, params)
+        if override is None:
+            named = versions_of(params)
+            todo = [v for v in (named or self.policy_versions(name)) if v not in loaded]
+        else:  # Triton reloads a loaded version with the new config; aieng loads versions not loaded
+            todo = self.policy_versions(name, override)
+            busy = [v for v in todo if v in loaded]
+            if busy:
+                raise p.RequestError(p.INVALID_REQUEST, f"'{name}' version {busy[0]} is loaded: a config "
+                                                        "override loads only versions not loaded (unload "
+                                                        "it first)")
+        self.log.warning("OIP repository load of %s: versions %s%s", name, todo or "none (all loaded)",
+                         " with the request's config" if override is not None else "")
         deadline = time.monotonic() + wait_s  # for them all
+        extra = {"config": override} if override is not None else {}
         for v in todo:  # one at a time: the admin op refuses a second load of a busy version anyway
-            await self.op("load", model=name, version=v)
+            await self.op("load", model=name, version=v, **extra)
             await self.wait(name, v, ("ready", "failed"), deadline)
         return todo
 

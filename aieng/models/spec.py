@@ -102,7 +102,8 @@ class ModelSpec:
                 "inputs": [i.shown.thaw() for i in self.inputs],
                 "outputs": [o.shown.thaw() for o in self.outputs],
                 "max_batch_size": self.batching.max_batch_size if self.batching.batched else 0,
-                "timeout_ms": self.timeout_ms, "metadata": self.metadata.thaw(),
+                "max_wait_ms": self.batching.max_wait_ms, "timeout_ms": self.timeout_ms,
+                "metadata": self.metadata.thaw(),
                 **({"inferred": self.inferred.public()} if self.inferred else {}),
                 **({"kind": "pipeline", "steps": self.pipeline.public()} if self.pipeline else {})}
 

@@ -244,10 +244,11 @@ def _warmup(msg: mc.ModelConfig, where: str) -> tuple[WarmupSample, ...]:
     out = []
     for k, w in enumerate(msg.model_warmup):
         field = f"model_warmup[{k}]"
-        if not w.inputs:
+        sample = dict(w.inputs)  # a protobuf map: input name -> ModelWarmup.Input
+        if not sample:
             raise ModelError(f"{where}: {field} has no inputs")
         inputs = []
-        for name, spec in sorted(w.inputs.items()):
+        for name, spec in sorted(sample.items()):
             source = spec.WhichOneof("input_data_type")
             if source is None:
                 raise ModelError(f"{where}: {field}.inputs['{name}'] needs zero_data, random_data or "

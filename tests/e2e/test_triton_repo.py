@@ -6,12 +6,16 @@ metadata and the model config answer; a model.yaml beside the config.pbtxt wins 
 config.pbtxt fails the start naming the file and the line; the repository load with a ``config`` override."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import tritonclient.grpc as tg
 import tritonclient.http as th
+from tritonclient.utils import InferenceServerException
 
 from tests.triton_repo import SIMPLE_CONFIG, write_model
+from tests.waits import until
 
 pytestmark = pytest.mark.e2e
 
@@ -95,3 +99,41 @@ def test_other_platform_refused_by_name(make_server, tmp_path):
     with pytest.raises(RuntimeError) as err:
         srv.start(timeout=60)
     assert "platform 'tensorrt_plan' (TensorRT)" in str(err.value)
+
+
+def test_repository_load_with_a_config_override(make_server, tmp_path):
+    """Triton's load with a JSON ``config``: the versions its version_policy names load with it instead of
+    config.pbtxt; a loaded version is not reloaded in place (refused, saying so); a config that
+    contradicts the graph fails the load naming the field, over HTTP and gRPC."""
+    repo = tmp_path / "repo"
+    write_model(repo, "simple", SIMPLE_CONFIG, versions=("1", "2"))
+    srv = make_server(AIENG_MODEL_REPOSITORY=str(repo), AIENG_PREPROCESS_WORKERS="1",
+                      AIENG_OIP_REPOSITORY_CONTROL="1").start()
+    override = {"platform": "onnxruntime_onnx", "max_batch_size": 4,
+                "version_policy": {"specific": {"versions": [1]}},
+                "dynamic_batching": {"max_queue_delay_microseconds": 100}}
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    with th.InferenceServerClient(srv.oip_http) as c:
+        assert c.is_model_ready("simple", "2") and not c.is_model_ready("simple", "1")
+        c.load_model("simple", config=json.dumps(override))
+        assert c.is_model_ready("simple", "1")
+        assert until(lambda: c.get_model_config("simple", "1")["max_batch_size"] == 4, 30)
+        cfg1 = c.get_model_config("simple", "1")
+        assert cfg1["dynamic_batching"]["max_queue_delay_microseconds"] == 100
+        assert [i["dims"] for i in cfg1["input"]] == [[16], [16]]  # auto-completed from the graph
+        assert c.get_model_config("simple", "2")["max_batch_size"] == 8
+        res = c.infer("simple", _inputs(th, a, a), model_version="1")
+        np.testing.assert_array_equal(res.as_numpy("OUTPUT0"), 2 * a)
+        with pytest.raises(InferenceServerException) as err:
+            c.load_model("simple", config=json.dumps({**override,
+                                                      "version_policy": {"latest": {"num_versions": 1}}}))
+        assert "version 2 is loaded" in str(err.value)
+    write_model(repo, "simple", None, versions=("3",))
+    bad = {"max_batch_size": 8, "version_policy": {"specific": {"versions": [3]}},
+           "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [16]},
+                     {"name": "INPUT1", "data_type": "TYPE_INT32", "dims": [16]}]}
+    with tg.InferenceServerClient(srv.oip_grpc) as g:
+        with pytest.raises(InferenceServerException) as err:
+            g.load_model("simple", config=json.dumps(bad))
+        assert "input[0].data_type TYPE_FP32 contradicts the graph's input 'INPUT0'" in str(err.value)
+        assert not g.is_model_ready("simple", "3") and g.is_model_ready("simple", "2")

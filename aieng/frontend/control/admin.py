@@ -105,7 +105,7 @@ class AdminServer:
 class Versions(Protocol):
     """What admin ops ask of ``versions.manager.VersionManager``."""
 
-    def load(self, name: str, version: str, source: str = "admin") -> dict: ...
+    def load(self, name: str, version: str, source: str = "admin", config: str | None = None) -> dict: ...
 
     def unload(self, name: str, version: str, source: str = "admin") -> dict: ...
 
@@ -274,7 +274,10 @@ class AdminOps:
         return name, version
 
     def load(self, req: dict) -> dict:
-        return self.versions.load(*self.version_arg(req))
+        config = req.get("config")  # a Triton ModelConfig in JSON form, used instead of its config.pbtxt
+        if config is not None and not isinstance(config, str):
+            raise p.RequestError(p.INVALID_REQUEST, "load's 'config' must be a string: a ModelConfig as JSON")
+        return self.versions.load(*self.version_arg(req), config=config)
 
     def unload(self, req: dict) -> dict:
         return self.versions.unload(*self.version_arg(req))

@@ -72,7 +72,7 @@ class HotSwap:
         self.urgent_pool = ThreadPoolExecutor(1, thread_name_prefix="hotswap-cold")
 
     # -- load --------------------------------------------------------------------------
-    def load(self, name: str, version: str, source: str = "admin") -> dict:
+    def load(self, name: str, version: str, source: str = "admin", config: str | None = None) -> dict:
         specs = self.specs
         if name not in specs:
             raise p.RequestError(p.MODEL_NOT_FOUND, f"unknown model {name!r}: only versions of served models "
@@ -84,23 +84,32 @@ class HotSwap:
         if cur is not None and cur.state in BUSY:
             raise p.RequestError(p.INVALID_REQUEST, f"{key} is {cur.state} already")
         vdir = os.path.join(self.rollout.model_dirs()[name], version)
-        if not version or os.sep in version or version.startswith(".") or not model_repo.describes(vdir):
+        described = model_repo.describes(vdir) or (version.isdigit() and os.path.isdir(vdir) and (
+            config is not None or os.path.isfile(os.path.join(os.path.dirname(vdir), "config.pbtxt"))))
+        if not version or os.sep in version or version.startswith(".") or not described:
             raise p.RequestError(p.MODEL_NOT_FOUND, f"no version directory {vdir} with a model.yaml "
-                                                    "or an ONNX file")
+                                                    "or an ONNX file (or a config.pbtxt beside it)")
+        if config is not None and os.path.isfile(os.path.join(vdir, "model.yaml")):
+            raise p.RequestError(p.INVALID_REQUEST, f"{key} is described by its model.yaml: a config "
+                                                    "override applies to a config.pbtxt model's versions")
         if self.pool.is_cold(key):  # a lazy model's version: evict to fit the budget first (or refuse)
             self.pool.make_room(key)
         # Validating hashes the model file (tens of MB: 100+ ms): on a thread, so the loop keeps serving
         # (hashlib releases the GIL); ``tick`` picks the result up.
         ld = self.loads.put(key, Load(name, version, source, state="validating"))
         pool = self.urgent_pool if source == "cold" else self.pool_thread
-        ld.future = pool.submit(self.validate, name, version, vdir)
+        ld.future = pool.submit(self.validate, name, version, vdir, config)
         log.warning("loading %s from %s (%s)", key, vdir, source)
         return {"model": name, "version": version, "load": ld.view()}
 
     @staticmethod
-    def validate(name: str, version: str, vdir: str) -> tuple[model_repo.ModelSpec, dict | None]:
-        # on a helper thread (low priority: hashing a 90 MB file leaves the cores to serving)
-        spec = model_repo.version_spec(name, version, vdir)
+    def validate(name: str, version: str, vdir: str, config: str | None = None
+                 ) -> tuple[model_repo.ModelSpec, dict | None]:
+        # on a helper thread (low priority: hashing a 90 MB file leaves the cores to serving); a version
+        # without a model.yaml is described by its model's config.pbtxt (or the load's ``config`` override),
+        # else by its graph
+        triton = model_repo.triton_model(os.path.dirname(vdir), config)
+        spec = model_repo.version_spec(name, version, vdir, triton)
         return spec, read_golden(spec.path)
 
     def validated(self, ld: Load) -> None:

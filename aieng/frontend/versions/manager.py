@@ -41,8 +41,8 @@ class VersionManager:
         self.handlers = self.swap.handlers  # VersionLoaded, VersionFailed from the workers
 
     # -- commands (admin ops, reload, the pool's cold loads) -------------------------------------
-    def load(self, name: str, version: str, source: str = "admin") -> dict:
-        return self.swap.load(name, version, source)
+    def load(self, name: str, version: str, source: str = "admin", config: str | None = None) -> dict:
+        return self.swap.load(name, version, source, config)
 
     def unload(self, name: str, version: str, source: str = "admin") -> dict:
         return self.swap.unload(name, version, source)

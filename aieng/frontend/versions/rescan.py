@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from typing import Protocol
 
 from aieng.models import repo as model_repo
@@ -28,10 +27,7 @@ def rescan(swap: Swap, model_dirs: dict[str, str], specs: ServedVersions) -> dic
     started: dict[str, list[str]] = {"loading": [], "unloading": [], "kept": []}
     for name, mdir in model_dirs.items():
         try:
-            found = [v for v in sorted(os.listdir(mdir), key=model_repo._version_key)
-                     if os.path.isfile(os.path.join(mdir, v, "model.yaml"))]
-            served = model_repo.apply_policy(model_repo.model_settings(mdir).get("versions"), found,
-                                             os.path.join(mdir, "model.yaml"))
+            found, served = model_repo.model_versions(mdir, model_repo.triton_model(mdir))
         except (OSError, model_repo.ModelError) as exc:
             log.error("reload: %s not rescanned: %s", name, exc)
             continue
