@@ -6,6 +6,7 @@ preprocessing run.  At start (``wide``) it also builds a session on every core f
 while the executor is idle; it owns those (``wide_for``, ``drop``).  A run-time load (``background``)
 builds beside serving at low priority (``AIENG_LOAD_PRIORITY``) with a short, paced warm-up; a cold
 load a request waits for (``urgent``) at the caller's priority, unpaced (docs/rollout.md, section 9).
+A config.pbtxt's ``model_warmup`` samples run after the warm-up, before ready (``warm_samples``).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from aieng.envs import cpu_count
 from aieng.gpu_executor.inline_post import InlinePost
 from aieng.gpu_executor.inline_pre import InlinePre
 from aieng.gpu_executor.sessions import BACKGROUND_WARM_ROWS, ModelSession, paced_warmup
+from aieng.gpu_executor.warm_samples import run_samples
 from aieng.models import repo as model_repo
 from aieng.models.repo import ModelSpec
 from aieng.runtime.worker_hotswap import lower_priority
@@ -52,6 +54,8 @@ class SessionBuilder:
             runs = paced_warmup(sess, idle)
         else:
             runs = sess.warmup(max_rows=BACKGROUND_WARM_ROWS if background else self.cfg.warmup_max_rows)
+        warm_samples = run_samples(sess, spec)  # config.pbtxt's model_warmup, before the version is ready
+        runs += warm_samples
         choice = self.inline.consider(spec, sess)  # in force once the version joins the batcher
         pre_why = self.inline_pre.consider(spec, sess)  # likewise
         if (wide and self.cfg.idle_wide_runs and threads < cpu_count()
@@ -61,8 +65,9 @@ class SessionBuilder:
         if background:
             how = (f" (beside serving: at {'idle' if idle else 'low'} priority, warm-up paced)" if polite
                    else " (cold load, a request waits: at normal priority)")
-        self.log.info("loaded %s (%s) on %s, %d warm-up runs in %.2fs%s; postprocessing in the %s (%s); "
-                      "preprocessing: %s", spec.key, spec.content_hash[:12], sess.provider, runs,
+        samples = f" ({warm_samples} of them model_warmup's samples)" if spec.warmup else ""
+        self.log.info("loaded %s (%s) on %s, %d warm-up runs%s in %.2fs%s; postprocessing in the %s (%s); "
+                      "preprocessing: %s", spec.key, spec.content_hash[:12], sess.provider, runs, samples,
                       time.perf_counter() - t0, how, choice.where, choice.why, pre_why)
         return sess
 

@@ -325,3 +325,22 @@ class Pipeline:
 
     def public(self) -> list[dict[str, Any]]:
         return [s.public() for s in self.steps]
+
+
+# -- warm-up samples (Triton's ``model_warmup``, models/triton_config.py) -----------------------------------
+@dataclass(frozen=True)
+class WarmupInput:
+    name: str
+    datatype: str  # the OIP datatype
+    dims: tuple[int, ...]  # one row's (the sample's batch_size rows are stacked when the model batches)
+    source: str  # zero_data, random_data or input_data_file
+    data_file: str = ""  # input_data_file: under <model>/warmup/
+
+
+@dataclass(frozen=True)
+class WarmupSample:
+    """Run ``count`` times before the version is ready (the executor's ``warm_samples``)."""
+    name: str
+    batch_size: int
+    count: int
+    inputs: tuple[WarmupInput, ...]

@@ -31,6 +31,7 @@ from aieng.models.sections import (
     Postprocess,
     Preprocess,
     Routing,
+    WarmupSample,
 )
 
 
@@ -75,6 +76,7 @@ class ModelSpec:
     pool: PoolSetting = PoolSetting()  # model-wide
     pipeline: Pipeline | None = None  # a ``kind: pipeline`` model's checked steps; None for an ONNX model
     inferred: Inferred | None = None  # described by its ONNX graph alone (models/inferred.py): what and why
+    warmup: tuple[WarmupSample, ...] = ()  # config.pbtxt's model_warmup, run before the version is ready
 
     @property
     def key(self) -> str:

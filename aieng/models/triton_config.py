@@ -28,6 +28,7 @@ from google.protobuf import json_format, text_format
 
 from aieng.models import yaml_file
 from aieng.models.proto import model_config_pb2 as mc
+from aieng.models.sections import WarmupInput, WarmupSample
 from aieng.models.spec import ModelError
 
 CONFIG_FILE = "config.pbtxt"
@@ -88,23 +89,6 @@ class TensorConfig:
     dims: tuple[int, ...]  # -1: any size
     optional: bool = False
     field: str = ""  # "input[0]": where it was written, for messages
-
-
-@dataclass(frozen=True)
-class WarmupInput:
-    name: str
-    datatype: str
-    dims: tuple[int, ...]
-    source: str  # zero_data, random_data or input_data_file
-    data_file: str = ""  # input_data_file: under <model>/warmup/
-
-
-@dataclass(frozen=True)
-class WarmupSample:
-    name: str
-    batch_size: int
-    count: int
-    inputs: tuple[WarmupInput, ...]
 
 
 @dataclass(frozen=True)

@@ -86,6 +86,9 @@ def _check_warmup(cfg: TritonConfig, inputs: tuple[TensorConfig, ...], mdir: str
     by_name = {t.name: t for t in inputs}
     for sample in cfg.warmup:
         field = f"model_warmup '{sample.name}'"
+        absent = [t.name for t in inputs if not t.optional and t.name not in {w.name for w in sample.inputs}]
+        if absent:
+            raise ModelError(f"{cfg.path}: {field} gives no input '{absent[0]}' (every required input)")
         if cfg.max_batch_size and sample.batch_size > cfg.max_batch_size:
             raise ModelError(f"{cfg.path}: {field}: batch_size {sample.batch_size} > max_batch_size "
                              f"{cfg.max_batch_size}")
@@ -158,7 +161,7 @@ def triton_spec(name: str, version: str, path: str, cfg: TritonConfig, graph: An
         outputs=tuple(OutputDecl.parse(_decl(t)) for t in outputs),
         preprocess=Preprocess.parse({"type": "tensor"}), postprocess=Postprocess.parse({"type": "tensor"}),
         padding=Padding(), batching=batching_of(cfg, batched, cap), timeout_ms=0, onnx_path=onnx_path,
-        metadata=Opaque.of({}))
+        metadata=Opaque.of({}), warmup=cfg.warmup)
 
 
 def version_dirs(mdir: str) -> list[str]:

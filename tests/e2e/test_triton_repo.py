@@ -137,3 +137,45 @@ def test_repository_load_with_a_config_override(make_server, tmp_path):
             g.load_model("simple", config=json.dumps(bad))
         assert "input[0].data_type TYPE_FP32 contradicts the graph's input 'INPUT0'" in str(err.value)
         assert not g.is_model_ready("simple", "3") and g.is_model_ready("simple", "2")
+
+
+WARMUP = """model_warmup [{
+  name: "w" batch_size: 2 count: 3
+  inputs { key: "INPUT0" value { data_type: TYPE_INT32 dims: [16] input_data_file: "in0" } }
+  inputs { key: "INPUT1" value { data_type: TYPE_INT32 dims: [16] random_data: true } }
+}]
+"""
+
+
+def test_model_warmup_runs_before_ready(make_server, tmp_path):
+    repo = tmp_path / "repo"
+    mdir = write_model(repo, "simple", SIMPLE_CONFIG + WARMUP)
+    (mdir / "warmup").mkdir()
+    (mdir / "warmup" / "in0").write_bytes(np.arange(16, dtype="<i4").tobytes())
+    srv = make_server(AIENG_MODEL_REPOSITORY=str(repo), AIENG_PREPROCESS_WORKERS="1").start()
+    assert "(3 of them model_warmup's samples)" in srv.output()
+    with th.InferenceServerClient(srv.oip_http) as c:
+        assert c.is_model_ready("simple")
+
+
+def test_a_failing_warmup_sample_fails_the_load_naming_it(make_server, tmp_path):
+    """A sample that fits the config but that the graph cannot run: an index out of its Gather's table
+    (the server's own warm-up, which sends ones, runs)."""
+    from onnx import TensorProto, helper
+
+    table = helper.make_tensor("table", TensorProto.FLOAT, [10], [float(i) for i in range(10)])
+    graph = helper.make_graph([helper.make_node("Gather", ["table", "idx"], ["y"])], "lookup",
+                              [helper.make_tensor_value_info("idx", TensorProto.INT64, ["batch", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+                              initializer=[table])
+    config = ('platform: "onnxruntime_onnx"\nmax_batch_size: 4\n'
+              'model_warmup [{ name: "far" batch_size: 1 inputs { key: "idx" value { data_type: TYPE_INT64 '
+              'dims: [4] input_data_file: "far" } } }]\n')
+    repo = tmp_path / "repo"
+    mdir = write_model(repo, "lookup", config, graph=graph)
+    (mdir / "warmup").mkdir()
+    (mdir / "warmup" / "far").write_bytes(np.array([1, 2, 3, 50], dtype="<i8").tobytes())
+    srv = make_server(AIENG_MODEL_REPOSITORY=str(repo), AIENG_PREPROCESS_WORKERS="1")
+    with pytest.raises(RuntimeError) as err:
+        srv.start(timeout=60)
+    assert "model_warmup sample 'far' failed" in str(err.value)

@@ -225,7 +225,7 @@ def test_auto_complete_takes_the_graphs_tensors(tmp_path):
 
 
 WARM = BASE + ('input [{ name: "INPUT0" data_type: TYPE_INT32 dims: [16] }, '
-                                 '{ name: "INPUT1" data_type: TYPE_INT32 dims: [16] }]\n')
+                                 '{ name: "INPUT1" data_type: TYPE_INT32 dims: [16] optional: true }]\n')
 
 
 @pytest.mark.parametrize("sample, error", [
@@ -234,8 +234,12 @@ WARM = BASE + ('input [{ name: "INPUT0" data_type: TYPE_INT32 dims: [16] }, '
      'random_data: true } } }]', None),
     ('model_warmup [{ name: "w" batch_size: 9 inputs { key: "INPUT0" value { data_type: TYPE_INT32 '
      'dims: [16] zero_data: true } } }]', "batch_size 9 > max_batch_size 8"),
+    ('model_warmup [{ name: "w" inputs { key: "INPUT0" value { data_type: TYPE_INT32 dims: [16] '
+     'zero_data: true } } inputs { key: "INPUT1" value { data_type: TYPE_INT32 dims: [16] zero_data: true } }'
+     ' inputs { key: "NOPE" value { data_type: TYPE_INT32 dims: [16] zero_data: true } } }]',
+     "'NOPE' is not an input"),
     ('model_warmup [{ name: "w" inputs { key: "NOPE" value { data_type: TYPE_INT32 dims: [16] '
-     'zero_data: true } } }]', "'NOPE' is not an input"),
+     'zero_data: true } } }]', "gives no input 'INPUT0'"),
     ('model_warmup [{ name: "w" inputs { key: "INPUT0" value { data_type: TYPE_FP32 dims: [16] '
      'zero_data: true } } }]', "does not fit the input"),
     ('model_warmup [{ name: "w" inputs { key: "INPUT0" value { data_type: TYPE_INT32 dims: [16] '
