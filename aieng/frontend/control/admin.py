@@ -277,7 +277,8 @@ class AdminOps:
         config = req.get("config")  # a Triton ModelConfig in JSON form, used instead of its config.pbtxt
         if config is not None and not isinstance(config, str):
             raise p.RequestError(p.INVALID_REQUEST, "load's 'config' must be a string: a ModelConfig as JSON")
-        return self.versions.load(*self.version_arg(req), config=config)
+        override = {"config": config} if config is not None else {}
+        return self.versions.load(*self.version_arg(req), **override)
 
     def unload(self, req: dict) -> dict:
         return self.versions.unload(*self.version_arg(req))
