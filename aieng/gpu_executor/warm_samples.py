@@ -5,7 +5,8 @@ serves.
 Each sample's inputs are ``zero_data`` (zeros; empty strings for BYTES), ``random_data`` (seeded: the same
 on every start) or ``input_data_file`` (``<model>/warmup/<file>``: the tensor's raw bytes, row-major; for
 BYTES each element a 4-byte little-endian length and its bytes, as Triton reads it); ``batch_size`` rows of
-one row's ``dims`` are stacked, and the sample runs ``count`` times.  A sample that fails fails the
+one row's ``dims`` are stacked (a model taking whole shapes gets ``dims`` as they are), and the sample
+runs ``count`` times.  A sample that fails fails the
 version's load (``RuntimeError`` naming the sample), as in Triton.
 """
 from __future__ import annotations
@@ -50,9 +51,13 @@ def _row(w: WarmupInput, dtype: np.dtype, mdir: str, rng: np.random.Generator) -
     return rng.integers(0, 100, shape).astype(dtype)  # small values: safe for every integer type
 
 
-def feeds(sample: WarmupSample, dtypes: dict[str, np.dtype], mdir: str) -> dict[str, np.ndarray]:
-    """The sample's input tensors, ``batch_size`` rows (at least one) each."""
+def feeds(sample: WarmupSample, dtypes: dict[str, np.dtype], mdir: str, batched: bool = True
+          ) -> dict[str, np.ndarray]:
+    """The sample's input tensors: ``batch_size`` rows (at least one) each, or the whole shape as given
+    for a model that takes whole shapes (``batched`` False: Triton's max_batch_size 0)."""
     rng = np.random.default_rng(0)
+    if not batched:
+        return {w.name: _row(w, dtypes[w.name], mdir, rng) for w in sample.inputs}
     rows = max(1, sample.batch_size)
     return {w.name: np.stack([_row(w, dtypes[w.name], mdir, rng) for _ in range(rows)])
             for w in sample.inputs}
@@ -65,7 +70,7 @@ def run_samples(sess, spec: ModelSpec) -> int:
     dtypes = {i.name: i.dtype for i in sess.inputs}
     for sample in spec.warmup:
         try:
-            batch = feeds(sample, dtypes, mdir)
+            batch = feeds(sample, dtypes, mdir, sess.batched)
             for _ in range(sample.count):
                 sess.run(batch)
                 runs += 1

@@ -14,7 +14,7 @@ import tritonclient.grpc as tg
 import tritonclient.http as th
 from tritonclient.utils import InferenceServerException
 
-from tests.triton_repo import SIMPLE_CONFIG, write_model
+from tests.triton_repo import SIMPLE_CONFIG, simple_graph, write_model
 from tests.waits import until
 
 pytestmark = pytest.mark.e2e
@@ -179,3 +179,22 @@ def test_a_failing_warmup_sample_fails_the_load_naming_it(make_server, tmp_path)
     with pytest.raises(RuntimeError) as err:
         srv.start(timeout=60)
     assert "model_warmup sample 'far' failed" in str(err.value)
+
+
+def test_max_batch_size_0_whole_shapes(make_server, tmp_path):
+    """A graph with a fixed first axis under Triton's max_batch_size 0: whole shapes in the metadata and
+    the config, and the request's tensors run as sent."""
+    repo = tmp_path / "repo"
+    config = ('platform: "onnxruntime_onnx"\nmax_batch_size: 0\n'
+              'input [{ name: "INPUT0" data_type: TYPE_INT32 dims: [1, 16] }, '
+              '{ name: "INPUT1" data_type: TYPE_INT32 dims: [1, 16] }]\n')
+    write_model(repo, "fixed", config, graph=simple_graph(batch=1))
+    srv = make_server(AIENG_MODEL_REPOSITORY=str(repo), AIENG_PREPROCESS_WORKERS="1").start()
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    with th.InferenceServerClient(srv.oip_http) as c:
+        assert c.get_model_metadata("fixed")["inputs"][0]["shape"] == [1, 16]
+        cfg = c.get_model_config("fixed")
+        assert cfg["max_batch_size"] == 0 and cfg["input"][0]["dims"] == [1, 16]
+        np.testing.assert_array_equal(c.infer("fixed", _inputs(th, a, a)).as_numpy("OUTPUT1"), 0 * a)
+    with tg.InferenceServerClient(srv.oip_grpc) as g:
+        np.testing.assert_array_equal(g.infer("fixed", _inputs(tg, a, 3 * a)).as_numpy("OUTPUT0"), 4 * a)

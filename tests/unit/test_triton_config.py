@@ -278,3 +278,32 @@ def test_a_json_override_is_read_as_triton_reads_it(tmp_path):
     assert cfg.max_batch_size == 4 and cfg.max_queue_delay_us == 500 and "override" in cfg.path
     with pytest.raises(ModelError, match="not a ModelConfig"):
         triton_config.load(str(mdir), '{"max_batch_size": "many"}')
+
+
+def test_max_batch_size_0_serves_whole_shapes(tmp_path):
+    """Triton's unbatched model: dims are whole shapes, checked against the graph's; one request per run."""
+    config = ('platform: "onnxruntime_onnx"\nmax_batch_size: 0\n'
+              'input [{ name: "INPUT0" data_type: TYPE_INT32 dims: [1, 16] }, '
+              '{ name: "INPUT1" data_type: TYPE_INT32 dims: [1, 16] }]\n')
+    write_model(tmp_path, "fixed", config, graph=simple_graph(batch=1))
+    spec = repo.scan(str(tmp_path))["fixed"]["1"]
+    assert spec.batching.batched is False and spec.batching.max_batch_size == 1
+    assert [i.shown.thaw()["shape"] for i in spec.inputs] == [[1, 16], [1, 16]]
+    assert [o.shape for o in spec.outputs] == [(1, 16), (1, 16)]  # auto-completed, whole
+    write_model(tmp_path / "b", "fixed", config.replace("[1, 16]", "[16]", 1), graph=simple_graph(batch=1))
+    with pytest.raises(ModelError, match=r"input\[0\].dims \[16\] contradict the graph's input 'INPUT0'"):
+        repo.scan(str(tmp_path / "b"))
+
+
+def test_auto_complete_of_a_graph_without_a_batch_axis_is_unbatched(tmp_path):
+    write_model(tmp_path, "m", 'platform: "onnxruntime_onnx"\n', graph=simple_graph(batch=2))
+    spec = repo.scan(str(tmp_path))["m"]["1"]
+    assert spec.batching.batched is False
+    assert [i.shown.thaw()["shape"] for i in spec.inputs] == [[2, 16], [2, 16]]
+
+
+def test_triton_models_batch_only_equal_shapes():
+    cfg = checked(BASE + "dynamic_batching { max_queue_delay_microseconds: 500 }")
+    from aieng.models.triton_spec import batching_of
+    b = batching_of(cfg, True, 8)
+    assert (b.max_batch_size, b.max_wait_ms, b.exact_shapes, b.batched) == (8, 0.5, True, True)
