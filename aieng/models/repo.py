@@ -195,8 +195,11 @@ def model_versions(mdir: str, triton: triton_config.TritonConfig | None,
     return found, apply_policy(policy, found, where)
 
 
-def scan(repo: str, only: list[str] | None = None) -> dict[str, dict[str, ModelSpec]]:
-    """Load every model (or just ``only``): ``{name: {version: spec}}``."""
+def scan(repo: str, only: list[str] | None = None,
+         failed: dict[str, str] | None = None) -> dict[str, dict[str, ModelSpec]]:
+    """Load every model (or just ``only``): ``{name: {version: spec}}``.  ``failed`` (a start that is not
+    strict): a model whose description does not load (a malformed config.pbtxt, a contradicting graph, a
+    bad model.yaml) is left out and recorded there (name -> message) instead of failing the scan."""
     if not os.path.isdir(repo):
         raise ModelError(f"model repository {repo!r} is not a directory")
     found: dict[str, dict[str, ModelSpec]] = {}
@@ -204,24 +207,35 @@ def scan(repo: str, only: list[str] | None = None) -> dict[str, dict[str, ModelS
         mdir = os.path.join(repo, name)
         if name.startswith(".") or not os.path.isdir(mdir) or (only and name not in only):
             continue
-        triton = triton_model(mdir)  # a config.pbtxt beside the versions (models/triton_spec.py)
-        found_versions, served = model_versions(mdir, triton)
-        if not found_versions:
-            continue
-        settings = model_settings(mdir)
-        where = os.path.join(mdir, "model.yaml")
-        check_routing(settings.get("routing"), set(served), where)
-        pool = pool_setting(settings.get("pool"), where)
-        routing = Routing.parse(settings.get("routing"))
-        found[name] = {ver: dataclasses.replace(version_spec(name, ver, os.path.join(mdir, ver), triton),
-                                                routing=routing, pool=pool) for ver in served}
+        try:
+            _scan_model(name, mdir, found)
+        except ModelError as exc:
+            if failed is None:
+                raise
+            failed[name] = str(exc)
+            log.error("model %s (%s): %s; the model is unavailable", name, mdir, exc)
     check_pipeline_models(found)
-    missing = set(only or ()) - set(found)
+    missing = set(only or ()) - set(found) - set(failed or ())
     if missing:
         raise ModelError(f"models not found in {repo!r}: {', '.join(sorted(missing))}")
     if not found:
-        raise ModelError(f"no models in {repo!r}")
+        raise ModelError(f"no models in {repo!r}" + (f" that load ({'; '.join(failed.values())})"
+                                                     if failed else ""))
     return found
+
+
+def _scan_model(name: str, mdir: str, found: dict[str, dict[str, ModelSpec]]) -> None:
+    triton = triton_model(mdir)  # a config.pbtxt beside the versions (models/triton_spec.py)
+    found_versions, served = model_versions(mdir, triton)
+    if not found_versions:
+        return
+    settings = model_settings(mdir)
+    where = os.path.join(mdir, "model.yaml")
+    check_routing(settings.get("routing"), set(served), where)
+    pool = pool_setting(settings.get("pool"), where)
+    routing = Routing.parse(settings.get("routing"))
+    found[name] = {ver: dataclasses.replace(version_spec(name, ver, os.path.join(mdir, ver), triton),
+                                            routing=routing, pool=pool) for ver in served}
 
 
 def overridden(spec: ModelSpec, max_batch_size: int, max_wait_ms: float) -> ModelSpec:

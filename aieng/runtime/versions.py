@@ -26,9 +26,11 @@ class VersionRecord:
         self.pending: dict[str, tuple[ModelSpec | None, bool]] = {}  # key -> (the spec before it, was cold)
 
     @classmethod
-    def scan(cls, repository: str, models: str, max_batch_size: int, max_wait_ms: float) -> "VersionRecord":
+    def scan(cls, repository: str, models: str, max_batch_size: int, max_wait_ms: float,
+             strict: bool = True) -> "VersionRecord":
+        """``strict`` False: a model whose description does not load is left out (logged), the rest serve."""
         only = [n.strip() for n in models.split(",") if n.strip()] or None
-        found = model_repo.scan(repository, only)
+        found = model_repo.scan(repository, only, None if strict else {})
         model_repo.apply_overrides(found, max_batch_size, max_wait_ms)
         record = cls({s.key: s for vs in found.values() for s in vs.values()})
         for s in record.specs.values():

@@ -92,6 +92,20 @@ def test_malformed_config_fails_naming_file_and_line(make_server, tmp_path):
     assert f"{repo / 'broken' / 'config.pbtxt'}:3:" in text and "malformed config.pbtxt" in text
 
 
+def test_malformed_config_takes_down_only_its_model_when_the_start_is_not_strict(make_server, tmp_path):
+    repo = tmp_path / "repo"
+    write_model(repo, "simple", SIMPLE_CONFIG)
+    write_model(repo, "broken", 'platform: "onnxruntime_onnx"\nmax_batch_size: 8\ninput [ { name: "x" ]\n')
+    srv = make_server(AIENG_MODEL_REPOSITORY=str(repo), AIENG_PREPROCESS_WORKERS="1",
+                      AIENG_STRICT_MODEL_LOAD="false").start()
+    a = np.ones((1, 16), dtype=np.int32)
+    with th.InferenceServerClient(srv.oip_http) as c:
+        assert c.is_model_ready("simple") and not c.is_model_ready("broken")
+        np.testing.assert_array_equal(c.infer("simple", _inputs(th, a, a)).as_numpy("OUTPUT0"), 2 * a)
+    lines = [line for line in srv.output().splitlines() if "malformed config.pbtxt" in line]
+    assert len(lines) == 1 and f"{repo / 'broken' / 'config.pbtxt'}:3:" in lines[0]
+
+
 def test_other_platform_refused_by_name(make_server, tmp_path):
     repo = tmp_path / "repo"
     write_model(repo, "plan", 'platform: "tensorrt_plan"\nmax_batch_size: 8\n')

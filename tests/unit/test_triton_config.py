@@ -307,3 +307,15 @@ def test_triton_models_batch_only_equal_shapes():
     from aieng.models.triton_spec import batching_of
     b = batching_of(cfg, True, 8)
     assert (b.max_batch_size, b.max_wait_ms, b.exact_shapes, b.batched) == (8, 0.5, True, True)
+
+
+def test_a_scan_that_is_not_strict_leaves_out_only_the_failing_model(tmp_path):
+    write_model(tmp_path, "simple", SIMPLE_CONFIG)
+    write_model(tmp_path, "broken", BASE + "input [ { name: ")
+    with pytest.raises(ModelError, match="broken/config.pbtxt:3"):
+        repo.scan(str(tmp_path))
+    failed: dict[str, str] = {}
+    assert list(repo.scan(str(tmp_path), failed=failed)) == ["simple"]
+    assert list(failed) == ["broken"] and "malformed config.pbtxt" in failed["broken"]
+    with pytest.raises(ModelError, match="no models in .* that load"):
+        repo.scan(str(tmp_path), ["broken"], failed={})
