@@ -53,6 +53,9 @@ def _complete(declared: tuple[TensorConfig, ...], graph_side: tuple, side: str, 
             if t.datatype is None or dims is None:
                 raise ModelError(f"{where}: the graph's {side} '{t.name}' ({t.onnx_type or t.kind}, "
                                  f"{t.describe_dims()}) cannot be auto-completed: declare it")
+            if batched and (not dims or dims[0] != -1):
+                raise ModelError(f"{where}: max_batch_size > 0, but the graph's {side} '{t.name}' has no "
+                                 f"open first axis ({t.describe_dims()}): set max_batch_size 0")
             out.append(TensorConfig(t.name, t.datatype, dims[1:] if batched else dims, False, f"{side}[{k}]"))
         return tuple(out)
     for d in declared:

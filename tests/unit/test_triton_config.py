@@ -216,6 +216,12 @@ def test_batching_on_a_graph_with_a_fixed_first_axis_fails(tmp_path):
         repo.scan(str(tmp_path))
 
 
+def test_batching_auto_completed_tensors_of_a_fixed_first_axis_fails(tmp_path):
+    write_model(tmp_path, "m", BASE, graph=simple_graph(batch=1))
+    with pytest.raises(ModelError, match="max_batch_size > 0, but the graph's input 'INPUT0' has no open"):
+        repo.scan(str(tmp_path))
+
+
 def test_auto_complete_takes_the_graphs_tensors(tmp_path):
     write_model(tmp_path, "m", "", graph=simple_graph(TensorProto.FLOAT))
     spec = repo.scan(str(tmp_path))["m"]["1"]
