@@ -7,7 +7,7 @@
 # The generated modules are committed, so serving needs only grpcio + protobuf; rerun this after updating the
 # protos, and raise grpcio>= and protobuf>= in pyproject.toml to the versions the new stubs name
 # (tests/unit/test_packaging.py checks).  protoc writes top-level imports (`import model_config_pb2`); sed
-# makes them absolute.
+# makes them absolute, and registers the files in aieng's own descriptor pool instead of protobuf's default.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -17,4 +17,7 @@ MC=aieng/models/proto
 "$PY" -m grpc_tools.protoc -I "$GW" -I "$MC" --python_out="$GW" --grpc_python_out="$GW" "$GW/grpc_service.proto"
 sed -i -E 's/^import model_config_pb2 as /from aieng.models.proto import model_config_pb2 as /' "$GW"/*_pb2*.py
 sed -i -E 's/^import grpc_service_pb2 as /from . import grpc_service_pb2 as /' "$GW"/*_pb2*.py
+# aieng's protos live in a descriptor pool of their own (aieng/models/proto/__init__.py says why)
+sed -i -E 's/^DESCRIPTOR = _descriptor_pool\.Default\(\)\.AddSerializedFile\(/from aieng.models.proto import POOL as _POOL\nDESCRIPTOR = _POOL.AddSerializedFile(/' \
+    "$GW"/*_pb2.py "$MC"/*_pb2.py
 echo "generated: $(ls "$GW"/*_pb2*.py "$MC"/*_pb2.py | tr '\n' ' ')"
