@@ -17,9 +17,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from aieng.models import postprocess, triton_config, triton_spec, yaml_file
+from aieng.models import postprocess, yaml_file
 from aieng.models.frozen import Opaque
 from aieng.models.inferred import inferred_spec, onnx_file
 from aieng.models.pipelines import check_pipeline_models, pipeline_spec
@@ -56,8 +56,11 @@ from aieng.models.spec import (
     version_dir,
 )
 
+if TYPE_CHECKING:
+    from aieng.models.triton_config import TritonConfig
+
 log = logging.getLogger("aieng.models")
-version_dirs = triton_spec.version_dirs
+TRITON_CONFIG = "config.pbtxt"
 
 INPUT_KINDS = ("text", "image", "number", "category", "tensor")
 OUTPUT_KINDS = ("tensor", "str", "number", "list")
@@ -154,23 +157,26 @@ def describes(path: str) -> bool:
                                                                   and onnx_file(path) is not None)
 
 
-def triton_model(mdir: str, override: Any = None) -> triton_config.TritonConfig | None:
+def triton_model(mdir: str, override: Any = None) -> TritonConfig | None:
     """The model's checked config.pbtxt (or ``override``, a ModelConfig in JSON form), logging the fields
     that do not apply once; None when it has neither."""
-    if override is None and not os.path.isfile(os.path.join(mdir, triton_config.CONFIG_FILE)):
+    if override is None and not os.path.isfile(os.path.join(mdir, TRITON_CONFIG)):
         return None
+    from aieng.models import triton_config, triton_spec  # protobuf: only a process reading one pays for it
+
     cfg = triton_config.load(mdir, override)
     triton_spec.log_notes(cfg, log)
     return cfg
 
 
-def version_spec(name: str, version: str, path: str,
-                 triton: triton_config.TritonConfig | None = None) -> ModelSpec:
+def version_spec(name: str, version: str, path: str, triton: TritonConfig | None = None) -> ModelSpec:
     """A version's spec from what describes it (issue 35), first found: its model.yaml, the model's
     config.pbtxt (``triton``: ``triton_model``), its ONNX graph."""
     if os.path.isfile(os.path.join(path, "model.yaml")):
         return load_spec(name, version, path)
     if triton is not None:
+        from aieng.models import triton_spec
+
         return triton_spec.load_version(name, version, path, triton)
     found = onnx_file(path)
     if found is None:
@@ -178,15 +184,16 @@ def version_spec(name: str, version: str, path: str,
     return inferred_spec(name, version, path, found)
 
 
-def model_versions(mdir: str, triton: triton_config.TritonConfig | None,
+def model_versions(mdir: str, triton: TritonConfig | None,
                    settings: dict[str, Any] | None = None) -> tuple[list[str], list[str]]:
     """A model directory's versions and those its policy serves: each directory ``describes`` accepts, and
     with a config.pbtxt (``triton``) each numbered one; the model-wide model.yaml's ``versions``, else the
     config's ``version_policy``.  ``([], [])`` when it has none."""
     found = [v for v in sorted(os.listdir(mdir), key=_version_key)
              if not v.startswith(".") and describes(os.path.join(mdir, v))]
-    if triton is not None:
-        found = sorted(set(found) | set(version_dirs(mdir)), key=_version_key)
+    if triton is not None:  # Triton's layout: every numbered directory is a version
+        numbered = [v for v in os.listdir(mdir) if v.isdigit() and os.path.isdir(os.path.join(mdir, v))]
+        found = sorted(set(found) | set(numbered), key=_version_key)
     if not found:
         return [], []
     settings = model_settings(mdir) if settings is None else settings

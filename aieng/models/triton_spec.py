@@ -167,11 +167,6 @@ def triton_spec(name: str, version: str, path: str, cfg: TritonConfig, graph: An
         metadata=Opaque.of({}), warmup=cfg.warmup)
 
 
-def version_dirs(mdir: str) -> list[str]:
-    """A Triton model's versions: its directories named by a number (Triton's layout)."""
-    return [v for v in os.listdir(mdir) if v.isdigit() and os.path.isdir(os.path.join(mdir, v))]
-
-
 def load_version(name: str, version: str, path: str, cfg: TritonConfig) -> ModelSpec:
     """The spec of one version of a config.pbtxt model: its graph read (``onnx_infer.describe``), then
     ``triton_spec``."""
