@@ -15,10 +15,12 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from aieng.models.onnx_infer import GraphInfo
+
+if TYPE_CHECKING:  # numpy is imported where feeds are built: importing the model layer loads none
+    import numpy as np
 
 CAP = 64
 GAIN = 0.10  # a size must cut the time per row by at least this share to be worth its wait
@@ -40,6 +42,8 @@ _MEASURED: dict[tuple[str, int, int], CapMeasure] = {}
 
 def feeds(info: GraphInfo, rows: int, open_size: int = OPEN_SIZES[0]) -> dict[str, np.ndarray]:
     """Zero-filled inputs of ``rows`` rows (the first axis; the graph's size where it fixes one)."""
+    import numpy as np
+
     out = {}
     for t in info.inputs:
         dims = list(t.shape or ())

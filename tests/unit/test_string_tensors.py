@@ -157,6 +157,7 @@ def test_string_rows_batch_padded_and_cut_back():
                               [helper.make_tensor_value_info("y", T.STRING, ["batch", "n"])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     sess = object.__new__(sessions.ModelSession)
+    sess.batched = True  # a graph with an open first axis (what ModelSession.__init__ reads from ONNX Runtime)
     sess.inputs = [sessions.InputSpec("x", np.dtype(object), ["n"], 0.0)]
     sess.outputs = [sessions.OutputSpec("y", "bytes", ["n"])]
     per = [{"x": obj([b"a", "\u00e9".encode(), b"c"])}, {"x": obj([b"only"])}, {"x": obj([b"", b"z"])}]
@@ -168,6 +169,7 @@ def test_string_rows_batch_padded_and_cut_back():
     got = [dict(sess.request_outputs(outs, row, sizes[row]))["y"].tolist() for row in range(3)]
     assert got == [["a", "\u00e9", "c"], ["only"], ["", "z"]]
     fixed = object.__new__(sessions.ModelSession)
+    fixed.batched = True
     fixed.inputs = [sessions.InputSpec("x", np.dtype(object), [2], 0.0)]
     stacked, _ = fixed.feeds_from([{"x": obj([b"1", b"2"])}, {"x": obj([b"3", b"4"])}])
     assert stacked["x"].tolist() == [["1", "2"], ["3", "4"]]
