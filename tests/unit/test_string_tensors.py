@@ -157,7 +157,7 @@ def test_string_rows_batch_padded_and_cut_back():
                               [helper.make_tensor_value_info("y", T.STRING, ["batch", "n"])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     sess = object.__new__(sessions.ModelSession)
-    sess.batched = True  # a graph with an open first axis (what ModelSession.__init__ reads from ONNX Runtime)
+    sess.batched = True  # an open first axis (ModelSession.__init__ reads it from ONNX Runtime)
     sess.inputs = [sessions.InputSpec("x", np.dtype(object), ["n"], 0.0)]
     sess.outputs = [sessions.OutputSpec("y", "bytes", ["n"])]
     per = [{"x": obj([b"a", "\u00e9".encode(), b"c"])}, {"x": obj([b"only"])}, {"x": obj([b"", b"z"])}]
