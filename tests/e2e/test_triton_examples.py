@@ -80,8 +80,7 @@ SERVINGS = ("model_yaml", "bare_onnx")
 def marks(script: str, serving: str) -> list:
     if script in CANNOT:
         return [pytest.mark.xfail(strict=True, reason=CANNOT[script])]
-    needs = [NEEDS_ZERO] if serving == "bare_onnx" else []
-    return [pytest.mark.xfail(strict=True, reason="; ".join(needs))] if needs else []
+    return []
 
 
 PARAMS = [pytest.param(serving, script, transport, args, id=f"{serving}-{case}", marks=marks(script, serving))
