@@ -11,7 +11,7 @@ one that cannot pass against any server but Triton with its own QA repository sa
 """
 from __future__ import annotations
 
-import importlib.util
+import importlib.machinery
 import os
 import subprocess
 import sys
@@ -90,7 +90,8 @@ PARAMS = [pytest.param(serving, script, transport, args, id=f"{serving}-{case}",
 def shim_path(tmp: Path) -> str:
     """tritonclient 2.4x's shared-memory module imports ``pkg_resources``, which setuptools >= 81 no
     longer ships: a stand-in module on the clients' path (tests/tritonshm.py does the same in-process)."""
-    if importlib.util.find_spec("pkg_resources") is not None:
+    # on sys.path, not sys.modules: tests/tritonshm.py may have put its own stand-in there (no __spec__)
+    if importlib.machinery.PathFinder.find_spec("pkg_resources") is not None:
         return ""
     d = tmp / "shim"
     d.mkdir()
