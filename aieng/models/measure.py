@@ -1,14 +1,16 @@
 """The batch cap of a batched graph, measured on the graph itself (issue 35: not a constant).
 
-``measure_cap(path, info)`` runs the graph in ONNX Runtime on one thread (as an executor lane runs a batch)
-at 1, 2, 4, ... rows up to ``CAP`` with zero-filled inputs shaped as the graph says (an open axis other than
-the batch: the first of ``OPEN_SIZES`` the graph runs at), the least of a few timed runs per size after one
-untimed run, and keeps doubling while the time per row still falls by at least ``GAIN`` from the size
-before; the cap is the last size that gained. It stops early at ``BUDGET_S`` of measuring per model (a size
-whose runs would not fit is not tried). A graph that cannot run on made-up inputs gets a cap of 1 and the
-reason, instead of a load failure here: the executor's warm-up, on the same shapes, names the error. Results
-are kept per file (path, size, mtime) for the process, so a re-scan of an unchanged file (a reload) finds
-the same cap and with it the same spec.
+``measure_cap(path, info)`` runs the graph in ONNX Runtime on one thread (as an executor lane runs a batch) at
+1, 2, 4, ... rows up to ``CAP`` with zero-filled inputs shaped as the graph says (an open axis other than the
+batch: the first of ``OPEN_SIZES`` the graph runs at), the least of a few timed runs per size after one
+untimed run. The cap (``choose_cap``) is the largest size whose time per row still falls: at least ``STEP``
+below the best of every smaller size (a small gain at one doubling does not end it, as a bigger batch may
+still gain more; the executor's batcher then picks, per batch, the fewest rows within 5% of the cheapest).
+Doubling stops once a size costs ``PAST`` more per row than the best (past the minimum), or at ``BUDGET_S`` of
+measuring per model (a size whose runs would not fit is not tried). A graph that cannot run on made-up inputs
+gets a cap of 1 and the reason, instead of a load failure here: the executor's warm-up, on the same shapes,
+names the error. Results are kept per file (path, size, mtime) for the process, so a re-scan of an unchanged
+file (a reload) finds the same cap and with it the same spec.
 """
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ if TYPE_CHECKING:  # numpy is imported where feeds are built: importing the mode
     import numpy as np
 
 CAP = 64
-GAIN = 0.10  # a size must cut the time per row by at least this share to be worth its wait
+STEP = 0.02  # a size must cut the best time per row so far by this share (more than the runs' noise)
+PAST = 0.10  # a size this much dearer per row than the best is past the minimum: larger ones are not tried
 BUDGET_S = 2.0
 OPEN_SIZES = (8, 64)  # an open axis other than the batch axis (a sequence length, an image side): the first
 # size the graph runs at (8 tokens; an image network may need 64 pixels to get through its strides)
@@ -80,7 +83,7 @@ def _measure(path: str, info: GraphInfo) -> CapMeasure:
                              f"{' or '.join(map(str, OPEN_SIZES))}", ())
     t_end = time.perf_counter() + BUDGET_S  # the budget is for the runs (a big graph's load is not counted)
     rows: list[tuple[int, float]] = []
-    cap, why, n = 1, "", 1
+    why, n = "", 1
     while n <= CAP:
         if rows and time.perf_counter() + rows[-1][1] * 2 * n * (RUNS + 1) / 1e6 > t_end:
             why = f"stopped at the {BUDGET_S:g} s measuring budget"
@@ -91,19 +94,27 @@ def _measure(path: str, info: GraphInfo) -> CapMeasure:
             why = f"{n} rows failed to run ({type(exc).__name__})"
             break
         rows.append((n, round(per_row, 2)))
-        if n > 1:
-            before = rows[-2][1]
-            if per_row > before * (1 - GAIN):
-                why = (f"{n} rows cost {per_row:.1f} us per row against {before:.1f} at {n // 2}: "
-                       f"less than {GAIN:.0%} cheaper")
-                break
-            cap = n
+        if per_row > min(us for _, us in rows) * (1 + PAST):
+            why = f"{n} rows cost {per_row:.1f} us per row, {PAST:.0%} more than the best"
+            break
         n *= 2
     else:
-        why = f"still {GAIN:.0%} cheaper per row at the cap of {CAP}"
+        why = f"measured up to the cap of {CAP}"
+    cap, chosen = choose_cap(tuple(rows))
     opened = any(d is None for t in info.inputs for d in (t.shape or ())[1:])
     shape = f"open axes of {size}; " if opened else ""
-    return CapMeasure(cap, f"measured at load ({shape}1 thread): {why}; cap {cap}", tuple(rows))
+    return CapMeasure(cap, f"measured at load ({shape}1 thread): {why}; {chosen}", tuple(rows))
+
+
+def choose_cap(rows: tuple[tuple[int, float], ...]) -> tuple[int, str]:
+    """The largest size whose time per row is at least ``STEP`` below the best of every smaller size, from
+    ``(rows, microseconds per row)`` in increasing rows; 1 when none is."""
+    cap, best = 1, float("inf")
+    for n, us in rows:
+        if us <= best * (1 - STEP):
+            cap = n
+        best = min(best, us)
+    return cap, f"cap {cap}, the largest size whose time per row still fell by {STEP:.0%}"
 
 
 def _runs(sess, inputs: dict) -> bool:

@@ -213,3 +213,15 @@ def test_a_preprocessed_model_with_a_fixed_first_axis_keeps_its_added_axis_one_r
     assert [i.dims for i in sess.inputs] == [[4], [4]]
     assert sess.describe()["inputs"][0]["shape"] == ["batch", 4]
     assert sess.warmup() > 0 and all(rows == 1 for rows, _, _ in sess.warm_costs)
+
+
+@pytest.mark.parametrize("rows,cap", [
+    (((1, 100.0), (2, 80.0), (4, 75.0), (8, 60.0), (16, 59.5), (32, 70.0)), 8),  # a small gain goes on
+    (((1, 100.0), (2, 99.0), (4, 99.5)), 1),  # no size gains 2%: one row
+    (((1, 100.0), (2, 50.0), (4, 25.0), (8, 12.5)), 8),  # still falling at the last size measured
+    (((1, 100.0), (2, 90.0), (4, 95.0), (8, 85.0)), 8),  # a new best after a worse size counts
+    ((), 1),  # nothing measured
+])
+def test_the_cap_is_the_largest_size_whose_time_per_row_still_fell(rows, cap):
+    assert measure.choose_cap(rows)[0] == cap
+
