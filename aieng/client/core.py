@@ -26,6 +26,8 @@ from zmq.utils.monitor import parse_monitor_message
 
 Curve = tuple[bytes, bytes, bytes]  # (client public, client secret, server public), z85 keys
 STATE_EVENTS = {zmq.EVENT_HANDSHAKE_SUCCEEDED: True, zmq.EVENT_DISCONNECTED: False}
+# plain ints: ``&`` or ``|`` with pyzmq's enum flags is Python code (enum.Flag), several times a request
+EVENTS, POLLIN, NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
 
 
 class RpcError(Exception):
@@ -83,7 +85,6 @@ class RpcCore:
         self.pending: dict[Any, asyncio.Future] = {}
         self.counts = {"sent": 0, "replies": 0, "unmatched": 0, "malformed": 0, "timeouts": 0}
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.drain_due = False
         self.closed = False
 
     def start(self) -> None:
@@ -128,13 +129,14 @@ class RpcCore:
         timer = loop.call_later(timeout_s, self._expire, rid, fut, timeout_s)
         try:
             try:
-                self.sock.send(msgpack.packb(request, use_bin_type=True), zmq.NOBLOCK)
+                self.sock.send(msgpack.packb(request, use_bin_type=True), NOBLOCK)
             except zmq.ZMQError as exc:
                 raise RpcUnsent(str(exc)) from None
             self.counts["sent"] += 1
-            if not self.drain_due:  # the send may have consumed the descriptor's edge
-                self.drain_due = True
-                loop.call_soon(self._drain)
+            # the send may have consumed the descriptor's edge: read what is there now (a check, not
+            # a turn of the loop per request; a reply arriving later raises a new edge)
+            if self.sock.get(EVENTS) & POLLIN:
+                self._drain()
             return await fut
         finally:
             timer.cancel()
@@ -149,10 +151,9 @@ class RpcCore:
             fut.set_exception(RpcTimeout(f"no reply from {self.addr} within {timeout_s:g}s"))
 
     def _drain(self) -> None:
-        self.drain_due = False
-        while not self.closed and self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        while not self.closed and self.sock.get(EVENTS) & POLLIN:
             try:
-                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = self.sock.recv_multipart(NOBLOCK, copy=False)
             except zmq.Again:
                 return
             try:
