@@ -30,6 +30,9 @@ NUMERIC = {"BOOL": "bool", "UINT8": "uint8", "UINT16": "uint16", "UINT32": "uint
 DATATYPES = tuple(NUMERIC) + ("BYTES",)
 # a string tensor: ``bytes`` in tensor maps and a model.yaml's output dtype, ``object`` in numpy
 BY_DTYPE = {**{v: k for k, v in NUMERIC.items()}, "bytes": "BYTES", "object": "BYTES", "string": "BYTES"}
+# the same by numpy dtype: ``dtype.name`` is Python code in numpy (3 us), and every answer asks
+_BY_NP = {np.dtype(v): k for k, v in NUMERIC.items()} | {np.dtype(object): "BYTES"}
+_LE = {k: np.dtype(v).newbyteorder("<") for k, v in NUMERIC.items()}  # each datatype's wire dtype, built once
 MAX_DIMS = 8
 ROW_KINDS = ("text", "category", "image", "number")
 
@@ -111,7 +114,7 @@ def from_raw(name: str, datatype: str, shape: list[int], raw: bytes | memoryview
     count = check_head(name, datatype, shape)
     if datatype == "BYTES":
         return Tensor(name, datatype, shape, unpack_bytes(raw, count, name))
-    dt = np.dtype(NUMERIC[datatype]).newbyteorder("<")
+    dt = _LE[datatype]
     if len(raw) != count * dt.itemsize:
         raise _bad(f"input '{name}': shape {shape} x {datatype} needs {count * dt.itemsize} bytes, "
                    f"got {len(raw)}")
@@ -148,7 +151,7 @@ def pack_bytes(items) -> bytes:
 def raw_of(datatype: str, arr: np.ndarray) -> bytes:
     if datatype == "BYTES":
         return pack_bytes(arr.reshape(-1))
-    return np.ascontiguousarray(arr, dtype=np.dtype(NUMERIC[datatype]).newbyteorder("<")).tobytes()
+    return np.ascontiguousarray(arr, dtype=_LE[datatype]).tobytes()
 
 
 def json_data(datatype: str, arr: np.ndarray) -> list:
@@ -245,10 +248,13 @@ def join_rows(name: str, values: list[Any]) -> tuple[str, np.ndarray]:
     """Stack one output's per-row native values into ``(datatype, array)`` with the rows first."""
     first = values[0]
     if isinstance(first, np.ndarray):
-        if first.dtype.name not in BY_DTYPE:
+        datatype = _BY_NP.get(first.dtype) or BY_DTYPE.get(first.dtype.name)
+        if datatype is None:
             raise RequestError(INTERNAL, f"output '{name}' has dtype {first.dtype} with no OIP datatype")
+        if len(values) == 1:  # one row (most requests): a view with the row axis, not a stacked copy
+            return datatype, first[None]
         try:
-            return BY_DTYPE[first.dtype.name], np.stack(values)
+            return datatype, np.stack(values)
         except ValueError:
             raise RequestError(INTERNAL, f"output '{name}' has a different shape per row") from None
     if all(isinstance(v, str) for v in values):
