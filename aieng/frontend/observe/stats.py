@@ -1,7 +1,8 @@
 """Per-request stage timings, kept by the frontend for the ``stats`` op (fields: docs/protocol.md).
 
 Each answered request's ``Trail`` (one monotonic clock for every process) yields a row of stage
-durations (us; ``total`` is their sum) in a bounded window per model (``WINDOW``, oldest out first):
+durations (us; ``total`` is their sum) in a bounded window per model (``WINDOW``, oldest out first; it
+grows to that size as rows arrive):
 ``frontend_in`` (parse, validate, route, any wait for a worker), ``preprocess_queue``, ``preprocess``
 (tokenize / decode / featurise, write into shared memory), ``handoff`` (preprocess -> executor),
 ``batch_wait`` (batch assembly included), ``inference`` (the run of its batch), ``postprocess_queue``
@@ -24,16 +25,34 @@ STAGES = ("frontend_in", "preprocess_queue", "preprocess", "handoff", "batch_wai
 WINDOW = 20_000
 
 
+FIRST_ROWS = 64  # a window's first allocation; it doubles as rows arrive, up to its full size
+
+
+def _grown(a: np.ndarray, window: int) -> np.ndarray:
+    """``a`` with twice its rows (at most ``window``), the new ones zero."""
+    out = np.zeros((min(window, 2 * len(a)),) + a.shape[1:], dtype=a.dtype)
+    out[:len(a)] = a
+    return out
+
+
 class _Ring:
-    """A preallocated window of rows (numpy), so memory is flat from the first request."""
+    """A window of rows (numpy) that grows by doubling to ``window`` rows, then wraps (oldest out first).
+    Not preallocated in full: a full window is 2 MB, and a model that answers a few requests (one of a
+    hundred small ones) would hold it all (the allocator may zero a reused heap block: every page touched).
+    """
 
     def __init__(self, window: int):
-        self.t = np.zeros(window, dtype=np.float64)
-        self.stages = np.zeros((window, len(STAGES)), dtype=np.int64)
-        self.meta = np.zeros((window, 3), dtype=np.int64)  # batch, seq_len, padded
+        self.window = window
+        rows = min(window, FIRST_ROWS)
+        self.t = np.zeros(rows, dtype=np.float64)
+        self.stages = np.zeros((rows, len(STAGES)), dtype=np.int64)
+        self.meta = np.zeros((rows, 3), dtype=np.int64)  # batch, seq_len, padded
         self.n = 0  # rows ever added
 
     def add(self, t: float, stages: list[int], meta: tuple[int, int, int]) -> None:
+        if self.n == len(self.t) < self.window:  # full before the first wrap: grow (order is kept)
+            self.t, self.stages, self.meta = (_grown(a, self.window)
+                                              for a in (self.t, self.stages, self.meta))
         i = self.n % len(self.t)
         self.t[i] = t
         self.stages[i] = stages
@@ -54,11 +73,14 @@ class _StepRing:
     """A window of one step's runs: time, microseconds, outcome (an index into ``OUTCOMES``)."""
 
     def __init__(self, window: int):
-        self.t = np.zeros(window, dtype=np.float64)
-        self.row = np.zeros((window, 2), dtype=np.int64)
+        self.window = window
+        self.t = np.zeros(min(window, FIRST_ROWS), dtype=np.float64)
+        self.row = np.zeros((len(self.t), 2), dtype=np.int64)
         self.n = 0
 
     def add(self, t: float, us: int, outcome: str) -> None:
+        if self.n == len(self.t) < self.window:  # grows as _Ring does
+            self.t, self.row = _grown(self.t, self.window), _grown(self.row, self.window)
         i = self.n % len(self.t)
         self.t[i] = t
         self.row[i] = (us, OUTCOMES.index(outcome) if outcome in OUTCOMES else 0)
