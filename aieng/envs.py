@@ -130,7 +130,8 @@ REGISTRY: tuple[EnvVar, ...] = (
            "model's batch", "executor_spare_lane"),
     EnvVar("AIENG_IDLE_WIDE_RUNS", boolean, True,
            "While the executor is idle, run a lone small batch on a second session using every usable CPU "
-           "(lower latency at low load; twice the session memory)", "idle_wide_runs"),
+           "(lower latency at low load; twice the session memory; not for a graph whose one-row run is under "
+           "1 ms)", "idle_wide_runs"),
     EnvVar("AIENG_WARMUP_MAX_ROWS", int, 0,
            "Start-up warm-up batches of at most this many rows (0: each model's max_batch_size). Fewer start "
            "faster (minilm: 32 rows x 128 tokens is most of its start); a bigger batch later grows ONNX "

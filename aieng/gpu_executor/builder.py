@@ -3,7 +3,9 @@
 ``SessionBuilder.build`` checks the file against the hash the supervisor took, builds the lanes'
 session, warms it and has ``InlinePost``/``InlinePre`` consider where the version's postprocessing and
 preprocessing run.  At start (``wide``) it also builds a session on every core for a lone small batch
-while the executor is idle; it owns those (``wide_for``, ``drop``).  A run-time load (``background``)
+while the executor is idle (not for a graph whose one-row warm-up run is under ``WIDE_MIN_US``: more
+threads have nothing to split there, and the second session would double its memory; a hundred small
+models); it owns those (``wide_for``, ``drop``).  A run-time load (``background``)
 builds beside serving at low priority (``AIENG_LOAD_PRIORITY``) with a short, paced warm-up; a cold
 load a request waits for (``urgent``) at the caller's priority, unpaced (docs/rollout.md, section 9).
 A config.pbtxt's ``model_warmup`` samples run after the warm-up, before ready (``warm_samples``).
@@ -24,6 +26,19 @@ from aieng.models.repo import ModelSpec
 from aieng.runtime.worker_hotswap import lower_priority
 
 WIDE_MAX_ROWS = 4  # the most rows a lone batch may have to run on the wide session
+# a lane session's one-row run shorter than this gets no wide session: ONNX Runtime's parallel ops gain
+# little over the threads' wake-ups in a run that short (tabular's 23 us), and the second session is as big
+# as the first (a repository of a hundred small graphs held two sessions each)
+WIDE_MIN_US = 1000
+
+
+def too_quick(sess: ModelSession) -> str:
+    """Why ``sess`` gets no wide session, from its warm-up's timed one-row run ("" when it may, or when
+    its warm-up timed none)."""
+    one = [t for rows, _length, t in getattr(sess, "warm_costs", ()) if rows == 1]
+    if one and one[0] * 1e6 < WIDE_MIN_US:
+        return f"no idle-time wide session: a one-row run takes {one[0] * 1e6:.0f} us, under {WIDE_MIN_US}"
+    return ""
 
 
 class SessionBuilder:
@@ -58,17 +73,20 @@ class SessionBuilder:
         runs += warm_samples
         choice = self.inline.consider(spec, sess)  # in force once the version joins the batcher
         pre_why = self.inline_pre.consider(spec, sess)  # likewise
+        quick = ""
         if (wide and self.cfg.idle_wide_runs and threads < cpu_count()
                 and sess.provider == "CPUExecutionProvider"):
-            runs += self.build_wide(spec)
+            quick = too_quick(sess)
+            runs += 0 if quick else self.build_wide(spec)
         how = ""
         if background:
             how = (f" (beside serving: at {'idle' if idle else 'low'} priority, warm-up paced)" if polite
                    else " (cold load, a request waits: at normal priority)")
         samples = f" ({warm_samples} of them model_warmup's samples)" if spec.warmup else ""
         self.log.info("loaded %s (%s) on %s, %d warm-up runs%s in %.2fs%s; postprocessing in the %s (%s); "
-                      "preprocessing: %s", spec.key, spec.content_hash[:12], sess.provider, runs, samples,
-                      time.perf_counter() - t0, how, choice.where, choice.why, pre_why)
+                      "preprocessing: %s%s", spec.key, spec.content_hash[:12], sess.provider, runs, samples,
+                      time.perf_counter() - t0, how, choice.where, choice.why, pre_why,
+                      f"; {quick}" if quick else "")
         return sess
 
     def build_wide(self, spec: ModelSpec) -> int:
