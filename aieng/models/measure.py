@@ -9,7 +9,9 @@ still gain more; the executor's batcher then picks, per batch, the fewest rows w
 Doubling stops once a size costs ``PAST`` more per row than the best (past the minimum), or at ``BUDGET_S`` of
 measuring per model (a size whose runs would not fit is not tried). A graph that cannot run on made-up inputs
 gets a cap of 1 and the reason, instead of a load failure here: the executor's warm-up, on the same shapes,
-names the error. Results are kept per file (path, size, mtime) for the process, so a re-scan of an unchanged
+names the error. All models' measuring in one process (a start's scan) shares ``TOTAL_BUDGET_S``: once it is
+spent, each further model gets ``MIN_BUDGET_S`` (a hundred batched models would otherwise keep a start waiting
+minutes). Results are kept per file (path, size, mtime) for the process, so a re-scan of an unchanged
 file (a reload) finds the same cap and with it the same spec.
 """
 from __future__ import annotations
@@ -28,6 +30,8 @@ CAP = 64
 STEP = 0.02  # a size must cut the best time per row so far by this share (more than the runs' noise)
 PAST = 0.10  # a size this much dearer per row than the best is past the minimum: larger ones are not tried
 BUDGET_S = 2.0
+TOTAL_BUDGET_S = 30.0  # every model's measuring in one process, loads included (a start's scan)
+MIN_BUDGET_S = 0.2  # a model's budget once the total is spent: a small graph still measures a few sizes
 OPEN_SIZES = (8, 64)  # an open axis other than the batch axis (a sequence length, an image side): the first
 # size the graph runs at (8 tokens; an image network may need 64 pixels to get through its strides)
 RUNS = 3  # timed runs per size (the least counts: noise only adds time)
@@ -41,6 +45,7 @@ class CapMeasure:
 
 
 _MEASURED: dict[tuple[str, int, int], CapMeasure] = {}
+_SPENT = [0.0]  # seconds of measuring so far in this process (TOTAL_BUDGET_S)
 
 
 def feeds(info: GraphInfo, rows: int, open_size: int = OPEN_SIZES[0]) -> dict[str, np.ndarray]:
@@ -62,8 +67,19 @@ def measure_cap(path: str, info: GraphInfo) -> CapMeasure:
     st = os.stat(path)
     key = (os.path.realpath(path), st.st_size, st.st_mtime_ns)
     if key not in _MEASURED:
+        t0 = time.perf_counter()
         _MEASURED[key] = _measure(path, info)
+        _SPENT[0] += time.perf_counter() - t0
     return _MEASURED[key]
+
+
+def _budget() -> tuple[float, str]:
+    """This model's measuring budget (seconds) and how a stop at it reads."""
+    left = TOTAL_BUDGET_S - _SPENT[0]
+    if left >= BUDGET_S:
+        return BUDGET_S, f"the {BUDGET_S:g} s measuring budget"
+    budget = max(MIN_BUDGET_S, left)
+    return budget, f"{budget:g} s, what was left of the {TOTAL_BUDGET_S:g} s measuring budget of all models"
 
 
 def _measure(path: str, info: GraphInfo) -> CapMeasure:
@@ -81,12 +97,13 @@ def _measure(path: str, info: GraphInfo) -> CapMeasure:
     if size is None:
         return CapMeasure(1, f"not measured: the graph does not run on zero inputs with open axes of "
                              f"{' or '.join(map(str, OPEN_SIZES))}", ())
-    t_end = time.perf_counter() + BUDGET_S  # the budget is for the runs (a big graph's load is not counted)
+    budget, stop = _budget()
+    t_end = time.perf_counter() + budget  # the budget is for the runs (a big graph's load is not counted)
     rows: list[tuple[int, float]] = []
     why, n = "", 1
     while n <= CAP:
         if rows and time.perf_counter() + rows[-1][1] * 2 * n * (RUNS + 1) / 1e6 > t_end:
-            why = f"stopped at the {BUDGET_S:g} s measuring budget"
+            why = f"stopped at {stop}"
             break
         try:
             per_row = _per_row_us(sess, feeds(info, n, size), n)

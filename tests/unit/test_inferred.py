@@ -225,3 +225,17 @@ def test_a_preprocessed_model_with_a_fixed_first_axis_keeps_its_added_axis_one_r
 def test_the_cap_is_the_largest_size_whose_time_per_row_still_fell(rows, cap):
     assert measure.choose_cap(rows)[0] == cap
 
+
+def test_measuring_shares_one_budget_across_models(tmp_path, monkeypatch):
+    """Once every model's measuring has spent ``TOTAL_BUDGET_S``, a further model gets ``MIN_BUDGET_S``
+    (here none: one size only) and says so: a hundred batched models do not keep a start waiting minutes."""
+    save_add(tmp_path / "first" / "1", ["batch", 4])
+    monkeypatch.setattr(measure, "_SPENT", [0.0])
+    repo.scan(str(tmp_path))
+    assert measure._SPENT[0] > 0  # the first model's measuring counted
+    save_add(tmp_path / "late" / "1", ["batch", 5])
+    monkeypatch.setattr(measure, "_SPENT", [measure.TOTAL_BUDGET_S])
+    monkeypatch.setattr(measure, "MIN_BUDGET_S", 0.0)
+    late = repo.scan(str(tmp_path), ["late"])["late"]["1"]
+    assert "measuring budget of all models" in late.inferred.cap_why, late.inferred.cap_why
+    assert late.batching.max_batch_size == 1 and [r for r, _ in late.inferred.measured] == [1]
