@@ -62,6 +62,8 @@ def run_process(role: str, cfg_dict: dict, spec_dicts: dict, worker: str, ready_
     stop = procutil.StopFlag()
     try:
         specs = {k: ModelSpec.from_dict(v) for k, v in spec_dicts.items()}
+        # the process object keeps its arguments for the child's life: the dicts, ~6 KiB a model, go now
+        spec_dicts.clear()
         if role != "frontend":  # a pipeline is the frontend's alone (frontend/fanout): nothing to load
             specs = {k: s for k, s in specs.items() if not s.pipeline}
         obj = role_class(role)(cfg, specs, worker, log)
