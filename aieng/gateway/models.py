@@ -42,7 +42,7 @@ class ModelView:
     load_error: str | None = None
     inferred: dict[str, Any] | None = None  # what was inferred from the graph and why (models/inferred.py)
     # Rows along a batch axis, shown and split by it.  None: a cap above 1 says so.  A model described by
-    # its graph (or config.pbtxt) whose session batches keeps the axis at a cap of 1 too, as Triton shows
+    # its graph or a config.pbtxt whose session batches keeps the axis at a cap of 1 too, as Triton shows
     # max_batch_size 1: its clients send [1, ...] (Triton's simple_string), and the session takes rows.
     rows_axis: bool | None = None
 
@@ -84,7 +84,8 @@ def build_view(name: str, pub: dict, batching: Batching | None) -> ModelView:
                      float(batching.max_wait_ms if batching else pub.get("max_wait_ms") or 0.0),
                      int(pub.get("timeout_ms") or 0), load_error=pub.get("load_error"),
                      inferred=pub.get("inferred"),
-                     rows_axis=True if pub.get("inferred") and (onnx or {}).get("batched") is True else None)
+                     rows_axis=True if pub.get("described_by") in ("graph", "config.pbtxt")
+                     and (onnx or {}).get("batched") is True else None)
     lead = [-1] if view.batched else []
     for item in pub.get("inputs", []):
         kind = item["kind"]

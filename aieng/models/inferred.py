@@ -97,7 +97,8 @@ def inferred_spec(name: str, version: str, path: str, onnx_name: str, measure: b
         padding=Padding(), batching=Batching(max_batch_size=cap.max_batch_size, max_wait_ms=MAX_WAIT_MS,
                                              max_padding_waste=0.0, batched=axis.batched,
                                              exact_shapes=True),
-        timeout_ms=0, onnx_path=os.path.realpath(onnx_path), metadata=NO_VALUE, inferred=inferred)
+        timeout_ms=0, onnx_path=os.path.realpath(onnx_path), metadata=NO_VALUE, inferred=inferred,
+        described_by="graph")
 
 
 def yaml_text(spec: ModelSpec) -> str:

@@ -77,6 +77,8 @@ class ModelSpec:
     pipeline: Pipeline | None = None  # a ``kind: pipeline`` model's checked steps; None for an ONNX model
     inferred: Inferred | None = None  # described by its ONNX graph alone (models/inferred.py): what and why
     warmup: tuple[WarmupSample, ...] = ()  # config.pbtxt's model_warmup, run before the version is ready
+    # what describes the version (docs/models.md, "Three ways"): "model.yaml", "config.pbtxt" or "graph"
+    described_by: str = "model.yaml"
 
     @property
     def key(self) -> str:
@@ -107,6 +109,7 @@ class ModelSpec:
                 "max_wait_ms": self.batching.max_wait_ms, "timeout_ms": self.timeout_ms,
                 "metadata": self.metadata.thaw(),
                 **({"inferred": self.inferred.public()} if self.inferred else {}),
+                **({"described_by": self.described_by} if self.described_by != "model.yaml" else {}),
                 **({"kind": "pipeline", "steps": self.pipeline.public()} if self.pipeline else {})}
 
 

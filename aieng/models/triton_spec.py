@@ -164,7 +164,7 @@ def triton_spec(name: str, version: str, path: str, cfg: TritonConfig, graph: An
         outputs=tuple(OutputDecl.parse(_decl(t)) for t in outputs),
         preprocess=Preprocess.parse({"type": "tensor"}), postprocess=Postprocess.parse({"type": "tensor"}),
         padding=Padding(), batching=batching_of(cfg, batched, cap), timeout_ms=0, onnx_path=onnx_path,
-        metadata=Opaque.of({}), warmup=cfg.warmup)
+        metadata=Opaque.of({}), warmup=cfg.warmup, described_by="config.pbtxt")
 
 
 def load_version(name: str, version: str, path: str, cfg: TritonConfig) -> ModelSpec:

@@ -212,3 +212,20 @@ def test_max_batch_size_0_whole_shapes(make_server, tmp_path):
         np.testing.assert_array_equal(c.infer("fixed", _inputs(th, a, a)).as_numpy("OUTPUT1"), 0 * a)
     with tg.InferenceServerClient(srv.oip_grpc) as g:
         np.testing.assert_array_equal(g.infer("fixed", _inputs(tg, a, 3 * a)).as_numpy("OUTPUT0"), 4 * a)
+
+
+def test_max_batch_size_1_keeps_the_batch_axis(make_server, tmp_path):
+    """Triton's max_batch_size 1 is a batch axis of one row: the metadata and the config show it (dims
+    without it, max_batch_size 1) and a client's [1, 16] tensors are one row each, as Triton takes them."""
+    repo = tmp_path / "repo"
+    write_model(repo, "one", SIMPLE_CONFIG.replace('name: "simple"', 'name: "one"')
+                .replace("max_batch_size: 8", "max_batch_size: 1"))
+    srv = make_server(AIENG_MODEL_REPOSITORY=str(repo), AIENG_PREPROCESS_WORKERS="1").start()
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    with th.InferenceServerClient(srv.oip_http) as c:
+        assert c.get_model_metadata("one")["inputs"][0]["shape"] == [-1, 16]
+        cfg = c.get_model_config("one")
+        assert (cfg["max_batch_size"], cfg["input"][0]["dims"]) == (1, [16])
+        np.testing.assert_array_equal(c.infer("one", _inputs(th, a, a)).as_numpy("OUTPUT0"), 2 * a)
+    with tg.InferenceServerClient(srv.oip_grpc) as g:
+        np.testing.assert_array_equal(g.infer("one", _inputs(tg, a, 3 * a)).as_numpy("OUTPUT1"), -2 * a)
