@@ -130,10 +130,12 @@ def stalled_workers(srv, n: int) -> list[str]:
     return until(read, 10) or []
 
 
-def replaced(srv, name: str) -> dict | None:
-    """``health`` once ``name`` is alive again and the server ready."""
+def replaced(srv, name: str, old_pid: int) -> dict | None:
+    """``health`` once ``name`` is alive again in a new process and the server ready (the old one may still
+    show alive in a snapshot taken before the supervisor saw it go)."""
     health = srv.health()
-    return health if health and health["ready"] and health["processes"][name]["alive"] else None
+    proc = (health or {}).get("processes", {}).get(name) or {}
+    return health if health and health["ready"] and proc.get("alive") and proc.get("pid") != old_pid else None
 
 
 def test_a_worker_stuck_on_one_image_is_replaced_and_only_its_request_fails(make_server, tmp_path):
@@ -150,7 +152,7 @@ def test_a_worker_stuck_on_one_image_is_replaced_and_only_its_request_fails(make
     assert rows == [("OK",)] * len(ROWS)
     assert bombs == [("UNAVAILABLE", f"{stalled[0]} was replaced: it worked on one request for over "
                                      "AIENG_PREPROCESS_BUDGET_MS (2000 ms)")]
-    health = until(lambda: replaced(srv, stalled[0]), 30)
+    health = until(lambda: replaced(srv, stalled[0], pids[stalled[0]]), 30)
     assert health["restarts"]["preprocess"] == 1
     assert health["processes"][stalled[0]]["pid"] != pids[stalled[0]]
     assert "stuck, replacing it" in srv.output()
