@@ -229,13 +229,10 @@ def make_server(tmp_path):
 def save_tensor_model(repo, name: str, graph, version: str = "1", input_name: str = "x") -> None:
     """Write an ONNX graph as a tensor-in, tensor-out model directory ``<repo>/<name>/<version>`` (the
     tests' own small models: no batching, tensor pre- and postprocessing)."""
-    import onnx
-    from onnx import helper
+    from tests.onnx_files import save_onnx
 
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     d = repo / name / version
-    d.mkdir(parents=True)
-    onnx.save(model, str(d / "model.onnx"))
+    save_onnx(d / "model.onnx", graph)
     (d / "model.yaml").write_text(
         f"inputs: [{{name: {input_name}, kind: tensor}}]\noutputs: [{{name: y, kind: tensor}}]\n"
         "preprocess: {type: tensor}\npostprocess: {type: tensor}\n"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tests.onnx_files import save_onnx
+
 SIMPLE_CONFIG = """name: "simple"
 platform: "onnxruntime_onnx"
 max_batch_size: 8
@@ -30,14 +32,6 @@ def simple_graph(elem: int | None = None, batch: str | int = "batch", width: int
     nodes = [helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]),
              helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"])]
     return helper.make_graph(nodes, "simple", io, outs)
-
-
-def save_onnx(path: Path, graph) -> None:
-    import onnx
-    from onnx import helper
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
 
 
 def write_model(repo: Path, name: str, config: str | None, graph=None, versions=("1",),

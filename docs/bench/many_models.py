@@ -31,40 +31,18 @@ import tempfile
 import time
 
 import numpy as np
-import onnx
 import psutil
-from onnx import TensorProto, helper, numpy_helper
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-
-def weights(k: int) -> tuple[np.ndarray, np.ndarray, bool]:
-    """Model ``k``'s weights: a ``[d_in, d_out]`` matrix of 1 KB .. ~100 KB, and whether it batches."""
-    rng = np.random.default_rng(k)
-    d_in = 8 + (k * 7) % 56
-    d_out = 8 + (k * 13) % 400
-    return (rng.standard_normal((d_in, d_out)).astype(np.float32),
-            rng.standard_normal(d_out).astype(np.float32), k % 4 != 3)
-
-
-def save(path: pathlib.Path, k: int) -> None:
-    w, b, batched = weights(k)
-    lead = "batch" if batched else 1
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "W"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["y"])],
-        f"m{k}", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [lead, w.shape[0]])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [lead, w.shape[1]])],
-        [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "b")])
-    path.mkdir(parents=True, exist_ok=True)
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
-              str(path / "model.onnx"))
+from tests.onnx_files import matmul_add, save_matmul_add  # noqa: E402  (the test suite's repository)
 
 
 def build(repo: pathlib.Path, n: int) -> list[str]:
     names = [f"m{k:03d}" for k in range(n)]
     for k, name in enumerate(names):
-        save(repo / name / "1", k)
+        save_matmul_add(repo / name / "1", k)
     return names
 
 
@@ -113,7 +91,7 @@ def serve(tmp: pathlib.Path, names: list[str], n: int, args) -> dict:
         t1 = time.perf_counter()
         with srv.client() as c:
             for k, name in enumerate(names[:n]):
-                w, b, batched = weights(k)
+                w, b, batched = matmul_add(k)
                 x = np.random.default_rng(1000 + k).standard_normal((1, w.shape[0])).astype(np.float32)
                 out = c.infer(name, {"x": x[0] if batched else x})["outputs"]["y"]
                 want = (x @ w + b)[0] if batched else x @ w + b

@@ -12,41 +12,24 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 from aieng.client import AsyncClient
 from tests.conftest import ServerProcess
+from tests.onnx_files import matmul_add, save_matmul_add
 
 pytestmark = pytest.mark.e2e
 
 N = 30
 
 
-def weights(k: int) -> tuple[np.ndarray, np.ndarray, bool]:
-    rng = np.random.default_rng(k)
-    d_in, d_out = 8 + (k * 7) % 56, 8 + (k * 13) % 400
-    return (rng.standard_normal((d_in, d_out)).astype(np.float32),
-            rng.standard_normal(d_out).astype(np.float32), k % 4 != 3)
 
 
-def save(d, k: int) -> None:
-    w, b, batched = weights(k)
-    lead = "batch" if batched else 1
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "W"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["y"])],
-        f"m{k}", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [lead, w.shape[0]])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [lead, w.shape[1]])],
-        [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "b")])
-    d.mkdir(parents=True)
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
-              str(d / "model.onnx"))
 
 
 def request(k: int, seed: int) -> tuple[dict, np.ndarray]:
     """Model ``k``'s input (one row, as its batching takes it) and the answer numpy gives."""
-    w, b, batched = weights(k)
+    w, b, batched = matmul_add(k)
     x = np.random.default_rng(seed).standard_normal((1, w.shape[0])).astype(np.float32)
     want = x @ w + b
     return ({"x": x[0]}, want[0]) if batched else ({"x": x}, want)
@@ -56,7 +39,7 @@ def request(k: int, seed: int) -> tuple[dict, np.ndarray]:
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("many")
     for k in range(N):
-        save(tmp / "repo" / f"m{k:02d}" / "1", k)
+        save_matmul_add(tmp / "repo" / f"m{k:02d}" / "1", k)
     srv = ServerProcess(tmp, AIENG_MODEL_REPOSITORY=str(tmp / "repo"), AIENG_PREPROCESS_WORKERS="1",
                         AIENG_POSTPROCESS_WORKERS="1").start(timeout=180)
     yield srv
@@ -70,7 +53,7 @@ def test_every_model_is_served_as_its_graph_says(server):
     assert sorted(models) == [f"m{k:02d}" for k in range(N)]
     for k in range(N):
         v = models[f"m{k:02d}"]["versions"]["1"]
-        batched = weights(k)[2]
+        batched = matmul_add(k)[2]
         assert v["inferred"]["batched"] is batched
         assert (v["max_batch_size"] >= 1) if batched else (v["max_batch_size"] == 0)
 

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from aieng.client.single import ServerError
+from tests.onnx_files import save_onnx
 
 pytestmark = pytest.mark.e2e
 
@@ -36,13 +37,8 @@ YAML = ("inputs: [{ins}]\noutputs: [{outs}]\npreprocess: {{type: tensor}}\npostp
 
 
 def _save(repo, name, graph, ins, outs, max_batch_size: int = 8):
-    import onnx
-    from onnx import helper
-
     d = repo / name / "1"
-    d.mkdir(parents=True)
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
-              str(d / "model.onnx"))
+    save_onnx(d / "model.onnx", graph)
     (d / "model.yaml").write_text(YAML.format(
         ins=", ".join(f"{{name: {n}, kind: tensor}}" for n in ins),
         outs=", ".join(f"{{name: {n}, kind: tensor, dtype: {dt}, shape: {shape}}}" for n, dt, shape in outs),
@@ -172,8 +168,7 @@ def _check_triton(result, rows: int = 2):
         got, want = result.as_numpy(f"out_{et.lower()}"), expected(et, sample(et, rows))
         if et == "STRING":  # tritonclient's BYTES: an object array (bytes, or str from JSON)
             got = np.vectorize(lambda v: v if isinstance(v, bytes) else v.encode(), otypes=[object])(got)
-        else:
-            assert got.dtype == want.dtype, et
+        assert got.dtype == want.dtype, et
         assert got.shape == want.shape and got.tolist() == want.tolist(), et
 
 

@@ -19,7 +19,6 @@ import subprocess
 import sys
 
 import numpy as np
-import onnx
 import pytest
 import tritonclient.grpc as tg
 import tritonclient.http as th
@@ -28,21 +27,13 @@ from onnx import TensorProto, helper
 from aieng.cli.rollout import call
 from aieng.client import AsyncClient
 from tests.conftest import ROOT, ServerProcess
+from tests.onnx_files import save_add, save_onnx
 
 pytestmark = pytest.mark.e2e
 
 
 def save(d, nodes, inputs, outputs, name: str = "model.onnx") -> None:
-    os.makedirs(d, exist_ok=True)
-    graph = helper.make_graph(nodes, "g", inputs, outputs)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    onnx.save(model, os.path.join(str(d), name))
-
-
-def save_add(d, shape, elem=TensorProto.FLOAT, name: str = "model.onnx") -> None:
-    save(d, [helper.make_node("Add", ["a", "b"], ["sum"])],
-         [helper.make_tensor_value_info("a", elem, shape), helper.make_tensor_value_info("b", elem, shape)],
-         [helper.make_tensor_value_info("sum", elem, shape)], name)
+    save_onnx(os.path.join(str(d), name), helper.make_graph(nodes, "g", inputs, outputs))
 
 
 def save_mean(d, work: int = 0) -> None:
@@ -221,30 +212,40 @@ def test_tritonclient_grpc_infer(server):
         assert g.infer("mean", [t]).as_numpy("m").ravel().tolist() == [3.0]
 
 
-@pytest.mark.parametrize("layout", ["just_model_onnx", "versions"])
-def test_model_dir_layouts_serve_bare_onnx(make_server, tmp_path, layout):
-    """``aieng serve --model-name NAME --model-dir DIR``: DIR holding just model.onnx (what KServe's storage
-    initializer leaves in /mnt/models), or DIR/<version>/ each holding only an ONNX file."""
-    mnt = tmp_path / "mnt" / "models"
-    if layout == "just_model_onnx":
-        save_add(mnt, ["batch", 4])
-        want_versions = ["1"]
-    else:
-        save_add(mnt / "1", ["batch", 4])
-        save_add(mnt / "2", [1, 4], name="net.onnx")  # its only *.onnx, not named model.onnx
-        want_versions = ["1", "2"]
+def serve_mount(make_server, mnt):
+    """``aieng serve --model-name simple --model-dir MNT``, started."""
     srv = make_server(AIENG_PREPROCESS_WORKERS="1", AIENG_POSTPROCESS_WORKERS="1")
     srv.args = ["--model-name", "simple", "--model-dir", str(mnt)]
-    srv.start()
+    return srv.start()
+
+
+def test_model_dir_holding_just_model_onnx_serves(make_server, tmp_path):
+    """DIR holding just model.onnx: what KServe's storage initializer leaves in /mnt/models."""
+    mnt = tmp_path / "mnt" / "models"
+    save_add(mnt, ["batch", 4])
+    srv = serve_mount(make_server, mnt)
     with srv.client() as c:
-        versions = c.models()["models"]["simple"]["versions"]
-        assert sorted(versions) == want_versions
+        assert sorted(c.models()["models"]["simple"]["versions"]) == ["1"]
         out = c.infer("simple", {"a": f32(4), "b": f32(4)}, version="1")["outputs"]["sum"]
         np.testing.assert_array_equal(out, 2 * f32(4))
-        if layout == "versions":
-            assert versions["2"]["inferred"]["onnx_file"] == "net.onnx"
-            out = c.infer("simple", {"a": f32(1, 4), "b": f32(1, 4)}, version="2")["outputs"]["sum"]
-            np.testing.assert_array_equal(out, 2 * f32(1, 4))
+    with th.InferenceServerClient(srv.oip_http) as h:
+        assert h.is_model_ready("simple")
+
+
+def test_model_dir_of_versions_serves_each_onnx_file(make_server, tmp_path):
+    """DIR/<version>/ each holding only an ONNX file (version 2's only *.onnx is not named model.onnx)."""
+    mnt = tmp_path / "mnt" / "models"
+    save_add(mnt / "1", ["batch", 4])
+    save_add(mnt / "2", [1, 4], name="net.onnx")
+    srv = serve_mount(make_server, mnt)
+    with srv.client() as c:
+        versions = c.models()["models"]["simple"]["versions"]
+        assert sorted(versions) == ["1", "2"]
+        assert versions["2"]["inferred"]["onnx_file"] == "net.onnx"
+        out = c.infer("simple", {"a": f32(4), "b": f32(4)}, version="1")["outputs"]["sum"]
+        np.testing.assert_array_equal(out, 2 * f32(4))
+        out = c.infer("simple", {"a": f32(1, 4), "b": f32(1, 4)}, version="2")["outputs"]["sum"]
+        np.testing.assert_array_equal(out, 2 * f32(1, 4))
     with th.InferenceServerClient(srv.oip_http) as h:
         assert h.is_model_ready("simple")
 

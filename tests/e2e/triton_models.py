@@ -15,6 +15,8 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
+from tests.onnx_files import model_of, save_onnx
+
 MAX_BATCH = 8
 TYPES = {"int32": TensorProto.INT32, "int8": TensorProto.INT8, "bytes": TensorProto.STRING}
 
@@ -72,10 +74,8 @@ def build(repo: Path, names: list[str] | None = None, describe: bool = True) -> 
         make, dtype, dims = MODELS[name]
         graph = make()
         d = repo / name / "1"
-        d.mkdir(parents=True)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-        onnx.checker.check_model(model)
-        onnx.save(model, str(d / "model.onnx"))
+        onnx.checker.check_model(model_of(graph))
+        save_onnx(d / "model.onnx", graph)
         if describe:
             (d / "model.yaml").write_text(model_yaml(graph, dtype, dims))
     return repo

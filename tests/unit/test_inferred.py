@@ -2,8 +2,6 @@
 session's own batch decision (gpu_executor/sessions.py) on graphs built with onnx.helper."""
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import onnx
 import pytest
@@ -14,17 +12,7 @@ from aieng.gpu_executor.sessions import ModelSession
 from aieng.models import measure, repo
 from aieng.models.inferred import inferred_spec, onnx_file, yaml_text
 from aieng.models.spec import ModelError, ModelSpec
-
-
-def save_add(d, shape, elem=TensorProto.FLOAT, name="model.onnx"):
-    """``sum = a + b`` with both inputs and the output of ``shape``."""
-    os.makedirs(d, exist_ok=True)
-    graph = helper.make_graph([helper.make_node("Add", ["a", "b"], ["sum"])], "add",
-                              [helper.make_tensor_value_info("a", elem, shape),
-                               helper.make_tensor_value_info("b", elem, shape)],
-                              [helper.make_tensor_value_info("sum", elem, shape)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    onnx.save(model, os.path.join(str(d), name))
+from tests.onnx_files import save_add
 
 
 def test_which_onnx_file_a_version_serves(tmp_path):
