@@ -45,6 +45,7 @@ class ModelView:
     # its graph or a config.pbtxt whose session batches keeps the axis at a cap of 1 too, as Triton shows
     # max_batch_size 1: its clients send [1, ...] (Triton's simple_string), and the session takes rows.
     rows_axis: bool | None = None
+    reshapes: dict[str, list[int]] = field(default_factory=dict)  # tensor name -> Triton's reshape (config)
 
     @property
     def batched(self) -> bool:
@@ -87,6 +88,8 @@ def build_view(name: str, pub: dict, batching: Batching | None) -> ModelView:
                      rows_axis=True if pub.get("described_by") in ("graph", "config.pbtxt")
                      and (onnx or {}).get("batched") is True else None)
     lead = [-1] if view.batched else []
+    view.reshapes = {i["name"]: list(i["reshape"]) for i in (*pub.get("inputs", []), *pub.get("outputs", []))
+                     if isinstance(i, dict) and i.get("reshape") is not None}
     for item in pub.get("inputs", []):
         kind = item["kind"]
         if kind == "tensor":
@@ -149,11 +152,13 @@ def metadata(view: ModelView) -> dict:
             "outputs": [dict(o) for o in view.outputs]}
 
 
-def _config_io(item: dict, batched: bool, optional: bool | None = None) -> dict:
+def _config_io(item: dict, batched: bool, reshapes: dict, optional: bool | None = None) -> dict:
     dims = item["shape"][1:] if batched else item["shape"]
     out: dict[str, Any] = {"name": item["name"], "data_type": CONFIG_TYPE[item["datatype"]],
                            "dims": dims or [1]}
-    if not dims:  # one element per row: Triton's way is dims [1] reshaped to a scalar
+    if item["name"] in reshapes:  # the config's own: the graph's shape for these dims
+        out["reshape"] = {"shape": reshapes[item["name"]]}
+    elif not dims:  # one element per row: Triton's way is dims [1] reshaped to a scalar
         out["reshape"] = {"shape": []}
     if optional is not None:
         out["optional"] = optional
@@ -165,8 +170,8 @@ def config(view: ModelView) -> dict:
             "version_policy": {"specific": {"versions": [int(view.version)]}} if view.version.isdigit()
             else {"latest": {"num_versions": 1}},
             "max_batch_size": view.max_batch_size if view.batched else 0,
-            "input": [_config_io(i, view.batched, i["optional"]) for i in view.inputs],
-            "output": [_config_io(o, view.batched) for o in view.outputs],
+            "input": [_config_io(i, view.batched, view.reshapes, i["optional"]) for i in view.inputs],
+            "output": [_config_io(o, view.batched, view.reshapes) for o in view.outputs],
             "dynamic_batching": {"preferred_batch_size": [],
                                  "max_queue_delay_microseconds": int(view.max_wait_ms * 1000)},
             "instance_group": [{"name": view.name, "kind": "KIND_CPU", "count": 1}],

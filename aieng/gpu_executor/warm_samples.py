@@ -51,16 +51,22 @@ def _row(w: WarmupInput, dtype: np.dtype, mdir: str, rng: np.random.Generator) -
     return rng.integers(0, 100, shape).astype(dtype)  # small values: safe for every integer type
 
 
-def feeds(sample: WarmupSample, dtypes: dict[str, np.dtype], mdir: str, batched: bool = True
-          ) -> dict[str, np.ndarray]:
+def feeds(sample: WarmupSample, dtypes: dict[str, np.dtype], mdir: str, batched: bool = True,
+          shapes: dict[str, tuple] | None = None) -> dict[str, np.ndarray]:
     """The sample's input tensors: ``batch_size`` rows (at least one) each, or the whole shape as given
-    for a model that takes whole shapes (``batched`` False: Triton's max_batch_size 0)."""
+    for a model that takes whole shapes (``batched`` False: Triton's max_batch_size 0); ``shapes``: the
+    graph's shape of each input with a ``reshape``."""
     rng = np.random.default_rng(0)
+    shapes = shapes or {}
+
+    def row(w: WarmupInput) -> np.ndarray:  # in the graph's shape where the input has a ``reshape``
+        arr = _row(w, dtypes[w.name], mdir, rng)
+        return arr.reshape(shapes[w.name]) if w.name in shapes else arr
+
     if not batched:
-        return {w.name: _row(w, dtypes[w.name], mdir, rng) for w in sample.inputs}
+        return {w.name: row(w) for w in sample.inputs}
     rows = max(1, sample.batch_size)
-    return {w.name: np.stack([_row(w, dtypes[w.name], mdir, rng) for _ in range(rows)])
-            for w in sample.inputs}
+    return {w.name: np.stack([row(w) for _ in range(rows)]) for w in sample.inputs}
 
 
 def run_samples(sess, spec: ModelSpec) -> int:
@@ -68,9 +74,10 @@ def run_samples(sess, spec: ModelSpec) -> int:
     runs = 0
     mdir = os.path.dirname(spec.path)
     dtypes = {i.name: i.dtype for i in sess.inputs}
+    shapes = {i.name: i.reshape for i in spec.inputs if i.reshape is not None}
     for sample in spec.warmup:
         try:
-            batch = feeds(sample, dtypes, mdir, sess.batched)
+            batch = feeds(sample, dtypes, mdir, sess.batched, shapes)
             for _ in range(sample.count):
                 sess.run(batch)
                 runs += 1

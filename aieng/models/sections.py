@@ -32,10 +32,14 @@ class InputDecl:
     kind: str  # text, image, number, category, tensor (models/repo.INPUT_KINDS)
     optional: bool = False
     shown: Opaque = NO_MAP  # the declaration as written: what the models op shows
+    # a tensor input's client-facing shape and the graph's shape for it (Triton's ``reshape``; None: as sent)
+    shape: tuple[Any, ...] | None = None
+    reshape: tuple[int, ...] | None = None
 
     @classmethod
     def parse(cls, raw: dict) -> "InputDecl":
-        return cls(raw["name"], raw["kind"], bool(raw.get("optional", False)), Opaque.of(raw))
+        return cls(raw["name"], raw["kind"], bool(raw.get("optional", False)), Opaque.of(raw),
+                   freeze(raw.get("shape")), freeze(raw.get("reshape")))
 
 
 @dataclass(frozen=True)
@@ -45,12 +49,14 @@ class OutputDecl:
     dtype: str | None = None
     shape: tuple[Any, ...] | None = None
     shown: Opaque = NO_MAP  # the declaration as written, extra keys included: what the models op shows
+    reshape: tuple[int, ...] | None = None  # the graph's shape for ``shape`` (Triton's; None: as run)
 
     @classmethod
     def parse(cls, raw: Any) -> "OutputDecl":
         """One declaration (a pipeline's outputs are not checked at scan: shown as written)."""
         get = raw.get if isinstance(raw, dict) else {}.get
-        return cls(get("name", ""), get("kind", ""), get("dtype"), freeze(get("shape")), Opaque.of(raw))
+        return cls(get("name", ""), get("kind", ""), get("dtype"), freeze(get("shape")), Opaque.of(raw),
+                   freeze(get("reshape")))
 
 
 # -- preprocess: one record per type ---------------------------------------------------------------------

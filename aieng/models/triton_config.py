@@ -6,7 +6,7 @@ for the JSON form a repository ``load`` carries (protobuf's json_format).  ``che
 field policy and returns a frozen ``TritonConfig``:
 
 - honoured: ``name``, ``platform: onnxruntime_onnx`` / ``backend: onnxruntime``, ``max_batch_size``,
-  ``input``/``output`` (name, data_type, dims, optional; ``reshape`` only where it changes nothing),
+  ``input``/``output`` (name, data_type, dims, optional, ``reshape``: the graph's shape for ``dims``),
   ``dynamic_batching.max_queue_delay_microseconds`` (the batching wait), ``version_policy``,
   ``default_model_filename``, ``model_warmup`` (checked: names, types, dims, its files), ``parameters`` (kept,
   shown);
@@ -89,6 +89,7 @@ class TensorConfig:
     dims: tuple[int, ...]  # -1: any size
     optional: bool = False
     field: str = ""  # "input[0]": where it was written, for messages
+    reshape: tuple[int, ...] | None = None  # the model's own shape for ``dims`` (None: the same)
 
 
 @dataclass(frozen=True)
@@ -200,11 +201,31 @@ def _tensor(t: Any, field: str, where: str) -> TensorConfig:
     dims = tuple(int(d) for d in t.dims)
     if any(d < -1 or d == 0 for d in dims):
         raise ModelError(f"{where}: {field}.dims {list(dims)}: each must be -1 or a positive size")
-    if t.HasField("reshape") and tuple(t.reshape.shape) != dims:
-        raise ModelError(f"{where}: {field}.reshape {list(t.reshape.shape)} differs from dims {list(dims)}: "
-                         "aieng feeds tensors as the client sends them, so a reshape cannot be honoured: "
-                         "refused")
-    return TensorConfig(t.name, datatype or "", dims, bool(getattr(t, "optional", False)), field)
+    reshape = _reshape(tuple(int(d) for d in t.reshape.shape), dims, f"{where}: {field}.reshape") \
+        if t.HasField("reshape") else None
+    return TensorConfig(t.name, datatype or "", dims, bool(getattr(t, "optional", False)), field, reshape)
+
+
+def _reshape(shape: tuple[int, ...], dims: tuple[int, ...], where: str) -> tuple[int, ...] | None:
+    """A ``reshape`` that the tensors can take both ways (None where it changes nothing): the same number
+    of elements, and a variable size only where ``dims`` has one, once on each side (numpy infers it)."""
+    if shape == dims:
+        return None
+    if any(d < -1 for d in shape) or shape.count(-1) > 1 or dims.count(-1) > 1 or \
+            (-1 in shape) != (-1 in dims):
+        raise ModelError(f"{where} {list(shape)} cannot take dims {list(dims)}: at most one -1 on each "
+                         "side, on both or neither")
+    if -1 not in dims and _elements(shape) != _elements(dims):
+        raise ModelError(f"{where} {list(shape)} holds {_elements(shape)} elements, dims {list(dims)} "
+                         f"{_elements(dims)}")
+    return shape
+
+
+def _elements(dims: tuple[int, ...]) -> int:
+    n = 1
+    for d in dims:
+        n *= d
+    return n
 
 
 def _version_policy(msg: mc.ModelConfig, where: str) -> Any:

@@ -7,11 +7,12 @@ the version's ONNX graph (``models/onnx_infer.py``), as a tensor model.
   ``max_batch_size`` 0 with neither inputs nor outputs given, on a graph whose every input and output has an
   open first axis, batches, at the cap measured on the graph (``models/measure.py``; Triton guesses 4);
 - checks against the graph, each failing the load naming the field: a declared input or output the graph
-  lacks, a graph input left undeclared, a ``data_type`` or ``dims`` (rank, or a size the graph fixes
-  otherwise) that contradicts it, ``max_batch_size`` > 0 on a graph whose first axis is fixed, a warm-up
-  sample that does not fit the inputs;
+  lacks, a graph input left undeclared, a ``data_type`` or ``dims`` (``reshape`` where given: rank, or a
+  size the graph fixes otherwise) that contradicts it, ``max_batch_size`` > 0 on a graph whose first axis
+  is fixed, a warm-up sample that does not fit the inputs;
 - the spec: inputs and outputs ``kind: tensor`` with their dtype and dims (without the batch axis when the
-  model batches), ``preprocess``/``postprocess`` ``tensor``; ``max_batch_size`` 0 serves whole shapes, one
+  model batches) and ``reshape`` (the tensor processor and op reshape each request's tensors between the
+  two), ``preprocess``/``postprocess`` ``tensor``; ``max_batch_size`` 0 serves whole shapes, one
   request per run (``Batching.batched`` false); requests batch only with requests of the same shapes (no
   padding: Triton batches no ragged inputs); ``dynamic_batching``'s delay is the batching wait (without
   ``dynamic_batching``: no waiting to fill a batch; requests already queued still run together, which
@@ -77,9 +78,10 @@ def _complete(declared: tuple[TensorConfig, ...], graph_side: tuple, side: str, 
                 raise ModelError(f"{where}: max_batch_size > 0, but the graph's {side} '{d.name}' has no "
                                  f"open first axis ({g.describe_dims()}): set max_batch_size 0")
             gdims = gdims[1:]
-        if len(gdims) != len(d.dims) or any(a != b and -1 not in (a, b) for a, b in zip(gdims, d.dims)):
+        own, what = (d.dims, "dims") if d.reshape is None else (d.reshape, "reshape.shape")
+        if len(gdims) != len(own) or any(a != b and -1 not in (a, b) for a, b in zip(gdims, own)):
             lead = "batch, " if batched else ""
-            raise ModelError(f"{where}: {d.field}.dims {list(d.dims)} contradict the graph's {side} "
+            raise ModelError(f"{where}: {d.field}.{what} {list(own)} contradict the graph's {side} "
                              f"'{d.name}' {g.describe_dims()} (dims are [{lead}...] "
                              f"{'without the batch axis' if batched else 'whole shapes'})")
     return declared
@@ -115,8 +117,9 @@ def _check_warmup(cfg: TritonConfig, inputs: tuple[TensorConfig, ...], mdir: str
 
 
 def _decl(t: TensorConfig) -> dict[str, Any]:
+    reshape = {} if t.reshape is None else {"reshape": list(t.reshape)}
     return {"name": t.name, "kind": "tensor", "dtype": NUMPY[t.datatype], "datatype": t.datatype,
-            "shape": list(t.dims)}
+            "shape": list(t.dims), **reshape}
 
 
 def _count(dims: tuple[int, ...]) -> int:

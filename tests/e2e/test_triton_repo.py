@@ -229,3 +229,48 @@ def test_max_batch_size_1_keeps_the_batch_axis(make_server, tmp_path):
         np.testing.assert_array_equal(c.infer("one", _inputs(th, a, a)).as_numpy("OUTPUT0"), 2 * a)
     with tg.InferenceServerClient(srv.oip_grpc) as g:
         np.testing.assert_array_equal(g.infer("one", _inputs(tg, a, 3 * a)).as_numpy("OUTPUT1"), -2 * a)
+
+
+def test_reshape_between_the_declared_dims_and_the_graph(make_server, tmp_path):
+    """Triton's ``reshape``: clients send and receive the declared dims ([16], and [1] for a per-row scalar)
+    while the graph runs its own shapes ([4, 4], and a scalar per row); the config answer shows it, and a
+    tensor of the graph's shape instead of the declared one is refused naming the input."""
+    from onnx import TensorProto, helper
+
+    repo = tmp_path / "repo"
+    io = [helper.make_tensor_value_info(n, TensorProto.INT32, ["b", 4, 4]) for n in ("INPUT0", "INPUT1")]
+    outs = [helper.make_tensor_value_info("OUTPUT0", TensorProto.INT32, ["b", 4, 4]),
+            helper.make_tensor_value_info("TOTAL", TensorProto.INT32, ["b"])]
+    nodes = [helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]),
+             helper.make_node("ReduceSum", ["OUTPUT0", "axes"], ["TOTAL"], keepdims=0)]
+    axes = helper.make_tensor("axes", TensorProto.INT64, [2], [1, 2])
+    graph = helper.make_graph(nodes, "reshaped", io, outs, initializer=[axes])
+    config = ('platform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+              'input [{ name: "INPUT0" data_type: TYPE_INT32 dims: [16] reshape { shape: [4, 4] } }, '
+              '{ name: "INPUT1" data_type: TYPE_INT32 dims: [16] reshape { shape: [4, 4] } }]\n'
+              'output [{ name: "OUTPUT0" data_type: TYPE_INT32 dims: [16] reshape { shape: [4, 4] } }, '
+              '{ name: "TOTAL" data_type: TYPE_INT32 dims: [1] reshape { shape: [] } }]\n')
+    write_model(repo, "reshaped", config, graph=graph)
+    srv = make_server(AIENG_MODEL_REPOSITORY=str(repo), AIENG_PREPROCESS_WORKERS="1").start()
+    a = np.arange(32, dtype=np.int32).reshape(2, 16)
+    with th.InferenceServerClient(srv.oip_http) as c:
+        meta = c.get_model_metadata("reshaped")
+        assert [i["shape"] for i in meta["inputs"]] == [[-1, 16], [-1, 16]]
+        assert [o["shape"] for o in meta["outputs"]] == [[-1, 16], [-1, 1]]
+        cfg = c.get_model_config("reshaped")
+        assert [(i["dims"], i["reshape"]["shape"]) for i in cfg["input"]] == [([16], [4, 4])] * 2
+        answer = c.infer("reshaped", _inputs(th, a, a))
+        np.testing.assert_array_equal(answer.as_numpy("OUTPUT0"), 2 * a)
+        np.testing.assert_array_equal(answer.as_numpy("TOTAL"), (2 * a).sum(axis=1, keepdims=True))
+        wrong = []
+        for name in ("INPUT0", "INPUT1"):
+            t = th.InferInput(name, [2, 4, 4], "INT32")
+            t.set_data_from_numpy(a.reshape(2, 4, 4))
+            wrong.append(t)
+        with pytest.raises(InferenceServerException) as err:
+            c.infer("reshaped", wrong)
+        assert "INPUT0" in str(err.value) and "16" in str(err.value)
+    with tg.InferenceServerClient(srv.oip_grpc) as g:
+        answer = g.infer("reshaped", _inputs(tg, a, 3 * a))
+        np.testing.assert_array_equal(answer.as_numpy("OUTPUT0"), 4 * a)
+        assert answer.as_numpy("TOTAL").shape == (2, 1)

@@ -61,7 +61,6 @@ def test_a_config_that_is_not_a_regular_file_or_utf8(tmp_path):
     ("model_transaction_policy.decoupled", "model_transaction_policy { decoupled: true }"),
     ("is_shape_tensor", 'input [{ name: "x" data_type: TYPE_INT32 dims: [2] is_shape_tensor: true }]'),
     ("allow_ragged_batch", 'input [{ name: "x" data_type: TYPE_INT32 dims: [-1] allow_ragged_batch: true }]'),
-    ("reshape", 'input [{ name: "x" data_type: TYPE_INT32 dims: [1] reshape { shape: [] } }]'),
 ])
 def test_each_field_aieng_cannot_honour_fails_naming_it(field, text):
     with pytest.raises(ModelError) as err:
@@ -325,3 +324,29 @@ def test_a_scan_that_is_not_strict_leaves_out_only_the_failing_model(tmp_path):
     assert list(failed) == ["broken"] and "malformed config.pbtxt" in failed["broken"]
     with pytest.raises(ModelError, match="no models in .* that load"):
         repo.scan(str(tmp_path), ["broken"], failed={})
+
+
+def _reshaped(dims: str, shape: str) -> str:
+    return f'input [{{ name: "x" data_type: TYPE_INT32 dims: {dims} reshape {{ shape: {shape} }} }}]'
+
+
+@pytest.mark.parametrize("dims, shape, kept", [
+    ("[1]", "[]", ()),  # Triton's scalar per row
+    ("[16]", "[4, 4]", (4, 4)),
+    ("[-1]", "[-1, 2]", (-1, 2)),
+    ("[4, 4]", "[4, 4]", None),  # the same: nothing to do
+])
+def test_a_reshape_the_tensors_can_take_is_kept(dims, shape, kept):
+    cfg = checked(BASE + _reshaped(dims, shape))
+    assert cfg.inputs[0].reshape == kept
+
+
+@pytest.mark.parametrize("dims, shape, why", [
+    ("[16]", "[4, 5]", "holds 20 elements"),
+    ("[-1]", "[4, 4]", "on both or neither"),
+    ("[-1, -1]", "[-1]", "at most one -1"),
+])
+def test_a_reshape_the_tensors_cannot_take_fails_naming_it(dims, shape, why):
+    with pytest.raises(ModelError) as err:
+        checked(BASE + _reshaped(dims, shape))
+    assert "input[0].reshape" in str(err.value) and why in str(err.value)

@@ -211,13 +211,18 @@ class LabelMap(Op):
 @register
 class Passthrough(Op):
     """Every value so far (at the start: every model output) as a tensor map, copied out of shared
-    memory."""
+    memory; an output with a ``reshape`` (Triton's: the graph's shape for the declared one) in its
+    declared shape."""
     NAME = "tensor"
 
     def __init__(self, cfg: dict, spec):
         super().__init__(cfg, spec)
         self.inputs, self.outputs = [], []
+        self.shapes = {o.name: tuple(o.shape or ()) for o in spec.outputs if o.reshape is not None}
 
     def __call__(self, state, params, degraded=0):
-        return {k: np.array(v) for k, v in state.items()}
+        if not self.shapes:
+            return {k: np.array(v) for k, v in state.items()}
+        return {k: np.array(v).reshape(self.shapes[k]) if k in self.shapes else np.array(v)
+                for k, v in state.items()}
 

@@ -1,7 +1,8 @@
 """Raw tensors straight through: each model input arrives as a tensor map.
 
 For models whose clients send tensors ready to run.  Shapes are per request
-(no batch dimension); the executor checks them against the session's inputs (dtype and shape).
+(no batch dimension); the executor checks them against the session's inputs (dtype and shape).  An input
+with a ``reshape`` (Triton's) is checked against its declared shape and reshaped to the graph's (a view).
 NaN/Inf are refused in float tensors; a string tensor's elements must be UTF-8 (ONNX Runtime's Python
 binding takes only ``str``: ``wire/strings``).
 """
@@ -21,6 +22,7 @@ class TensorPreprocessor:
 
     def __init__(self, spec: ModelSpec):
         self.names = [i.name for i in spec.inputs]
+        self.reshape = {i.name: (i.shape or (), i.reshape) for i in spec.inputs if i.reshape is not None}
 
     def process(self, inputs: dict[str, Any]):
         tensors = []
@@ -36,6 +38,20 @@ class TensorPreprocessor:
                 if bad is not None:
                     raise RequestError(INVALID_INPUT, f"input '{name}': element {bad} is not valid UTF-8 "
                                                       "(ONNX Runtime's string tensors hold text)")
+            if name in self.reshape:
+                arr = _reshaped(arr, name, *self.reshape[name])
             seq_len = max(seq_len, arr.shape[0] if arr.ndim else 0)
             tensors.append((name, arr))
         return tensors, seq_len, {}
+
+
+def _reshaped(arr: np.ndarray, name: str, dims: tuple, reshape: tuple) -> np.ndarray:
+    """``arr`` in the declared ``dims`` (-1: any size) as the graph's ``reshape``."""
+    if arr.ndim != len(dims) or any(d != -1 and d != n for d, n in zip(dims, arr.shape)):
+        raise RequestError(INVALID_INPUT, f"input '{name}' must have shape {list(dims)}, "
+                                          f"got {list(arr.shape)}")
+    try:
+        return arr.reshape(reshape)
+    except ValueError:  # -1 on both sides, but the sizes do not divide
+        raise RequestError(INVALID_INPUT, f"input '{name}' of shape {list(arr.shape)} cannot take the "
+                                          f"model's shape {list(reshape)}") from None
