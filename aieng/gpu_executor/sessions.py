@@ -218,7 +218,7 @@ class ModelSession:
             return [(spec.name, out) for spec, out in zip(self.outputs, outputs)]
         tensors = []
         for spec, out in zip(self.outputs, outputs):
-            part = out[row]
+            part = out[row, ...]  # an array even for a [batch] output (a string one's element is a bare str)
             cut = tuple(slice(0, size[d]) if isinstance(d, str) and d in size else slice(None)
                         for d in spec.dims[:part.ndim])
             tensors.append((spec.name, part[cut]))
