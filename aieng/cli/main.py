@@ -244,6 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --tracing: the sampled servers' parent-based ratio (default 0.01)")
     b.add_argument("--skip-baseline", action="store_true",
                    help="do not run the plain one-process baseline server (python -m aieng.tools.baseline)")
+    b.add_argument("--shape", action="append", metavar="N|NAME=D1xD2",
+                   help="a tensor model's request shapes: N sets every open axis (default 16), NAME=D1xD2 "
+                        "one input's per-request shape (repeatable; docs/bench/README.md)")
     b.add_argument("--quick", action="store_true",
                    help="smoke test: at most 60 requests per level, 48 per in-process row, "
                         "2 s per open-loop rate")
@@ -283,6 +286,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--model", default="minilm")
             p.add_argument("--concurrency", default="1,4,16", help="comma-separated levels")
             p.add_argument("--requests", type=int, default=300, help="requests per level")
+            p.add_argument("--shape", action="append", metavar="N|NAME=D1xD2",
+                           help="a tensor model's request shapes (its spec read from AIENG_MODEL_REPOSITORY)")
             p.set_defaults(func=cmd_load)
         else:
             p.set_defaults(func=cmd_health)

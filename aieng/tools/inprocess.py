@@ -37,7 +37,12 @@ class InProcessModel:
         return self.sessions[key]
 
     def encode(self, items: list[dict]) -> list:
-        """Preprocess requests' inputs: ``(tensors, seq_len, info)`` each, batched where the processor can."""
+        """Preprocess requests' inputs: ``(tensors, seq_len, info)`` each, batched where the processor can.
+        A tensor model's arrays go as a client sends them (tensor maps, which its processor decodes)."""
+        if self.spec.preprocess.type == "tensor":
+            from aieng.wire.protocol import encode_tensor
+
+            items = [{k: encode_tensor(v) if hasattr(v, "dtype") else v for k, v in i.items()} for i in items]
         if getattr(self.pre, "batchable", False):
             return self.pre.process_many([self.pre.check(i) for i in items])
         return [self.pre.process(i) for i in items]

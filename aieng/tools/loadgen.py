@@ -23,7 +23,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from aieng.gateway.codec import BY_DTYPE
 from aieng.tools import checks
+from aieng.tools.tensor_inputs import UnbatchedRow
 
 WORDS = ("the model serves requests over sockets while workers tokenize text and the executor runs "
          "batches of padded sequences through onnx runtime on two small cores shared with everyone").split()
@@ -40,7 +42,16 @@ def text_mix(n: int, seed: int = 0) -> list[str]:
     return out
 
 
-def sample_inputs(model: str, n: int, seed: int = 0) -> list[dict[str, Any]]:
+def sample_inputs(model: str, n: int, seed: int = 0, repo: str | None = None,
+                  shapes: list[str] | None = None) -> list[dict[str, Any]]:
+    """``n`` requests for ``model``: from its spec in ``repo`` when it is a tensor model
+    (``tensor_inputs``, ``shapes`` the ``--shape`` values), else the demo models' mixes by name."""
+    if repo is not None:
+        rows = _tensor_rows(model, repo, n, seed, shapes)
+        if rows is not None:
+            return rows
+    if shapes:
+        raise checks.UsageError(f"--shape is for a tensor model; {model!r} is not one")
     if model == "minilm":
         return [{"text": t} for t in text_mix(n, seed)]
     if model == "orientation":
@@ -60,7 +71,28 @@ def sample_inputs(model: str, n: int, seed: int = 0) -> list[dict[str, Any]]:
                  "island": rng.choice(["Biscoe", "Dream", "Torgersen"]),
                  "sex": rng.choice(["male", "female"])}
                 for _ in range(n)]
-    raise checks.UsageError(f"no input generator for model {model!r}")
+    raise checks.UsageError(f"no input generator for model {model!r}"
+                            + ("" if repo else " (no model repository given to read a tensor model's spec)"))
+
+
+def _tensor_rows(model: str, repo: str, n: int, seed: int, shapes: list[str] | None) -> list[dict] | None:
+    """A tensor model's requests (``tensor_inputs``); None when ``model`` in ``repo`` is not one."""
+    from aieng.models.spec import ModelError
+    from aieng.tools import tensor_inputs as ti
+    from aieng.tools.inprocess import load_spec
+
+    try:
+        spec = load_spec(model, repo)
+    except (ModelError, KeyError) as exc:
+        if model in ("minilm", "orientation", "tabular"):
+            return None  # a demo's text, image or feature mix needs no spec
+        raise checks.UsageError(f"model {model!r} in {repo!r}: {exc}") from None
+    if not ti.is_tensor_model(spec):
+        return None
+    try:
+        return ti.rows_for(spec, n, seed, ti.parse_shapes(shapes))
+    except ValueError as exc:
+        raise checks.UsageError(str(exc)) from None
 
 
 class Progress:
@@ -94,16 +126,20 @@ class Progress:
 
 
 def oip_tensors(inputs: dict[str, Any]) -> list[tuple[str, str, list[int], bytes]]:
-    """One row of native inputs as OIP tensors ``(name, datatype, shape, raw bytes)``."""
+    """One row of native inputs as OIP tensors ``(name, datatype, shape, raw bytes)``: a batched model's
+    with a leading row of 1, an ``UnbatchedRow``'s tensors as they are (Triton's max_batch_size 0)."""
+    lead = [] if isinstance(inputs, UnbatchedRow) else [1]
     out = []
     for name, v in inputs.items():
         if isinstance(v, (str, bytes)):
             b = v.encode() if isinstance(v, str) else v
             out.append((name, "BYTES", [1], struct.pack("<I", len(b)) + b))
         elif isinstance(v, np.ndarray):
-            dt = {"float32": "FP32", "int64": "INT64", "float64": "FP64", "int32": "INT32"}[v.dtype.name]
-            raw = np.ascontiguousarray(v).astype(v.dtype.newbyteorder("<")).tobytes()
-            out.append((name, dt, [1] + list(v.shape), raw))
+            if v.dtype.kind == "O":  # a string tensor: each element length-prefixed (OIP's BYTES layout)
+                raw = b"".join(struct.pack("<I", len(x)) + x for x in v.reshape(-1).tolist())
+            else:
+                raw = np.ascontiguousarray(v).astype(v.dtype.newbyteorder("<")).tobytes()
+            out.append((name, BY_DTYPE[v.dtype.name], lead + list(v.shape), raw))
         else:
             out.append((name, "FP32", [1], struct.pack("<f", float("nan") if v is None else v)))
     return out
@@ -187,8 +223,10 @@ def make_sender(transport: str, addr: str, model: str) -> Callable[[], Any]:
 
 
 async def run_level(addr: str | None, model: str, inputs: list[dict], concurrency: int,
-                    timeout_s: float, transport: str = "zmq",
-                    progress: Progress | None = None) -> dict[str, Any]:
+                    timeout_s: float, transport: str = "zmq", progress: Progress | None = None,
+                    check: Callable[[dict, dict], str | None] | None = None) -> dict[str, Any]:
+    """One closed-loop level; ``check(row, reply)`` (native replies only) may fail an answered request with
+    an error code of its own (a test's check of what came back)."""
     latencies: list[float] = []
     errors: dict[str, int] = {}
     batches: list[int] = []
@@ -207,7 +245,7 @@ async def run_level(addr: str | None, model: str, inputs: list[dict], concurrenc
             if reply.get("ok"):
                 batches.append(int(reply.get("batch", 1)))
                 hops.append({**reply.get("timing_us", {}), "client": int((time.perf_counter() - t0) * 1e6)})
-                return None
+                return None if check is None else check(row, reply)
             return reply["error"]["code"]
 
         zmq_send.close = client.close  # type: ignore[attr-defined]
@@ -302,7 +340,7 @@ async def open_loop(addr: str, model: str, inputs: list[dict], rate: float, dura
 def main_load(args) -> int:
     levels = checks.levels(args.concurrency)
     checks.reachable(args.addr)
-    inputs = sample_inputs(args.model, args.requests)
+    inputs = sample_inputs(args.model, args.requests, repo=_repo(), shapes=getattr(args, "shape", None))
     print(f"model={args.model} requests/level={args.requests}")
     print("| concurrency | req/s | p50 ms | p95 ms | p99 ms | mean batch | errors |")
     print("|---:|---:|---:|---:|---:|---:|---|")
@@ -312,3 +350,10 @@ def main_load(args) -> int:
         print(f"| {c} | {r['rps']} | {r['p50_ms']} | {r['p95_ms']} | {r['p99_ms']} | {r['mean_batch']} | "
               f"{r['errors'] or '-'} |", flush=True)
     return 0
+
+
+def _repo() -> str:
+    """The local model repository (``AIENG_MODEL_REPOSITORY``): where a tensor model's spec is read."""
+    from aieng.config import load_config
+
+    return load_config().model_repository

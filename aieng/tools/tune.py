@@ -158,7 +158,7 @@ def main_tune(args) -> int:
     spec = load_spec(args.model, versions[-1], os.path.join(mdir, versions[-1]))
     max_batch = int(spec.batching.max_batch_size)
     cpus = envs.cpu_count()
-    inputs = sample_inputs(args.model, max(args.requests, 4 * args.concurrency))
+    inputs = sample_inputs(args.model, max(args.requests, 4 * args.concurrency), repo=repo)
     print(f"tune {args.model}: {cpus} usable CPUs, {args.requests} requests per level, c=1 and "
           f"c={args.concurrency}, at most {args.rows} rows", flush=True)
     rows, best = search(args.model, repo, cpus, max_batch, inputs, args.requests, args.concurrency, args.rows)

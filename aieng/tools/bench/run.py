@@ -292,7 +292,8 @@ def main_bench(args) -> int:
     # Per in-process row: half a closed-loop level keeps the whole run near its old length
     # although every row is now measured with spinning off and on.
     n_inproc = 48 if args.quick else max(64, n_req // 2)
-    inputs = sample_inputs(args.model, max(n_req, 64 if args.quick else 400))
+    inputs = sample_inputs(args.model, max(n_req, 64 if args.quick else 400), repo=repo,
+                           shapes=getattr(args, "shape", None))
     t_start = time.monotonic()
     print(f"bench {args.model}: {len(inputs)} inputs, levels {levels}, {n_req} requests/level, "
           f"{n_inproc} per in-process row, threads {threads}", flush=True)

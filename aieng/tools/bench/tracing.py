@@ -98,7 +98,7 @@ def main_tracing(args) -> int:
     repo = load_config().model_repository
     levels = [int(x) for x in str(args.concurrency).split(",") if x]
     n = min(args.requests, 60) if args.quick else args.requests
-    inputs = sample_inputs(args.model, max(n, 64))
+    inputs = sample_inputs(args.model, max(n, 64), repo=repo)
     rows, spans = tracing_side(args.model, repo, inputs, levels, n, args.trace_ratio)
     text = fmt_tracing(args.model, rows, spans, n, args.trace_ratio)
     print(text, flush=True)

@@ -64,10 +64,11 @@ def main_transports(args, transports: list[str]) -> int:
 
     levels = [int(x) for x in str(args.concurrency).split(",") if x]
     n_req = min(args.requests, 60) if args.quick else args.requests
-    inputs = sample_inputs(args.model, max(n_req, 64))
+    repo = load_config().model_repository
+    inputs = sample_inputs(args.model, max(n_req, 64), repo=repo, shapes=getattr(args, "shape", None))
     print(f"bench {args.model} over {', '.join(transports)}: levels {levels}, {n_req} requests per row",
           flush=True)
-    rows = transport_side(args.model, load_config().model_repository, inputs, levels, n_req, transports)
+    rows = transport_side(args.model, repo, inputs, levels, n_req, transports)
     text = fmt_transports(args.model, rows, n_req)
     md = write_report(args.out, f"{args.model}-transports.md", text)
     print(text)
