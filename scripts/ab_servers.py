@@ -9,8 +9,16 @@ example a ``git worktree`` of an older commit, with ``models`` linked to this on
 ``python -m aieng.tools.baseline`` (``env`` may give ``{"spin": "off"}``); ``env`` holds ``AIENG_*`` settings.
 Bounded: ``REQUESTS`` per round, 30 s per request.
 
+A tensor model (a bare ONNX file, a config.pbtxt, a tensor model.yaml) gets requests made from its spec
+(``tools/tensor_inputs``), read from the first variant's ``AIENG_MODEL_REPOSITORY`` (else ``models``); each
+variant's env may point ``AIENG_MODEL_REPOSITORY`` at a repository of its own (the baseline reads it too), and
+any ``SHAPE`` after the variants is a ``--shape`` value (``32``: every open axis; ``NAME=1x32``).
+
     .venv/bin/python scripts/ab_servers.py minilm 1 300 3 \\
         '[["before", "/tmp/before", {}], ["now", ".", {}], ["baseline", "baseline", {}]]'
+    .venv/bin/python scripts/ab_servers.py mz 32 300 3 \\
+        '[["bare", ".", {"AIENG_MODEL_REPOSITORY": "/tmp/a"}],
+          ["yaml", ".", {"AIENG_MODEL_REPOSITORY": "/tmp/b"}]]' 32
 """
 from __future__ import annotations
 
@@ -33,7 +41,7 @@ STEPS = ("frontend_in", "preprocess_queue", "preprocess", "handoff", "batch_wait
 
 def start(label: str, checkout: str, extra: dict, model: str):
     addr = free_addr()
-    models = os.path.join(ROOT, "models")
+    models = extra.get("AIENG_MODEL_REPOSITORY") or os.path.join(ROOT, "models")
     if checkout == "baseline":
         argv = [sys.executable, "-m", "aieng.tools.baseline", "--model", model, "--repo", models,
                 "--addr", addr, "--spinning", extra.get("spin", "on")]
@@ -58,7 +66,8 @@ def start(label: str, checkout: str, extra: dict, model: str):
 def main() -> int:
     model, conc, n, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     variants = json.loads(sys.argv[5])
-    inputs = sample_inputs(model, n, seed=3)
+    repo = variants[0][2].get("AIENG_MODEL_REPOSITORY") or os.path.join(ROOT, "models")
+    inputs = sample_inputs(model, n, seed=3, repo=repo, shapes=sys.argv[6:])
     lat: dict[str, list] = {v[0]: [] for v in variants}
     hops: dict[str, list] = {v[0]: [] for v in variants}
     print(f"load average at the start: {os.getloadavg()[0]:.2f}")
