@@ -144,7 +144,7 @@ def soak(model: str, seconds: float, interval: float, concurrency: int, max_rss_
         until = time.monotonic() + seconds
 
         async def main() -> None:
-            inputs = sample_inputs(model, 200)
+            inputs = sample_inputs(model, 200, repo=cfg.model_repository)
             await asyncio.gather(
                 _drive(client, model, inputs, concurrency, lambda: time.monotonic() >= until, lat, tally),
                 _sample(proc.pid, seconds, until, interval, rows, tally, lambda s: print(s, flush=True)))
