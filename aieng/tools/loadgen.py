@@ -1,15 +1,16 @@
 """A simple closed-loop load generator (``aieng load``), and the open loop ``aieng bench`` uses.
 
 For each concurrency level, that many asyncio workers each send a request and wait for its answer,
-until ``--requests`` answers have come back; inputs come from a deterministic mix, so runs compare.
-Reports requests/s, p50/p95/p99 latency and errors per level.  ``open_loop`` sends with Poisson
-arrivals at a fixed rate for a fixed time instead, whatever the answers do.
+until ``--requests`` answers have come back; inputs come from a deterministic mix, so runs compare
+(``sample_inputs``: the demos' text, image and feature mixes; a tensor model's made from its spec by
+``tensor_inputs``).  Reports requests/s, p50/p95/p99 latency and errors per level.  ``open_loop`` sends
+with Poisson arrivals at a fixed rate for a fixed time instead, whatever the answers do.
 
 ``run_level`` drives one front door (``transport``): ``zmq`` (the native protocol, ``AsyncClient``),
 ``http`` (OIP REST with the binary tensor extension both ways, a keep-alive connection per worker, a
 minimal client so its own cost stays small) or ``grpc`` (OIP gRPC, one channel,
-``raw_input_contents``).  ``Progress`` shows live progress: a tqdm bar on a terminal, a plain line
-every few seconds otherwise.
+``raw_input_contents``), any OIP datatype; ``check`` may judge each native answer (a test's).
+``Progress`` shows live progress: a tqdm bar on a terminal, a plain line every few seconds otherwise.
 """
 from __future__ import annotations
 
