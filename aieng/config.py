@@ -18,7 +18,15 @@ import yaml
 from aieng import envs
 
 # Fields the supervisor fills in: never read from a file, the environment or a flag, never printed.
-INTERNAL = ("instance", "sources", "gateway_curve_key", "gateway_token", "cold_versions")
+INTERNAL = ("instance", "sources", "gateway_curve_key", "gateway_token", "cold_versions", "left_out")
+
+
+@dataclass(frozen=True)
+class LeftOut:
+    """A model a start that is not strict (``strict_model_load`` off) left out: its description did not
+    load (a malformed config.pbtxt, an unreadable graph, a bad model.yaml); ``error`` says where and why."""
+    name: str
+    error: str
 
 
 def _default(name: str, neutral: Any = None) -> Any:
@@ -116,6 +124,9 @@ class Config:
     # "model:version" of lazy versions not built now (pool.lazy): the frontend serves them by loading
     # them on first use.  The supervisor sets it per spawn (a restarted frontend learns the current set).
     cold_versions: list[str] = field(default_factory=list)
+    # The models the start's scan left out (not strict): shown as failed by readiness, the models op and
+    # OIP, refused UNAVAILABLE by name.  Set once by the supervisor; a restarted frontend learns the same.
+    left_out: tuple[LeftOut, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -123,7 +134,11 @@ class Config:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Config":
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        out = {k: v for k, v in data.items() if k in names}
+        if "left_out" in out:  # the records' wire form (``to_dict``: maps) rebuilt once, at the spawn
+            out["left_out"] = tuple(x if isinstance(x, LeftOut) else LeftOut(x["name"], x["error"])
+                                    for x in out["left_out"])
+        return cls(**out)
 
     def validate(self) -> None:
         def need(cond: bool, what: str) -> None:

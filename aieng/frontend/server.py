@@ -65,7 +65,7 @@ class Frontend:
 
     def init_policy(self) -> None:
         cfg = self.cfg
-        self.table, self.workers = RequestTable(), Workers()
+        self.table, self.workers = RequestTable(), Workers(cfg.left_out)
         self.metrics, self.stats = Metrics(), StageStats()
         # spans per stage over OTLP when the OTEL_* variables name a collector; else ids only
         self.tracing = Tracing.from_env(self.metrics.spans_sent, self.metrics.spans_lost)

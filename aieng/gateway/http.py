@@ -195,7 +195,9 @@ class OipHttp:
         raise HttpError(404, "not found")
 
     async def infer(self, name: str, version: str | None, headers: dict, body: bytes, caller: Caller):
-        await self.svc.view(name, version)  # an unknown model is 404 whatever the body holds
+        view = await self.svc.view(name, version)  # an unknown model is 404 whatever the body holds
+        if view.left_out:  # and one the start left out 503, saying why
+            raise p.RequestError(p.UNAVAILABLE, models.not_ready(view, version))
         size = shmio.decode_size(len(body), b'"shared_memory_region"' in body)  # an output's too: rare
         req, tensors = await self.svc.decoder.run(size, parse_infer, body, headers, self.svc.shm, caller)
         params = req.get("parameters") or {}

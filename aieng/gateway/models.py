@@ -11,7 +11,9 @@ shapes (``batched`` false: a graph without a batch axis).  A model inferred from
 inferred and why in its config's ``parameters`` (``aieng.*``).  The answers are
 plain dicts in the shapes Triton's HTTP API uses; the gRPC side parses the same dicts into its
 messages, so both transports say the same thing.  An unknown model or version, and one that failed to
-load, are refused in Triton's words (``unknown_model``, ``not_ready``), which its clients match.
+load, are refused in Triton's words (``unknown_model``, ``not_ready``), which its clients match.  A model
+the start left out (its description did not load: listed with a ``load_error`` and no versions) is a
+``ModelView`` with ``left_out`` set for any version asked, never ready, saying why.
 """
 from __future__ import annotations
 
@@ -46,6 +48,7 @@ class ModelView:
     # max_batch_size 1: its clients send [1, ...] (Triton's simple_string), and the session takes rows.
     rows_axis: bool | None = None
     reshapes: dict[str, list[int]] = field(default_factory=dict)  # tensor name -> Triton's reshape (config)
+    left_out: bool = False  # the start left the model out: no version, no inputs; only its load_error
 
     @property
     def batched(self) -> bool:
@@ -117,17 +120,24 @@ class Catalog:
         self.batching = batching or {}  # "name/version" -> the spec's batching, known from spawn
         self.views: dict[str, dict[str, ModelView]] = {}
         self.default: dict[str, str] = {}
+        self.left_out: dict[str, str] = {}  # name -> why the start left it out
         self.loaded = False
 
     def update(self, models: dict) -> None:
-        views, default = {}, {}
+        views, default, left_out = {}, {}, {}
         for name, entry in models.items():
+            if not entry.get("versions") and entry.get("load_error"):
+                left_out[name] = entry["load_error"]
+                continue
             default[name] = entry.get("default_version")
             views[name] = {v: build_view(name, pub, self.batching.get(f"{name}/{v}"))
                            for v, pub in entry.get("versions", {}).items()}
-        self.views, self.default, self.loaded = views, default, True
+        self.views, self.default, self.left_out, self.loaded = views, default, left_out, True
 
     def get(self, name: str, version: str | None) -> ModelView | None:
+        why = self.left_out.get(name)
+        if why is not None:
+            return ModelView(name, version or "", 1, 0.0, 0, load_error=why, left_out=True)
         versions = self.views.get(name)
         if not versions:
             return None

@@ -188,6 +188,9 @@ class Repository:
     async def index(self) -> list[dict]:
         out = []
         for name, entry in sorted((await self.op("models"))["models"].items()):
+            if not entry["versions"] and entry.get("load_error"):  # left out at start: no version read
+                out.append({"name": name, "version": "", "state": "UNAVAILABLE",
+                            "reason": entry["load_error"]})
             for v, e in sorted(entry["versions"].items()):
                 load = e.get("load") or {}
                 if routable(e):

@@ -11,7 +11,8 @@ per-request ``timeout`` parameter (microseconds, as Triton's clients send it) be
 
 An unknown model or version answers in Triton's words ("Request for unknown model: 'x' is not found"),
 which its clients match; the metadata and config of a version that failed to load too ("... has no
-available versions: <why>", ``ready_view``).
+available versions: <why>", ``ready_view``), and an infer of a model the start left out (its description
+did not load): UNAVAILABLE, the same words.
 Error codes map as the field does: INVALID_* 400 / INVALID_ARGUMENT, MODEL_NOT_FOUND 404 / NOT_FOUND,
 OVERLOADED and UNAVAILABLE 503 / UNAVAILABLE, TIMEOUT 504 / DEADLINE_EXCEEDED, INTERNAL 500 / INTERNAL.
 """
@@ -109,6 +110,8 @@ class Service:
         The outputs named in ``out_shm`` are written into those windows (``shmio``); ``trace``: the
         trace fields every row carries (``traceparent.native_fields``)."""
         view = await self.view(name, version)
+        if view.left_out:  # no inputs to split by: refused here, in the words of metadata and config
+            raise p.RequestError(p.UNAVAILABLE, not_ready(view, version))
         timeout_ms = timeout_ms_of(params, deadline_s)
         rows = codec.split_rows(view.kinds, tensors, view.max_batch_size, view.batched)
         if out_shm:
@@ -171,7 +174,9 @@ class Service:
             for v, view in sorted(versions.items()):
                 state = "READY" if view.load_error is None else "UNAVAILABLE"
                 out.append({"name": name, "version": v, "state": state, "reason": view.load_error or ""})
-        return out
+        out += [{"name": name, "version": "", "state": "UNAVAILABLE", "reason": why}
+                for name, why in self.up.catalog.left_out.items()]
+        return sorted(out, key=lambda e: (e["name"], e["version"]))
 
     async def repository_change(self, action: str, name: str, params: dict,
                                 deadline_s: float | None = None) -> list[str]:

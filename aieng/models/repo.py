@@ -206,7 +206,8 @@ def scan(repo: str, only: list[str] | None = None,
          failed: dict[str, str] | None = None) -> dict[str, dict[str, ModelSpec]]:
     """Load every model (or just ``only``): ``{name: {version: spec}}``.  ``failed`` (a start that is not
     strict): a model whose description does not load (a malformed config.pbtxt, a contradicting graph, a
-    bad model.yaml) is left out and recorded there (name -> message) instead of failing the scan."""
+    bad model.yaml) is left out and recorded there (name -> "model NAME (DIR): why", the failed-build
+    form) instead of failing the scan."""
     if not os.path.isdir(repo):
         raise ModelError(f"model repository {repo!r} is not a directory")
     found: dict[str, dict[str, ModelSpec]] = {}
@@ -219,8 +220,8 @@ def scan(repo: str, only: list[str] | None = None,
         except ModelError as exc:
             if failed is None:
                 raise
-            failed[name] = str(exc)
-            log.error("model %s (%s): %s; the model is unavailable", name, mdir, exc)
+            failed[name] = f"model {name} ({mdir}): {exc}"
+            log.error("%s; the model is unavailable", failed[name])
     check_pipeline_models(found)
     missing = set(only or ()) - set(found) - set(failed or ())
     if missing:

@@ -102,6 +102,8 @@ class Supervisor:
         cfg = self.cfg
         self.versions = VersionRecord.scan(cfg.model_repository, cfg.models, cfg.max_batch_size,
                                            cfg.max_wait_ms, cfg.strict_model_load)
+        if self.versions.left_out:  # every child is told which models the start left out, and why
+            self.cfg = dataclasses.replace(cfg, left_out=self.versions.left_out)
 
     # -- processes ------------------------------------------------------------
     def spawn(self, child: Child) -> None:
@@ -178,6 +180,9 @@ class Supervisor:
         sd_notify("READY=1\nSTATUS=serving " + ", ".join(self.versions.specs))
         log.info("ready: %s on %s (%d preprocess, %d postprocess workers)", ", ".join(self.versions.specs),
                  self.cfg.frontend_addr, self.cfg.preprocess_workers, self.cfg.postprocess_workers)
+        if self.cfg.left_out:
+            log.warning("serving without %s: their description does not load (AIENG_STRICT_MODEL_LOAD off)",
+                        ", ".join(lo.name for lo in self.cfg.left_out))
 
     def init_hub(self) -> None:
         self.hub_handlers = {m.Pulse: self.on_pulse, m.Reloaded: self.on_reloaded,

@@ -2,16 +2,19 @@
 
 It starts as the repository's scan; the frontend's run-time ``LoadVersion`` / ``UnloadVersion`` notices
 (on the hub) keep it current, so a restarted worker builds what is served now, not what was served at
-start.  Lazy versions (model-wide ``pool: {lazy: true}``) and pool evictions are ``cold``: still served
-(the frontend and gateways know them) but built by no worker until a request loads them.  A run-time
-load is ``pending`` until the frontend says it passed (``LoadVersion.ready``); a builder's death while
-one is pending drops it (``drop_pending``): the load may be what killed it, so it is never rebuilt.
+start.  A start that is not strict keeps the models its scan left out (``left_out``: their description
+did not load), which every child is told (``Config.left_out``).  Lazy versions (model-wide
+``pool: {lazy: true}``) and pool evictions are ``cold``: still served (the frontend and gateways know
+them) but built by no worker until a request loads them.  A run-time load is ``pending`` until the
+frontend says it passed (``LoadVersion.ready``); a builder's death while one is pending drops it
+(``drop_pending``): the load may be what killed it, so it is never rebuilt.
 """
 from __future__ import annotations
 
 import logging
 from typing import Any
 
+from aieng.config import LeftOut
 from aieng.models import repo as model_repo
 from aieng.models.repo import ModelSpec
 from aieng.wire import messages as m
@@ -20,19 +23,23 @@ log = logging.getLogger("aieng.runtime.supervisor")
 
 
 class VersionRecord:
-    def __init__(self, specs: dict[str, ModelSpec]):
+    def __init__(self, specs: dict[str, ModelSpec], left_out: tuple[LeftOut, ...] = ()):
         self.specs = specs
+        self.left_out = left_out  # the models the start's scan left out, with why (fixed from then on)
         self.cold = {k for k, s in specs.items() if s.pool.lazy}
         self.pending: dict[str, tuple[ModelSpec | None, bool]] = {}  # key -> (the spec before it, was cold)
 
     @classmethod
     def scan(cls, repository: str, models: str, max_batch_size: int, max_wait_ms: float,
              strict: bool = True) -> "VersionRecord":
-        """``strict`` False: a model whose description does not load is left out (logged), the rest serve."""
+        """``strict`` False: a model whose description does not load is left out (logged, and kept in
+        ``left_out``), the rest serve."""
         only = [n.strip() for n in models.split(",") if n.strip()] or None
-        found = model_repo.scan(repository, only, None if strict else {})
+        failed: dict[str, str] | None = None if strict else {}
+        found = model_repo.scan(repository, only, failed)
         model_repo.apply_overrides(found, max_batch_size, max_wait_ms)
-        record = cls({s.key: s for vs in found.values() for s in vs.values()})
+        record = cls({s.key: s for vs in found.values() for s in vs.values()},
+                     tuple(LeftOut(n, e) for n, e in sorted((failed or {}).items())))
         for s in record.specs.values():
             log.info("model %s from %s (sha256 %s)%s", s.key, s.path, s.content_hash[:16],
                      " (lazy: loaded on first use)" if s.key in record.cold else "")

@@ -205,6 +205,8 @@ class AdminOps:
                     "load_error": failed.get(s.key), "path": s.path,
                     **({"inferred": s.inferred.public()} if s.inferred else {})}
                 for v, s in versions.items()}}
+        for name, why in self.workers.left_out_models().items():  # left out at start: no version read
+            out[name] = {"stable": None, "versions": {}, "load_error": why}
         for key, view in self.versions.loads_view().items():  # loading, failed, draining, unloaded: shown too
             name, _, version = key.partition(":")
             if name in out:

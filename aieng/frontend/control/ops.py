@@ -8,7 +8,8 @@ PERMISSION_DENIED and change nothing unless ``client_admin`` (``AIENG_CLIENT_ADM
 (``log_level`` without a level, ``stats`` without ``reset``) is served to every client.
 ``models`` answers from a reply packed once per change of what the workers
 report, so a flood of it costs a lookup each (the op rate limit bounds the
-rest).  Every map key in a reply is a string (docs/protocol.md).
+rest); a model the start left out is listed with its ``load_error`` and no
+versions.  Every map key in a reply is a string (docs/protocol.md).
 """
 from __future__ import annotations
 
@@ -101,6 +102,8 @@ class ClientOps:
                              "versions": {v: dict(s.public(), onnx=onnx_view(s, ex.get(s.key), images_off),
                                                   load_error=failed.get(s.key))
                                           for v, s in versions.items()}}
+            for name, why in self.workers.left_out_models().items():  # left out at start: no version read
+                out[name] = {"default_version": None, "weights": {}, "versions": {}, "load_error": why}
             self._models_key, self._models_reply = key, out
         # the pool's view changes with every cold load and eviction: built per call (a few lazy versions)
         # drift scores move with every answer: built per call too (model -> version -> reference, PSI)

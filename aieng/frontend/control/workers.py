@@ -6,6 +6,8 @@ fails.  One silent for ``SILENCE_S`` is not routed to (it may be hung; the
 supervisor decides whether to kill it).  One *resting* (building a run-time
 load, ``hotswap``) is routed to only when no other worker of its role is live.
 Hellos from a pid already reported dead are ignored: they can still sit in the hub's queue after its death.
+``failed_models`` is what failed to load: the versions a worker could not build (from the hellos, by
+"name:version") and the models the start left out (``Config.left_out``, by name: no version was read).
 
 A preprocess worker heartbeats between the requests it runs one at a time (an image each), so its silence
 while it holds requests is the time it has spent on one.  Past ``STALL_S`` it is *stalled*: ``pick_pre``
@@ -18,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from aieng.config import LeftOut
 from aieng.wire import messages as m
 
 SILENCE_S = 5.0  # no heartbeat for this long: stop routing to it
@@ -41,7 +44,8 @@ class WorkerState:
 
 
 class Workers:
-    def __init__(self) -> None:
+    def __init__(self, left_out: tuple[LeftOut, ...] = ()) -> None:
+        self.left_out = {lo.name: lo.error for lo in left_out}  # fixed for the process's life
         self.by_name: dict[str, WorkerState] = {}
         self.dead_pids: set[int] = set()
         self.died_at: dict[str, float] = {}  # worker name -> monotonic seconds of its last death
@@ -135,11 +139,16 @@ class Workers:
         self.resting.discard(name)
 
     def failed_models(self) -> dict[str, str]:
-        """Model versions some worker could not load, with the error it reported."""
-        out: dict[str, str] = {}
+        """Model versions some worker could not load ("name:version"), with the error it reported, and
+        the models the start left out ("name"), with why."""
+        out: dict[str, str] = dict(self.left_out)
         for w in self.by_name.values():
             out.update(w.hello.failed)
         return out
+
+    def left_out_models(self) -> dict[str, str]:
+        """The models the start left out (their description did not load): name -> why."""
+        return self.left_out
 
     def stalled(self, name: str, now: float, load: Callable[[str], int]) -> bool:
         """A preprocess worker silent for ``STALL_S`` while holding requests: inside one slow request."""

@@ -1,7 +1,8 @@
 """Admission: a client's ``infer`` map becomes a typed request, an immediate answer, or a refusal.
 
 Checks, in order (the first that fails answers the request with its code):
-  1. shape of the request: model, inputs, params, routing_key (INVALID_REQUEST / MODEL_NOT_FOUND); then
+  1. shape of the request: model, inputs, params, routing_key (INVALID_REQUEST / MODEL_NOT_FOUND; a model
+     the start left out, ``Config.left_out``, is UNAVAILABLE saying why); then
      routing (``rollout``) picks the version and says why (``route``): a pinned version the model refuses
      is INVALID_REQUEST, an unknown one MODEL_NOT_FOUND; then timeout_ms; a version that failed to load
      is UNAVAILABLE with its error;
@@ -69,6 +70,7 @@ class Admission:
         self.table, self.breakers, self.cache, self.degrader = table, breakers, cache, degrader
         self.life = life  # started, draining
         self.failed_models: dict[str, str] = {}  # "model:version" -> load error (from the workers' hellos)
+        self.left_out = {lo.name: lo.error for lo in cfg.left_out}  # name -> why the start left it out
 
     def set_failed(self, failed: dict[str, str]) -> None:
         """Versions some worker could not load (refused UNAVAILABLE), as the workers last said."""
@@ -84,6 +86,9 @@ class Admission:
         if not isinstance(model, str):
             raise p.RequestError(p.INVALID_REQUEST, "'model' must be a string")
         if model not in self.specs:
+            why = self.left_out.get(model)
+            if why is not None:  # in the repository, but its description did not load at the start
+                raise p.RequestError(p.UNAVAILABLE, f"model {model} is not loaded: {why}")
             raise p.RequestError(p.MODEL_NOT_FOUND, f"unknown model {model!r}")
         return model
 

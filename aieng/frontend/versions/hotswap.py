@@ -4,7 +4,8 @@ Load: the directory is validated on a low-priority thread; ``LoadVersion`` goes 
 executor, the postprocess workers and the preprocess workers one at a time (each out of the rotation while
 it builds); once every one answered, the golden set runs through the real pipeline, and a version whose
 every case is within tolerance becomes routable at weight 0.  Any failure leaves it unroutable and
-releases what was built.  Unload: refused while routed to; unroutable at once, drained, then released.
+releases what was built; a model the start left out (``Config.left_out``) is refused: a model joins
+only at a start.  Unload: refused while routed to; unroutable at once, drained, then released.
 A cold load of the pool is the same path, urgent.  docs/rollout.md (section 9) has the procedure and
 its measurements.
 """
@@ -74,6 +75,11 @@ class HotSwap:
     # -- load --------------------------------------------------------------------------
     def load(self, name: str, version: str, source: str = "admin", config: str | None = None) -> dict:
         specs = self.specs
+        left_out = next((lo for lo in self.cfg.left_out if lo.name == name), None)
+        if left_out is not None:  # a new model (its routing, its pool) joins only at a start
+            raise p.RequestError(p.INVALID_REQUEST, f"failed to load '{name}': the start left it out "
+                                                    f"({left_out.error}); a model the start did not serve "
+                                                    "is served after a restart, once its description loads")
         if name not in specs:
             raise p.RequestError(p.MODEL_NOT_FOUND, f"unknown model {name!r}: only versions of served models "
                                                   f"load at run time (serving {', '.join(sorted(specs))})")
