@@ -180,9 +180,6 @@ class Supervisor:
         sd_notify("READY=1\nSTATUS=serving " + ", ".join(self.versions.specs))
         log.info("ready: %s on %s (%d preprocess, %d postprocess workers)", ", ".join(self.versions.specs),
                  self.cfg.frontend_addr, self.cfg.preprocess_workers, self.cfg.postprocess_workers)
-        if self.cfg.left_out:
-            log.warning("serving without %s: their description does not load (AIENG_STRICT_MODEL_LOAD off)",
-                        ", ".join(lo.name for lo in self.cfg.left_out))
 
     def init_hub(self) -> None:
         self.hub_handlers = {m.Pulse: self.on_pulse, m.Reloaded: self.on_reloaded,

@@ -43,6 +43,9 @@ class VersionRecord:
         for s in record.specs.values():
             log.info("model %s from %s (sha256 %s)%s", s.key, s.path, s.content_hash[:16],
                      " (lazy: loaded on first use)" if s.key in record.cold else "")
+        if record.left_out:
+            log.warning("starting without %s: its description does not load (AIENG_STRICT_MODEL_LOAD off)",
+                        ", ".join(lo.name for lo in record.left_out))
         return record
 
     def for_child(self, builds: bool) -> dict[str, dict[str, Any]]:
