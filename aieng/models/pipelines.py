@@ -62,9 +62,10 @@ def pipeline_spec(name: str, version: str, path: str, cfg: dict, cfg_path: str) 
         metadata=Opaque.of(version_metadata(cfg.get("metadata"), cfg_path)))
 
 
-def check_pipeline_models(found: dict[str, dict[str, ModelSpec]]) -> None:
-    """Every model a pipeline names is served alongside it, and is not a pipeline itself."""
-    for versions in found.values():
+def check_pipeline_models(found: dict[str, dict[str, ModelSpec]], only: list[str] | None = None) -> None:
+    """Every model a pipeline names is served alongside it, and is not a pipeline itself (``only``: of
+    these models' versions)."""
+    for versions in (found[n] for n in only) if only is not None else found.values():
         for spec in versions.values():
             for step in spec.pipeline.steps if spec.pipeline else ():
                 target = step.model

@@ -206,8 +206,8 @@ def scan(repo: str, only: list[str] | None = None,
          failed: dict[str, str] | None = None) -> dict[str, dict[str, ModelSpec]]:
     """Load every model (or just ``only``): ``{name: {version: spec}}``.  ``failed`` (a start that is not
     strict): a model whose description does not load (a malformed config.pbtxt, a contradicting graph, a
-    bad model.yaml) is left out and recorded there (name -> "model NAME (DIR): why", the failed-build
-    form) instead of failing the scan."""
+    bad model.yaml; a pipeline over a model left out) is left out and recorded there (name -> "model NAME
+    (DIR): why", the failed-build form) instead of failing the scan."""
     if not os.path.isdir(repo):
         raise ModelError(f"model repository {repo!r} is not a directory")
     found: dict[str, dict[str, ModelSpec]] = {}
@@ -220,8 +220,13 @@ def scan(repo: str, only: list[str] | None = None,
         except ModelError as exc:
             if failed is None:
                 raise
-            failed[name] = f"model {name} ({mdir}): {exc}"
-            log.error("%s; the model is unavailable", failed[name])
+            _left_out(failed, name, mdir, exc)
+    for name in sorted(found) if failed is not None else ():
+        try:  # one pipeline's step model left out: that pipeline's failure only
+            check_pipeline_models(found, [name])
+        except ModelError as exc:
+            del found[name]
+            _left_out(failed, name, os.path.join(repo, name), exc)
     check_pipeline_models(found)
     missing = set(only or ()) - set(found) - set(failed or ())
     if missing:
@@ -230,6 +235,11 @@ def scan(repo: str, only: list[str] | None = None,
         raise ModelError(f"no models in {repo!r}" + (f" that load ({'; '.join(failed.values())})"
                                                      if failed else ""))
     return found
+
+
+def _left_out(failed: dict[str, str], name: str, mdir: str, exc: ModelError) -> None:
+    failed[name] = f"model {name} ({mdir}): {exc}"
+    log.error("%s; the model is unavailable", failed[name])
 
 
 def _scan_model(name: str, mdir: str, found: dict[str, dict[str, ModelSpec]]) -> None:

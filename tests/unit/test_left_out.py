@@ -35,6 +35,29 @@ def test_a_strict_scan_still_fails_naming_the_model(tmp_path):
         VersionRecord.scan(repository(tmp_path), "", 0, 0.0)
 
 
+def test_a_pipeline_over_a_model_left_out_is_left_out_too(tmp_path):
+    """One model's failure stays its own: the pipeline that needs it is left out, saying which step."""
+    for name in ("textdet", "textrec"):
+        (tmp_path / name / "1").mkdir(parents=True)
+        (tmp_path / name / "1" / "model.yaml").write_text(
+            "inputs: [{name: image, kind: image}]\noutputs: []\npreprocess: {type: image}\n"
+            "postprocess: {type: tensor}\n")
+        (tmp_path / name / "1" / "model.onnx").write_bytes(b"x")
+    (tmp_path / "textrec" / "1" / "model.yaml").write_text("inputs: [[[\n")  # its description: unreadable
+    (tmp_path / "ocr" / "1").mkdir(parents=True)
+    (tmp_path / "ocr" / "1" / "model.yaml").write_text(
+        "kind: pipeline\ninputs: [{name: image, kind: image}]\noutputs: []\nsteps:\n"
+        "  - {step: textdet, model: textdet}\n  - {step: crop, max_crops: 10}\n"
+        "  - {step: textrec, model: textrec}\n  - {step: join}\n")
+    record = VersionRecord.scan(str(tmp_path), "", 0, 0.0, strict=False)
+    assert list(record.specs) == ["textdet:1"]
+    why = {lo.name: lo.error for lo in record.left_out}
+    assert sorted(why) == ["ocr", "textrec"]
+    assert why["ocr"].startswith(f"model ocr ({tmp_path}/ocr): ") and "names model 'textrec'" in why["ocr"]
+    with pytest.raises(ModelError, match="textrec/1/model.yaml"):
+        VersionRecord.scan(str(tmp_path), "", 0, 0.0)
+
+
 def test_the_record_crosses_to_every_child_typed():
     cfg = Config(left_out=(LeftOut("garbage", "model garbage (/r/garbage): unreadable"),))
     # the spawn's form: the config as a plain map, as msgpack carries it to the child
