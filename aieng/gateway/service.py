@@ -200,7 +200,8 @@ class Service:
         end = loop.time() + within_s
         while True:
             await self.up.refresh()
-            if all((self.up.catalog.get(name, v) is not None) == present for v in versions):
+            served = self.up.catalog.views.get(name, {})  # not ``get``: a left-out model is never "served"
+            if all((v in served) == present for v in versions):
                 return
             if loop.time() >= end:
                 return

@@ -256,6 +256,15 @@ def _scan_model(name: str, mdir: str, found: dict[str, dict[str, ModelSpec]]) ->
                                             routing=routing, pool=pool) for ver in served}
 
 
+def with_model_wide(spec: ModelSpec) -> ModelSpec:
+    """``spec`` with its model's model-wide routing and pool (its model.yaml beside the versions), as the
+    scan sets them: for a run-time load of a model the start left out (no served version holds them)."""
+    mdir = os.path.dirname(spec.path)
+    settings = model_settings(mdir)
+    return dataclasses.replace(spec, routing=Routing.parse(settings.get("routing")),
+                               pool=pool_setting(settings.get("pool"), os.path.join(mdir, "model.yaml")))
+
+
 def overridden(spec: ModelSpec, max_batch_size: int, max_wait_ms: float) -> ModelSpec:
     """``spec`` with ``AIENG_MAX_BATCH_SIZE`` (> 0) and ``AIENG_MAX_WAIT_MS`` (>= 0) over its batching:
     a new spec (specs are frozen), or ``spec`` itself when neither is set."""
@@ -273,6 +282,7 @@ def apply_overrides(specs: dict[str, dict[str, ModelSpec]], max_batch_size: int,
 
 
 __all__ = ["ContentChanged", "ModelError", "ModelLoadError", "ModelSpec", "apply_overrides", "apply_policy",
+           "with_model_wide",
            "build_each", "check_pipeline_models", "check_routing", "content_hash", "describes",
            "failure_message", "latest", "load_spec", "model_settings", "model_versions", "overridden",
            "resolve_inside", "scan", "triton_model", "verify_content", "version_dir", "version_spec"]

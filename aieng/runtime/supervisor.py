@@ -102,8 +102,6 @@ class Supervisor:
         cfg = self.cfg
         self.versions = VersionRecord.scan(cfg.model_repository, cfg.models, cfg.max_batch_size,
                                            cfg.max_wait_ms, cfg.strict_model_load)
-        if self.versions.left_out:  # every child is told which models the start left out, and why
-            self.cfg = dataclasses.replace(cfg, left_out=self.versions.left_out)
 
     # -- processes ------------------------------------------------------------
     def spawn(self, child: Child) -> None:
@@ -112,6 +110,7 @@ class Supervisor:
         spec_dicts = self.versions.for_child(builds)
         cfg = self.cfg.to_dict()
         cfg["cold_versions"] = sorted(self.versions.cold)
+        cfg["left_out"] = [dataclasses.asdict(lo) for lo in self.versions.left_out]  # and not loaded since
         if child.restarts:  # a restart while serving is never strict: come back with whatever loads
             cfg["strict_model_load"] = False
         child.proc = self.ctx.Process(target=run_process, name=child.name, daemon=False,

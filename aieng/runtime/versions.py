@@ -3,11 +3,11 @@
 It starts as the repository's scan; the frontend's run-time ``LoadVersion`` / ``UnloadVersion`` notices
 (on the hub) keep it current, so a restarted worker builds what is served now, not what was served at
 start.  A start that is not strict keeps the models its scan left out (``left_out``: their description
-did not load), which every child is told (``Config.left_out``).  Lazy versions (model-wide
-``pool: {lazy: true}``) and pool evictions are ``cold``: still served (the frontend and gateways know
-them) but built by no worker until a request loads them.  A run-time load is ``pending`` until the
-frontend says it passed (``LoadVersion.ready``); a builder's death while one is pending drops it
-(``drop_pending``): the load may be what killed it, so it is never rebuilt.
+did not load), which every child is told (``Config.left_out``) until a run-time load of one passes.  Lazy
+versions (model-wide ``pool: {lazy: true}``) and pool evictions are ``cold``: still served (the frontend
+and gateways know them) but built by no worker until a request loads them.  A run-time load is ``pending``
+until the frontend says it passed (``LoadVersion.ready``); a builder's death while one is pending drops
+it (``drop_pending``): the load may be what killed it, so it is never rebuilt.
 """
 from __future__ import annotations
 
@@ -56,6 +56,7 @@ class VersionRecord:
         spec = msg.spec
         if msg.ready:
             self.pending.pop(spec.key, None)
+            self.left_out = tuple(lo for lo in self.left_out if lo.name != spec.name)  # served now
         elif spec.key not in self.pending:  # pending until the frontend says it passed
             self.pending[spec.key] = (self.specs.get(spec.key), spec.key in self.cold)
         self.specs[spec.key] = spec

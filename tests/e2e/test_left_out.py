@@ -6,12 +6,14 @@ rest serve.  It shows, by name, in the native health's ``failed_models`` and the
 ``load_error``, no versions), an infer of it is UNAVAILABLE naming why; over OIP it is not ready (HTTP
 503, gRPC ModelReady false), its metadata answers Triton's "has no available versions" with why, and the
 repository index lists it UNAVAILABLE with the reason (with repository control on: the admin view; off:
-the gateway's own list).  A repository load of it is refused saying a model joins at a start.
+the gateway's own list).  A repository load of it, once its files are fixed, serves it and clears the failure.
 """
 from __future__ import annotations
 
 import http.client
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +26,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.conftest import ROOT, ServerProcess
 from tests.onnx_files import save_add
+from tests.waits import until
 
 pytestmark = pytest.mark.e2e
 GARBAGE, BADCFG = "garbage", "badcfg"
@@ -159,20 +162,52 @@ def test_oip_grpc_says_not_ready_and_why(srv):
         gc.close()
 
 
-def test_a_repository_load_of_a_left_out_model_is_refused_saying_why(srv):
-    """A model joins only at a start: fixed on disk, its load is refused saying so (a restart serves it);
-    one whose config.pbtxt still does not read is refused naming the file."""
-    save_add(Path(srv.env["AIENG_MODEL_REPOSITORY"]) / GARBAGE / "1", ["batch", 4])  # the file fixed
+def test_a_repository_load_once_the_file_is_fixed_serves_it_and_clears_the_failure(srv):
+    """Its file fixed, a load (what the policy serves) builds it as any run-time load and it serves, its
+    failure gone everywhere; one whose config.pbtxt still does not read is refused naming the file."""
     hc = th.InferenceServerClient(srv.oip_http)
     try:
-        err = error_of(lambda: hc.load_model(GARBAGE))
-        assert err.status() == "400" and f"failed to load '{GARBAGE}'" in err.message(), err
-        assert "after a restart" in err.message(), err
+        err = error_of(lambda: hc.load_model(GARBAGE))  # not fixed yet: the load fails saying why
+        assert err.status() == "400" and f"failed to load '{GARBAGE}' version 1" in err.message(), err
+        assert UNREADABLE in err.message(), err
+        assert GARBAGE in srv.health()["failed_models"] and not hc.is_model_ready(GARBAGE)
+        save_add(Path(srv.env["AIENG_MODEL_REPOSITORY"]) / GARBAGE / "1", ["batch", 4])  # the file fixed
+        hc.load_model(GARBAGE)
+        assert hc.is_model_ready(GARBAGE) and hc.is_model_ready(GARBAGE, "1")
+        assert hc.infer(GARBAGE, good_inputs(th)).as_numpy("sum").tolist() == [[2.0] * 4]
+        index = {e["name"]: e for e in hc.get_model_repository_index()}
+        assert index[GARBAGE] == {"name": GARBAGE, "version": "1", "state": "READY", "reason": ""}, index
+        assert hc.get_model_metadata(GARBAGE)["inputs"][0]["shape"] == [-1, 4]
+        failed = srv.health()["failed_models"]
+        assert GARBAGE not in failed and BADCFG in failed, failed
+        with srv.client(timeout_s=10) as c:
+            entry = c.models()["models"][GARBAGE]
+            assert entry["default_version"] == "1" and entry["weights"] == {"1": 100.0}, entry
+            ok = c.infer(GARBAGE, {"a": np.ones(4, dtype=np.float32), "b": np.ones(4, dtype=np.float32)})
+            np.testing.assert_array_equal(ok["outputs"]["sum"], np.full(4, 2, dtype=np.float32))
         err = error_of(lambda: hc.load_model(BADCFG))
         assert err.status() == "400" and MALFORMED in err.message(), err
-        assert not hc.is_model_ready(GARBAGE)  # nothing changed
+        assert not hc.is_model_ready(BADCFG)
     finally:
         hc.close()
+    # a frontend restarted from now on comes up serving it (the supervisor's record took it off the list)
+    pid = srv.child_pid("aieng::frontend")
+    os.kill(pid, signal.SIGKILL)
+    until(lambda: frontend_pid(srv) not in (None, pid) and (srv.health() or {}).get("ready"), 60)
+    health = srv.health()
+    assert health["restarts"]["frontend"] == 1, health
+    assert GARBAGE not in health["failed_models"] and BADCFG in health["failed_models"], health
+    with srv.client(timeout_s=10) as c:
+        assert c.models()["models"][GARBAGE]["default_version"] == "1"
+        ok = c.infer(GARBAGE, {"a": np.ones(4, dtype=np.float32), "b": np.ones(4, dtype=np.float32)})
+        np.testing.assert_array_equal(ok["outputs"]["sum"], np.full(4, 2, dtype=np.float32))
+
+
+def frontend_pid(srv) -> int | None:
+    try:
+        return srv.child_pid("aieng::frontend")
+    except KeyError:  # between its death and its restart
+        return None
 
 
 def test_without_repository_control_the_gateways_index_lists_them(tmp_path):

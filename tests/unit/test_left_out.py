@@ -85,7 +85,19 @@ def test_failed_models_holds_failed_builds_by_version_and_left_out_models_by_nam
     w.hello(hello({"tab:2": "session: out of memory"}), 0.0)
     assert w.failed_models() == {"garbage": "why g", "tab:2": "session: out of memory"}
     assert w.left_out_models() == {"garbage": "why g"}
+    w.now_served("garbage")  # loaded at run time once its files were fixed
+    assert w.failed_models() == {"tab:2": "session: out of memory"} and w.left_out_models() == {}
     assert Workers().failed_models() == {}
+
+
+def test_a_run_time_load_that_passes_takes_the_model_off_the_supervisors_list(tmp_path):
+    record = VersionRecord.scan(repository(tmp_path), "", 0, 0.0, strict=False)
+    save_add(tmp_path / "garbage" / "1", ["batch", 4])  # fixed
+    [spec] = VersionRecord.scan(str(tmp_path), "garbage", 0, 0.0).specs.values()
+    record.on_load(m.LoadVersion(spec))  # pending: a restarted child is still told it is left out
+    assert [lo.name for lo in record.left_out] == ["garbage"] and "garbage:1" in record.pending
+    record.on_load(m.LoadVersion(spec, ready=True))
+    assert record.left_out == () and "garbage:1" in record.for_child(True)
 
 
 def test_the_gateway_catalog_shows_a_left_out_model_for_any_version_never_ready():

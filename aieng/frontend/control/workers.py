@@ -7,7 +7,8 @@ supervisor decides whether to kill it).  One *resting* (building a run-time
 load, ``hotswap``) is routed to only when no other worker of its role is live.
 Hellos from a pid already reported dead are ignored: they can still sit in the hub's queue after its death.
 ``failed_models`` is what failed to load: the versions a worker could not build (from the hellos, by
-"name:version") and the models the start left out (``Config.left_out``, by name: no version was read).
+"name:version") and the models the start left out (``Config.left_out``, by name: no version was read)
+and not loaded since (``now_served``).
 
 A preprocess worker heartbeats between the requests it runs one at a time (an image each), so its silence
 while it holds requests is the time it has spent on one.  Past ``STALL_S`` it is *stalled*: ``pick_pre``
@@ -45,7 +46,7 @@ class WorkerState:
 
 class Workers:
     def __init__(self, left_out: tuple[LeftOut, ...] = ()) -> None:
-        self.left_out = {lo.name: lo.error for lo in left_out}  # fixed for the process's life
+        self.left_out = {lo.name: lo.error for lo in left_out}  # until a run-time load of one passes
         self.by_name: dict[str, WorkerState] = {}
         self.dead_pids: set[int] = set()
         self.died_at: dict[str, float] = {}  # worker name -> monotonic seconds of its last death
@@ -147,8 +148,12 @@ class Workers:
         return out
 
     def left_out_models(self) -> dict[str, str]:
-        """The models the start left out (their description did not load): name -> why."""
+        """The models the start left out (their description did not load), not loaded since: name -> why."""
         return self.left_out
+
+    def now_served(self, name: str) -> None:
+        """A model the start left out was loaded at run time: no longer failed."""
+        self.left_out.pop(name, None)
 
     def stalled(self, name: str, now: float, load: Callable[[str], int]) -> bool:
         """A preprocess worker silent for ``STALL_S`` while holding requests: inside one slow request."""

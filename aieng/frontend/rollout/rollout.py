@@ -276,6 +276,14 @@ class Rollout:
         m.event("loaded", version=version, reason=reason)
         self.save()
 
+    def add_model(self, name: str, versions: Any, reason: str) -> None:
+        """A model the start left out, loaded at run time (``versions``: its live view of the served
+        versions): routed as at a start, by its model.yaml's ``routing`` (none: 100 % to its version)."""
+        routing = next(iter(versions.values())).routing
+        self.models[name] = m = Model(name, versions, routing.section() if routing is not None else None)
+        m.event("loaded", version=next(iter(versions)), reason=reason)
+        self.save()
+
     def remove_version(self, name: str, version: str, reason: str) -> None:
         """``Model.drop_version``, logged as ``unloading`` and saved."""
         m = self.models[name]

@@ -4,10 +4,11 @@ Load: the directory is validated on a low-priority thread; ``LoadVersion`` goes 
 executor, the postprocess workers and the preprocess workers one at a time (each out of the rotation while
 it builds); once every one answered, the golden set runs through the real pipeline, and a version whose
 every case is within tolerance becomes routable at weight 0.  Any failure leaves it unroutable and
-releases what was built; a model the start left out (``Config.left_out``) is refused: a model joins
-only at a start.  Unload: refused while routed to; unroutable at once, drained, then released.
-A cold load of the pool is the same path, urgent.  docs/rollout.md (section 9) has the procedure and
-its measurements.
+releases what was built.  A model the start left out (``Config.left_out``) loads the same way, read
+from the repository with its model-wide settings; its first version takes its traffic (the model's routing
+as at a start) and it is no longer failed.  Unload: refused while routed to; unroutable at once, drained,
+then released.  A cold load of the pool is the same path, urgent.  docs/rollout.md (section 9) has the
+procedure and its measurements.
 """
 from __future__ import annotations
 
@@ -75,21 +76,18 @@ class HotSwap:
     # -- load --------------------------------------------------------------------------
     def load(self, name: str, version: str, source: str = "admin", config: str | None = None) -> dict:
         specs = self.specs
-        left_out = next((lo for lo in self.cfg.left_out if lo.name == name), None)
-        if left_out is not None:  # a new model (its routing, its pool) joins only at a start
-            raise p.RequestError(p.INVALID_REQUEST, f"failed to load '{name}': the start left it out "
-                                                    f"({left_out.error}); a model the start did not serve "
-                                                    "is served after a restart, once its description loads")
-        if name not in specs:
+        new = name not in specs and name in self.workers.left_out_models()  # the start left it out
+        if name not in specs and not new:
             raise p.RequestError(p.MODEL_NOT_FOUND, f"unknown model {name!r}: only versions of served models "
                                                   f"load at run time (serving {', '.join(sorted(specs))})")
         key = f"{name}:{version}"
         cur = self.loads.get(key)
-        if version in specs[name] and not self.pool.is_cold(key):
+        if version in specs.versions_of(name) and not self.pool.is_cold(key):
             raise p.RequestError(p.INVALID_REQUEST, f"{key} is loaded already")
         if cur is not None and cur.state in BUSY:
             raise p.RequestError(p.INVALID_REQUEST, f"{key} is {cur.state} already")
-        vdir = os.path.join(self.rollout.model_dirs()[name], version)
+        mdir = os.path.join(self.cfg.model_repository, name) if new else self.rollout.model_dirs()[name]
+        vdir = os.path.join(mdir, version)
         described = model_repo.describes(vdir) or (version.isdigit() and os.path.isdir(vdir) and (
             config is not None or os.path.isfile(os.path.join(os.path.dirname(vdir), "config.pbtxt"))))
         if not version or os.sep in version or version.startswith(".") or not described:
@@ -119,8 +117,10 @@ class HotSwap:
         return spec, read_golden(spec.path)
 
     def validated(self, ld: Load) -> None:
+        new = ld.name not in self.specs  # a model the start left out: its model-wide settings read here
         try:
             spec, golden = ld.future.result()
+            spec = model_repo.with_model_wide(spec) if new else spec
         except model_repo.ModelError as exc:
             return self.fail(ld, f"does not load: {exc}", release=False)
         except Exception as exc:  # an unreadable directory: this version's failure only
@@ -129,7 +129,7 @@ class HotSwap:
             ld.future = None
         if self.specs.get(spec.name, spec.version) is not None and not self.pool.is_cold(spec.key):
             return self.fail(ld, "loaded meanwhile", release=False)
-        model_wide = next(iter(self.specs[spec.name].values()))  # routing and pool are the model's
+        model_wide = spec if new else next(iter(self.specs[spec.name].values()))  # routing and pool
         spec = dataclasses.replace(model_repo.overridden(spec, self.cfg.max_batch_size, self.cfg.max_wait_ms),
                                    routing=model_wide.routing, pool=model_wide.pool)
         ld.spec, ld.golden, ld.state = spec, golden, "loading"
@@ -253,10 +253,13 @@ class HotSwap:
         self.writer.add(spec)  # the rollout model reads the served versions: pinnable now
         ld.state, ld.seconds = "ready", time.monotonic() - ld.started
         self.hub("supervisor", [m.encode(m.LoadVersion(spec, ready=True))])  # no longer pending
-        # routable: weights and rules may name it (weight 0 until then)
-        self.rollout.add_version(spec.name, spec.version, reason=f"loaded ({ld.source}), golden set "
-                                 + (f"passed ({len(ld.golden['cases'])} cases)" if ld.golden else "absent")
-                                 + f" in {ld.seconds:.1f}s")
+        golden = f"passed ({len(ld.golden['cases'])} cases)" if ld.golden else "absent"
+        reason = f"loaded ({ld.source}), golden set {golden} in {ld.seconds:.1f}s"
+        if self.rollout.model(spec.name) is None:  # a model the start left out: served from now on
+            self.rollout.add_model(spec.name, self.specs.versions_of(spec.name), reason)
+            self.workers.now_served(spec.name)
+        else:  # routable: weights and rules may name it (weight 0 until then)
+            self.rollout.add_version(spec.name, spec.version, reason=reason)
         self.metrics.version_load(spec.name, spec.version, "ok")
         log.warning("%s is routable (loaded in %.2fs; weight 0 until set)", spec.key, ld.seconds)
         self.pool.on_ready(ld)  # a cold load's waiting requests go on their way
