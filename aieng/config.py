@@ -125,7 +125,7 @@ class Config:
     # them on first use.  The supervisor sets it per spawn (a restarted frontend learns the current set).
     cold_versions: list[str] = field(default_factory=list)
     # The models the start's scan left out (not strict): shown as failed by readiness, the models op and
-    # OIP, refused UNAVAILABLE by name.  Set once by the supervisor; a restarted frontend learns the same.
+    # OIP, refused UNAVAILABLE by name.  The supervisor sets it per spawn: those not loaded at run time since.
     left_out: tuple[LeftOut, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:

@@ -282,7 +282,7 @@ def apply_overrides(specs: dict[str, dict[str, ModelSpec]], max_batch_size: int,
 
 
 __all__ = ["ContentChanged", "ModelError", "ModelLoadError", "ModelSpec", "apply_overrides", "apply_policy",
-           "with_model_wide",
            "build_each", "check_pipeline_models", "check_routing", "content_hash", "describes",
            "failure_message", "latest", "load_spec", "model_settings", "model_versions", "overridden",
-           "resolve_inside", "scan", "triton_model", "verify_content", "version_dir", "version_spec"]
+           "resolve_inside", "scan", "triton_model", "verify_content", "version_dir", "version_spec",
+           "with_model_wide"]

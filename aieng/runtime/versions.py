@@ -25,7 +25,7 @@ log = logging.getLogger("aieng.runtime.supervisor")
 class VersionRecord:
     def __init__(self, specs: dict[str, ModelSpec], left_out: tuple[LeftOut, ...] = ()):
         self.specs = specs
-        self.left_out = left_out  # the models the start's scan left out, with why (fixed from then on)
+        self.left_out = left_out  # the start's scan left them out: until a run-time load
         self.cold = {k for k, s in specs.items() if s.pool.lazy}
         self.pending: dict[str, tuple[ModelSpec | None, bool]] = {}  # key -> (the spec before it, was cold)
 
