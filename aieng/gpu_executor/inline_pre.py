@@ -1,7 +1,9 @@
 """Preprocessing in the executor: a small request while idle, or at any load where inference dwarfs it.
 
 The executor keeps its own processor for the versions whose preprocessing is cheap and bounded
-(``INLINE_KINDS``: tokenising a short text, reading a few tabular features; ``IDLE_KINDS``: decoding an
+(``INLINE_KINDS``: tokenising a short text, reading a few tabular features, checking and decoding a
+client's tensors (``tensor``: a view over the frame's bytes, every input declared ``kind: tensor``);
+``IDLE_KINDS``: decoding an
 JPEG of at most ``AIENG_INLINE_IMAGE_PIXELS``, only while the server is idle; the frontend never sends a
 PNG: ``inputs.direct_image_pixels``).  The frontend may send
 such a request (a ``PreTask`` with the client's frame, on the express lane or the hub; ``direct``)
@@ -11,7 +13,9 @@ queues it like a preprocessed task, its tensors in its own memory (no ring slot:
 nothing to leak).  A version is advertised (``Hello.inline_pre``) only when its postprocessing also
 runs in the executor (``inline_post``) and its kind's limit is not 0; at any load
 (``Hello.inline_pre_any``; never an image) when, measured as it is built, the largest request the route
-admits costs at most ``ANY_LOAD_SHARE`` of that request's own one-row run.  Processors are made and
+admits costs at most ``ANY_LOAD_SHARE`` of that request's own one-row run (a tensor model's largest admitted
+request: ``tensor_sample``, its frame read and decoded as a request is; one whose smallest request is over
+the byte limit is never sent here, so it is not kept).  Processors are made and
 measured when the session is built (``consider``) and put in force by ``adopt`` on the loop thread, like
 ``inline_post``'s chains.  When, why and what it saves: docs/architecture.md, 'Preprocessing in the
 executor'.
@@ -27,7 +31,8 @@ from aieng.gpu_executor.inline_post import least_us
 from aieng.models.repo import ModelSpec
 from aieng.wire import messages as m
 
-INLINE_KINDS = ("text", "tabular")  # processors with a small, bounded cost per small request
+# processors with a small, bounded cost per small request (a tensor's: a decode, a finite check, no copy)
+INLINE_KINDS = ("text", "tabular", "tensor")
 # decoding an image costs milliseconds (orientation's 300-900 px JPEGs: about 5 ms here), bounded by the
 # frontend's pixel limit: worth the executor's loop only while nothing else waits for it
 IDLE_KINDS = ("image",)
@@ -77,7 +82,8 @@ class InlinePre:
             return self._set(spec, None, "AIENG_INLINE_IMAGE_PIXELS is 0")
         if not image and self.limit_bytes <= 0:
             return self._set(spec, None, "AIENG_INLINE_PREPROCESS_BYTES is 0")
-        if not image and kind not in INLINE_KINDS:
+        if (not image and kind not in INLINE_KINDS) or (kind == "tensor" and any(
+                i.kind != "tensor" for i in spec.inputs)):  # an input the tensor processor cannot read
             return self._set(spec, None, f"'{kind}' preprocessing stays in the pool")
         try:
             proc = PROCESSORS[kind](spec)
@@ -89,10 +95,19 @@ class InlinePre:
         if sess is None:
             return self._set(spec, proc, idle)
         try:
-            pre_us, run_us = measure(proc, sess, self.limit_bytes)
+            if kind == "tensor":
+                frame, length = tensor_sample(sess, self.limit_bytes)
+                if len(frame) > self.limit_bytes:  # the frontend never sends one here: keep nothing
+                    return self._set(spec, None, f"its smallest request is {len(frame)} bytes, over "
+                                                 f"AIENG_INLINE_PREPROCESS_BYTES ({self.limit_bytes})")
+                pre_us = least_us(lambda: self.read(spec, proc, frame))
+                run_us = sess.row_cost_us(length)
+            else:
+                pre_us, run_us = measure(proc, sess, self.limit_bytes)
         except Exception as exc:  # a sample the model cannot take: the idle rule alone
             return self._set(spec, proc, f"{idle} (measuring failed: {type(exc).__name__})")
-        costs = f"{pre_us} us to encode its largest, {run_us} us to run it"
+        verb = "decode" if kind == "tensor" else "encode"  # a tensor's: read, checked, viewed in place
+        costs = f"{pre_us} us to {verb} its largest, {run_us} us to run it"
         if pre_us > ANY_LOAD_SHARE * run_us:
             return self._set(spec, proc, f"{idle}: {costs}, over {ANY_LOAD_SHARE:.0%}")
         anyload = f"'{kind}' requests up to {self.limit_bytes} bytes, at any load: {costs}"
@@ -153,14 +168,19 @@ class InlinePre:
         checks and messages as a preprocess worker's).  ``alone``: the request is alone in the server,
         so a processor with native threads (an image's OpenCV) may use every core, as in the pool."""
         from aieng.processing.pre.processors import spread
-        from aieng.processing.pre.request import read_request
 
-        inputs, params = read_request(self.specs[key], body, self.max_message_bytes)
         proc = self.procs[key]
         spread(proc, alone, self.cores)
-        out = proc.process(inputs)
+        out, params = self.read(self.specs[key], proc, body)
         tensors, seq_len, features = out
         return Prepared(dict(tensors), int(seq_len), features, params, getattr(out, "geometry", None))
+
+    def read(self, spec: ModelSpec, proc: Any, body) -> tuple[Any, dict]:
+        """One frame read as the pool reads it (``read_request``) and processed: ``(out, params)``."""
+        from aieng.processing.pre.request import read_request
+
+        inputs, params = read_request(spec, body, self.max_message_bytes)
+        return proc.process(inputs), params
 
 
 def measure(proc: Any, sess, limit_bytes: int) -> tuple[int, int]:
@@ -170,3 +190,31 @@ def measure(proc: Any, sess, limit_bytes: int) -> tuple[int, int]:
     sample = proc.sample(limit_bytes)
     seq_len = proc.process(sample)[1]
     return least_us(lambda: proc.process(sample)), sess.row_cost_us(int(seq_len))
+
+
+# the largest size a tensor sample's variable dims are tried at: a sample is built to fit the byte limit
+# (4 KiB by default), so this only bounds the search for a very large limit
+MAX_SAMPLE_DIM = 1 << 16
+
+
+def tensor_sample(sess, limit_bytes: int) -> tuple[bytes, int]:
+    """A tensor model's largest request the route admits: ``(frame, length)``, the frame (every input, each
+    variable dim at ``length``, as the warm-up's inputs: ``ModelSession._feeds``) at most ``limit_bytes``
+    when any is; else the smallest (``length`` 1), which the caller finds over the limit.  Variable dims
+    double from 1 while the frame still fits; ``sess.row_cost_us(length)`` runs the same shapes."""
+    from aieng.wire.protocol import encode_tensor, pack
+
+    def frame(length: int) -> bytes:
+        feeds = sess._feeds(1, length)
+        one = {name: (a[0] if sess.batched else a) for name, a in feeds.items()}  # a request's own rows
+        return pack({"id": 0, "model": sess.spec.name,
+                     "inputs": {name: encode_tensor(a) for name, a in one.items()}})
+
+    variable = any(isinstance(d, str) for i in sess.inputs for d in i.dims)
+    length, best = 1, frame(1)
+    while variable and length < MAX_SAMPLE_DIM:
+        bigger = frame(2 * length)
+        if len(bigger) > limit_bytes:
+            break
+        length, best = 2 * length, bigger
+    return best, length
