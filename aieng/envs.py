@@ -144,9 +144,9 @@ REGISTRY: tuple[EnvVar, ...] = (
            "Run a model's postprocessing in the executor, not the pool, when its chain has no time limits "
            "and measures at most this many microseconds (0: always in the pool)", "inline_postprocess_us"),
     EnvVar("AIENG_INLINE_PREPROCESS_BYTES", int, 4096,
-           "While nothing is in preprocessing or in the executor (or at any load, where measured cheap beside "
-           "the model's run), send a text, tabular or tensor request whose body is at most this many bytes "
-           "straight to the executor, which encodes it itself (two hand-offs fewer; only for models "
+           "While nothing is in preprocessing or in the executor (or at any load, where measured cheap "
+           "beside the model's run), send a text, tabular or tensor request whose body is at most this many "
+           "bytes straight to the executor, which encodes it itself (two hand-offs fewer; only for models "
            "postprocessed in the executor; 0: always through the pool)",
            "inline_preprocess_bytes"),
     EnvVar("AIENG_INLINE_IMAGE_PIXELS", int, 1_000_000,
