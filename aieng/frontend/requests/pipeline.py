@@ -10,9 +10,9 @@ step's to ``fanout``; a small request of a version the executor does whole (an i
 pixels) goes straight to it while the server is idle, or at any load when the executor says so (``direct``);
 an executor that dies holding such an image, or takes longer than ``direct_image_budget_s`` to decode one,
 turns the image route off.  Preprocess workers are picked by ``Workers.pick_pre`` (a stalled worker gets no
-other work); while every one is stalled, a small text or tabular request the executor can preprocess goes
-to it at any load.  A worker the supervisor replaced as stuck (``mark_stuck``) fails what it held with the
-budget named.  docs/architecture.md ("The request path in the frontend") has the rules in full.
+other work); while every one is stalled, a small text, tabular or tensor request the executor can preprocess
+goes to it at any load.  A worker the supervisor replaced as stuck (``mark_stuck``) fails what it held with
+the budget named.  docs/architecture.md ("The request path in the frontend") has the rules in full.
 """
 from __future__ import annotations
 
@@ -165,8 +165,8 @@ class Pipeline:
             return False
         when = self.workers.preprocessed_by_executor(req.key, now)
         if not when or (when == IDLE and not alone  # the pool's turn, unless taken at any load
-                        # or every preprocess worker is stalled on a slow request: a small text or row
-                        # costs the executor microseconds, an image never goes this way under load
+                        # or every preprocess worker is stalled on a slow request: a small text, row or
+                        # tensor costs the executor microseconds, an image never goes this way under load
                         and (req.pixels is not None or not self.workers.pool_stalled(now, self.table.load))):
             return False
         if not req.post:
