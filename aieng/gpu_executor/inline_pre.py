@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from aieng.gpu_executor.inline_post import least_us
 from aieng.models.repo import ModelSpec
 from aieng.wire import messages as m
@@ -195,14 +197,20 @@ def measure(proc: Any, sess, limit_bytes: int) -> tuple[int, int]:
 # the largest size a tensor sample's variable dims are tried at: a sample is built to fit the byte limit
 # (4 KiB by default), so this only bounds the search for a very large limit
 MAX_SAMPLE_DIM = 1 << 16
+STRING_ELEMENT_BYTES = 5  # a sample's string element ("1") in a frame: msgpack's bin header and the byte
 
 
 def tensor_sample(sess, limit_bytes: int) -> tuple[bytes, int]:
     """A tensor model's largest request the route admits: ``(frame, length)``, the frame (every input, each
     variable dim at ``length``, as the warm-up's inputs: ``ModelSession._feeds``) at most ``limit_bytes``
     when any is; else the smallest (``length`` 1), which the caller finds over the limit.  Variable dims
-    double from 1 while the frame still fits; ``sess.row_cost_us(length)`` runs the same shapes."""
+    double from 1 while the tensors' bytes still fit (counted before any is made: several variable dims
+    grow as a power of ``length``); ``sess.row_cost_us(length)`` runs the same shapes."""
     from aieng.wire.protocol import encode_tensor, pack
+
+    def data_bytes(length: int) -> int:
+        return sum(int(np.prod([d if isinstance(d, int) else length for d in i.dims]))
+                   * (STRING_ELEMENT_BYTES if i.dtype.hasobject else i.dtype.itemsize) for i in sess.inputs)
 
     def frame(length: int) -> bytes:
         feeds = sess._feeds(1, length)
@@ -210,11 +218,12 @@ def tensor_sample(sess, limit_bytes: int) -> tuple[bytes, int]:
         return pack({"id": 0, "model": sess.spec.name,
                      "inputs": {name: encode_tensor(a) for name, a in one.items()}})
 
-    variable = any(isinstance(d, str) for i in sess.inputs for d in i.dims)
-    length, best = 1, frame(1)
-    while variable and length < MAX_SAMPLE_DIM:
-        bigger = frame(2 * length)
-        if len(bigger) > limit_bytes:
-            break
-        length, best = 2 * length, bigger
+    length = 1
+    if any(isinstance(d, str) for i in sess.inputs for d in i.dims):
+        while length < MAX_SAMPLE_DIM and data_bytes(2 * length) <= limit_bytes:
+            length *= 2
+    best = frame(length)
+    while length > 1 and len(best) > limit_bytes:  # the frame's own headers tipped it over
+        length //= 2
+        best = frame(length)
     return best, length

@@ -45,6 +45,13 @@ def test_the_sample_is_the_largest_request_under_the_limit_its_variable_dims_dou
     assert msgpack.unpackb(frame)["inputs"]["a"]["shape"] == [1, 4]  # unbatched: the whole shape
 
 
+def test_several_variable_dims_grow_together_to_the_largest_that_fits(tmp_path):
+    spec, sess = built(tmp_path, "cube", ["batch", "x", "y", "z"])
+    frame, length = tensor_sample(sess, 1 << 20)  # two inputs of length^3 float32: 32^3 fits, 64^3 not
+    inputs = msgpack.unpackb(frame)["inputs"]
+    assert (length, inputs["a"]["shape"], len(frame) <= 1 << 20) == (32, [32, 32, 32], True)
+
+
 def test_a_tensor_model_is_kept_while_idle_or_at_any_load_as_measured(tmp_path):
     spec, sess = built(tmp_path, "add", ["batch", "n"])
     pre = decided(spec, sess)
