@@ -26,9 +26,11 @@ def adopted(*names: str, limit: int = 4096, pixels: int = 1_000_000) -> InlinePr
     return pre
 
 
-def test_text_tabular_and_images_are_kept_tensors_stay_in_the_pool_and_0_turns_each_off():
+def test_text_tabular_and_images_are_kept_tensor_preprocessing_of_an_image_stays_in_the_pool_0_turns_off():
     pre = adopted("minilm", "tabular", "orientation")
-    tensor_in = spec_with("layout", "preprocess", type="tensor")  # a tensor map: the pool decodes it
+    # tensor preprocessing of an input declared an image: not a tensor model the executor reads (tensor models
+    # are kept: tests/unit/test_inline_pre_tensor.py), so the pool answers it as before
+    tensor_in = spec_with("layout", "preprocess", type="tensor")
     pre.consider(tensor_in)
     pre.adopt(tensor_in.key)
     served = [pre.serves(k) for k in ("minilm:1", "tabular:1", "orientation:1", "layout:1")]
