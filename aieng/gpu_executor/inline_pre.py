@@ -3,9 +3,8 @@
 The executor keeps its own processor for the versions whose preprocessing is cheap and bounded
 (``INLINE_KINDS``: tokenising a short text, reading a few tabular features, checking and decoding a
 client's tensors (``tensor``: a view over the frame's bytes, every input declared ``kind: tensor``);
-``IDLE_KINDS``: decoding an
-JPEG of at most ``AIENG_INLINE_IMAGE_PIXELS``, only while the server is idle; the frontend never sends a
-PNG: ``inputs.direct_image_pixels``).  The frontend may send
+``IDLE_KINDS``: decoding a JPEG of at most ``AIENG_INLINE_IMAGE_PIXELS``, only while the server is idle; the
+frontend never sends a PNG: ``inputs.direct_image_pixels``).  The frontend may send
 such a request (a ``PreTask`` with the client's frame, on the express lane or the hub; ``direct``)
 straight to it; ``InlinePre.task`` validates and encodes it as the pool does (the processing library's
 ``read_request`` and processors, ``processing/pre``), and the executor
