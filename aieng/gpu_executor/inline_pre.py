@@ -214,6 +214,9 @@ def tensor_sample(sess, limit_bytes: int) -> tuple[bytes, int]:
     def frame(length: int) -> bytes:
         feeds = sess._feeds(1, length)
         one = {name: (a[0] if sess.batched else a) for name, a in feeds.items()}  # a request's own rows
+        for decl in sess.spec.inputs:  # a Triton ``reshape``: the client sends the declared shape
+            if decl.reshape is not None and decl.name in one:
+                one[decl.name] = one[decl.name].reshape(decl.shape)
         return pack({"id": 0, "model": sess.spec.name,
                      "inputs": {name: encode_tensor(a) for name, a in one.items()}})
 

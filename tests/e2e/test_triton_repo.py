@@ -270,6 +270,9 @@ def test_reshape_between_the_declared_dims_and_the_graph(make_server, tmp_path):
         with pytest.raises(InferenceServerException) as err:
             c.infer("reshaped", wrong)
         assert "INPUT0" in str(err.value) and "16" in str(err.value)
+    with srv.client() as native:  # the executor's sample for its direct route is sent as a client sends
+        pre = native.call({"op": "models"})["models"]["reshaped"]["versions"]["1"]["onnx"]["preprocess"]
+    assert pre["where"].startswith("executor") and "measuring failed" not in pre["why"], pre
     with tg.InferenceServerClient(srv.oip_grpc) as g:
         answer = g.infer("reshaped", _inputs(tg, a, 3 * a))
         np.testing.assert_array_equal(answer.as_numpy("OUTPUT0"), 4 * a)
