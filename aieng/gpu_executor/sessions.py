@@ -19,6 +19,8 @@ batch it cannot take.  A tensor model (clients send the tensors) with a fixed fi
 (``batched`` False: no axis added, nothing stacked); a model whose preprocessing makes each request's
 tensors keeps the batch axis added here (one row).  ``exact``: requests of
 different shapes are not padded together (``batching.exact_shapes``; the batcher groups by ``shape_key``).
+A version a model.yaml describes refuses empty axes and fails its load on a failed warm-up run; one described
+by its graph or a config.pbtxt takes empty axes and serves without the rest of its warm-up (``warmup``).
 """
 from __future__ import annotations
 
@@ -105,8 +107,7 @@ class ModelSession:
         opts.intra_op_num_threads = intra_op_threads or cpu_count()
         opts.inter_op_num_threads = 1
         opts.log_severity_level = 3
-        # Spinning threads keep a core busy after every run; on a small machine that core is
-        # the one the preprocess/postprocess workers and the frontend need.
+        # Spinning threads keep a core busy after every run: on a small machine, the pools' and frontend's
         opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
         # ``stop_spinning``: a spinning session spins only while a run is under way (between its ops, where
         # it saves a thread wake-up per parallel op) and its threads stop when the run returns, leaving the
@@ -139,6 +140,7 @@ class ModelSession:
         self.exact = bool(spec.batching.exact_shapes and self.batched
                           and any(isinstance(d, str) for i in self.inputs for d in i.dims))
         self.output_names = [o.name for o in self.outputs]
+        self.empty_ok = spec.described_by != "model.yaml"  # the graph takes what ONNX Runtime takes
 
     def _output_dtype(self, node) -> str:
         if not node.type.startswith("tensor("):  # a sequence or map output: as before (never served)
@@ -151,7 +153,7 @@ class ModelSession:
         return InputSpec(node.name, dtype, dims, float(self.spec.padding.pad_value(node.name)))
 
     def max_rows(self) -> int:
-        """The most requests one run takes: the spec's cap; 1 for a session that does not batch, or whose
+        """The most requests one run takes: the spec's cap; 1 for a session that does not batch or whose
         graph fixes its first axis (never a batch the graph cannot take, in the warm-up either)."""
         return int(self.spec.batching.max_batch_size) if self.batched and self.open_first else 1
 
@@ -206,7 +208,7 @@ class ModelSession:
             for have, want in zip(shape, spec.dims):
                 if isinstance(want, int) and want >= 0 and have != want:
                     return f"input '{spec.name}' must have shape {spec.dims}, got {shape}"
-                if have == 0:
+                if have == 0 and not self.empty_ok:
                     return f"input '{spec.name}' has an empty dimension"
         return None
 
@@ -300,11 +302,24 @@ class ModelSession:
 
         Also records ``max_output_bytes``: the most output bytes one request may produce (measured at
         each warm length, scaled up linearly to ``max_length``), which sizes the executor's output
-        slots.
+        slots.  A failed run fails a model.yaml-described version's load; any other serves without the
+        rest (``warm_error`` says why).
         """
-        runs = 0
-        self.max_output_bytes = 0
+        self.max_output_bytes, self.warm_runs, self.warm_error = 0, 0, ""
         self.warm_costs: list[tuple[int, int, float]] = []
+        try:
+            self._warm(max_rows)
+        except Exception as exc:
+            if self.spec.described_by == "model.yaml":  # its author chose this: the load fails, as before
+                raise
+            # made-up inputs (ones, open axes of 8) a graph checking values refuses (split sizes that must
+            # add up to a length): it serves real inputs, as Triton serves a graph it never warmed
+            self.warm_error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+            log.warning("%s: warm-up on made-up inputs failed (%s); serving without it", self.spec.key,
+                        self.warm_error)
+        return self.warm_runs
+
+    def _warm(self, max_rows: int) -> None:
         max_b = self.max_rows()
         if max_rows:
             max_b = min(max_b, max_rows)
@@ -318,16 +333,14 @@ class ModelSession:
                 grow = self.max_length() / length if length > 0 else 1.0
                 self.max_output_bytes = max(self.max_output_bytes,
                                             int(sum(_nbytes(o) // max(1, rows) * grow + 64 for o in outs)))
-                runs += 1
+                self.warm_runs += 1
         mid = lengths[len(lengths) // 2]
         for rows in (r for r in (1, 2, 4, 8, 16, 32) if r <= max_b):
             self.run(self._feeds(rows, mid))
             t0 = time.perf_counter()
             self.run(self._feeds(rows, mid))
             self.warm_costs.append((rows, mid, time.perf_counter() - t0))
-            runs += 2
-        return runs
-
+            self.warm_runs += 2
 
     def warm_small(self, rows: int) -> int:
         """A lighter warm-up for a session that only runs small batches (the executor's idle-time

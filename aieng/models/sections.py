@@ -32,14 +32,14 @@ class InputDecl:
     kind: str  # text, image, number, category, tensor (models/repo.INPUT_KINDS)
     optional: bool = False
     shown: Opaque = NO_MAP  # the declaration as written: what the models op shows
-    # a tensor input's client-facing shape and the graph's shape for it (Triton's ``reshape``; None: as sent)
-    shape: tuple[Any, ...] | None = None
-    reshape: tuple[int, ...] | None = None
+    dtype: str | None = None  # a tensor input's, where declared (a graph or a config.pbtxt always does)
+    shape: tuple[Any, ...] | None = None  # per request, as the client sends it; -1: any size
+    reshape: tuple[int, ...] | None = None  # the graph's shape for ``shape`` (Triton's; None: as sent)
 
     @classmethod
     def parse(cls, raw: dict) -> "InputDecl":
         return cls(raw["name"], raw["kind"], bool(raw.get("optional", False)), Opaque.of(raw),
-                   freeze(raw.get("shape")), freeze(raw.get("reshape")))
+                   raw.get("dtype"), freeze(raw.get("shape")), freeze(raw.get("reshape")))
 
 
 @dataclass(frozen=True)
