@@ -62,9 +62,9 @@ def check_head(name: Any, datatype: Any, shape: Any) -> int:
         raise RequestError(INVALID_REQUEST, "every input needs a non-empty string 'name'")
     if datatype not in DATATYPES:
         raise _bad(f"input '{name}': unsupported datatype {datatype!r} (one of {', '.join(DATATYPES)})")
-    if (not isinstance(shape, list) or not 1 <= len(shape) <= MAX_DIMS
+    if (not isinstance(shape, list) or len(shape) > MAX_DIMS  # [] is a scalar (a model without batching)
             or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2 ** 31 for d in shape)):
-        raise _bad(f"input '{name}': shape must be 1..{MAX_DIMS} non-negative integers, got {shape!r}")
+        raise _bad(f"input '{name}': shape must be 0..{MAX_DIMS} non-negative integers, got {shape!r}")
     count = 1
     for d in shape:
         count *= d
@@ -202,6 +202,8 @@ def split_rows(kinds: dict[str, str], tensors: list[Tensor], max_rows: int,
         kind = kinds.get(t.name)
         if kind is None:
             raise _bad(f"the model has no input '{t.name}' (it has {', '.join(kinds) or 'none'})")
+        if not t.shape:
+            raise _bad(f"input '{t.name}': a scalar, but the model batches: shape must start with the rows")
         if kind in ROW_KINDS and not (len(t.shape) == 1 or (len(t.shape) == 2 and t.shape[1] == 1)):
             raise _bad(f"input '{t.name}' ({kind}): shape must be [N] or [N, 1], got {t.shape}")
         _check_datatype(t, kind)

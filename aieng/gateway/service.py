@@ -149,7 +149,8 @@ class Service:
             if any(v is None for v in values):
                 raise p.RequestError(p.INTERNAL, f"output '{n}' missing from some rows")
             dt, arr = codec.join_rows(n, values)
-            if not view.batched and arr.ndim > 1:  # a model that does not batch: no batch dimension
+            # a model that does not batch: no batch dimension on a tensor (a scalar stays one)
+            if not view.batched and (arr.ndim > 1 or isinstance(values[0], np.ndarray)):
                 arr = arr[0]
             outputs.append((n, dt, arr))
         written = shmio.write_outputs(self.shm, caller, outputs, out_shm) if out_shm else {}

@@ -5,7 +5,8 @@
 - empty axes (a Tril of a 3 x 0 x 5 input, ReduceSum's empty ``axes``) reach a graph-described model; a
   model.yaml's tensor model still refuses them;
 - NaN and Inf reach a graph-described model (IsInf, IsNaN); a model.yaml's tensor model still refuses them;
-- a fixed input bigger than the configured slot (ONNX's 1,000 x 1,000 MaxPool) sizes its pool's slots.
+- a fixed input bigger than the configured slot (ONNX's 1,000 x 1,000 MaxPool) sizes its pool's slots;
+- OIP takes a scalar (shape []) for a model without batching.
 """
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
+from aieng.gateway import codec
 from aieng.gpu_executor.sessions import ModelSession
 from aieng.models import repo
 from aieng.models.inferred import inferred_spec
 from aieng.processing.pre.tensor import TensorPreprocessor
-from aieng.wire.protocol import RequestError, encode_tensor
+from aieng.wire.protocol import RequestError, decode_tensor, encode_tensor
 from tests.onnx_files import save_onnx
 
 YAML = ("inputs: [{name: x, kind: tensor}, {name: parts, kind: tensor}]\n"
@@ -119,3 +121,11 @@ def pool_spec(d, shape, elem=TensorProto.FLOAT):
 ])
 def test_a_fixed_inputs_bytes_size_its_pools_slots(tmp_path, shape, elem, want):
     assert TensorPreprocessor(pool_spec(tmp_path, shape, elem)).max_request_bytes == want
+
+
+def test_oip_takes_a_scalar_for_a_model_without_batching():
+    t = codec.from_json("x", "FP32", [], [2.5])
+    (row,) = codec.split_rows({"x": "tensor"}, [t], 1, batched=False)
+    assert decode_tensor(row["x"]).shape == () and float(decode_tensor(row["x"])) == 2.5
+    with pytest.raises(RequestError, match="a scalar, but the model batches"):
+        codec.split_rows({"x": "tensor"}, [t], 8, batched=True)
