@@ -5,7 +5,8 @@ The installed ``onnx`` package ships its backend test models (``onnx/backend/tes
 ``pytorch-converted`` and ``pytorch-operator`` (each a ``model.onnx`` with ``test_data_set_0/input_K.pb``
 and ``output_K.pb``), and ``light`` (``light_NAME.onnx`` with ``light_NAME_output_0.pb``; its input is
 what ONNX's runner makes: ``arange(n) / n`` in float32, open axes of 1; ``real`` only points at these
-files). This script
+files); ``--node`` adds ONNX's node tests (about 1,900 graphs of one operator each, built in memory by
+``onnx.backend.test.loader``: scalars, empty axes, NaN, sequences, every dtype). This script
 
 - copies each model into a temporary repository in the zero-config layout (``<name>/1/model.onnx``,
   nothing else) and starts ONE real server on it with ``--no-exit-on-error`` (``tests.conftest.
@@ -16,9 +17,10 @@ files). This script
   compares the answers to the expected outputs (``np.testing.assert_allclose``, rtol 1e-3, atol 1e-4;
   strings and integers exactly);
 - prints a tally by outcome, with the reasons grouped: served and correct, served but wrong, refused at
-  load, request failed, ORT cannot.
+  load, request failed, not a tensor: refused (a sequence, map or optional input or output, refused at load
+  naming it: by design), ORT cannot (and what the server did with those: refused at load, alone).
 
-    PYTHONPATH=$PWD .venv/bin/python docs/bench/onnx_test_models.py [--only REGEX] [--http] [-v]
+    PYTHONPATH=$PWD .venv/bin/python docs/bench/onnx_test_models.py [--node [--every N]] [--http] [-v]
 
 Bounded: ``--request-timeout`` per request, ``--limit`` seconds for everything (models not reached by then
 are counted "not tried"). Exit status 1 when a model the server should serve is wrong or fails.
