@@ -151,7 +151,7 @@ class Service:
             dt, arr = codec.join_rows(n, values)
             # a model that does not batch: no batch dimension on a tensor (a scalar stays one)
             if not view.batched and (arr.ndim > 1 or isinstance(values[0], np.ndarray)):
-                arr = arr[0]
+                arr = arr[0, ...]  # an array even when 0-d (``arr[0]`` of strings is the bytes element)
             outputs.append((n, dt, arr))
         written = shmio.write_outputs(self.shm, caller, outputs, out_shm) if out_shm else {}
         return Answer(view, outputs, {n: out_shm[n].params(size) for n, size in written.items()},

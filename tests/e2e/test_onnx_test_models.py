@@ -8,8 +8,8 @@ default 1 MiB slot), six-dimensional tensors, two small classic networks.  Each 
 ``<name>/1/model.onnx``, nothing else; the server starts with ``--no-exit-on-error``, and each answer to
 ``test_data_set_0``'s inputs must equal ONNX's expected outputs (rtol 1e-3, atol 1e-4; integers, booleans
 and strings exactly).  Beside them, graphs built here for what ONNX's node tests showed (NaN and Inf, an
-empty axis, scalar inputs over OIP), and one model ONNX Runtime itself cannot load, which must be refused
-alone, naming why.
+empty axis, number and string scalars over OIP), and one model ONNX Runtime itself cannot load, which must
+be refused alone, naming why.
 """
 from __future__ import annotations
 
@@ -128,6 +128,10 @@ def build(repo: Path) -> None:
         [helper.make_node("Mul", ["a", "b"], ["c"])], "scalars",
         [helper.make_tensor_value_info("a", f, []), helper.make_tensor_value_info("b", f, [])],
         [helper.make_tensor_value_info("c", f, [])]))
+    save_onnx(repo / "word" / "1" / "model.onnx", helper.make_graph(  # a string scalar in and out
+        [helper.make_node("Identity", ["s"], ["t"])], "word",
+        [helper.make_tensor_value_info("s", TensorProto.STRING, [])],
+        [helper.make_tensor_value_info("t", TensorProto.STRING, [])]))
 
 
 @pytest.fixture(scope="module")
@@ -172,6 +176,7 @@ def test_nan_inf_and_an_empty_axis_reach_the_graph(server):
 
 
 def test_scalars_in_and_out_natively_and_over_oip_http(server):
+    """Numbers and strings; and ONNX's test_sequence_model6 (an int64 scalar length) over OIP HTTP."""
     import tritonclient.http as th
 
     a, b = np.array(1.5, np.float32), np.array(-4.0, np.float32)
@@ -184,6 +189,9 @@ def test_scalars_in_and_out_natively_and_over_oip_http(server):
         ins[0].set_data_from_numpy(a)
         ins[1].set_data_from_numpy(b)
         res = client.infer("scalars", ins)
+        s = th.InferInput("s", [], "BYTES")
+        s.set_data_from_numpy(np.array("naïve".encode(), dtype=object))
+        word = client.infer("word", [s])
         seq_in, seq_out = expected("test_sequence_model6")
         x = th.InferInput("X", list(seq_in["X"].shape), "FP32")
         x.set_data_from_numpy(seq_in["X"])
@@ -191,4 +199,5 @@ def test_scalars_in_and_out_natively_and_over_oip_http(server):
     finally:
         client.close()
     assert res.get_output("c")["shape"] == [] and float(res.as_numpy("c")) == -6.0
+    assert word.get_output("t")["shape"] == [] and word.as_numpy("t").tolist() == "naïve".encode()
     assert_equal(length, seq_out["len"], "test_sequence_model6 over OIP HTTP")
