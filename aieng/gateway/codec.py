@@ -189,7 +189,7 @@ def split_rows(kinds: dict[str, str], tensors: list[Tensor], max_rows: int,
 
     A model that does not batch takes no batch dimension: its tensor inputs are the request's whole
     tensor and every other input one element (shape [1]); one request, one row."""
-    if not tensors:
+    if not tensors and (kinds or batched):  # a graph without inputs (a constant) takes none
         raise _bad("the request has no inputs")
     if not batched:
         return [_one_row(kinds, tensors)]

@@ -76,8 +76,6 @@ def inferred_spec(name: str, version: str, path: str, onnx_name: str, measure: b
         if t.kind != "tensor" or t.datatype is None:
             raise ModelError(f"{where}: {'input' if t in info.inputs else 'output'} {t.name} is "
                              f"{t.onnx_type or t.kind}, a type aieng does not serve")
-    if not info.inputs:
-        raise ModelError(f"{where}: the graph has no inputs to send")
     axis = info.batch_axis()
     ins = tuple(_served(t, axis.batched) for t in info.inputs)
     outs = tuple(_served(t, axis.batched) for t in info.outputs)
@@ -119,7 +117,7 @@ def yaml_text(spec: ModelSpec) -> str:
         return [f"  - {{name: {_quote(t.name)}, kind: tensor, dtype: {t.dtype}, datatype: {t.datatype}, "
                 f"shape: {list(t.shape)}}}" for t in items]
 
-    lines += ["inputs:", *decl(inf.inputs), "outputs:", *decl(inf.outputs),
+    lines += ["inputs:" if inf.inputs else "inputs: []", *decl(inf.inputs), "outputs:", *decl(inf.outputs),
               "preprocess: {type: tensor}", "postprocess: {type: tensor}",
               f"batching: {{max_batch_size: {spec.batching.max_batch_size}, "
               f"max_wait_ms: {spec.batching.max_wait_ms}, max_padding_waste: 0.0, "

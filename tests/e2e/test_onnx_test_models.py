@@ -8,8 +8,8 @@ default 1 MiB slot), six-dimensional tensors, two small classic networks.  Each 
 ``<name>/1/model.onnx``, nothing else; the server starts with ``--no-exit-on-error``, and each answer to
 ``test_data_set_0``'s inputs must equal ONNX's expected outputs (rtol 1e-3, atol 1e-4; integers, booleans
 and strings exactly).  Beside them, graphs built here for what ONNX's node tests showed (NaN and Inf, an
-empty axis, number and string scalars over OIP), and one model ONNX Runtime itself cannot load, which must
-be refused alone, naming why.
+empty axis, number and string scalars over OIP, a graph without inputs), and one model ONNX Runtime itself
+cannot load, which must be refused alone, naming why.
 """
 from __future__ import annotations
 
@@ -128,6 +128,9 @@ def build(repo: Path) -> None:
         [helper.make_node("Mul", ["a", "b"], ["c"])], "scalars",
         [helper.make_tensor_value_info("a", f, []), helper.make_tensor_value_info("b", f, [])],
         [helper.make_tensor_value_info("c", f, [])]))
+    save_onnx(repo / "constant" / "1" / "model.onnx", helper.make_graph(  # no inputs at all
+        [helper.make_node("Constant", [], ["y"], value_ints=[7, 8])], "constant", [],
+        [helper.make_tensor_value_info("y", TensorProto.INT64, [2])]))
     save_onnx(repo / "word" / "1" / "model.onnx", helper.make_graph(  # a string scalar in and out
         [helper.make_node("Identity", ["s"], ["t"])], "word",
         [helper.make_tensor_value_info("s", TensorProto.STRING, [])],
@@ -201,3 +204,17 @@ def test_scalars_in_and_out_natively_and_over_oip_http(server):
     assert res.get_output("c")["shape"] == [] and float(res.as_numpy("c")) == -6.0
     assert word.get_output("t")["shape"] == [] and word.as_numpy("t").tolist() == "naïve".encode()
     assert_equal(length, seq_out["len"], "test_sequence_model6 over OIP HTTP")
+
+
+def test_a_graph_without_inputs_answers_a_request_without_any(server):
+    import tritonclient.http as th
+
+    with server.client() as c:
+        native = c.infer("constant", {})["outputs"]["y"]
+    client = th.InferenceServerClient(server.oip_http)
+    try:
+        over_http = client.infer("constant", []).as_numpy("y")
+    finally:
+        client.close()
+    assert native.tolist() == [7, 8] and native.dtype == np.int64
+    assert over_http.tolist() == [7, 8] and over_http.dtype == np.int64

@@ -6,7 +6,8 @@
   model.yaml's tensor model still refuses them;
 - NaN and Inf reach a graph-described model (IsInf, IsNaN); a model.yaml's tensor model still refuses them;
 - a fixed input bigger than the configured slot (ONNX's 1,000 x 1,000 MaxPool) sizes its pool's slots;
-- OIP takes a scalar (shape []) for a model without batching.
+- OIP takes a scalar (shape []) for a model without batching;
+- a graph without inputs (ONNX's test_constant) serves: a request sends none.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from onnx import TensorProto, helper
 from aieng.gateway import codec
 from aieng.gpu_executor.sessions import ModelSession
 from aieng.models import repo
-from aieng.models.inferred import inferred_spec
+from aieng.models.inferred import inferred_spec, yaml_text
 from aieng.processing.pre.tensor import TensorPreprocessor
 from aieng.wire.protocol import RequestError, decode_tensor, encode_tensor
 from tests.onnx_files import save_onnx
@@ -129,3 +130,19 @@ def test_oip_takes_a_scalar_for_a_model_without_batching():
     assert decode_tensor(row["x"]).shape == () and float(decode_tensor(row["x"])) == 2.5
     with pytest.raises(RequestError, match="a scalar, but the model batches"):
         codec.split_rows({"x": "tensor"}, [t], 8, batched=True)
+
+
+def test_a_graph_without_inputs_serves_and_oip_takes_a_request_without_any(tmp_path):
+    graph = helper.make_graph([helper.make_node("Constant", [], ["y"], value_floats=[1.0, 2.0])], "const", [],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    save_onnx(tmp_path / "model.onnx", graph)
+    spec = inferred_spec("c", "1", str(tmp_path), "model.onnx")
+    assert spec.inputs == () and not spec.batching.batched
+    (tmp_path / "model.yaml").write_text(yaml_text(spec))  # `aieng models init` writes one that loads
+    assert repo.load_spec("c", "1", str(tmp_path)).inputs == ()
+    sess = ModelSession(spec, "cpu", 1)
+    sess.warmup()
+    assert sess.warm_error == "" and sess.run(sess.feeds_from([{}])[0])[0].tolist() == [1.0, 2.0]
+    assert codec.split_rows({}, [], 1, batched=False) == [{}]
+    with pytest.raises(RequestError, match="the request has no inputs"):
+        codec.split_rows({"x": "tensor"}, [], 1, batched=False)
