@@ -233,10 +233,10 @@ class ModelSession:
         lead = ["batch"] if self.batched else []
         return {
             "provider": self.provider, "providers": self.providers, "batched": self.batched,
+            **({"warm_up_failed": self.warm_error} if getattr(self, "warm_error", "") else {}),
             "inputs": [{"name": i.name, "dtype": dtype_name(i.dtype), "shape": lead + i.dims}
                        for i in self.inputs],
-            "outputs": [{"name": o.name, "dtype": o.dtype, "shape": lead + o.dims}
-                        for o in self.outputs],
+            "outputs": [{"name": o.name, "dtype": o.dtype, "shape": lead + o.dims} for o in self.outputs],
         }
 
     def image_mode(self) -> str | None:
@@ -303,7 +303,7 @@ class ModelSession:
         Also records ``max_output_bytes``: the most output bytes one request may produce (measured at
         each warm length, scaled up linearly to ``max_length``), which sizes the executor's output
         slots.  A failed run fails a model.yaml-described version's load; any other serves without the
-        rest (``warm_error`` says why).
+        rest (``warm_error`` says why, and ``describe`` as ``warm_up_failed``).
         """
         self.max_output_bytes, self.warm_runs, self.warm_error = 0, 0, ""
         self.warm_costs: list[tuple[int, int, float]] = []

@@ -160,6 +160,13 @@ def test_each_answer_equals_onnxs_expected_output(server, name):
         assert_equal(got[out], want, f"{name} output {out}")
 
 
+def test_a_warm_up_that_failed_on_made_up_inputs_shows_in_the_models_op(server):
+    with server.client() as c:
+        listed = c.models()["models"]
+    assert "Split" in listed["test_sequence_model8"]["versions"]["1"]["onnx"]["warm_up_failed"]
+    assert "warm_up_failed" not in listed["test_sequence_model6"]["versions"]["1"]["onnx"]
+
+
 def test_a_model_onnx_runtime_cannot_load_is_refused_alone_naming_why(server):
     with server.client() as c:
         versions = c.models()["models"][REFUSED]["versions"]
