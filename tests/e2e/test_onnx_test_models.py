@@ -185,8 +185,9 @@ def test_nan_inf_and_an_empty_axis_reach_the_graph(server):
     assert empty.shape == (3, 0, 5) and empty.dtype == np.float32
 
 
-def test_scalars_in_and_out_natively_and_over_oip_http(server):
-    """Numbers and strings; and ONNX's test_sequence_model6 (an int64 scalar length) over OIP HTTP."""
+def test_scalars_in_and_out_natively_and_over_oip(server):
+    """Numbers and strings over OIP HTTP, numbers over gRPC; ONNX's test_sequence_model6 (an int64 scalar
+    length) over OIP HTTP."""
     import tritonclient.http as th
 
     a, b = np.array(1.5, np.float32), np.array(-4.0, np.float32)
@@ -209,6 +210,17 @@ def test_scalars_in_and_out_natively_and_over_oip_http(server):
     finally:
         client.close()
     assert res.get_output("c")["shape"] == [] and float(res.as_numpy("c")) == -6.0
+    import tritonclient.grpc as tg
+
+    g = tg.InferenceServerClient(server.oip_grpc)
+    try:
+        ins = [tg.InferInput("a", [], "FP32"), tg.InferInput("b", [], "FP32")]
+        ins[0].set_data_from_numpy(a)
+        ins[1].set_data_from_numpy(b)
+        over_grpc = g.infer("scalars", ins)
+    finally:
+        g.close()
+    assert list(over_grpc.get_output("c").shape) == [] and float(over_grpc.as_numpy("c")) == -6.0
     assert word.get_output("t")["shape"] == [] and word.as_numpy("t").tolist() == "naïve".encode()
     assert_equal(length, seq_out["len"], "test_sequence_model6 over OIP HTTP")
 
