@@ -41,10 +41,11 @@ def test_poison_params_fail_nobody(make_server):
     poison = [{"s": "x" * (3 << 19)}, {"l": list(range(70_000))}]
     sent_poison, normal = [], []
     with srv.client(timeout_s=10.0) as c:
-        t_end = time.monotonic() + 6.0
+        t_end, t_cap = time.monotonic() + 6.0, time.monotonic() + 30.0
         i = 0
         next_poison = 0.0
-        while time.monotonic() < t_end and i < 2000:
+        # 6 s of traffic, longer (bounded) until ten poisons went out: under load a reply can take a second
+        while (time.monotonic() < t_end or len(sent_poison) < 10) and time.monotonic() < t_cap and i < 4000:
             if time.monotonic() >= next_poison:
                 rid = f"poison-{len(sent_poison)}"
                 attacker.send(msgpack.packb({"id": rid, "model": "minilm", "inputs": {"text": "hi"},
