@@ -160,3 +160,16 @@ def test_from_ranges_refuses_overlaps_and_gaps():
         r.from_ranges({"1": [[0, 10000]], "2": [[0, 1]]})
     with pytest.raises(RoutingError, match="cover"):
         r.from_ranges({"1": [[0, 9999]]})
+
+
+def test_ownership_is_compact_and_compares_by_value():
+    one = state({"1": 100})
+    assert one.owner.index is None and one.owner.versions == ("1",)  # no per-bucket table for one version
+    assert list(one.owner) == ["1"] * BUCKETS and one.owner[BUCKETS - 1] == "1"
+    with pytest.raises(IndexError):
+        one.owner[BUCKETS]
+    two = state({"1": 60, "2": 40})
+    assert len(two.owner.index) == BUCKETS and r.to_ranges(list(two.owner)) == two.ranges
+    again = r.Ownership(r.from_ranges(two.ranges))
+    assert again == two.owner and hash(again) == hash(two.owner) and again != one.owner
+    assert assign(one) == ["1"] * len(KEYS)

@@ -57,7 +57,7 @@ def load(raw: dict, versions: set[str]) -> routing.RoutingState:
     if routing.targets(weights) != {v: owner.count(v) for v in weights}:
         raise RoutingError("bucket ranges do not match the weights")
     rules, groups = parse_rules({"rules": raw["rules"], "groups": raw["groups"]}, versions)
-    return routing.RoutingState(weights, tuple(owner), routing.to_ranges(owner), rules, groups,
+    return routing.RoutingState(weights, routing.Ownership(owner), routing.to_ranges(owner), rules, groups,
                                 bool(raw["allow_pinned"]), str(raw.get("reason", "")),
                                 parse_shadow(raw.get("shadow"), versions))
 
