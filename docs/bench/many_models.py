@@ -5,17 +5,18 @@ Builds ``N`` distinct small graphs with ``onnx.helper`` in a temporary repositor
 (zero-config): ``y = x @ W + b`` with a few KB to ~100 KB of weights each, most with a symbolic batch
 axis (batched: the scan measures their cap), every fourth with a fixed first axis (unbatched). It then
 
-- starts the real server on one of them and on all ``N`` (``tests.conftest.ServerProcess``: loopback,
-  1 preprocess and 1 postprocess worker unless ``--pre``/``--post``), timing each start until ready
-  (warm-up included);
-- reads PSS and RSS of every server process (supervisor, frontend, pools, executor, gateway) per role,
-  and their growth from 1 to ``N`` models, per added model;
-- answers one request per model over the native client and checks each answer against numpy;
-- loads the same ``N`` files as ``N`` ONNX Runtime sessions in one plain child process (1 intra-op
-  thread, as an executor lane) and reports its RSS growth per session: the goal is the server's growth
+- starts the real server on the first ``n`` of them for each ``n`` in ``--ns`` (default 1, 10 and 100;
+  ``tests.conftest.ServerProcess``: loopback, 1 preprocess and 1 postprocess worker unless
+  ``--pre``/``--post``), timing each start until ready (warm-up included);
+- reads every server process's ``/proc/PID/smaps_rollup`` (supervisor, its multiprocessing helpers,
+  frontend, each pool worker, executor, gateway), at rest and again after one request per model (answers
+  checked against numpy), and fits a line through the points per process: the slope is what one model
+  adds there, in PSS (shared pages split between their sharers) and USS (pages this process alone holds);
+- loads the same files as ONNX Runtime sessions in one plain child process (1 intra-op thread, as an
+  executor lane), one run each, and reports its PSS growth per session: the goal is the server's growth
   per model within 1.5x of it.
 
-    PYTHONPATH=$PWD .venv/bin/python docs/bench/many_models.py [--n 100]
+    PYTHONPATH=$PWD .venv/bin/python docs/bench/many_models.py [--ns 1,10,100]
 
 Memory and start time do not depend much on other load; the load average is printed with the results.
 """
@@ -46,31 +47,42 @@ def build(repo: pathlib.Path, n: int) -> list[str]:
     return names
 
 
-def role(p: psutil.Process) -> str:
+def title(p: psutil.Process) -> str:
+    """The process's name in the table: its ``aieng::`` title, or which multiprocessing helper it is."""
     try:
-        title = " ".join(p.cmdline())
+        line = " ".join(p.cmdline())
     except psutil.Error:
         return "?"
-    for r in ("preprocess", "postprocess", "executor", "gateway", "frontend", "supervisor"):
-        if r in title:
-            return r
-    return "mp-helper" if "multiprocessing" in title or "-c from" in title else title[:40]
+    if line.startswith("aieng::"):
+        return line.split()[0][len("aieng::"):]
+    for helper in ("forkserver", "resource_tracker"):
+        if helper in line:
+            return helper
+    return line[:40]
 
 
-def memory(pid: int) -> dict[str, list[int]]:
-    """Per role: [processes, PSS bytes, RSS bytes] over the supervisor's tree."""
+def rollup(pid: int) -> dict[str, int]:
+    """``smaps_rollup``'s fields in bytes, with ``uss`` = private clean + private dirty."""
+    out: dict[str, int] = {}
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) == 3 and parts[2] == "kB":
+                out[parts[0].rstrip(":")] = int(parts[1]) * 1024
+    out["uss"] = out.get("Private_Clean", 0) + out.get("Private_Dirty", 0)
+    return out
+
+
+def memory(pid: int) -> dict[str, dict[str, int]]:
+    """Per process of the supervisor's tree (named by title): PSS, USS, RSS, anonymous PSS, in bytes."""
     sup = psutil.Process(pid)
-    out: dict[str, list[int]] = {}
+    out: dict[str, dict[str, int]] = {}
     for p in [sup] + sup.children(recursive=True):
         try:
-            full = p.memory_full_info()
-        except psutil.Error:
+            r = rollup(p.pid)
+        except OSError:
             continue
-        r = "supervisor" if p.pid == pid else role(p)
-        acc = out.setdefault(r, [0, 0, 0])
-        acc[0] += 1
-        acc[1] += full.pss
-        acc[2] += full.rss
+        out[title(p)] = {"pss": r["Pss"], "uss": r["uss"], "rss": r["Rss"], "anon": r.get("Pss_Anon", 0)}
     return out
 
 
@@ -86,6 +98,7 @@ def serve(tmp: pathlib.Path, names: list[str], n: int, args) -> dict:
                         AIENG_POSTPROCESS_WORKERS=str(args.post)).start(timeout=args.timeout)
     try:
         start_s = time.perf_counter() - t0
+        time.sleep(args.settle)  # a start's last allocations (threads parking, caches) before reading
         mem = memory(srv.pid)
         wrong = 0
         t1 = time.perf_counter()
@@ -97,6 +110,7 @@ def serve(tmp: pathlib.Path, names: list[str], n: int, args) -> dict:
                 want = (x @ w + b)[0] if batched else x @ w + b
                 wrong += not np.allclose(out, want, rtol=1e-4, atol=1e-4)
         answer_s = time.perf_counter() - t1
+        time.sleep(args.settle)
         mem_after = memory(srv.pid)  # after each model's first request (lazy allocations counted)
     finally:
         srv.stop()
@@ -106,16 +120,16 @@ def serve(tmp: pathlib.Path, names: list[str], n: int, args) -> dict:
 ORT_CHILD = r"""
 import json, sys, psutil, onnxruntime as ort, numpy as np
 paths = sys.argv[1:]
-def rss(): return psutil.Process().memory_full_info()
+def mem(): return psutil.Process().memory_full_info()
 opts = ort.SessionOptions(); opts.intra_op_num_threads = 1; opts.inter_op_num_threads = 1
 s = ort.InferenceSession(paths[0], sess_options=opts, providers=["CPUExecutionProvider"])  # the library
-base = rss(); sessions = []
+base = mem(); sessions = []
 for p in paths:
     s = ort.InferenceSession(p, sess_options=opts, providers=["CPUExecutionProvider"])
     i = s.get_inputs()[0]; shape = [1 if not isinstance(d, int) else d for d in i.shape]
     s.run(None, {i.name: np.zeros(shape, np.float32)}); sessions.append(s)
-end = rss()
-print(json.dumps({"rss": end.rss - base.rss, "pss": end.pss - base.pss}))
+end = mem()
+print(json.dumps({"rss": end.rss - base.rss, "pss": end.pss - base.pss, "uss": end.uss - base.uss}))
 """
 
 
@@ -128,43 +142,72 @@ def ort_growth(tmp: pathlib.Path, names: list[str]) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def slope(ns: list[int], ys: list[float]) -> float:
+    """Least-squares bytes per model through the points (n, y)."""
+    return float(np.polyfit(np.array(ns, float), np.array(ys, float), 1)[0]) if len(ns) > 1 else 0.0
+
+
+def table(runs: dict[int, dict], key: str, ns: list[int]) -> dict[str, dict[str, float]]:
+    """Per process: KiB per model for each measure, and its MiB at the smallest n."""
+    procs = sorted({p for n in ns for p in runs[n][key]})
+    out = {}
+    for p in procs:
+        row = {}
+        for m in ("pss", "uss", "anon", "rss"):
+            ys = [runs[n][key].get(p, {}).get(m, 0) for n in ns]
+            row[m] = slope(ns, ys) / 1024
+            row[m + "0"] = ys[0] / 2**20
+        out[p] = row
+    return out
+
+
+def show(rows: dict[str, dict[str, float]], label: str) -> dict[str, float]:
+    print(f"\n{label}: KiB each model adds (least squares over n), and the process's MiB at the smallest n")
+    print(f"{'process':<18} {'PSS MiB':>8} {'PSS/model':>10} {'USS/model':>10} {'anon PSS/model':>15} "
+          f"{'RSS/model':>10}")
+    tot = dict.fromkeys(("pss", "uss", "anon", "rss"), 0.0)
+    for p, r in rows.items():
+        for m in tot:
+            tot[m] += r[m]
+        print(f"{p:<18} {r['pss0']:>8.1f} {r['pss']:>10.1f} {r['uss']:>10.1f} {r['anon']:>15.1f} "
+              f"{r['rss']:>10.1f}")
+    print(f"{'all':<18} {'':>8} {tot['pss']:>10.1f} {tot['uss']:>10.1f} {tot['anon']:>15.1f} "
+          f"{tot['rss']:>10.1f}")
+    return tot
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=100)
+    ap.add_argument("--ns", default="1,10,100", help="repository sizes to start, comma-separated")
     ap.add_argument("--pre", type=int, default=1)
     ap.add_argument("--post", type=int, default=1)
+    ap.add_argument("--settle", type=float, default=1.0,
+                    help="seconds between ready (or the answers) and reading")
     ap.add_argument("--timeout", type=float, default=900.0)
+    ap.add_argument("--json", help="write every reading here")
     args = ap.parse_args()
+    ns = sorted({int(x) for x in args.ns.split(",")})
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="many-"))
-    names = build(tmp / "all", args.n)
+    names = build(tmp / "all", ns[-1])
     size = sum((tmp / "all" / n / "1" / "model.onnx").stat().st_size for n in names)
-    one = serve(tmp, names, 1, args)
-    many = serve(tmp, names, args.n, args)
+    runs = {n: serve(tmp, names, n, args) for n in ns}
     ort = ort_growth(tmp, names)
-    per = args.n - 1
-    mib = 1 / 2**20
-    print(f"{args.n} models, {size / 1024:.0f} KiB of ONNX files; load average {os.getloadavg()}; "
+    big = ns[-1]
+    print(f"{big} models, {size / 1024:.0f} KiB of ONNX files; load average {os.getloadavg()}; "
           f"{os.cpu_count()} cores")
-    print(f"start until ready (warm-up included): 1 model {one['start_s']:.1f} s, {args.n} models "
-          f"{many['start_s']:.1f} s; one request per model: {many['answer_s']:.2f} s, wrong answers: "
-          f"{many['wrong']}")
-    print(f"{'role':<12} {'procs':>5} {'PSS 1 (MiB)':>12} {'PSS N':>8} {'KiB/model':>10} "
-          f"{'RSS/model KiB':>14} {'after req KiB/model':>20}")
-    tot = [0, 0, 0]
-    for r in sorted(many["mem"]):
-        a = one["mem"].get(r, [0, 0, 0])
-        z = many["mem"][r]
-        after = many["mem_after"].get(r, z)
-        d_pss, d_rss, d_after = (z[1] - a[1]) / per, (z[2] - a[2]) / per, (after[1] - a[1]) / per
-        tot = [tot[0] + d_pss, tot[1] + d_rss, tot[2] + d_after]
-        print(f"{r:<12} {z[0]:>5} {a[1] * mib:>12.1f} {z[1] * mib:>8.1f} {d_pss / 1024:>10.1f} "
-              f"{d_rss / 1024:>14.1f} {d_after / 1024:>20.1f}")
-    print(f"{'all':<12} {'':>5} {'':>12} {'':>8} {tot[0] / 1024:>10.1f} {tot[1] / 1024:>14.1f} "
-          f"{tot[2] / 1024:>20.1f}")
-    o = ort["pss"] / args.n / 1024
-    print(f"ONNX Runtime alone, {args.n} sessions in one process (one run each): {o:.1f} KiB PSS per session "
-          f"({ort['rss'] / args.n / 1024:.1f} KiB RSS); server/ORT, after requests: {tot[2] / 1024 / o:.2f}x")
-    return 1 if many["wrong"] else 0
+    print("start until ready (warm-up included): " + ", ".join(
+        f"{n} model(s) {runs[n]['start_s']:.1f} s" for n in ns)
+        + f"; one request per model at {big}: {runs[big]['answer_s']:.2f} s, wrong answers: "
+          f"{runs[big]['wrong']}")
+    show(table(runs, "mem", ns), "at rest after ready")
+    after = show(table(runs, "mem_after", ns), "after one request per model")
+    o = ort["pss"] / big / 1024
+    print(f"\nONNX Runtime alone, {big} sessions in one process (one run each): {o:.1f} KiB PSS per session "
+          f"({ort['uss'] / big / 1024:.1f} USS, {ort['rss'] / big / 1024:.1f} RSS); server/ORT (PSS, after "
+          f"requests): {after['pss'] / o:.2f}x")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps({"ns": ns, "runs": runs, "ort": ort}, indent=1))
+    return 1 if any(runs[n]["wrong"] for n in ns) else 0
 
 
 if __name__ == "__main__":
