@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from aieng.frontend.observe.histograms import Histograms
 from aieng.frontend.observe.stats import STAGES
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -98,12 +99,12 @@ class Metrics:
         r = self.registry
         self.requests = Counter("aieng_requests", "Inference requests answered, by result code",
                                 ["model", "version", "code"], registry=r)
-        self.latency = Histogram("aieng_request_duration_seconds", "End-to-end latency of answered requests",
-                                 ["model", "version"], buckets=LATENCY_BUCKETS, registry=r)
-        self.stage = Histogram("aieng_stage_duration_seconds", "Time per pipeline stage (see aieng report)",
-                               ["model", "version", "stage"], buckets=STAGE_BUCKETS, registry=r)
-        self.batch = Histogram("aieng_batch_size", "Rows in the batch each request ran in",
-                               ["model", "version"], buckets=BATCH_BUCKETS, registry=r)
+        self.latency = Histograms("aieng_request_duration_seconds", "End-to-end latency of answered requests",
+                                  ["model", "version"], buckets=LATENCY_BUCKETS, registry=r)
+        self.stage = Histograms("aieng_stage_duration_seconds", "Time per pipeline stage (see aieng report)",
+                                ["model", "version", "stage"], buckets=STAGE_BUCKETS, registry=r)
+        self.batch = Histograms("aieng_batch_size", "Rows in the batch each request ran in",
+                                ["model", "version"], buckets=BATCH_BUCKETS, registry=r)
         self.routes = Counter("aieng_route_decisions", "Inference requests routed, by version and why "
                               "(pinned, rule:<name>, weight)", ["model", "version", "route"], registry=r)
         self.rollbacks = Counter("aieng_rollout_auto_rollbacks", "Canary versions set to weight 0 by "
@@ -127,15 +128,15 @@ class Metrics:
         self.version_loads = Counter("aieng_version_loads", "Run-time loads of model versions, by outcome "
                                      "(ok: routable after its golden set; failed)",
                                      ["model", "version", "outcome"], registry=r)
-        self.cold_loads = Histogram("aieng_model_cold_load_seconds", "Loads of a lazy model's version "
-                                    "started by a request (build, warm-up and golden set), until routable",
-                                    ["model", "version"], buckets=COLD_LOAD_BUCKETS, registry=r)
+        self.cold_loads = Histograms("aieng_model_cold_load_seconds", "Loads of a lazy model's version "
+                                     "started by a request (build, warm-up and golden set), until routable",
+                                     ["model", "version"], buckets=COLD_LOAD_BUCKETS, registry=r)
         self.evictions = Counter("aieng_model_evictions", "Versions of lazy models evicted (least recently "
                                  "used) to load another within AIENG_MODEL_MEMORY_BUDGET",
                                  ["model", "version"], registry=r)
-        self.confidence = Histogram("aieng_output_confidence", "Top class probability of classifier answers",
-                                    ["model", "version"], buckets=tuple(i / 10 for i in range(1, 11)),
-                                    registry=r)
+        self.confidence = Histograms("aieng_output_confidence", "Top class probability of classifier answers",
+                                     ["model", "version"], buckets=tuple(i / 10 for i in range(1, 11)),
+                                     registry=r)
         self.worker = Counter("aieng_worker_requests",
                               "Requests each worker finished its stage of (result or error)",
                               ["role", "worker"], registry=r)
