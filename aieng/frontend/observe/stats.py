@@ -25,7 +25,9 @@ STAGES = ("frontend_in", "preprocess_queue", "preprocess", "handoff", "batch_wai
 WINDOW = 20_000
 
 
-FIRST_ROWS = 64  # a window's first allocation; it doubles as rows arrive, up to its full size
+# a window's first allocation (under 1 KB: one of a hundred models that answers once); it doubles as rows
+# arrive, up to its full size
+FIRST_ROWS = 8
 
 
 def _grown(a: np.ndarray, window: int) -> np.ndarray:
