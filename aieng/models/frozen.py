@@ -40,7 +40,7 @@ def thaw(value: Any) -> Any:
     return value
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Opaque:
     """A value as written, frozen; the server shows it or hands it whole to its parser, never reads a key."""
     value: Any = None

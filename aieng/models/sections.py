@@ -26,7 +26,7 @@ def _given(obj: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
 
 
 # -- inputs and outputs -------------------------------------------------------------------------------
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class InputDecl:
     name: str
     kind: str  # text, image, number, category, tensor (models/repo.INPUT_KINDS)
@@ -42,7 +42,7 @@ class InputDecl:
                    raw.get("dtype"), freeze(raw.get("shape")), freeze(raw.get("reshape")))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class OutputDecl:
     name: str
     kind: str  # tensor, str, number, list (models/repo.OUTPUT_KINDS); descriptive only
@@ -63,7 +63,7 @@ class OutputDecl:
 # Values are kept as written: each processor converts and checks its own at its start, as before (a bad
 # setting fails that model at the worker's start, docs/models.md), except the image section and a text
 # section's ``tensors`` map, checked at scan.
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Preprocess:
     """A type without its own record: ``tensor``, a pipeline's ``pipeline``, or one no processor serves
     (the pool fails the model at its start)."""
@@ -91,7 +91,7 @@ class Preprocess:
         return _given(self)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True)  # no slots: from_section calls super(), which a slotted copy of the class breaks
 class TextPreprocess(Preprocess):
     type: str = "text"
     input: str = "text"
@@ -119,7 +119,7 @@ class TextPreprocess(Preprocess):
         return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TabularPreprocess(Preprocess):
     type: str = "tabular"
     state: str = "preprocess.json"
@@ -131,7 +131,7 @@ PREPROCESS_TYPES: dict[str, type] = {"text": TextPreprocess, "image": ImagePrepr
 
 
 # -- postprocess: the chain's steps as declared ------------------------------------------------------------
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StepDecl:
     """One chain step as written; ``postprocess_workers.chain.parse`` checks it (at scan and at build)."""
     op: str
@@ -153,7 +153,7 @@ class StepDecl:
         return {"op": self.op, **_given(self, skip=("op", "params")), **self.params.thaw()}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Postprocess:
     steps: tuple[StepDecl, ...] = ()
     answer: tuple[str, ...] | None = None
@@ -183,7 +183,7 @@ class Postprocess:
 
 
 # -- batching, padding, drift, degradation -------------------------------------------------------------------
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Batching:
     max_batch_size: int = 8
     max_wait_ms: float = 2.0
@@ -197,7 +197,7 @@ class Batching:
     exact_shapes: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Padding:
     """ONNX input name -> the value that pads it along its variable axes (0 when not named)."""
     values: tuple[tuple[str, float], ...] = ()
@@ -213,12 +213,12 @@ class Padding:
         return 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Drift:
     reference: str | None = None  # a reference population file in the version directory
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Degrade:
     """``degrade:`` as written; the frontend's ``Degrader`` converts it at its start."""
     queue_depth: tuple[float, ...] | None = None
@@ -235,7 +235,7 @@ class Degrade:
 
 
 # -- what a model described by its graph alone was inferred as (models/inferred.py) -------------------------
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class InferredTensor:
     name: str
     datatype: str  # OIP
@@ -244,7 +244,7 @@ class InferredTensor:
     shape: tuple[int, ...]  # per request (the batch axis left out when batched); -1: any size
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Inferred:
     """What was inferred from the graph, and why (shown by ``aieng models``, the models op, OIP config)."""
     onnx_file: str
@@ -269,7 +269,7 @@ def _public(t: InferredTensor) -> dict[str, Any]:
 
 
 # -- model-wide: routing, pool -----------------------------------------------------------------------------
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Routing:
     """The model-wide ``routing`` section, checked at scan (``settings.check_routing``).  The rollout
     builds its state from ``section()`` with the parsers it applies to a reloaded model.yaml, and keys a
@@ -296,7 +296,7 @@ class Routing:
         return {k: v.thaw() if isinstance(v := getattr(self, k), Opaque) else v for k in self.given}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PoolSetting:
     """The model-wide ``pool`` section (``settings.parse_setting``): lazy loading and eviction."""
     lazy: bool = False
@@ -308,7 +308,7 @@ class PoolSetting:
 
 
 # -- pipelines -----------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PipelineStep:
     """One checked step (``pipelines.check_pipeline``); only its step's keys are set."""
     step: str
@@ -321,7 +321,7 @@ class PipelineStep:
         return _given(self)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Pipeline:
     steps: tuple[PipelineStep, ...]
 
@@ -334,7 +334,7 @@ class Pipeline:
 
 
 # -- warm-up samples (Triton's ``model_warmup``, models/triton_config.py) -----------------------------------
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class WarmupInput:
     name: str
     datatype: str  # the OIP datatype
@@ -343,7 +343,7 @@ class WarmupInput:
     data_file: str = ""  # input_data_file: under <model>/warmup/
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class WarmupSample:
     """Run ``count`` times before the version is ready (the executor's ``warm_samples``)."""
     name: str
