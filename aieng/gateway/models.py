@@ -42,7 +42,9 @@ class ModelView:
     inputs: list[dict[str, Any]] = field(default_factory=list)  # {name, datatype, shape, kind, optional}
     outputs: list[dict[str, Any]] = field(default_factory=list)  # {name, datatype, shape}
     load_error: str | None = None
-    inferred: dict[str, Any] | None = None  # what was inferred from the graph and why (models/inferred.py)
+    # what was inferred from the graph and why (models/inferred.py), as config ``parameters``: built once, not
+    # the models reply's whole ``inferred`` map kept per version (~5 KiB each in a hundred-model repository)
+    parameters: dict[str, Any] = field(default_factory=dict)
     # Rows along a batch axis, shown and split by it.  None: a cap above 1 says so.  A model described by
     # its graph or a config.pbtxt whose session batches keeps the axis at a cap of 1 too, as Triton shows
     # max_batch_size 1: its clients send [1, ...] (Triton's simple_string), and the session takes rows.
@@ -87,7 +89,7 @@ def build_view(name: str, pub: dict, batching: Batching | None) -> ModelView:
     view = ModelView(name, pub["version"], 1 if whole else max(1, int(pub.get("max_batch_size") or 1)),
                      float(batching.max_wait_ms if batching else pub.get("max_wait_ms") or 0.0),
                      int(pub.get("timeout_ms") or 0), load_error=pub.get("load_error"),
-                     inferred=pub.get("inferred"),
+                     parameters=_inferred_parameters(pub.get("inferred")),
                      rows_axis=True if pub.get("described_by") in ("graph", "config.pbtxt")
                      and (onnx or {}).get("batched") is True else None)
     lead = [-1] if view.batched else []
@@ -185,7 +187,7 @@ def config(view: ModelView) -> dict:
             "dynamic_batching": {"preferred_batch_size": [],
                                  "max_queue_delay_microseconds": int(view.max_wait_ms * 1000)},
             "instance_group": [{"name": view.name, "kind": "KIND_CPU", "count": 1}],
-            "parameters": _inferred_parameters(view.inferred)}
+            "parameters": dict(view.parameters)}
 
 
 def _inferred_parameters(inferred: dict | None) -> dict:
