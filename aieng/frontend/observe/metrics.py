@@ -15,7 +15,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from aieng.frontend.observe.histograms import Histograms
+from aieng.frontend.observe.compact import Counters, Gauges, Histograms
 from aieng.frontend.observe.stats import STAGES
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -97,16 +97,16 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = Counter("aieng_requests", "Inference requests answered, by result code",
-                                ["model", "version", "code"], registry=r)
+        self.requests = Counters("aieng_requests", "Inference requests answered, by result code",
+                                 ["model", "version", "code"], registry=r)
         self.latency = Histograms("aieng_request_duration_seconds", "End-to-end latency of answered requests",
                                   ["model", "version"], buckets=LATENCY_BUCKETS, registry=r)
         self.stage = Histograms("aieng_stage_duration_seconds", "Time per pipeline stage (see aieng report)",
                                 ["model", "version", "stage"], buckets=STAGE_BUCKETS, registry=r)
         self.batch = Histograms("aieng_batch_size", "Rows in the batch each request ran in",
                                 ["model", "version"], buckets=BATCH_BUCKETS, registry=r)
-        self.routes = Counter("aieng_route_decisions", "Inference requests routed, by version and why "
-                              "(pinned, rule:<name>, weight)", ["model", "version", "route"], registry=r)
+        self.routes = Counters("aieng_route_decisions", "Inference requests routed, by version and why "
+                               "(pinned, rule:<name>, weight)", ["model", "version", "route"], registry=r)
         self.rollbacks = Counter("aieng_rollout_auto_rollbacks", "Canary versions set to weight 0 by "
                                  "automatic rollback", ["model", "version"], registry=r)
         self.state_writes = Counter("aieng_routing_state_writes", "Writes of the routing state file, by "
@@ -116,15 +116,15 @@ class Metrics:
             self.state_writes.labels(outcome)
         # Where each model's routing came from (docs/rollout.md, section 11): one series per model, its
         # ``digest`` label that of the model.yaml routing it follows (the same on every replica that read it)
-        self.generation = Gauge("aieng_routing_generation", "Generations of model.yaml routing this replica "
-                                "applied since start; digest: the routing section's sha256 prefix",
-                                ["model", "digest"], registry=r)
-        self.routing_local = Gauge("aieng_routing_local_change", "1 while a change made on this replica "
-                                   "(admin, auto-rollback) is in force over model.yaml's routing", ["model"],
-                                   registry=r)
-        self.routing_refused = Gauge("aieng_routing_model_yaml_refused", "1 while the model's model.yaml "
-                                     "is refused (malformed, missing): the routing in force stays", ["model"],
-                                     registry=r)
+        self.generation = Gauges("aieng_routing_generation", "Generations of model.yaml routing this replica "
+                                 "applied since start; digest: the routing section's sha256 prefix",
+                                 ["model", "digest"], registry=r)
+        self.routing_local = Gauges("aieng_routing_local_change", "1 while a change made on this replica "
+                                    "(admin, auto-rollback) is in force over model.yaml's routing", ["model"],
+                                    registry=r)
+        self.routing_refused = Gauges("aieng_routing_model_yaml_refused", "1 while the model's model.yaml "
+                                      "is refused (malformed, missing): the routing in force stays",
+                                      ["model"], registry=r)
         self.version_loads = Counter("aieng_version_loads", "Run-time loads of model versions, by outcome "
                                      "(ok: routable after its golden set; failed)",
                                      ["model", "version", "outcome"], registry=r)
