@@ -98,19 +98,26 @@ class Upstream:
                     self.health, self.health_at = h, time.monotonic()
                 # a list taken before the server was ready may lack the executor's session facts
                 # (shapes, dtypes): take it again as soon as the server says ready
-                if time.monotonic() >= next_models or (ready and not listed_ready):
-                    reply = await self.op("models")
-                    if reply.get("ok"):
-                        self.catalog.update(reply["models"])
-                        self.listed = True
-                        if ready:  # a complete list: what metadata requests wait for
-                            self.models_event.set()
-                        next_models, listed_ready = time.monotonic() + REFRESH_S, ready
+                due = time.monotonic() >= next_models or (ready and not listed_ready)
+                if due and await self._list(ready):
+                    next_models, listed_ready = time.monotonic() + REFRESH_S, ready
             except RequestError:
                 pass  # the frontend is away: health goes stale, and the next round asks again
             except Exception:  # pragma: no cover - a bug here must not stop the polling
                 self.log.exception("polling the frontend failed")
             await asyncio.sleep(HEALTH_S)
+
+    async def _list(self, ready: bool) -> bool:
+        """Take the model list into the catalog; whether the frontend gave one.  Its own frame, so the reply
+        (every version's whole public view, ~8 KiB each) is not kept by the polling loop between rounds."""
+        reply = await self.op("models")
+        if not reply.get("ok"):
+            return False
+        self.catalog.update(reply["models"])
+        self.listed = True
+        if ready:  # a complete list: what metadata requests wait for
+            self.models_event.set()
+        return True
 
     async def refresh(self) -> None:
         """Take the model list now (after a repository change)."""
