@@ -202,14 +202,16 @@ class Servicer(pbg.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request, context):
         failure = None
         try:
-            params = _params(request.parameters)
+            # the guards skip building what a plain request (no parameters, all outputs) does not have
+            params = _params(request.parameters) if request.parameters else {}
             caller = caller_of(context.peer(), self.local)
-            size = shmio.decode_size(request.ByteSize(),
-                                     any(shmio.REGION in t.parameters for t in request.inputs))
+            size = shmio.decode_size(request.ByteSize(), any(t.parameters and shmio.REGION in t.parameters
+                                                             for t in request.inputs))
             tensors = await self.svc.decoder.run(size, tensors_of, request, self.svc.shm, caller)
-            names = [o.name for o in request.outputs] or None
-            refs = {o.name: ref for o in request.outputs
-                    if o.parameters and (ref := shmio.ref_of(_params(o.parameters), f"output '{o.name}'"))}
+            outputs = request.outputs
+            names = [o.name for o in outputs] if outputs else None
+            refs = {o.name: ref for o in outputs if o.parameters
+                    and (ref := shmio.ref_of(_params(o.parameters), f"output '{o.name}'"))} if outputs else {}
             md = {k: v for k, v in context.invocation_metadata() or () if k in ("traceparent", "tracestate")}
             ans = await self.svc.infer(request.model_name, request.model_version or None, tensors, params,
                                        names, caller, context.time_remaining(), refs,

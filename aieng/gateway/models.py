@@ -18,6 +18,7 @@ the start left out (its description did not load: listed with a ``load_error`` a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from aieng.gateway.codec import BY_DTYPE, DATATYPES
@@ -56,9 +57,13 @@ class ModelView:
     def batched(self) -> bool:
         return self.max_batch_size > 1 if self.rows_axis is None else self.rows_axis
 
-    @property
+    @cached_property  # every infer asks; ``build_view`` builds a view whole, and nothing changes it after
     def kinds(self) -> dict[str, str]:
         return {i["name"]: i["kind"] for i in self.inputs}
+
+    @cached_property
+    def output_names(self) -> list[str]:
+        return [o["name"] for o in self.outputs]
 
 
 def _dims(shape: list) -> list[int]:

@@ -127,13 +127,19 @@ class Service:
             finally:
                 self.budget.give(peer)
 
-        calls = [one(row) for row in rows]
-        replies = await asyncio.gather(*calls) if len(calls) > 1 else [await calls[0]]
+        if len(rows) == 1:  # most requests: awaited here, without a coroutine and a gather of their own
+            try:
+                replies = [await self.up.infer(name, view.version, rows[0], mparams, timeout_ms,
+                                               view.timeout_ms, trace, peer)]
+            finally:
+                self.budget.give(peer)
+        else:
+            replies = await asyncio.gather(*[one(row) for row in rows])
         for reply in replies:
             if not reply.get("ok"):
                 err = reply.get("error") or {}
                 raise p.RequestError(err.get("code", p.INTERNAL), err.get("message", "request failed"))
-        declared = [o["name"] for o in view.outputs]
+        declared = view.output_names
         got = replies[0].get("outputs") or {}
         if requested is None:
             names = [n for n in declared if n in got] + [n for n in got if n not in declared]

@@ -10,12 +10,14 @@ code from its own tree (``python -m`` puts the working directory first on ``sys.
 concurrency and transport the same closed loop (``loadgen.run_level``) drives every server in ``ROUNDS``
 interleaved rounds of ``N`` requests (the order flips each round), so a neighbour's load falls on each
 alike; the figure is ``utime + stime`` of the ``aieng::gateway`` process from ``/proc`` over answered
-requests, which moves far less with neighbours than req/s does.  Two labels on the same tree show the noise.
+requests, which moves far less with neighbours than req/s does (the total, then each label's per-round median
+and range).  Two labels on the same tree show the noise.
 """
 from __future__ import annotations
 
 import asyncio
 import os
+import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -59,6 +61,7 @@ def main(argv: list[str]) -> int:
         for c in levels:
             for t in transports:
                 used = {label: [0.0, 0] for label in servers}
+                per_round: dict[str, list[float]] = {label: [] for label in servers}
                 for _, door, _ in servers.values():  # warm
                     asyncio.run(run_level(door[t], "minilm", inputs[:4 * c], c, 60, t))
                 for r in range(rounds):
@@ -67,13 +70,18 @@ def main(argv: list[str]) -> int:
                         before = cpu_s(gw)
                         res = asyncio.run(run_level(door[t], "minilm", [inputs[(r * n + i) % len(inputs)]
                                                                          for i in range(n)], c, 60, t))
-                        used[label][0] += cpu_s(gw) - before
-                        used[label][1] += res["requests"] - sum(res["errors"].values())
+                        spent, answered = cpu_s(gw) - before, res["requests"] - sum(res["errors"].values())
+                        used[label][0] += spent
+                        used[label][1] += answered
+                        per_round[label].append(1000 * spent / max(1, answered))
                 ms = {label: 1000 * s / max(1, k) for label, (s, k) in used.items()}
                 first = next(iter(ms.values()))
                 print(f"{t} c={c}: " + "  ".join(f"{k} {v:.3f} ({v / first:.2f})" for k, v in ms.items())
                       + f" gateway ms/request, {n * rounds} requests each, load {os.getloadavg()[0]:.1f}",
                       flush=True)
+                for label, xs in per_round.items():
+                    print(f"  {label}: rounds median {statistics.median(xs):.3f}, min {min(xs):.3f}, "
+                          f"max {max(xs):.3f} ms/request", flush=True)
     finally:
         for proc, _, _ in servers.values():
             stop_server(proc)
