@@ -112,6 +112,7 @@ class Config:
     http_timeout_s: float = _default("http_timeout_s")
     snapshot_ms: int = _default("snapshot_ms")
     strict_model_load: bool = _default("strict_model_load")
+    allow_model_code: bool = _default("allow_model_code")
     log_level: str = _default("log_level")
     log_format: str = _default("log_format")
     # Filled in by the supervisor, not by users.

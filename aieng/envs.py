@@ -274,6 +274,11 @@ REGISTRY: tuple[EnvVar, ...] = (
            "it may sit idle", "http_timeout_s"),
     EnvVar("AIENG_SNAPSHOT_MS", int, 500,
            "How often the frontend loop publishes the health/stats snapshot HTTP serves", "snapshot_ms"),
+    EnvVar("AIENG_ALLOW_MODEL_CODE", boolean, False,
+           "Serve models whose pre- or postprocessing is Python from their own directory (entry: "
+           "\"model.py:Class\"): loading such a model runs its code in the pool workers; without it the "
+           "start, or a run-time load, fails naming this variable (an importable module is always allowed)",
+           "allow_model_code"),
     EnvVar("AIENG_STRICT_MODEL_LOAD", boolean, True,
            "At start, exit non-zero if any model fails to load (false: serve whatever loads, a failed "
            "model UNAVAILABLE saying why; serve --exit-on-error / --no-exit-on-error, as Triton's)",

@@ -19,7 +19,7 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
-from aieng.models import postprocess, yaml_file
+from aieng.models import hooks, postprocess, yaml_file
 from aieng.models.frozen import Opaque
 from aieng.models.inferred import inferred_spec, onnx_file
 from aieng.models.pipelines import check_pipeline_models, pipeline_spec
@@ -76,7 +76,9 @@ def check_postprocess(cfg_path: str, post: dict) -> None:
         raise ModelError(f"{cfg_path}: {exc}") from None
 
 
-def load_spec(name: str, version: str, path: str) -> ModelSpec:
+def load_spec(name: str, version: str, path: str, allow_code: bool = False) -> ModelSpec:
+    """A version's model.yaml as its spec.  ``allow_code``: the operator's AIENG_ALLOW_MODEL_CODE (a file
+    entry of a ``python`` hook is refused without it, ``models/hooks.py``)."""
     cfg_path = os.path.join(path, "model.yaml")
     try:
         cfg = yaml_file.load(cfg_path) or {}  # bounded, regular files only, no aliases (models/yaml_file.py)
@@ -114,6 +116,8 @@ def load_spec(name: str, version: str, path: str) -> ModelSpec:
         raise ModelError(f"{cfg_path}: preprocess needs a 'type'")
     try:  # an image section's resize mode and keys are checked here (image_config imports no OpenCV)
         preprocess = Preprocess.parse(pre)
+        if preprocess.type == "python":  # the entry's form, its file, AIENG_ALLOW_MODEL_CODE
+            hooks.check_entry(preprocess.entry, path, allow_code)
     except ValueError as exc:
         raise ModelError(f"{cfg_path}: {exc}") from None
     check_postprocess(cfg_path, post)
@@ -169,11 +173,12 @@ def triton_model(mdir: str, override: Any = None) -> TritonConfig | None:
     return cfg
 
 
-def version_spec(name: str, version: str, path: str, triton: TritonConfig | None = None) -> ModelSpec:
+def version_spec(name: str, version: str, path: str, triton: TritonConfig | None = None,
+                 allow_code: bool = False) -> ModelSpec:
     """A version's spec from what describes it (issue 35), first found: its model.yaml, the model's
     config.pbtxt (``triton``: ``triton_model``), its ONNX graph."""
     if os.path.isfile(os.path.join(path, "model.yaml")):
-        return load_spec(name, version, path)
+        return load_spec(name, version, path, allow_code)
     if triton is not None:
         from aieng.models import triton_spec
 
@@ -202,12 +207,12 @@ def model_versions(mdir: str, triton: TritonConfig | None,
     return found, apply_policy(policy, found, where)
 
 
-def scan(repo: str, only: list[str] | None = None,
-         failed: dict[str, str] | None = None) -> dict[str, dict[str, ModelSpec]]:
+def scan(repo: str, only: list[str] | None = None, failed: dict[str, str] | None = None,
+         allow_code: bool = False) -> dict[str, dict[str, ModelSpec]]:
     """Load every model (or just ``only``): ``{name: {version: spec}}``.  ``failed`` (a start that is not
     strict): a model whose description does not load (a malformed config.pbtxt, a contradicting graph, a
     bad model.yaml; a pipeline over a model left out) is left out and recorded there (name -> "model NAME
-    (DIR): why", the failed-build form) instead of failing the scan."""
+    (DIR): why", the failed-build form) instead of failing the scan.  ``allow_code``: ``load_spec``'s."""
     if not os.path.isdir(repo):
         raise ModelError(f"model repository {repo!r} is not a directory")
     found: dict[str, dict[str, ModelSpec]] = {}
@@ -216,7 +221,7 @@ def scan(repo: str, only: list[str] | None = None,
         if name.startswith(".") or not os.path.isdir(mdir) or (only and name not in only):
             continue
         try:
-            _scan_model(name, mdir, found)
+            _scan_model(name, mdir, found, allow_code)
         except ModelError as exc:
             if failed is None:
                 raise
@@ -242,7 +247,7 @@ def _left_out(failed: dict[str, str], name: str, mdir: str, exc: ModelError) -> 
     log.error("%s; the model is unavailable", failed[name])
 
 
-def _scan_model(name: str, mdir: str, found: dict[str, dict[str, ModelSpec]]) -> None:
+def _scan_model(name: str, mdir: str, found: dict[str, dict[str, ModelSpec]], allow_code: bool) -> None:
     triton = triton_model(mdir)  # a config.pbtxt beside the versions (models/triton_spec.py)
     found_versions, served = model_versions(mdir, triton)
     if not found_versions:
@@ -252,8 +257,9 @@ def _scan_model(name: str, mdir: str, found: dict[str, dict[str, ModelSpec]]) ->
     check_routing(settings.get("routing"), set(served), where)
     pool = pool_setting(settings.get("pool"), where)
     routing = Routing.parse(settings.get("routing"))
-    found[name] = {ver: dataclasses.replace(version_spec(name, ver, os.path.join(mdir, ver), triton),
-                                            routing=routing, pool=pool) for ver in served}
+    found[name] = {ver: dataclasses.replace(
+        version_spec(name, ver, os.path.join(mdir, ver), triton, allow_code), routing=routing, pool=pool)
+        for ver in served}
 
 
 def with_model_wide(spec: ModelSpec) -> ModelSpec:

@@ -126,8 +126,24 @@ class TabularPreprocess(Preprocess):
     tensor: str | None = None  # None: the state file's ``tensor``, else ``features``
 
 
+@dataclass(frozen=True, slots=True)
+class PythonPreprocess(Preprocess):
+    """A team's own Python (``models/hooks.py``: ``entry`` checked at the scan, imported only in a pool)."""
+    type: str = "python"
+    entry: str = ""
+    params: Opaque = NO_MAP  # the section's other keys, handed to the user's code whole (HookSpec.params)
+
+    @classmethod
+    def from_section(cls, raw: dict) -> "PythonPreprocess":
+        return cls("python", raw.get("entry"),
+                   Opaque.of({k: v for k, v in raw.items() if k not in ("type", "entry")}))
+
+    def section(self) -> dict[str, Any]:
+        return {"type": self.type, "entry": self.entry, **self.params.thaw()}
+
+
 PREPROCESS_TYPES: dict[str, type] = {"text": TextPreprocess, "image": ImagePreprocess,
-                                     "tabular": TabularPreprocess}
+                                     "tabular": TabularPreprocess, "python": PythonPreprocess}
 
 
 # -- postprocess: the chain's steps as declared ------------------------------------------------------------

@@ -101,7 +101,7 @@ class Supervisor:
     def init_models(self) -> None:
         cfg = self.cfg
         self.versions = VersionRecord.scan(cfg.model_repository, cfg.models, cfg.max_batch_size,
-                                           cfg.max_wait_ms, cfg.strict_model_load)
+                                           cfg.max_wait_ms, cfg.strict_model_load, cfg.allow_model_code)
 
     # -- processes ------------------------------------------------------------
     def spawn(self, child: Child) -> None:

@@ -31,12 +31,12 @@ class VersionRecord:
 
     @classmethod
     def scan(cls, repository: str, models: str, max_batch_size: int, max_wait_ms: float,
-             strict: bool = True) -> "VersionRecord":
+             strict: bool = True, allow_code: bool = False) -> "VersionRecord":
         """``strict`` False: a model whose description does not load is left out (logged, and kept in
-        ``left_out``), the rest serve."""
+        ``left_out``), the rest serve.  ``allow_code``: AIENG_ALLOW_MODEL_CODE (``models/hooks.py``)."""
         only = [n.strip() for n in models.split(",") if n.strip()] or None
         failed: dict[str, str] | None = None if strict else {}
-        found = model_repo.scan(repository, only, failed)
+        found = model_repo.scan(repository, only, failed, allow_code)
         model_repo.apply_overrides(found, max_batch_size, max_wait_ms)
         record = cls({s.key: s for vs in found.values() for s in vs.values()},
                      tuple(LeftOut(n, e) for n, e in sorted((failed or {}).items())))

@@ -32,6 +32,7 @@ OPAQUE = {
     "metadata",  # model.yaml ``metadata:``: passed whole to clients (models op, /debug)
     "inputs[].shown", "outputs[].shown",  # a declaration as written: what the models op shows
     "postprocess.steps[].params",  # an op's parameters: the chain's parse checks them against the op
+    "preprocess.params",  # a python hook's own settings: handed whole to the user's code (HookSpec.params)
     "degrade.fallback",  # the outputs answered at degradation level 3: sent to clients whole
     # the routing section's parts: the rollout parses the section as it parses a reloaded model.yaml
     "routing.weights", "routing.rules", "routing.groups", "routing.auto_rollback", "routing.shadow",

@@ -102,18 +102,18 @@ class HotSwap:
         # (hashlib releases the GIL); ``tick`` picks the result up.
         ld = self.loads.put(key, Load(name, version, source, state="validating"))
         pool = self.urgent_pool if source == "cold" else self.pool_thread
-        ld.future = pool.submit(self.validate, name, version, vdir, config)
+        ld.future = pool.submit(self.validate, name, version, vdir, config, self.cfg.allow_model_code)
         log.warning("loading %s from %s (%s)", key, vdir, source)
         return {"model": name, "version": version, "load": ld.view()}
 
     @staticmethod
-    def validate(name: str, version: str, vdir: str, config: str | None = None
+    def validate(name: str, version: str, vdir: str, config: str | None = None, allow_code: bool = False
                  ) -> tuple[model_repo.ModelSpec, dict | None]:
         # on a helper thread (low priority: hashing a 90 MB file leaves the cores to serving); a version
         # without a model.yaml is described by its model's config.pbtxt (or the load's ``config`` override),
         # else by its graph
         triton = model_repo.triton_model(os.path.dirname(vdir), config)
-        spec = model_repo.version_spec(name, version, vdir, triton)
+        spec = model_repo.version_spec(name, version, vdir, triton, allow_code)
         return spec, read_golden(spec.path)
 
     def validated(self, ld: Load) -> None:
