@@ -56,9 +56,9 @@ def validate_inputs(spec: ModelSpec, inputs: Any) -> dict[str, Any]:
 
 def precheck(spec: ModelSpec, inputs: Any) -> None:
     """``RequestError`` (INVALID_INPUT) for inputs that the version's preprocessing would refuse whatever
-    its state: ``validate_inputs``, then, for tensor preprocessing, each tensor map's header."""
+    its state: ``validate_inputs``, then, for tensor (and python) preprocessing, each tensor map's header."""
     validate_inputs(spec, inputs)
-    if spec.preprocess.type == "tensor":
+    if spec.preprocess.type in ("tensor", "python"):  # a hook gets a declared tensor input as its array
         for decl in spec.inputs:
             if decl.name in inputs:
                 decode_tensor(inputs[decl.name], f"input '{decl.name}'")

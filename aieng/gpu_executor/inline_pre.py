@@ -16,8 +16,9 @@ admits costs at most ``ANY_LOAD_SHARE`` of that request's own one-row run (a ten
 request: ``tensor_sample``, its frame read and decoded as a request is; one whose smallest request is over
 the byte limit is never sent here, so it is not kept).  Processors are made and
 measured when the session is built (``consider``) and put in force by ``adopt`` on the loop thread, like
-``inline_post``'s chains.  When, why and what it saves: docs/architecture.md, 'Preprocessing in the
-executor'.
+``inline_post``'s chains.  A ``python`` (user code) version is never preprocessed here: a hook that crashes
+or hangs costs a pool worker, never the executor.  When, why and what it saves: docs/architecture.md,
+'Preprocessing in the executor'.
 """
 from __future__ import annotations
 
@@ -78,6 +79,8 @@ class InlinePre:
         from aieng.processing.pre.processors import PROCESSORS
 
         kind = spec.preprocess.type
+        if kind == "python":  # a team's code: a crash or a hang must cost a pool worker, never the executor
+            return self._set(spec, None, "user code runs only in the pools")
         image = kind in IDLE_KINDS
         if image and self.limit_pixels <= 0:
             return self._set(spec, None, "AIENG_INLINE_IMAGE_PIXELS is 0")

@@ -26,6 +26,7 @@ from aieng.models import repo as model_repo
 from aieng.models.repo import ModelSpec
 from aieng.processing.pre.processors import PROCESSORS, spread
 from aieng.processing.pre.request import read_request
+from aieng.processing.usercode import forget, log_failure
 from aieng.runtime.worker import HubWorker, own_ring, push_socket
 from aieng.runtime.worker_hotswap import Versions
 from aieng.wire import messages as m
@@ -77,8 +78,13 @@ class PreprocessWorker(HubWorker):
         self.versions = Versions(self.worker, self.send, self.refresh_hello, self.log, self.procs,
                                  self.failed, build, check=check,
                                  on_add=lambda spec, _: self.specs.__setitem__(spec.key, spec),
-                                 on_remove=lambda key: self.specs.pop(key, None), defer=True)
+                                 on_remove=self.forget, defer=True)
         self.handlers.update(self.versions.handlers)
+
+    def forget(self, key: str) -> None:
+        spec = self.specs.pop(key, None)
+        if spec is not None and spec.preprocess.type == "python":
+            forget(spec)  # its code's modules: a later load of that directory imports afresh
 
     def init_ring(self) -> None:
         needs = [getattr(p, "max_request_bytes", 0) for p in self.procs.values()]
@@ -143,7 +149,11 @@ class PreprocessWorker(HubWorker):
                     self.fail(task.rid, INTERNAL, f"preprocessing failed: {type(exc).__name__}")
                 return
             for ((task, params), _), out in zip(checked, outs):
-                self.forward(task, params, *out, started)
+                if isinstance(out, RequestError):  # that request alone (a hook's: usercode)
+                    log_failure(self.log, out, task.rid, task.trace)
+                    self.fail(task.rid, out.code, out.message)
+                else:
+                    self.forward(task, params, *out, started)
             return
         # One at a time (an image: milliseconds each), each sent on as soon as it is ready, its trail
         # starting when its own work does: the wait behind the drain's earlier requests shows as its
@@ -161,6 +171,7 @@ class PreprocessWorker(HubWorker):
                 else:
                     out = proc.process(inputs)
             except RequestError as exc:
+                log_failure(self.log, exc, task.rid, task.trace)  # a hook's traceback (usercode)
                 self.fail(task.rid, exc.code, exc.message)
                 continue
             except Exception as exc:  # a processor bug fails its request, not the worker

@@ -1,8 +1,9 @@
-"""``PROCESSORS``: a model.yaml ``preprocess.type`` -> its implementation.
+"""``PROCESSORS``: a model.yaml ``preprocess.type`` -> its implementation (``python``: a team's own code).
 
 Each has ``process(inputs) -> (tensors, seq_len, info)`` (image ones with a ``geometry`` attribute, a
 ``messages.Geometry`` carried to postprocessing) and raises ``RequestError`` for bad input;
-``batchable`` ones also offer ``check(inputs)`` and ``process_many(checked)``; one whose native library
+``batchable`` ones also offer ``check(inputs)`` and ``process_many(checked)`` (an item of its list may be
+the ``RequestError`` that request alone fails with); one whose native library
 runs threads offers ``threads(n)``, the threads it may use for the next request (the image processor:
 OpenCV's); ``spread`` is the one rule for it: every core for a request alone in the server, else one.
 Each implementation's module is imported the first time its kind is looked up, so a process that serves
@@ -39,6 +40,11 @@ def _tabular() -> Any:
     return TabularPreprocessor
 
 
+def _python() -> Any:
+    from aieng.processing.pre.python import PythonPreprocessor
+    return PythonPreprocessor
+
+
 def _tensor() -> Any:
     from aieng.processing.pre.tensor import TensorPreprocessor
     return TensorPreprocessor
@@ -60,4 +66,5 @@ class Processors(Mapping):
         return len(self.loaders)
 
 
-PROCESSORS = Processors({"text": _text, "image": _image, "tabular": _tabular, "tensor": _tensor})
+PROCESSORS = Processors({"text": _text, "image": _image, "tabular": _tabular, "tensor": _tensor,
+                         "python": _python})
