@@ -188,7 +188,7 @@ class Frontend:
         self.drain_hub()
         roles = self.workers.count(now)
         healthy = self.life.started and all(roles.values())
-        stuck = self.workers.stuck(now, self.cfg.preprocess_budget_ms / 1000, self.table.load)
+        stuck = self.workers.stuck(now, self.cfg.preprocess_budget_ms / 1000, self.table.busy)
         self.pipeline.mark_stuck(stuck)
         self.send_hub("supervisor", [m.encode(m.Pulse(healthy, self.workers.silence(now), stuck))])
 

@@ -269,3 +269,22 @@ def test_without_the_variable_the_start_fails_naming_it(tmp_path):
     lines = [ln for ln in srv.output().splitlines() if "AIENG_ALLOW_MODEL_CODE" in ln]
     assert lines and "set AIENG_ALLOW_MODEL_CODE=1 to allow it" in lines[0], srv.output()[-2000:]
     assert "tabhook" in lines[0]
+
+
+def test_a_hang_past_the_models_timeout_answers_timeout_and_its_worker_is_replaced(make_server, tmp_path):
+    # timeout_ms (1 s) under the budget (2 s): the request is answered TIMEOUT while its worker still runs
+    # the hook; that worker counts as busy (an answered request it works on) and is replaced at the
+    # budget, not at AIENG_HANG_TIMEOUT_S (60 s here), and no other request is routed behind it
+    srv = make_server(AIENG_MODEL_REPOSITORY=hook_repo(tmp_path, timeout_ms=1000),
+                      AIENG_ALLOW_MODEL_CODE="1", AIENG_PREPROCESS_WORKERS="3",
+                      AIENG_PREPROCESS_BUDGET_MS="2000", AIENG_HANG_TIMEOUT_S="60").start()
+    stream = Stream(srv.addr)
+    stream.until(20)
+    with srv.client(timeout_s=60) as c:
+        hung = c.call({"op": "infer", "model": "tabhook", "inputs": {"mode": "hang"}}, raise_on_error=False)
+    assert outcome(hung) == ("TIMEOUT", "no answer within the deadline (stage: preprocess)")
+    assert until(lambda: srv.health()["restarts"].get("preprocess", 0) == 1, 20), srv.health()
+    stream.until(len(stream.replies) + 20)
+    replies = stream.end()
+    assert replies == [("OK",)] * len(replies)
+    assert "AIENG_PREPROCESS_BUDGET_MS (2000 ms): stuck, replacing it" in srv.output()

@@ -86,3 +86,17 @@ def test_error_mapping(caplog):
     same = RequestError(INVALID_INPUT, "x")
     assert usercode.mapped(same, "h") is same
     assert os.sep  # keep the import used on every platform
+
+
+def test_a_module_entry_is_imported_as_usual(tmp_path, monkeypatch):
+    pkg = tmp_path / "site" / "teampkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "pre.py").write_text("class Pre:\n    def __init__(self, spec):\n        self.spec = spec\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    d = version(tmp_path, "1", 1, entry="teampkg.pre:Pre")
+    spec = repo.load_spec("m", "1", str(d))  # no AIENG_ALLOW_MODEL_CODE needed: the operator's install
+    built = usercode.build(spec, spec.preprocess.entry, {})
+    assert type(built).__module__ == "teampkg.pre" and built.spec.version == "1"
+    with pytest.raises(AttributeError, match="has no 'Post'"):
+        usercode.load(spec, "teampkg.pre:Post")

@@ -77,7 +77,7 @@ class ClientOps:
                 "workers": roles, "providers": providers, "draining": life.draining,
                 # preprocess workers on one slow request past STALL_S (Workers.pick_pre routes around them)
                 "stalled": sorted(n for n, _ in self.workers.names(("preprocess",))
-                                  if self.workers.stalled(n, now, self.table.load)),
+                                  if self.workers.stalled(n, now, self.table.busy)),
                 "failed_models": self.workers.failed_models(),
                 "breakers": views.breakers(), "degradation": views.degradation(),
                 "cache": views.cache(), "clients": views.clients(),

@@ -119,7 +119,7 @@ class Pipeline:
         alone = self.alone(now)
         if self.direct(req, now, alone):
             return
-        worker = self.workers.pick_pre(now, self.table.load, lambda name: self.holds_model(name, req.key))
+        worker = self.workers.pick_pre(now, self.table.busy, lambda name: self.holds_model(name, req.key))
         if worker is None:
             self.table.hold(req, PRE)
             return
@@ -167,7 +167,7 @@ class Pipeline:
         if not when or (when == IDLE and not alone  # the pool's turn, unless taken at any load
                         # or every preprocess worker is stalled on a slow request: a small text, row or
                         # tensor costs the executor microseconds, an image never goes this way under load
-                        and (req.pixels is not None or not self.workers.pool_stalled(now, self.table.load))):
+                        and (req.pixels is not None or not self.workers.pool_stalled(now, self.table.busy))):
             return False
         if not req.post:
             self.table.route(req, EXEC)

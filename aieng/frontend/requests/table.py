@@ -172,6 +172,7 @@ class RequestTable:
         self.waiting: dict[str, deque[int]] = {PRE: deque()}  # later stages queue in their inboxes
         self.rings = shm.RingCache()
         self.ghosts: dict[int, Ghost] = {}  # rid -> an answered request's slot still on its route
+        self.pre_ghosts: dict[str, int] = {}  # preprocess worker -> ghosts it still works on (``busy``)
         self.shadows = 0  # internal entries in flight: shadow copies, pipeline steps (included in len())
 
     def __len__(self) -> int:
@@ -272,8 +273,18 @@ class RequestTable:
     # -- ghosts: answered requests whose slots are still on their route ----------------
     def _haunt(self, rid: int, g: Ghost) -> None:
         if len(self.ghosts) >= MAX_GHOSTS:  # the oldest goes: its ring's lease is the net
-            self.ghosts.pop(next(iter(self.ghosts)))
+            self._counted(self.ghosts.pop(next(iter(self.ghosts))), -1)
         self.ghosts[rid] = g
+        self._counted(g, 1)
+
+    def _counted(self, g: Ghost | None, delta: int) -> Ghost | None:
+        if g is not None and g.stage == PRE:
+            n = self.pre_ghosts.get(g.holder, 0) + delta
+            if n > 0:
+                self.pre_ghosts[g.holder] = n
+            else:
+                self.pre_ghosts.pop(g.holder, None)
+        return g
 
     def ghost_passed(self, rid: int, ident: bytes, stage: str, ref: Ref) -> Ghost | None:
         """A notice about an answered request: its slot ``ref`` went on to ``stage``.  Returns the
@@ -284,18 +295,19 @@ class RequestTable:
             return None
         if stage == EXEC and g.holder.encode() != ident:  # only its preprocess worker hands it on
             return None
+        self._counted(g, -1)
         g.stage, g.holder, g.ref = stage, ("executor" if stage == EXEC else g.post), ref
         return g
 
     def unhaunt(self, rid: int) -> Ghost | None:
         """Its route ended (an answer, a failure, its slot freed here): the ghost goes."""
-        return self.ghosts.pop(rid, None)
+        return self._counted(self.ghosts.pop(rid, None), -1)
 
     def ghosts_of(self, holder: str) -> int:
         """``holder`` died: free the slots of the ghosts it held; returns how many."""
         gone = [rid for rid, g in self.ghosts.items() if g.holder == holder]
         for rid in gone:
-            self.stray(self.ghosts.pop(rid).ref)
+            self.stray(self._counted(self.ghosts.pop(rid), -1).ref)
         return len(gone)
 
     def prune_ghosts(self, now: float) -> None:
@@ -303,7 +315,7 @@ class RequestTable:
             rid, g = next(iter(self.ghosts.items()))
             if g.ended > now - GHOST_TTL_S:
                 break
-            del self.ghosts[rid]
+            self._counted(self.ghosts.pop(rid), -1)
 
     # -- queries ------------------------------------------------------------------
     def held(self, rid: int, ident: bytes, stage: str) -> Request | None:
@@ -318,6 +330,11 @@ class RequestTable:
 
     def load(self, holder: str) -> int:
         return len(self.by_holder.get(holder, ()))
+
+    def busy(self, holder: str) -> int:
+        """``load`` and the answered requests a preprocess worker still works on (a deadline passed while it
+        ran one, e.g. a hook past its model's timeout_ms): what its stall, stuck and routing rules count."""
+        return len(self.by_holder.get(holder, ())) + self.pre_ghosts.get(holder, 0)
 
     def count_stage(self, key: str, stage: str) -> int:
         return self.stage_counts.get((key, stage), 0)
