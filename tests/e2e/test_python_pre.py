@@ -3,7 +3,8 @@
 ``tabhook`` is the tabular demo's ONNX file and state behind a ``model.py`` that does what the built-in
 tabular processor does (the same features from the same inputs), with the demo's built-in ``classify``
 postprocessing: its answers equal the built-in ``tabular`` model's, natively and over OIP (HTTP and gRPC,
-tritonclient), and under load they are batched (``batch`` > 1) with the hook written per request.  Its
+tritonclient), and under load they are batched (``batch`` > 1) with the hook written per request;
+``tabbatch``, the same class with ``batch``, is called with several requests a worker drained together.  Its
 ``mode`` input makes the hook misbehave: ``value`` raises ValueError (INVALID_INPUT with the message), ``bug``
 a KeyError (INTERNAL "KeyError: ...", the traceback logged), ``wrong`` returns a tensor of the wrong shape
 (INTERNAL naming the hook), ``crash`` calls ``os._exit(1)`` and ``hang`` sleeps far past every limit: each
@@ -70,6 +71,13 @@ class Pre:
             pos += len(index) + 1
         return {"features": vec}
 '''
+# the same class with ``batch``: the worker hands it what it drained together; it says how many on stderr
+BATCH = HOOK + '''
+    def batch(self, many):
+        import sys
+        print(f"tabbatch: batch of {len(many)}", file=sys.stderr, flush=True)
+        return [self(inputs) for inputs in many]
+'''
 NUMBERS = ["bill_length_mm", "bill_depth_mm", "flipper_length_mm", "body_mass_g"]
 
 
@@ -93,6 +101,8 @@ def hook_repo(tmp_path, timeout_ms: int = 5000) -> str:
           "postprocess: {type: classify, source: probabilities, activation: none,\n"
           "              labels: {file: labels.json}, label_output: label, scores_output: probabilities}\n"
           f"batching: {{max_batch_size: 64, max_wait_ms: 2}}\ntimeout_ms: {timeout_ms}\n")
+    shutil.copytree(d, repo / "tabbatch" / "1")
+    (repo / "tabbatch" / "1" / "model.py").write_text(BATCH)
     return str(repo)
 
 
@@ -157,6 +167,16 @@ def test_the_hook_answers_as_the_builtin_natively_over_oip_and_batched(make_serv
     for got, want in zip(replies, builtin):
         np.testing.assert_allclose(got["outputs"]["probabilities"], want["outputs"]["probabilities"],
                                    atol=1e-6)
+    # with ``batch``: called with what a worker drained together, the same answers
+    sizes: list[int] = []
+    for _ in range(5):  # a round whose drains all held one request is possible: up to five rounds of 96
+        batched = asyncio.run(together(srv.addr, "tabbatch", many))
+        assert [r["outputs"]["label"] for r in batched] == [r["outputs"]["label"] for r in builtin]
+        sizes = [int(line.rsplit(" ", 1)[1]) for line in srv.output().splitlines()
+                 if line.startswith("tabbatch: batch of ")]
+        if max(sizes, default=0) > 1:
+            break
+    assert sizes and max(sizes) > 1, sizes
 
     import tritonclient.grpc as tg
     import tritonclient.http as th
@@ -268,7 +288,7 @@ def test_without_the_variable_the_start_fails_naming_it(tmp_path):
     assert code == 1  # a model that does not load: the start-failure code (serve)
     lines = [ln for ln in srv.output().splitlines() if "AIENG_ALLOW_MODEL_CODE" in ln]
     assert lines and "set AIENG_ALLOW_MODEL_CODE=1 to allow it" in lines[0], srv.output()[-2000:]
-    assert "tabhook" in lines[0]
+    assert "/1/model.yaml" in lines[0]  # the version it names (the first in the scan: tabbatch)
 
 
 def test_a_hang_past_the_models_timeout_answers_timeout_and_its_worker_is_replaced(make_server, tmp_path):
