@@ -409,7 +409,7 @@ def test_tensor_bad_inputs(inputs):
 
 # ================================================================== validate_inputs
 def test_processors_registry():
-    assert set(PROCESSORS) == {"text", "image", "tabular", "tensor"}
+    assert set(PROCESSORS) == {"text", "image", "tabular", "tensor", "python"}
     assert PROCESSORS["text"].batchable and not PROCESSORS["image"].batchable
 
 
