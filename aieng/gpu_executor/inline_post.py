@@ -5,7 +5,8 @@ and sends the ``Result`` to the frontend: no output slot, no hop to a postproces
 ``InlinePost`` decides per version:
 
 * *eligible*: none of its steps has a time limit or needs a helper thread (a step that may run long
-  must not stall the executor's loop, which every model shares);
+  must not stall the executor's loop, which every model shares), and none is a team's own code (a
+  ``python`` step: refused before the chain is built, so user code is never imported here);
 * *advertised* (``Hello.inline_post``; the frontend then routes with ``post = "executor"``): eligible,
   and its measured cost on a real output of the model is at most ``AIENG_INLINE_POSTPROCESS_US`` (0: never).
 
@@ -27,6 +28,7 @@ from aieng.wire import messages as m
 from aieng.wire.protocol import pack
 
 EXECUTOR = "executor"  # the ``post`` of a request whose chain runs in the executor
+USER_CODE = "user code runs only in the pools"  # a chain with a python step (issue 36)
 MEASURE_RUNS = 15  # the decision uses the least of this many chain runs (noise only ever adds time)
 
 
@@ -44,6 +46,8 @@ class Choice:
 def eligible(chain: Chain) -> str:
     """Why the chain must stay in the pool, or "" when it may run in the executor."""
     for s, _op in chain.steps:
+        if s["op"] == "python":
+            return USER_CODE
         if s["timeout_ms"] > 0:
             return f"step '{s['name']}' has a time limit"
         if s["isolate"] != "inline":
@@ -78,6 +82,8 @@ class InlinePost:
         """Build ``spec``'s chain if eligible, measure it on one real output of ``sess``, decide (and file
         the decision for ``adopt``)."""
         key = spec.key
+        if any(step.op == "python" for step in spec.postprocess.steps):
+            return self._set(key, None, Choice("pool", 0, USER_CODE))
         try:
             chain = Chain(spec)
         except Exception as exc:  # the pool reports a chain that does not build; keep it there

@@ -74,6 +74,9 @@ BUILTIN: tuple[OpDecl, ...] = (
     OpDecl("scale_boxes", (Param("source", "str", "boxes"), Param("output", "str", None))),
     OpDecl("sort_boxes", (Param("source", "str", "boxes"), Param("line_gap", "float", 10.0, lo=0.0),
                           Param("apply_to", "names", None, "values reordered alongside"))),
+    # a team's own Python (processing/post/python_op): its other keys are its own settings, as written
+    OpDecl("python", (Param("entry", "str", doc='"file.py:Class" in the version directory, or '
+                                                '"package.module:Class"'),), open=True),
     # text recognition (processing/post/ctc)
     OpDecl("ctc_decode", (Param("source", "str"), Param("metadata", "str", "character"),
                           Param("dictionary", "str", None, "a file in the version directory, one character "

@@ -6,6 +6,8 @@ without loading any op.  The declarations of the server's ops are in ``models/po
 runs them is in ``processing/post`` and registers each implementation against its declaration by name.
 ``runs_c`` marks an op whose time goes into long C calls that release the GIL (OpenCV): a step of it
 isolates on a helper thread by default (``processing/post/guard``), because a signal cannot stop it.
+``open`` marks an op that keeps keys it does not declare, as written (``python``: they are the user code's
+own settings, ``HookSpec.params``).
 """
 from __future__ import annotations
 
@@ -72,13 +74,14 @@ class OpDecl:
     name: str
     params: tuple[Param, ...] = ()
     runs_c: bool = False
+    open: bool = False  # undeclared keys are kept as written (the module docstring)
 
 
 def check_params(op: OpDecl, given: dict[str, Any]) -> dict[str, Any]:
     """``given`` checked against ``op.params`` with defaults filled; ValueError names the bad key."""
     declared = {p.name: p for p in op.params}
     unknown = sorted(set(given) - set(declared))
-    if unknown:
+    if unknown and not op.open:
         raise ValueError(f"unknown parameter(s) {', '.join(map(repr, unknown))} "
                          f"(op {op.name} takes {', '.join(declared) or 'none'})")
     out: dict[str, Any] = {}
@@ -89,4 +92,6 @@ def check_params(op: OpDecl, given: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"missing required parameter '{name}'")
         else:
             out[name] = p.default
+    if op.open:
+        out.update((k, given[k]) for k in unknown)
     return out

@@ -66,12 +66,18 @@ INPUT_KINDS = ("text", "image", "number", "category", "tensor")
 OUTPUT_KINDS = ("tensor", "str", "number", "list")
 
 
-def check_postprocess(cfg_path: str, post: dict) -> None:
+def check_postprocess(cfg_path: str, post: dict, path: str = "", allow_code: bool = False) -> None:
     """The postprocess chain's ops and parameters, against their declarations (``postprocess.parse``; no
     op code is loaded): an unknown op or a bad parameter fails the model's load with a message naming the
-    step."""
+    step; a ``python`` step's entry is checked as a python preprocess's is (``hooks.check_entry``, in the
+    version directory ``path``), importing nothing."""
     try:
-        postprocess.parse(post)
+        for i, step in enumerate(postprocess.parse(post)["steps"]):
+            if step["op"] == "python" and path:
+                try:
+                    hooks.check_entry(step["params"]["entry"], path, allow_code)
+                except ValueError as exc:
+                    raise ValueError(f"postprocess step {i + 1} '{step['name']}': {exc}") from None
     except ValueError as exc:
         raise ModelError(f"{cfg_path}: {exc}") from None
 
@@ -120,7 +126,7 @@ def load_spec(name: str, version: str, path: str, allow_code: bool = False) -> M
             hooks.check_entry(preprocess.entry, path, allow_code)
     except ValueError as exc:
         raise ModelError(f"{cfg_path}: {exc}") from None
-    check_postprocess(cfg_path, post)
+    check_postprocess(cfg_path, post, path, allow_code)
     batching = {"max_batch_size": 8, "max_wait_ms": 2.0, "max_padding_waste": 0.3, "batched": True,
                 "exact_shapes": False}
     if not isinstance(cfg.get("batching") or {}, dict):

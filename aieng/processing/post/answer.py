@@ -4,8 +4,10 @@ The postprocess worker and the executor (for a chain it runs itself, ``gpu_execu
 both build it here.  ``answer(chain, task, views, log)`` runs the chain on the request's output views,
 packs the values (``to_wire``: arrays as tensor maps, numpy scalars as plain ones) and stamps the
 trail's ``post_started``/``post_us``.  It returns the ``Result``, or the ``Failed`` the request gets:
-TIMEOUT with the step timings for a step past its ``fail`` limit, the request's own ``RequestError``,
-INTERNAL for anything else (logged).  ``task`` is a ``PostTask`` or an ``InferTask``.
+TIMEOUT with the step timings for a step past its ``fail`` limit, the request's own ``RequestError``
+(user code's, ``python_op``: INVALID_INPUT from a ValueError, INTERNAL "Type: message" with its
+traceback logged with the trace id), INTERNAL for anything else (logged).  ``task``: a ``PostTask`` or an
+``InferTask``.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from aieng.processing import usercode
 from aieng.processing.post.chain import Chain, StepTimedOut
 from aieng.wire import messages as m
 from aieng.wire.protocol import INTERNAL, RequestError, encode_tensor, pack
@@ -37,6 +40,7 @@ def answer(chain: Chain, task: Any, views: dict[str, Any], log) -> m.Result | m.
         log.warning("%s:%s: %s", task.model, task.version, exc.message, extra={"trace": task.trace})
         return m.Failed(task.rid, exc.code, exc.message, None, exc.steps)
     except RequestError as exc:
+        usercode.log_failure(log, exc, task.rid, task.trace)  # user code's own exception: its traceback
         return m.Failed(task.rid, exc.code, exc.message)
     except Exception as exc:
         log.exception("postprocess failed for rid %s", task.rid)

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from aieng.models.postprocess import parse
-from aieng.processing.post import ctc, detection, ops  # noqa: F401  (they fill the registry)
+from aieng.processing.post import ctc, detection, ops, python_op  # noqa: F401  (they fill the registry)
 from aieng.processing.post.guard import Guard
 from aieng.processing.post.op import GEOMETRY, REGISTRY
 from aieng.wire.protocol import TIMEOUT, RequestError
@@ -67,7 +67,8 @@ class Chain:
             except Exception as exc:
                 raise ValueError(f"postprocess step {i + 1} '{s['name']}' (op {s['op']}): "
                                  f"{type(exc).__name__}: {exc}") from None
-            self.steps.append((s, op))
+            limit = op.limit_ms(s["timeout_ms"])
+            self.steps.append((s if limit == s["timeout_ms"] else {**s, "timeout_ms": limit}, op))
 
     def __call__(self, outs: dict[str, Any], params: dict, degraded: int = 0) -> dict[str, Any]:
         return self.run(outs, params, degraded).values
@@ -96,6 +97,7 @@ class Chain:
                                          s["isolate"])
             us = (time.perf_counter_ns() - t0) // 1000
             if not ok:
+                op.abandoned()
                 if s["on_timeout"] == "fail":
                     out.steps.append(Step(name, us, "timeout"))
                     raise StepTimedOut(f"postprocess step '{name}' (op {s['op']}) ran past its "

@@ -12,6 +12,8 @@ and writes (``outputs``), so the chain knows what a skipped step leaves missing.
 params, degraded)`` returns ``{name: value}`` (only names among ``outputs``); ``params`` are the
 client's request params and ``degraded`` the model's degradation level at admission (a typed field
 the frontend sets).  An instance is built with its step's checked parameters (``cfg``) and the spec.
+``limit_ms(given)`` is the step's time limit (the written ``timeout_ms`` unless the op says otherwise: a
+``python`` step is always timed) and ``abandoned()`` is told when the guard stopped a call at its limit.
 """
 from __future__ import annotations
 
@@ -37,6 +39,12 @@ class Op:
 
     def __call__(self, state: dict[str, Any], params: dict, degraded: int = 0) -> dict[str, Any]:
         raise NotImplementedError
+
+    def limit_ms(self, given: float) -> float:
+        return given
+
+    def abandoned(self) -> None:
+        """A call was stopped or abandoned at its limit (most ops keep no state between calls)."""
 
 
 REGISTRY: dict[str, type[Op]] = {}
