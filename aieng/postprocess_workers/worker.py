@@ -8,12 +8,15 @@ splices them in, with each step's time.
 A step that runs past its limit is stopped or abandoned and the worker goes
 on serving: the request is answered without that step (``on_timeout: skip``,
 listed in the Result's ``steps``) or fails TIMEOUT naming it (``fail``).
+A team's own code runs here (a ``python`` step, ``processing/post/python_op``),
+never in the executor; its modules are dropped when its version is unloaded.
 """
 from __future__ import annotations
 
 from aieng.config import Config
 from aieng.models import repo as model_repo
 from aieng.models.repo import ModelSpec
+from aieng.processing import usercode
 from aieng.processing.post.answer import answer
 from aieng.processing.post.chain import Chain
 from aieng.runtime.worker import HubWorker
@@ -22,6 +25,10 @@ from aieng.wire import messages as m
 from aieng.wire import shm
 from aieng.wire.addresses import post_addr
 from aieng.wire.protocol import UNAVAILABLE, RequestError
+
+
+def runs_user_code(spec: ModelSpec) -> bool:
+    return any(step.op == "python" for step in spec.postprocess.steps)
 
 
 class PostprocessWorker(HubWorker):
@@ -35,9 +42,12 @@ class PostprocessWorker(HubWorker):
         self.rings = shm.RingCache()
         self.bind_inbox(post_addr(cfg.runtime_dir, worker))  # the executor pushes PostTasks here
         self.handlers[m.PostTask] = self.handle
+        # a version whose chain runs user code (a python step): its modules are dropped when it goes, so the
+        # same directory loaded again imports its code afresh (processing/usercode.forget)
+        self.hooked = {s.key: s for s in specs.values() if runs_user_code(s)}
         # run-time load/unload of a version
         self.versions = Versions(self.worker, self.send, self.refresh_hello, log, self.ops, self.failed,
-                                 lambda spec, urgent: Chain(spec))
+                                 lambda spec, urgent: Chain(spec), on_add=self.added, on_remove=self.removed)
         self.handlers.update(self.versions.handlers)
 
     def handle(self, task: m.PostTask, frames: list) -> None:
@@ -63,6 +73,15 @@ class PostprocessWorker(HubWorker):
             self.log.debug("postprocessed %s:%s (%d us)", task.model, task.version, task.trail.post_us,
                            extra={"trace": task.trace})
         self.send(msg)
+
+    def added(self, spec: ModelSpec, chain: Chain) -> None:
+        if runs_user_code(spec):
+            self.hooked[spec.key] = spec
+
+    def removed(self, key: str) -> None:
+        spec = self.hooked.pop(key, None)
+        if spec is not None:
+            usercode.forget(spec)
 
     def hello_fields(self) -> dict:
         return {"failed": dict(self.failed)}
