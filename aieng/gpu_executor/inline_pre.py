@@ -76,6 +76,8 @@ class InlinePre:
     def consider(self, spec: ModelSpec, sess=None) -> str:
         """Build ``spec``'s processor when it may run here and, given its built ``sess``, measure
         whether it may at any load; file the decision for ``adopt``."""
+        if spec.postprocess.user_code:  # its post gets the request's inputs, which only the pool carries
+            return self._set(spec, None, "user code runs only in the pools")
         from aieng.processing.pre.processors import PROCESSORS
 
         kind = spec.preprocess.type

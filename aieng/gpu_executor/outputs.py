@@ -53,7 +53,7 @@ class Outputs:
                 self.fail(p.rid, exc.code, exc.message)
                 continue
             post_task = m.PostTask(p.rid, task.model, task.version, ref, task.params, task.degraded,
-                                   task.trace, trail, task.geometry, task.features)
+                                   task.trace, trail, task.geometry, task.features, task.request)
             self.post_socket(task.post).send(m.encode(post_task))
             done.rids.append(p.rid)
             done.refs.append(ref)

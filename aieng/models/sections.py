@@ -187,6 +187,11 @@ class Postprocess:
                        None if answer is None else tuple(answer))
         return cls(tuple(StepDecl.parse(s) for s in raw or ()))
 
+    @property
+    def user_code(self) -> bool:
+        """A step runs a team's own Python (``op: python``): only a pool may run it, with the request."""
+        return any(s.op == "python" for s in self.steps)
+
     def section(self) -> dict[str, Any] | list:
         """model.yaml's form, for ``chain.parse``."""
         if self.type is not None:

@@ -60,6 +60,7 @@ class PreprocessWorker(HubWorker):
         """Each model's processor on its own: one that fails (e.g. a corrupt tokenizer file) is
         recorded in ``failed`` and its requests get UNAVAILABLE; the other models serve."""
         self.specs = specs
+        self.frames: dict[int, bytes] = {}  # rid -> its request frame, within one drain (InferTask.request)
         self.procs, self.failed = model_repo.build_each(specs, lambda s: PROCESSORS[s.preprocess.type](s),
                                                         self.log, self.cfg.strict_model_load)
 
@@ -118,6 +119,8 @@ class PreprocessWorker(HubWorker):
                     raise RequestError(INTERNAL, f"this worker does not serve {key}")
                 inputs, params = read_request(self.specs[key], body.buffer, self.cfg.max_message_bytes)
                 jobs.append((task, key, inputs, params))
+                if self.specs[key].postprocess.user_code:  # its post(outputs, inputs) gets the inputs
+                    self.frames[task.rid] = bytes(body.buffer)
             except RequestError as exc:
                 self.fail(task.rid, exc.code, exc.message)
             except Exception as exc:  # the frontend parsed this body already; never die of one request
@@ -127,6 +130,7 @@ class PreprocessWorker(HubWorker):
             by_model.setdefault(job[1], []).append(job)
         for key, group in by_model.items():
             self.run_group(self.procs[key], group, started)
+        self.frames.clear()  # forwarded or failed by now
         if self.notice.rids:  # one notice for the whole drain: these slots are the executor's now
             self.send(self.notice)
             self.notice = m.Preprocessed([], [])
@@ -192,7 +196,7 @@ class PreprocessWorker(HubWorker):
         self.to_exec.send(m.encode(m.InferTask(task.rid, task.model, task.version, task.deadline, ref,
                                                seq_len, task.upstream, task.post, params, task.degraded,
                                                task.trace, trail, geometry, task.background,
-                                               task.alone, info)))
+                                               task.alone, info, self.frames.pop(task.rid, None))))
         self.notice.rids.append(task.rid)
         self.notice.refs.append(ref)
         self.log.debug("preprocessed %s:%s into slot %d", task.model, task.version, ref.slot,

@@ -89,6 +89,9 @@ class InferTask:
     # its small facts for input-drift monitoring (processing/pre/features: token count and
     # out-of-vocabulary share, image size, aspect and brightness; tabular features as given), for its Result
     features: dict[str, float] = field(default_factory=dict)
+    # the client's request frame as it arrived, only for a version whose postprocess is user code (its
+    # ``post(outputs, inputs)`` gets the request's inputs; ``processing/post/python_op``); else None
+    request: Optional[bytes] = None
 
 
 @dataclass(slots=True)
@@ -113,6 +116,7 @@ class PostTask:
     trail: Trail = field(default_factory=Trail)
     geometry: Optional[Geometry] = None  # from InferTask, as the preprocessing set it
     features: dict[str, float] = field(default_factory=dict)  # from InferTask, for the Result
+    request: Optional[bytes] = None  # from InferTask: the request frame, for user code's post (else None)
 
 
 @dataclass(slots=True)

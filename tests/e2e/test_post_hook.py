@@ -45,21 +45,23 @@ class Post:
         BUILT[0] += 1
         self.serial = BUILT[0]
 
-    def post(self, outputs, inputs):
-        if "exit_after_s" in inputs:
-            time.sleep(float(inputs["exit_after_s"]))
+    def post(self, outputs, inputs, params):
+        if "exit_after_s" in params:
+            time.sleep(float(params["exit_after_s"]))
             os._exit(3)
-        if inputs.get("spin"):
+        if params.get("spin"):
             while True:
                 pass
-        if inputs.get("bad"):
-            raise ValueError("the hook refuses: " + inputs["bad"])
-        if inputs.get("boom"):
+        if params.get("bad"):
+            raise ValueError("the hook refuses: " + params["bad"])
+        if params.get("boom"):
             raise KeyError("boom")
         scores = outputs["probabilities"].reshape(-1).astype(np.float32)
         out = {"label": self.labels[int(np.argmax(scores))], "probabilities": scores}
-        if inputs.get("serial"):
+        if params.get("serial"):
             out["serial"] = self.serial
+        if params.get("echo"):  # the request's own inputs, as the wire decoded them
+            out["echo"] = {k: inputs[k] for k in sorted(inputs)}
         return out
 '''
 
@@ -110,6 +112,8 @@ def test_the_hook_answers_as_the_builtin_chain_native(srv):
             np.testing.assert_allclose(got["outputs"]["probabilities"], want["outputs"]["probabilities"],
                                        atol=ATOL)
             assert set(got["outputs"]) == {"label", "probabilities"}
+        echoed = c.infer("tabular_py", rows()[0], params={"echo": 1})["outputs"]["echo"]
+        assert echoed == rows()[0], "post(outputs, inputs) gets the request's own inputs"
 
 
 @pytest.mark.parametrize("transport", ["http", "grpc"])

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from aieng.gpu_executor.inline_post import USER_CODE, InlinePost, eligible
+from aieng.gpu_executor.inline_pre import InlinePre
 from aieng.models import postprocess, repo
 from aieng.processing import usercode
 from aieng.processing.post.answer import answer
@@ -38,19 +39,19 @@ class Post:
         with open(os.path.join(spec.dir, "labels.json")) as fh:
             self.labels = json.load(fh)
 
-    def post(self, outputs, inputs):
-        if inputs.get("bad"):
-            raise ValueError("bad input: " + inputs["bad"])
-        if inputs.get("boom"):
+    def post(self, outputs, inputs, params):
+        if params.get("bad"):
+            raise ValueError("bad input: " + params["bad"])
+        if params.get("boom"):
             raise KeyError("boom")
-        if inputs.get("spin"):
+        if params.get("spin"):
             while True:
                 pass
-        if inputs.get("nothing"):
+        if params.get("nothing"):
             return None
         scores = outputs["probabilities"].reshape(-1).astype(np.float32)
         return {"label": self.labels[int(np.argmax(scores))], "probabilities": scores,
-                "seen": sorted(outputs), "instances": len(BUILT)}
+                "seen": sorted(outputs), "instances": len(BUILT), "inputs": inputs}
 
 
 class Step:
@@ -60,6 +61,15 @@ class Step:
     def post(self, state, inputs):
         return {"best": int(np.argmax(state["p"])), "keys": sorted(state), "scale": self.spec.params["scale"],
                 "top": [np.float32(x) for x in state["p"][:2]]}
+
+
+class Echo:
+    def __init__(self, spec):
+        pass
+
+    def post(self, outputs, inputs):
+        island = inputs["island"]
+        return {"island": island, "mass": inputs["body_mass_g"], "kind": type(island).__name__}
 '''
 
 SCORES = np.array([0.1, 0.7, 0.2], np.float32)
@@ -100,6 +110,16 @@ def test_the_single_op_form_builds_post_once_with_its_hook_spec_and_answers(tmp_
     assert values["label"] == "Chinstrap" and values["seen"] == ["probabilities"]
     assert values["instances"] == 1  # built once, used per request
     np.testing.assert_array_equal(values["probabilities"], SCORES)
+
+
+def test_post_gets_the_requests_inputs_decoded_from_its_frame_and_params_only_when_it_asks(tmp_path):
+    chain = Chain(load(version_dir(tmp_path, 'postprocess: {type: python, entry: "post.py:Echo"}\n')))
+    frame = msgpack.packb({"inputs": {"island": "Dream", "body_mass_g": 4100}, "params": {"x": 1}})
+    values = chain.run(outs(), {"x": 1}, 0, None, frame).values
+    assert values == {"island": "Dream", "mass": 4100.0, "kind": "str"}
+    assert chain.steps[0][1].with_params is False
+    post = Chain(load(version_dir(tmp_path / "a", 'postprocess: {type: python, entry: "post.py:Post"}\n')))
+    assert post.steps[0][1].with_params is True and post(outs(), {})["inputs"] == {}  # no frame: none
 
 
 def test_a_python_step_sees_the_state_so_far_and_its_values_join_the_answer(tmp_path):
@@ -155,6 +175,11 @@ def test_the_executor_refuses_user_code_without_building_the_chain(tmp_path):
     assert usercode.package_name(spec) + ".post" not in sys.modules  # never imported to decide
     assert inline.adopt(spec.key) is not None and not inline.serves(spec.key)
     assert eligible(Chain(spec)) == USER_CODE
+    # nor preprocesses it (its post needs the request frame, which only the pool path carries)
+    pre = InlinePre(1 << 20, 1 << 20, 1_000_000)
+    assert pre.consider(spec) == USER_CODE
+    pre.adopt(spec.key)
+    assert spec.key not in pre.procs
 
 
 def test_the_scan_checks_a_python_steps_entry_and_the_operators_consent(tmp_path):

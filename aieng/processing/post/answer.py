@@ -34,7 +34,7 @@ def answer(chain: Chain, task: Any, views: dict[str, Any], log) -> m.Result | m.
     started = time.monotonic()
     t0 = time.perf_counter_ns()
     try:
-        outcome = chain.run(views, task.params, task.degraded, task.geometry)
+        outcome = chain.run(views, task.params, task.degraded, task.geometry, task.request)
         packed = pack({k: to_wire(v) for k, v in outcome.values.items()})
     except StepTimedOut as exc:
         log.warning("%s:%s: %s", task.model, task.version, exc.message, extra={"trace": task.trace})

@@ -73,7 +73,8 @@ class Chain:
     def __call__(self, outs: dict[str, Any], params: dict, degraded: int = 0) -> dict[str, Any]:
         return self.run(outs, params, degraded).values
 
-    def run(self, outs: dict[str, Any], params: dict, degraded: int = 0, geometry=None) -> Outcome:
+    def run(self, outs: dict[str, Any], params: dict, degraded: int = 0, geometry=None,
+            request: bytes | None = None) -> Outcome:
         state: dict[str, Any] = dict(outs)
         if geometry is not None:  # an image request's sizes (messages.Geometry), for the box-mapping ops
             state[GEOMETRY] = geometry
@@ -93,8 +94,11 @@ class Chain:
             if s["isolate"] == "thread" and s["timeout_ms"] > 0:
                 # an abandoned step may still read its inputs after the shared-memory slot is reused
                 view = {**state, **{k: np.array(state[k]) for k in op.inputs if k in outs and k in state}}
-            ok, values = self.guard.call(lambda: op(view, params, degraded), s["timeout_ms"] / 1000.0,
-                                         s["isolate"])
+            if op.TAKES_REQUEST:  # user code: the request's frame, its inputs decoded there
+                call = lambda: op(view, params, degraded, request)  # noqa: E731
+            else:
+                call = lambda: op(view, params, degraded)  # noqa: E731
+            ok, values = self.guard.call(call, s["timeout_ms"] / 1000.0, s["isolate"])
             us = (time.perf_counter_ns() - t0) // 1000
             if not ok:
                 op.abandoned()

@@ -31,6 +31,7 @@ class Op:
     NAME: ClassVar[str] = ""
     PARAMS: ClassVar[tuple[Param, ...]] = ()  # the declaration's, set by ``register``
     RUNS_C: ClassVar[bool] = False  # the declaration's, set by ``register``
+    TAKES_REQUEST: ClassVar[bool] = False  # called with the request frame too (``python``: its inputs)
     inputs: list[str]
     outputs: list[str]
 

@@ -11,13 +11,15 @@ The contract:
 - ``post(outputs, inputs)`` is called once per request: ``outputs`` is the chain's state so far, a map of
   numpy arrays (for the first step, the model's outputs for this one request: batch axis and padding
   removed, read-only views into shared memory that stay valid only during the call: copy what you keep);
-  ``inputs`` is the request's ``params`` map as the client sent it (the request's own input tensors are
-  not carried past preprocessing).  It returns the values it adds, by name (str, numbers, bools, lists,
-  numpy arrays and scalars); they join the state, and are the answer unless the chain names ``answer``.
+  ``inputs`` is the request's inputs as the wire decodes them for preprocessing (str, bytes, numbers,
+  lists, numpy arrays; ``inputs.validate_inputs``): the request frame travels with the request for such a
+  version only (``InferTask.request``/``PostTask.request``) and is decoded here.  A ``post`` that takes a
+  third argument also gets the request's ``params`` as sent.  It returns the values it adds, by name (str,
+  numbers, bools, lists, numpy arrays and scalars); they join the state, and are the answer unless the
+  chain names ``answer``.
 - A ``ValueError`` fails the request INVALID_INPUT with its message; any other exception INTERNAL
   ``"Type: message"``, its traceback logged with the request and trace id (``usercode.mapped``; ``answer``
-  logs it).  A return that is not a map
-  of names is INTERNAL.
+  logs it).  A return that is not a map of names is INTERNAL.
 - The step's time limit is its ``timeout_ms``, else the model's ``timeout_ms``, else ``DEFAULT_LIMIT_MS``
   (user code always runs under a limit; ``guard``).  A call stopped at its limit leaves the instance it
   ran in: the next request gets a new ``Post(spec)`` (``abandoned``), so a half-done call's state, or a
@@ -25,12 +27,14 @@ The contract:
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import numpy as np
 
 from aieng.processing import usercode
 from aieng.processing.post.op import GEOMETRY, Op, register
+from aieng.processing.pre.request import read_request
 
 DEFAULT_LIMIT_MS = 10_000.0  # a python step's limit when neither the step nor the model gives one
 
@@ -39,6 +43,7 @@ DEFAULT_LIMIT_MS = 10_000.0  # a python step's limit when neither the step nor t
 class PythonStep(Op):
     """Runs ``post(outputs, inputs)`` of the user's class; writes whatever names it returns."""
     NAME = "python"
+    TAKES_REQUEST = True
 
     def __init__(self, cfg: dict, spec):
         super().__init__(cfg, spec)
@@ -47,17 +52,25 @@ class PythonStep(Op):
         self.cls = usercode.load(spec, self.entry)
         self.hook_spec = usercode.hook_spec(spec, {k: v for k, v in cfg.items() if k != "entry"})
         self.instance = self.cls(self.hook_spec)
-        self.fresh = False
+        self.spec, self.fresh = spec, False
         self.spec_limit_ms = float(getattr(spec, "timeout_ms", 0) or 0)
-        if not callable(getattr(self.instance, "post", None)):
+        post = getattr(self.instance, "post", None)
+        if not callable(post):
             raise TypeError(f"{cfg['entry']} has no post(outputs, inputs) method")
+        self.with_params = takes_three(post)
 
-    def __call__(self, state: dict[str, Any], params: dict, degraded: int = 0) -> dict[str, Any]:
+    def __call__(self, state: dict[str, Any], params: dict, degraded: int = 0,
+                 request: bytes | None = None) -> dict[str, Any]:
         if self.fresh:  # the last call was stopped at its limit: never reuse what it left half done
             self.instance, self.fresh = self.cls(self.hook_spec), False
         outputs = state if GEOMETRY not in state else {k: v for k, v in state.items() if k != GEOMETRY}
+        # the frame passed the frontend's and the preprocess worker's checks: decoded here as it was there
+        inputs = read_request(self.spec, request, len(request))[0] if request is not None else {}
         try:
-            values = self.instance.post(outputs, params)
+            if self.with_params:
+                values = self.instance.post(outputs, inputs, params)
+            else:
+                values = self.instance.post(outputs, inputs)
         except Exception as exc:
             raise usercode.mapped(exc, self.entry) from None
         if not isinstance(values, dict) or not all(isinstance(k, str) for k in values):
@@ -72,6 +85,18 @@ class PythonStep(Op):
     def abandoned(self) -> None:
         """The guard stopped or abandoned a call at its limit: the next call builds a new instance."""
         self.fresh = True
+
+
+def takes_three(fn) -> bool:
+    """Whether ``post`` takes the request's params as a third argument: ``post(outputs, inputs, params)``."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return False
+    kinds = [p.kind for p in sig.parameters.values()]
+    plain_kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    positional = [k for k in kinds if k in plain_kinds]
+    return len(positional) >= 3 or inspect.Parameter.VAR_POSITIONAL in kinds
 
 
 def plain(value: Any) -> Any:
