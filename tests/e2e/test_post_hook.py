@@ -34,6 +34,7 @@ import json, os, time
 import numpy as np
 
 BUILT = [0]
+WHICH = "v1"
 
 
 class Post:
@@ -60,6 +61,8 @@ class Post:
         out = {"label": self.labels[int(np.argmax(scores))], "probabilities": scores}
         if params.get("serial"):
             out["serial"] = self.serial
+        if params.get("which"):
+            out["which"] = WHICH
         if params.get("echo"):  # the request's own inputs, as the wire decoded them
             out["echo"] = {k: inputs[k] for k in sorted(inputs)}
         return out
@@ -114,6 +117,10 @@ def test_the_hook_answers_as_the_builtin_chain_native(srv):
             assert set(got["outputs"]) == {"label", "probabilities"}
         echoed = c.infer("tabular_py", rows()[0], params={"echo": 1})["outputs"]["echo"]
         assert echoed == rows()[0], "post(outputs, inputs) gets the request's own inputs"
+        onnx = c.call({"op": "models"})["models"]["tabular_py"]["versions"]["1"]["onnx"]
+    why = "user code runs only in the pools"
+    assert onnx["postprocess"] == {"where": "pool", "us": 0, "why": why}
+    assert (onnx["preprocess"]["where"], onnx["preprocess"]["why"]) == ("pool", why), onnx["preprocess"]
 
 
 @pytest.mark.parametrize("transport", ["http", "grpc"])
@@ -221,6 +228,26 @@ def test_a_hang_fails_its_request_at_the_limit_and_the_others_are_answered(srv):
     with srv.client() as c:
         serials = {c.infer("tabular_py", row, params={"serial": 1})["outputs"]["serial"] for _ in range(12)}
     assert first["outputs"]["serial"] == 1 and 2 in serials, (first, serials)
+
+
+def test_a_new_version_with_new_code_loads_at_run_time_beside_the_old(srv, repo):
+    import subprocess
+    import sys
+
+    from aieng.client import build_request
+    from tests.conftest import ROOT
+
+    v2 = repo / "tabular_py" / "2"
+    shutil.copytree(repo / "tabular_py" / "1", v2)
+    (v2 / "post.py").write_text(POST_PY.replace('WHICH = "v1"', 'WHICH = "v2"'))
+    argv = [sys.executable, "-m", "aieng.cli", "models", "load", "tabular_py", "2",
+            "--admin-addr", srv.admin_addr]
+    r = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, (r.stdout, r.stderr)  # its golden set (the demo's) passed through the new code
+    with srv.client() as c:
+        for version, which in (("1", "v1"), ("2", "v2"), ("1", "v1")):
+            reply = c.call(build_request("w", "tabular_py", rows()[0], params={"which": 1}, version=version))
+            assert (reply["version"], reply["outputs"]["which"]) == (version, which)
 
 
 def test_a_start_without_the_operators_consent_fails_with_one_line(repo, make_server):
