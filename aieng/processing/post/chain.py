@@ -13,7 +13,9 @@ skipped is skipped as well.  Each step reports ``[name, microseconds, outcome]``
 ``skipped`` (past its limit with ``skip``, or its input was skipped) or ``timeout`` (past its limit
 with ``fail``: the request gets TIMEOUT naming the step); those go into ``timing_us``.  An image
 request's ``messages.Geometry`` is in the state as ``geometry`` for the ops that map boxes back to the
-page (``scale_boxes``, ``db_boxes`` ``to_page``).
+page (``scale_boxes``, ``db_boxes`` ``to_page``).  A ``python`` step (``python_op``: a team's own code) also
+gets the request's frame (``run``'s ``request``), is always given a limit, and is told when a call was
+stopped at it (``Op.abandoned``).
 """
 from __future__ import annotations
 

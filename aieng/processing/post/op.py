@@ -14,6 +14,8 @@ client's request params and ``degraded`` the model's degradation level at admiss
 the frontend sets).  An instance is built with its step's checked parameters (``cfg``) and the spec.
 ``limit_ms(given)`` is the step's time limit (the written ``timeout_ms`` unless the op says otherwise: a
 ``python`` step is always timed) and ``abandoned()`` is told when the guard stopped a call at its limit.
+An op with ``TAKES_REQUEST`` is called with the request's frame as a fourth argument (``python``: its
+``post`` gets the request's inputs; the frame travels only for such a version, ``PostTask.request``).
 """
 from __future__ import annotations
 
