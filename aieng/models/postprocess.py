@@ -76,7 +76,9 @@ BUILTIN: tuple[OpDecl, ...] = (
                           Param("apply_to", "names", None, "values reordered alongside"))),
     # a team's own Python (processing/post/python_op): its other keys are its own settings, as written
     OpDecl("python", (Param("entry", "str", doc='"file.py:Class" in the version directory, or '
-                                                '"package.module:Class"'),), open=True),
+                                                '"package.module:Class"'),
+                      Param("writes", "names", None, "the names post returns, when a later step reads one: "
+                                                     "that step is skipped when this one was")), open=True),
     # text recognition (processing/post/ctc)
     OpDecl("ctc_decode", (Param("source", "str"), Param("metadata", "str", "character"),
                           Param("dictionary", "str", None, "a file in the version directory, one character "

@@ -153,8 +153,10 @@ def test_errors_are_the_requests_value_error_invalid_input_others_internal_with_
     assert isinstance(ok, m.Result) and msgpack.unpackb(ok.outputs)["label"] == "Chinstrap"
 
 
-def test_user_code_is_always_timed_and_a_stopped_call_leaves_its_instance(tmp_path):
-    d = version_dir(tmp_path, 'postprocess: {type: python, entry: "post.py:Post", timeout_ms: 100}\n')
+@pytest.mark.parametrize("isolate", ["inline", "thread"])
+def test_user_code_is_always_timed_and_a_stopped_call_leaves_its_instance(tmp_path, isolate):
+    d = version_dir(tmp_path, 'postprocess: {type: python, entry: "post.py:Post", timeout_ms: 100, '
+                              f'isolate: {isolate}}}\n')
     chain = Chain(load(d))
     assert chain(outs(), {})["instances"] == 1
     with pytest.raises(StepTimedOut, match="ran past its 100 ms limit"):
@@ -194,6 +196,16 @@ def test_the_scan_checks_a_python_steps_entry_and_the_operators_consent(tmp_path
     assert load(d3, allow=False).postprocess.steps[0].op == "python"  # a module: the operator's own
     with pytest.raises(ValueError, match="missing required parameter 'entry'"):
         postprocess.parse({"type": "python"})
+
+
+def test_a_skipped_python_step_skips_the_steps_that_read_what_it_declares_it_writes(tmp_path):
+    d = version_dir(tmp_path, "postprocess:\n  steps:\n"
+                              '    - {op: python, entry: "post.py:Post", timeout_ms: 50, on_timeout: skip,'
+                              ' writes: [probabilities2]}\n'
+                              "    - {op: softmax, name: s1, source: probabilities2, output: p}\n"
+                              "    - {op: softmax, name: s2, source: probabilities, output: q}\n")
+    out = Chain(load(d)).run(outs(), {"spin": True})
+    assert out.skipped == ["python", "s1"] and list(out.values) == ["q"]
 
 
 def test_plain_values():

@@ -47,10 +47,13 @@ class PythonStep(Op):
 
     def __init__(self, cfg: dict, spec):
         super().__init__(cfg, spec)
-        self.inputs, self.outputs = [], []  # it reads the whole state; what it writes is known per call
+        # it reads the whole state; what it writes is known per call, or declared (``writes``) for the chain
+        # to skip a later step that reads a value this step, skipped, did not write
+        self.inputs, self.outputs = [], list(cfg.get("writes") or ())
         self.entry = cfg["entry"]
         self.cls = usercode.load(spec, self.entry)
-        self.hook_spec = usercode.hook_spec(spec, {k: v for k, v in cfg.items() if k != "entry"})
+        own = {k: v for k, v in cfg.items() if k not in ("entry", "writes")}  # the user code's settings
+        self.hook_spec = usercode.hook_spec(spec, own)
         self.instance = self.cls(self.hook_spec)
         self.spec, self.fresh = spec, False
         self.spec_limit_ms = float(getattr(spec, "timeout_ms", 0) or 0)
