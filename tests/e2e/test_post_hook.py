@@ -33,6 +33,9 @@ POST_PY = '''
 import json, os, time
 import numpy as np
 
+# where this code is imported: one file per process (the test reads them; never the version directory,
+# whose content hash the executor checks)
+open(os.path.join(os.environ["POSTHOOK_MARKS"], str(os.getpid())), "w").close()
 BUILT = [0]
 WHICH = "v1"
 
@@ -91,12 +94,17 @@ def repo(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def srv(repo, tmp_path_factory):
+def marks(tmp_path_factory):
+    return tmp_path_factory.mktemp("posthook_marks")
+
+
+@pytest.fixture(scope="module")
+def srv(repo, marks, tmp_path_factory):
     # three postprocess workers: a request is routed to the least-loaded one, so while one worker holds the
     # crashing request the two streams below never queue behind it (what that worker holds fails with it)
     server = ServerProcess(tmp_path_factory.mktemp("posthook_srv"), AIENG_MODEL_REPOSITORY=str(repo),
                            AIENG_ALLOW_MODEL_CODE="1", AIENG_POSTPROCESS_WORKERS="3",
-                           AIENG_LOG_FORMAT="json").start()
+                           AIENG_LOG_FORMAT="json", POSTHOOK_MARKS=str(marks)).start()
     yield server
     assert server.stop() == 0, server.output()
     assert server.segments() == [], "shared memory left behind after a clean stop"
@@ -143,6 +151,17 @@ def test_the_hook_answers_as_the_builtin_chain_over_oip(srv, transport):
     assert [x.decode() for x in got.as_numpy("label")] == [x.decode() for x in want.as_numpy("label")]
     np.testing.assert_allclose(got.as_numpy("probabilities"), want.as_numpy("probabilities"), atol=ATOL)
     client.close()
+
+
+def test_user_code_is_imported_only_in_the_postprocess_workers(srv, marks):
+    with srv.client() as c:
+        assert c.infer("tabular_py", rows()[0])["ok"]
+    imported = {int(p.name) for p in marks.iterdir()}
+    titles = {proc.pid: cmd for cmd, proc in srv.children().items()}
+    assert imported and imported <= set(titles), (imported, titles)
+    where = [titles[pid] for pid in imported]
+    assert all(t.startswith("aieng::postprocess") for t in where), where
+    assert srv.pid not in imported
 
 
 def test_user_exceptions_map_to_codes_and_the_traceback_is_logged(srv):
@@ -250,8 +269,8 @@ def test_a_new_version_with_new_code_loads_at_run_time_beside_the_old(srv, repo)
             assert (reply["version"], reply["outputs"]["which"]) == (version, which)
 
 
-def test_a_start_without_the_operators_consent_fails_with_one_line(repo, make_server):
-    srv = make_server(AIENG_MODEL_REPOSITORY=str(repo))
+def test_a_start_without_the_operators_consent_fails_with_one_line(repo, marks, make_server):
+    srv = make_server(AIENG_MODEL_REPOSITORY=str(repo), POSTHOOK_MARKS=str(marks))
     srv.start(wait=False)
     assert srv.proc.wait(60) != 0
     lines = [ln for ln in srv.output().splitlines() if "AIENG_ALLOW_MODEL_CODE" in ln]
