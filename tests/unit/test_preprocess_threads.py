@@ -28,6 +28,7 @@ def test_a_lone_image_request_gets_every_core_and_the_next_one_thread():
     proc.process = lambda inputs: (threads_seen.append(cv2.getNumThreads()), real(inputs))[1]
     w = PreprocessWorker.__new__(PreprocessWorker)  # only what handle() needs: no sockets, no rings
     w.specs, w.procs, w.failed, w.cores = {spec.key: spec}, {spec.key: proc}, {}, 3
+    w.frames = {}  # request frames kept within a drain (a user postprocess hook's inputs)
     w.cfg = SimpleNamespace(max_message_bytes=1 << 24)
     w.notice = m.Preprocessed([], [])
     forwarded: list[int] = []
@@ -61,6 +62,7 @@ def test_a_drain_of_images_sends_each_on_when_ready_with_its_own_start():
     proc.process = process
     w = PreprocessWorker.__new__(PreprocessWorker)
     w.specs, w.procs, w.failed, w.cores = {spec.key: spec}, {spec.key: proc}, {}, 1
+    w.frames = {}  # request frames kept within a drain (a user postprocess hook's inputs)
     w.cfg = SimpleNamespace(max_message_bytes=1 << 24)
     w.notice = m.Preprocessed([], [])
     sent: list[float] = []
