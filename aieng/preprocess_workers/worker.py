@@ -27,6 +27,7 @@ from aieng.models.repo import ModelSpec
 from aieng.processing.pre.processors import PROCESSORS, spread
 from aieng.processing.pre.request import read_request
 from aieng.processing.usercode import forget, log_failure
+from aieng.runtime.specbook import SpecBook
 from aieng.runtime.worker import HubWorker, own_ring, push_socket
 from aieng.runtime.worker_hotswap import Versions
 from aieng.wire import messages as m
@@ -45,7 +46,7 @@ MAX_DRAIN = 64
 class PreprocessWorker(HubWorker):
     role = "preprocess"
 
-    def __init__(self, cfg: Config, specs: dict[str, ModelSpec], worker: str, log):
+    def __init__(self, cfg: Config, specs: SpecBook, worker: str, log):
         super().__init__(cfg, worker, log)
         self.init_processors(specs)
         self.init_ring()
@@ -56,9 +57,10 @@ class PreprocessWorker(HubWorker):
         self.cores = len(os.sched_getaffinity(0))  # a request alone in the server may use them all
         self.init_hotswap()
 
-    def init_processors(self, specs: dict[str, ModelSpec]) -> None:
+    def init_processors(self, specs: SpecBook) -> None:
         """Each model's processor on its own: one that fails (e.g. a corrupt tokenizer file) is
-        recorded in ``failed`` and its requests get UNAVAILABLE; the other models serve."""
+        recorded in ``failed`` and its requests get UNAVAILABLE; the other models serve.  Each spec stays
+        packed until a request of its model reads it (``SpecBook``)."""
         self.specs = specs
         self.frames: dict[int, bytes] = {}  # rid -> its request frame, within one drain (InferTask.request)
         self.procs, self.failed = model_repo.build_each(specs, lambda s: PROCESSORS[s.preprocess.type](s),

@@ -107,14 +107,14 @@ class Supervisor:
     def spawn(self, child: Child) -> None:
         parent_conn, child_conn = self.ctx.Pipe(duplex=True)  # the child reads EOF when we die
         builds = child.role in BUILDERS  # the frontend and gateways know cold versions; builders skip them
-        spec_dicts = self.versions.for_child(builds)
+        spec_blobs = self.versions.for_child(builds, pipelines=child.role == "frontend")
         cfg = self.cfg.to_dict()
         cfg["cold_versions"] = sorted(self.versions.cold)
         cfg["left_out"] = [dataclasses.asdict(lo) for lo in self.versions.left_out]  # and not loaded since
         if child.restarts:  # a restart while serving is never strict: come back with whatever loads
             cfg["strict_model_load"] = False
         child.proc = self.ctx.Process(target=run_process, name=child.name, daemon=False,
-                                      args=(child.role, cfg, spec_dicts, child.name, child_conn))
+                                      args=(child.role, cfg, spec_blobs, child.name, child_conn))
         # The fork server (started, or started again, by the first ``start``) is in our process group; it
         # must not die of a group-wide SIGTERM or a terminal's SIGHUP meant for us, which would take every
         # child with it: it inherits these signals blocked (``run_process`` unblocks them in the child),

@@ -17,6 +17,8 @@ from typing import Any
 from aieng.config import LeftOut
 from aieng.models import repo as model_repo
 from aieng.models.repo import ModelSpec
+from aieng.runtime import specbook
+from aieng.runtime.footprint import release_free_memory
 from aieng.wire import messages as m
 
 log = logging.getLogger("aieng.runtime.supervisor")
@@ -37,6 +39,9 @@ class VersionRecord:
         only = [n.strip() for n in models.split(",") if n.strip()] or None
         failed: dict[str, str] | None = None if strict else {}
         found = model_repo.scan(repository, only, failed, allow_code)
+        # Its cap measuring built and dropped an ONNX Runtime session per batched graph: glibc would keep the
+        # pages they freed (about 6 KiB a model) for the supervisor's life
+        release_free_memory()
         model_repo.apply_overrides(found, max_batch_size, max_wait_ms)
         record = cls({s.key: s for vs in found.values() for s in vs.values()},
                      tuple(LeftOut(n, e) for n, e in sorted((failed or {}).items())))
@@ -48,9 +53,11 @@ class VersionRecord:
                         ", ".join(lo.name for lo in record.left_out))
         return record
 
-    def for_child(self, builds: bool) -> dict[str, dict[str, Any]]:
-        """The spec dicts a child starts with: a builder skips cold versions, the others know them."""
-        return {k: s.to_dict() for k, s in self.specs.items() if not builds or k not in self.cold}
+    def for_child(self, builds: bool, pipelines: bool = False) -> dict[str, bytes]:
+        """The specs a child starts with, packed (``specbook``): a builder skips cold versions, the others
+        know them; only a child told ``pipelines`` (the frontend: frontend/fanout) gets the pipelines."""
+        return {k: specbook.pack(s) for k, s in self.specs.items()
+                if (not builds or k not in self.cold) and (pipelines or not s.pipeline)}
 
     def on_load(self, msg: m.LoadVersion) -> None:
         spec = msg.spec

@@ -1,9 +1,11 @@
 """One runtime for every role: the process launcher and the hub worker base.
 
-``run_process(role, cfg_dict, spec_dicts, worker, ready_conn)`` is the only process entry point the
+``run_process(role, cfg_dict, spec_blobs, worker, ready_conn)`` is the only process entry point the
 supervisor spawns: it does the plumbing once for every role (title ``aieng::<role>[<i>]``, log prefix,
 parent-death hooks, internal unpack limits), builds the role's work object, reports ready or the
-startup failure to the supervisor, runs it until SIGTERM and closes it.
+startup failure to the supervisor, runs it until SIGTERM and closes it.  The specs come packed
+(``specbook``): a preprocess worker is given the ``SpecBook`` itself (it reads a spec when a request
+needs it), every other role a dict of them.
 
 ``HubWorker`` is the base of the three worker roles.  Its loop waits on the hub socket, the role's
 ``inbox`` (a PULL the previous stage pushes descriptors to) and the role's ``wake_fds``, drains every
@@ -26,9 +28,9 @@ from typing import Any, Callable
 import zmq
 
 from aieng.config import Config
-from aieng.models.repo import ModelSpec
 from aieng.runtime import procutil
 from aieng.runtime.hub import HEARTBEAT_S, dispatch
+from aieng.runtime.specbook import SpecBook
 from aieng.wire import messages as m
 from aieng.wire import shm, shmsize
 from aieng.wire.addresses import hub_addr
@@ -44,12 +46,17 @@ ROLES = {
 }
 
 
+# Roles given their specs as a ``SpecBook``: a preprocess worker reads a tensor model's spec only for a
+# request the executor left to it, so most of them stay packed.
+PACKED_ROLES = ("preprocess",)
+
+
 def role_class(role: str) -> type:
     module, _, name = ROLES[role].partition(":")
     return getattr(importlib.import_module(module), name)
 
 
-def run_process(role: str, cfg_dict: dict, spec_dicts: dict, worker: str, ready_conn) -> None:
+def run_process(role: str, cfg_dict: dict, spec_blobs: dict[str, bytes], worker: str, ready_conn) -> None:
     """The entry point of every child process (see the module docstring)."""
     # What the fork server imported is shared with it page by page until written: a collection here would
     # write every inherited object's header and copy its page (a full pass, once the models' objects
@@ -66,11 +73,10 @@ def run_process(role: str, cfg_dict: dict, spec_dicts: dict, worker: str, ready_
     m.configure(cfg.max_message_bytes)
     stop = procutil.StopFlag()
     try:
-        specs = {k: ModelSpec.from_dict(v) for k, v in spec_dicts.items()}
-        # the process object keeps its arguments for the child's life: the dicts, ~6 KiB a model, go now
-        spec_dicts.clear()
-        if role != "frontend":  # a pipeline is the frontend's alone (frontend/fanout): nothing to load
-            specs = {k: s for k, s in specs.items() if not s.pipeline}
+        # the process object keeps its arguments for the child's life: the book takes the packed specs over
+        book = SpecBook(dict(spec_blobs))
+        spec_blobs.clear()
+        specs = book if role in PACKED_ROLES else dict(book.items())  # built one at a time
         obj = role_class(role)(cfg, specs, worker, log)
     except Exception as exc:
         procutil.report_failure(ready_conn, log, exc)

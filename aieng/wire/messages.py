@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Optional
 import msgpack
 
 from aieng.models.spec import ModelSpec
-from aieng.wire.records import Geometry, ProcessState, Ref, Step, Trail  # noqa: F401 (m.Ref, ...)
+from aieng.wire.records import Geometry, Packed, ProcessState, Ref, Step, Trail  # noqa: F401 (m.Ref, ...)
 
 
 @dataclass(slots=True)
@@ -32,8 +32,9 @@ class Hello:
     failed: dict[str, str] = field(default_factory=dict)  # versions it could not build -> why
     ring: str = ""  # its shared-memory ring's segment (preprocess, executor)
     providers: dict[str, str] = field(default_factory=dict)  # executor: version -> its session's provider
-    # executor: version -> what ``models`` shows of its session, passed on as is (never read by key)
-    sessions: dict[str, dict] = field(default_factory=dict)
+    # executor: version -> what ``models`` shows of its session, passed on as is (never read by key); kept
+    # packed, decoded only by the models op (a dict given here is packed: ``__post_init__``)
+    sessions: Packed = Packed()
     gpus: int = 0  # executor: the GPUs its ONNX Runtime sees
     # the executor's: model versions whose postprocessing it runs itself (route them post="executor")
     inline_post: list[str] = field(default_factory=list)
@@ -41,6 +42,10 @@ class Hello:
     inline_pre: list[str] = field(default_factory=list)
     # the executor's: of those, the versions it preprocesses at any load, not only while idle
     inline_pre_any: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.sessions, dict):
+            self.sessions = Packed.of(self.sessions)
 
 
 @dataclass(slots=True)
@@ -284,6 +289,7 @@ _RECORDS: dict[type, tuple[Any, Any]] = {
     Geometry: (Geometry.wire, lambda v: Geometry(*v)),
     ProcessState: (ProcessState.wire, lambda v: ProcessState(*v)),
     Step: (None, lambda v: Step(*v)), ModelSpec: (ModelSpec.to_dict, ModelSpec.from_dict),
+    Packed: (Packed.wire, Packed),
 }
 
 
@@ -358,8 +364,13 @@ def configure(max_message_bytes: int) -> None:
 configure(32 * 1024 * 1024)
 
 
+def unpack_internal(data: bytes | memoryview) -> Any:
+    """msgpack from one of our own processes (a message, a packed spec), within the internal limits."""
+    return msgpack.unpackb(data, raw=False, strict_map_key=False, **_LIMITS)
+
+
 def decode(data: bytes | memoryview) -> Any:
-    obj = msgpack.unpackb(data, raw=False, strict_map_key=False, **_LIMITS)
+    obj = unpack_internal(data)
     tag = obj.pop("t")
     for name, (shape, _enc, dec) in _CODECS[tag].items():
         value = obj.get(name)

@@ -1,11 +1,14 @@
 """The records nested in internal messages (``messages``): a request's shared-memory slot (``Ref``), its
 clock readings (``Trail``), an image's sizes (``Geometry``), a postprocess step (``Step``) and a supervised
-process (``ProcessState``).  Each travels as a list and comes back as its type."""
+process (``ProcessState``).  Each travels as a list and comes back as its type.  ``Packed`` is a map kept
+as msgpack bytes (the executor's per-session facts): it travels as bytes and is decoded only when read."""
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
+
+import msgpack
 
 
 @dataclass(slots=True)
@@ -76,3 +79,29 @@ class ProcessState:
 
     def view(self) -> dict:
         return {"role": self.role, "pid": self.pid, "alive": self.alive, "restarts": self.restarts}
+
+
+@dataclass(frozen=True, slots=True)
+class Packed:
+    """A map shown, not used, by its receiver, kept as its msgpack bytes: the frontend holds the executor's
+    session facts (about 4 KiB of Python objects a model, decoded every heartbeat) as one bytes object and
+    decodes them only when the ``models`` op is built.  Equal when the bytes are equal."""
+    blob: bytes = b"\x80"  # msgpack's empty map
+
+    @staticmethod
+    def of(value: dict) -> "Packed":
+        return Packed(msgpack.packb(value, use_bin_type=True))
+
+    def wire(self) -> bytes:
+        return self.blob
+
+    def thaw(self) -> dict[str, Any]:
+        # Unpacked from our own executor's message, which the hub unpacked within the internal limits: the
+        # blob is bounded by them, and no container in it can be longer than the blob.
+        return msgpack.unpackb(self.blob, raw=False, strict_map_key=False)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.thaw().get(key, default)
+
+    def __bool__(self) -> bool:
+        return self.blob != b"\x80"

@@ -86,20 +86,20 @@ class ClientOps:
 
     def models(self, req_id: Any, req: dict | None = None) -> dict:
         hello = self.workers.last_hello("executor")
-        ex = hello.sessions if hello is not None else {}
+        ex = hello.sessions if hello is not None else m.Packed()
         failed = self.workers.failed_models()
         # the executor's session facts arrive with its hello, after its pid may be known, and change (its
-        # background_runs): key on their value (a dict compare per call; the models op is not a hot path)
+        # background_runs): key on their value (a bytes compare per call: they stay packed until shown)
         served = self.specs.generation  # counts the run-time loads and unloads
         images_off = self.views.direct()["images_off"]  # the frontend's own word on the image route
         key = (self.workers.pid("executor"), ex, served, tuple(sorted(failed.items())),
                self.rollout.serials(), images_off)
         if key != self._models_key:
-            out = {}
+            facts, out = ex.thaw(), {}
             for name, versions in self.specs.items():
                 stable, weights = self.rollout.weights(name)
                 out[name] = {"default_version": stable, "weights": weights,
-                             "versions": {v: dict(s.public(), onnx=onnx_view(s, ex.get(s.key), images_off),
+                             "versions": {v: dict(s.public(), onnx=onnx_view(s, facts.get(s.key), images_off),
                                                   load_error=failed.get(s.key))
                                           for v, s in versions.items()}}
             for name, why in self.workers.left_out_models().items():  # left out at start: no version read
