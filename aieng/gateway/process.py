@@ -17,6 +17,7 @@ import asyncio
 import logging
 import os
 import resource
+from collections.abc import Mapping
 
 import zmq
 import zmq.auth
@@ -90,12 +91,13 @@ def new_loop() -> asyncio.AbstractEventLoop:
 class Gateway:
     role = "gateway"
 
-    def __init__(self, cfg: Config, specs: dict[str, ModelSpec], worker: str, log: logging.Logger):
+    def __init__(self, cfg: Config, specs: Mapping[str, ModelSpec], worker: str, log: logging.Logger):
         self.cfg, self.worker, self.log = cfg, worker, log
         self.loop = new_loop()
         asyncio.set_event_loop(self.loop)
         self.hub = procutil.hub_socket(zmq.Context.instance(), hub_addr(cfg.runtime_dir), worker)
-        batching = {f"{s.name}/{s.version}": s.batching for s in specs.values()}
+        # only each version's batching is kept: a SpecBook builds the specs one at a time for it (items())
+        batching = {f"{s.name}/{s.version}": s.batching for _, s in specs.items()}
         self.http: HttpServer | None = None
         self.grpc = None
         self.loop.run_until_complete(self._start(Catalog(batching)))

@@ -10,8 +10,15 @@ on serving: the request is answered without that step (``on_timeout: skip``,
 listed in the Result's ``steps``) or fails TIMEOUT naming it (``fail``).
 A team's own code runs here (a ``python`` step, ``processing/post/python_op``),
 never in the executor; its modules are dropped when its version is unloaded.
+Every chain is built at start (a chain that cannot be built fails its model
+there); one without user code that built in under ``KEEP_BUILT_S`` is dropped and built again
+from its packed spec (``SpecBook``) by its first request: most such models'
+chains run in the executor (inline_post), and a hundred of them would
+otherwise each hold a chain and a spec here for nothing.
 """
 from __future__ import annotations
+
+import time
 
 from aieng.config import Config
 from aieng.models import repo as model_repo
@@ -19,12 +26,23 @@ from aieng.models.repo import ModelSpec
 from aieng.processing import usercode
 from aieng.processing.post.answer import answer
 from aieng.processing.post.chain import Chain
+from aieng.runtime.specbook import SpecBook
 from aieng.runtime.worker import HubWorker
 from aieng.runtime.worker_hotswap import Versions
 from aieng.wire import messages as m
 from aieng.wire import shm
 from aieng.wire.addresses import post_addr
 from aieng.wire.protocol import UNAVAILABLE, RequestError
+
+KEEP_BUILT_S = 0.001  # a chain that builds faster than this (no file read, no table) is built on first use
+
+
+def checked_chain(spec: ModelSpec) -> Chain | None:
+    """The version's chain, or None when it built in under ``KEEP_BUILT_S`` (built again when used); a chain
+    with a team's own step is always kept (its class is built once per worker, as its author expects)."""
+    t0 = time.perf_counter()
+    chain = Chain(spec)
+    return chain if runs_user_code(spec) or time.perf_counter() - t0 >= KEEP_BUILT_S else None
 
 
 def runs_user_code(spec: ModelSpec) -> bool:
@@ -34,11 +52,13 @@ def runs_user_code(spec: ModelSpec) -> bool:
 class PostprocessWorker(HubWorker):
     role = "postprocess"
 
-    def __init__(self, cfg: Config, specs: dict[str, ModelSpec], worker: str, log):
+    def __init__(self, cfg: Config, specs: SpecBook | dict[str, ModelSpec], worker: str, log):
         super().__init__(cfg, worker, log)
         # Each model's op on its own: one that fails (e.g. labels read from a corrupt model file)
         # is recorded in ``failed`` and its requests get UNAVAILABLE; the other models serve.
-        self.ops, self.failed = model_repo.build_each(specs, Chain, log, cfg.strict_model_load)
+        # ``ops[key]`` None: checked, dropped, built from ``specs`` by its first request.
+        self.specs = specs if isinstance(specs, SpecBook) else dict(specs)  # its own: it pops built ones
+        self.ops, self.failed = model_repo.build_each(specs, checked_chain, log, cfg.strict_model_load)
         self.rings = shm.RingCache()
         self.bind_inbox(post_addr(cfg.runtime_dir, worker))  # the executor pushes PostTasks here
         self.handlers[m.PostTask] = self.handle
@@ -79,6 +99,7 @@ class PostprocessWorker(HubWorker):
             self.hooked[spec.key] = spec
 
     def removed(self, key: str) -> None:
+        self.specs.pop(key, None)
         spec = self.hooked.pop(key, None)
         if spec is not None:
             usercode.forget(spec)
@@ -89,9 +110,18 @@ class PostprocessWorker(HubWorker):
     def op(self, key: str):
         if key in self.failed:
             raise RequestError(UNAVAILABLE, self.failed[key])
-        chain = self.ops.get(key)
-        if chain is None:  # unloaded while the request was on its way here
+        if key not in self.ops:  # unloaded while the request was on its way here
             raise RequestError(UNAVAILABLE, f"model version {key} is not loaded here (unloaded)")
+        chain = self.ops[key]
+        if chain is None:  # checked at start and dropped: its first request here builds it again
+            spec = self.specs.pop(key)
+            try:
+                chain = self.ops[key] = Chain(spec)
+            except Exception as exc:  # built at start: a file it reads changed since
+                self.failed[key] = model_repo.failure_message(spec, exc)
+                self.log.error("%s; the model is unavailable", self.failed[key])
+                self.refresh_hello()
+                raise RequestError(UNAVAILABLE, self.failed[key]) from None
         return chain
 
     def close(self) -> None:

@@ -7,8 +7,9 @@ is a mapping ``model:version`` -> ``ModelSpec`` over them:
   * ``items()`` builds each spec in turn without keeping one it had not kept: a start that builds what
     every version needs (a processor) and drops the spec leaves about one spec's holes, not one per model;
   * ``book[key] = spec`` (a run-time load) keeps the spec; ``del``/``pop`` forget the version.
-A preprocess worker keeps its book (a tensor model's spec is read only by a request the executor did not
-decode itself); every other role takes ``dict(book.items())`` at start.
+The pool workers keep their book: a preprocess worker reads a tensor model's spec only for a request the
+executor did not decode itself, a postprocess worker only to build a chain it dropped after its start's
+check; every other role takes ``dict(book.items())`` at start.
 """
 from __future__ import annotations
 
@@ -49,11 +50,14 @@ class SpecBook(MutableMapping):
             del self._blobs[key]
 
     def pop(self, key: str, *default):  # type: ignore[override]
-        """Forget ``key``: its spec when it was read (a packed one is not built to be dropped), else None."""
-        if key in self._blobs:
-            del self._blobs[key]
-            return None
-        return self._specs.pop(key, *default)
+        """Forget ``key`` and return its spec (built from its packed form if it was never read)."""
+        blob = self._blobs.pop(key, None)
+        return thaw(blob) if blob is not None else self._specs.pop(key, *default)
+
+    def blob(self, key: str) -> bytes:
+        """``key``'s packed spec (packed again if it was read or replaced)."""
+        blob = self._blobs.get(key)
+        return blob if blob is not None else pack(self._specs[key])
 
     def __iter__(self) -> Iterator[str]:
         yield from list(self._specs)

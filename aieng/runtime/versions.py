@@ -26,9 +26,11 @@ log = logging.getLogger("aieng.runtime.supervisor")
 
 class VersionRecord:
     def __init__(self, specs: dict[str, ModelSpec], left_out: tuple[LeftOut, ...] = ()):
-        self.specs = specs
-        self.left_out = left_out  # the start's scan left them out: until a run-time load
         self.cold = {k for k, s in specs.items() if s.pool.lazy}
+        self.pipelines = {k for k, s in specs.items() if s.pipeline}  # the frontend's alone (for_child)
+        # packed: the supervisor only hands them on, and a child gets them packed (about 2 KiB a model less)
+        self.specs = specbook.SpecBook({k: specbook.pack(s) for k, s in specs.items()})
+        self.left_out = left_out  # the start's scan left them out: until a run-time load
         self.pending: dict[str, tuple[ModelSpec | None, bool]] = {}  # key -> (the spec before it, was cold)
 
     @classmethod
@@ -43,11 +45,15 @@ class VersionRecord:
         # pages they freed (about 6 KiB a model) for the supervisor's life
         release_free_memory()
         model_repo.apply_overrides(found, max_batch_size, max_wait_ms)
-        record = cls({s.key: s for vs in found.values() for s in vs.values()},
-                     tuple(LeftOut(n, e) for n, e in sorted((failed or {}).items())))
-        for s in record.specs.values():
+        specs = {s.key: s for vs in found.values() for s in vs.values()}
+        for s in specs.values():
             log.info("model %s from %s (sha256 %s)%s", s.key, s.path, s.content_hash[:16],
-                     " (lazy: loaded on first use)" if s.key in record.cold else "")
+                     " (lazy: loaded on first use)" if s.pool.lazy else "")
+        record = cls(specs, tuple(LeftOut(n, e) for n, e in sorted((failed or {}).items())))
+        del found, specs  # kept packed (``__init__``)
+        # The scan's cap measuring built and dropped an ONNX Runtime session per batched graph: glibc would
+        # keep the pages they freed for the supervisor's life
+        release_free_memory()
         if record.left_out:
             log.warning("starting without %s: its description does not load (AIENG_STRICT_MODEL_LOAD off)",
                         ", ".join(lo.name for lo in record.left_out))
@@ -56,8 +62,8 @@ class VersionRecord:
     def for_child(self, builds: bool, pipelines: bool = False) -> dict[str, bytes]:
         """The specs a child starts with, packed (``specbook``): a builder skips cold versions, the others
         know them; only a child told ``pipelines`` (the frontend: frontend/fanout) gets the pipelines."""
-        return {k: specbook.pack(s) for k, s in self.specs.items()
-                if (not builds or k not in self.cold) and (pipelines or not s.pipeline)}
+        return {k: self.specs.blob(k) for k in self.specs
+                if (not builds or k not in self.cold) and (pipelines or k not in self.pipelines)}
 
     def on_load(self, msg: m.LoadVersion) -> None:
         spec = msg.spec
@@ -68,12 +74,14 @@ class VersionRecord:
             self.pending[spec.key] = (self.specs.get(spec.key), spec.key in self.cold)
         self.specs[spec.key] = spec
         self.cold.discard(spec.key)
+        (self.pipelines.add if spec.pipeline else self.pipelines.discard)(spec.key)
 
     def on_unload(self, msg: m.UnloadVersion) -> None:
         if msg.evict and msg.key in self.specs:
             self.cold.add(msg.key)  # evicted by the pool: still served, loaded again on use
             return
-        self.specs.pop(msg.key, None)
+        if msg.key in self.specs:
+            del self.specs[msg.key]
         self.cold.discard(msg.key)
         self.pending.pop(msg.key, None)
 
@@ -84,9 +92,12 @@ class VersionRecord:
             log.error("run-time load of %s dropped: %s died (code %s) while it was pending; it is not "
                       "rebuilt at restart", key, name, code)
             if before is None:
-                self.specs.pop(key, None)
+                if key in self.specs:
+                    del self.specs[key]
+                self.pipelines.discard(key)
             else:
                 self.specs[key] = before
+                (self.pipelines.add if before.pipeline else self.pipelines.discard)(key)
                 if was_cold:
                     self.cold.add(key)
         self.pending.clear()

@@ -4,8 +4,8 @@
 supervisor spawns: it does the plumbing once for every role (title ``aieng::<role>[<i>]``, log prefix,
 parent-death hooks, internal unpack limits), builds the role's work object, reports ready or the
 startup failure to the supervisor, runs it until SIGTERM and closes it.  The specs come packed
-(``specbook``): a preprocess worker is given the ``SpecBook`` itself (it reads a spec when a request
-needs it), every other role a dict of them.
+(``specbook``): a pool worker or a gateway is given the ``SpecBook`` itself (it reads a spec when it
+needs one), the frontend and the executor a dict of them.
 
 ``HubWorker`` is the base of the three worker roles.  Its loop waits on the hub socket, the role's
 ``inbox`` (a PULL the previous stage pushes descriptors to) and the role's ``wake_fds``, drains every
@@ -46,9 +46,9 @@ ROLES = {
 }
 
 
-# Roles given their specs as a ``SpecBook``: a preprocess worker reads a tensor model's spec only for a
-# request the executor left to it, so most of them stay packed.
-PACKED_ROLES = ("preprocess",)
+# Roles given their specs as a ``SpecBook``: a pool worker reads a tensor model's spec only for a request
+# the executor left to it, so most of them stay packed; a gateway keeps only each one's batching.
+PACKED_ROLES = ("preprocess", "postprocess", "gateway")
 
 
 def role_class(role: str) -> type:

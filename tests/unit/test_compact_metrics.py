@@ -66,3 +66,12 @@ def test_routing_source_series_follow_the_digest():
     assert 'aieng_routing_generation{digest="def",model="m"} 2.0' in text and 'digest="abc"' not in text
     assert 'aieng_routing_local_change{model="m"} 1.0' in text
     assert 'aieng_routing_model_yaml_refused{model="m"} 0.0' in text
+
+
+def test_a_histogram_series_shares_its_zeros_until_a_value_lands_in_a_bucket():
+    h = Histograms("y_seconds", "help", ["model"], buckets=BUCKETS, registry=CollectorRegistry())
+    idle, nan, used = h.labels("idle"), h.labels("nan"), h.labels("used")
+    nan.observe(math.nan)  # counted in no bucket: still the shared zeros, its sum NaN
+    used.observe(0.05)
+    assert idle.counts is h.zeros and nan.counts is h.zeros and math.isnan(nan.sum)
+    assert used.counts == [0, 0, 1, 0, 0] and h.zeros == (0,) * 5 and idle.state()[0] == [0] * 5

@@ -30,7 +30,7 @@ def test_a_run_time_load_and_unload_on_a_book(tmp_path):
     book = SpecBook({k: pack(s) for k, s in want.items() if k != "m2:1"})
     book["m2:1"] = want["m2:1"]
     assert book["m2:1"] is want["m2:1"] and "m2:1" in book and book.packed() == 2
-    assert book.pop("m0:1", None) is None and "m0:1" not in book and book.packed() == 1  # never built
+    assert book.pop("m0:1").to_dict() == want["m0:1"].to_dict() and "m0:1" not in book and book.packed() == 1
     assert book.pop("m2:1", None) is want["m2:1"] and book.pop("gone:1", None) is None
     del book["m1:1"]
     assert len(book) == 0 and list(book.items()) == []
@@ -49,3 +49,23 @@ def test_the_executors_session_facts_travel_and_stay_packed():
     assert hello.sessions.thaw() == facts and hello.sessions.get("m0:1") == facts["m0:1"]
     assert hello.sessions == m.Packed.of(facts) and hello.sessions != m.Packed.of({})
     assert hello.sessions and not m.decode(m.encode(m.Hello("pre-0", "preprocess", 8))).sessions
+
+
+def test_a_postprocess_worker_builds_a_cheap_chain_again_on_first_use(tmp_path):
+    import logging
+
+    from aieng.config import Config
+    from aieng.postprocess_workers.worker import PostprocessWorker
+    from aieng.processing.post.chain import Chain
+
+    want = specs(tmp_path / "repo", 2)
+    book = SpecBook({k: pack(s) for k, s in want.items()})
+    w = PostprocessWorker(Config(runtime_dir=str(tmp_path)), book, "post-0", logging.getLogger("t"))
+    try:
+        assert w.ops == {"m0:1": None, "m1:1": None} and w.failed == {}  # checked at start, then dropped
+        assert book.packed() == 2
+        chain = w.op("m0:1")
+        assert isinstance(chain, Chain) and w.ops["m0:1"] is chain and w.op("m0:1") is chain
+        assert "m0:1" not in book and book.packed() == 1  # the spec went with the build
+    finally:
+        w.close()

@@ -5,11 +5,12 @@ in it a value object with its own lock: about 1 KiB per counter or gauge series 
 series.  A model version that has answered holds twelve histogram series (latency, nine stages, batch
 size, confidence) and a few counters and gauges, so in a repository of a hundred small models these were
 most of what the frontend held per model.  ``Histograms``, ``Counters`` and ``Gauges`` keep a series as a
-record (a histogram's: a list of counts per bucket, a sum, its creation time) and render exactly the
-samples prometheus_client renders for the same calls (``_bucket`` cumulative with ``le`` as Go formats it,
-``_count``, ``_sum``, a counter's ``_total``, ``_created`` where prometheus_client shows it), in the order
-the series were first labelled.  ``labels(*values)`` makes a series on first use; ``remove`` drops one.
-One lock per family guards the values (calls may come from any thread); a scrape copies under it.
+record (a histogram's: a list of counts per bucket, shared zeros until its first value, a sum, its creation
+time) and render exactly the samples prometheus_client renders for the same calls (``_bucket`` cumulative
+with ``le`` as Go formats it, ``_count``, ``_sum``, a counter's ``_total``, ``_created`` where
+prometheus_client shows it), in the order the series were first labelled.  ``labels(*values)`` makes a
+series on first use; ``remove`` drops one.  One lock per family guards the values (calls may come from
+any thread); a scrape copies under it.
 """
 from __future__ import annotations
 
@@ -79,7 +80,7 @@ class Series:
 
     def __init__(self, family: "Histograms"):
         self._family = family
-        self.counts = [0] * len(family.bounds)
+        self.counts: list[int] | tuple[int, ...] = family.zeros  # shared until a value lands in a bucket
         self.sum = 0.0
         self.created = time.time()
 
@@ -88,7 +89,10 @@ class Series:
         i = bisect_left(f.bounds, amount)
         with f.lock:
             if i < len(f.bounds) and amount <= f.bounds[i]:
-                self.counts[i] += 1
+                counts = self.counts
+                if counts is f.zeros:  # a stage a version's requests never pass holds no list of its own
+                    counts = self.counts = list(counts)
+                counts[i] += 1
             self.sum += amount
 
     def state(self) -> tuple:
@@ -107,6 +111,7 @@ class Histograms(_Family):
         if not bounds or bounds[-1] != INF:
             bounds.append(INF)
         self.bounds = tuple(bounds)
+        self.zeros = (0,) * len(bounds)  # every series' counts until its first value
         self._le = tuple(floatToGoString(b) for b in bounds)
         super().__init__(name, documentation, labelnames, registry)
 

@@ -171,7 +171,7 @@ class Metrics:
             kids = self._kids[key] = (
                 self.requests.labels(model, version, "OK"),
                 self.latency.labels(model, version),
-                [(s, self.stage.labels(model, version, s)) for s in STAGES],
+                tuple(self.stage.labels(model, version, s) for s in STAGES),  # in STAGES' order
                 self.batch.labels(model, version),
                 self.confidence.labels(model, version),
             )
@@ -182,7 +182,7 @@ class Metrics:
         ok, latency, stages, batches, conf = self._children(model, version)
         ok.inc()
         latency.observe(timing_us.get("total", 0) / 1e6)
-        for stage, hist in stages:
+        for stage, hist in zip(STAGES, stages):  # a tuple of series, not of pairs: ~0.5 KiB less a version
             if stage in timing_us:
                 hist.observe(timing_us[stage] / 1e6)
         batches.observe(batch)

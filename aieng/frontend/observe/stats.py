@@ -25,9 +25,9 @@ STAGES = ("frontend_in", "preprocess_queue", "preprocess", "handoff", "batch_wai
 WINDOW = 20_000
 
 
-# a window's first allocation (under 1 KB: one of a hundred models that answers once); it doubles as rows
-# arrive, up to its full size
-FIRST_ROWS = 8
+# a window's first allocation: one row (a model of a hundred small ones that answers once holds that, with
+# its arrays' headers, not 8 rows: ~0.7 KiB less each); it doubles as rows arrive, up to its full size
+FIRST_ROWS = 1
 
 
 def _grown(a: np.ndarray, window: int) -> np.ndarray:
