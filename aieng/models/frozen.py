@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 import types
 import typing
 from dataclasses import dataclass
@@ -24,9 +25,16 @@ class FrozenMap(tuple):
     __slots__ = ()
 
 
+INTERN_MAX = 64  # a name, a dtype, a key, a hash: the same few strings in every spec of a process
+
+
 def freeze(value: Any) -> Any:
+    if type(value) is str:
+        # one object per distinct short string in the process, not one per spec that holds it (a spec
+        # rebuilt from msgpack has its own copy of every "name", "x", "float32": ~1 KiB a model)
+        return sys.intern(value) if len(value) <= INTERN_MAX else value
     if isinstance(value, dict):
-        return FrozenMap((k, freeze(v)) for k, v in value.items())
+        return FrozenMap((freeze(k), freeze(v)) for k, v in value.items())
     if isinstance(value, (list, tuple)):
         return tuple(freeze(v) for v in value)
     return value
