@@ -69,3 +69,11 @@ def test_a_postprocess_worker_builds_a_cheap_chain_again_on_first_use(tmp_path):
         assert "m0:1" not in book and book.packed() == 1  # the spec went with the build
     finally:
         w.close()
+
+
+def test_specs_built_in_one_process_share_their_short_strings(tmp_path):
+    from aieng.runtime.specbook import thaw
+
+    a, b = (thaw(pack(s)) for s in specs(tmp_path, 2).values())
+    assert a.inputs[0].name == b.inputs[0].name == "x" and a.inputs[0].name is b.inputs[0].name
+    assert a.inputs[0].dtype is b.inputs[0].dtype and a.path != b.path
