@@ -252,7 +252,7 @@ class Frontend:
             answer = self.ops.handle(op, req_id, req) if isinstance(op, str) else None
             if answer is None:
                 return self.refuse(envelope, f"unknown op {op!r}", req_id)
-            return self.reply(envelope, p.pack(answer))
+            return self.reply(envelope, p.pack_map(answer))  # the models list spliced in as kept (packed)
         self.answers.admitted()
         try:
             decision = self.admission.admit(req, envelope[0], received)

@@ -13,6 +13,7 @@ import msgpack
 import numpy as np
 
 from aieng.wire import strings
+from aieng.wire.records import Packed
 
 PROTOCOL_VERSION = 1
 
@@ -73,6 +74,16 @@ def unpack_limited(data: bytes | memoryview, max_bytes: int) -> Any:
 
 def pack(obj: Any) -> bytes:
     return msgpack.packb(obj, use_bin_type=True)
+
+
+def pack_map(items: dict[str, Any]) -> bytes:
+    """``pack(items)`` byte for byte, with each ``records.Packed`` value's bytes spliced in as they are (a
+    reply part kept packed between calls: the models op's list)."""
+    out = [msgpack.Packer().pack_map_header(len(items))]
+    for k, v in items.items():
+        out.append(pack(k))
+        out.append(v.blob if isinstance(v, Packed) else pack(v))
+    return b"".join(out)
 
 
 def dtype_name(dt: np.dtype) -> str:

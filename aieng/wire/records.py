@@ -1,7 +1,8 @@
 """The records nested in internal messages (``messages``): a request's shared-memory slot (``Ref``), its
 clock readings (``Trail``), an image's sizes (``Geometry``), a postprocess step (``Step``) and a supervised
 process (``ProcessState``).  Each travels as a list and comes back as its type.  ``Packed`` is a map kept
-as msgpack bytes (the executor's per-session facts): it travels as bytes and is decoded only when read."""
+as msgpack bytes (the executor's per-session facts, the models op's list): it travels as bytes and is
+decoded only when read; ``protocol.pack_map`` splices it into a reply as it is."""
 from __future__ import annotations
 
 import dataclasses
@@ -83,9 +84,10 @@ class ProcessState:
 
 @dataclass(frozen=True, slots=True)
 class Packed:
-    """A map shown, not used, by its receiver, kept as its msgpack bytes: the frontend holds the executor's
+    """A map shown, not used, by its holder, kept as its msgpack bytes: the frontend holds the executor's
     session facts (about 4 KiB of Python objects a model, decoded every heartbeat) as one bytes object and
-    decodes them only when the ``models`` op is built.  Equal when the bytes are equal."""
+    decodes them only when the ``models`` op's list is built, and keeps that list packed too (rebuilt only
+    when what it shows changes).  Equal when the bytes are equal."""
     blob: bytes = b"\x80"  # msgpack's empty map
 
     @staticmethod
@@ -102,6 +104,9 @@ class Packed:
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.thaw().get(key, default)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.thaw()[key]
 
     def __bool__(self) -> bool:
         return self.blob != b"\x80"

@@ -77,3 +77,14 @@ def test_specs_built_in_one_process_share_their_short_strings(tmp_path):
     a, b = (thaw(pack(s)) for s in specs(tmp_path, 2).values())
     assert a.inputs[0].name == b.inputs[0].name == "x" and a.inputs[0].name is b.inputs[0].name
     assert a.inputs[0].dtype is b.inputs[0].dtype and a.path != b.path
+
+
+def test_a_reply_with_a_part_kept_packed_is_the_same_bytes_as_packed_whole():
+    from aieng.wire import protocol as p
+
+    version = {"inputs": [{"name": "x"}], "load_error": None}
+    models = {"m0": {"default_version": "1", "versions": {"1": version}}}
+    whole = {"id": "a", "ok": True, "models": models, "pool": {}, "drift": {"m0": {}}}
+    spliced = p.pack_map(dict(whole, models=m.Packed.of(models)))
+    assert spliced == p.pack(whole)
+    assert p.unpack_limited(spliced, 1 << 20) == whole

@@ -53,9 +53,12 @@ class ClientOps:
             "health": self.health, "models": self.models, "stats": self.stats_op, "log_level": self.log_level,
         }
         self._models_key: Any = None
-        self._models_reply: dict = {}
+        # kept packed: rebuilt only when what it shows changes (the gateways ask every 2 s), and as dicts it
+        # would hold every version's public view (~5 KiB each) for nothing between calls
+        self._models_reply = m.Packed()
 
     def handle(self, op: str, req_id: Any, req: dict) -> dict | None:
+        """The op's reply (sent with ``protocol.pack_map``: the models list is spliced in packed)."""
         fn = self.table_ops.get(op)
         return None if fn is None else fn(req_id, req)
 
@@ -104,7 +107,7 @@ class ClientOps:
                                           for v, s in versions.items()}}
             for name, why in self.workers.left_out_models().items():  # left out at start: no version read
                 out[name] = {"default_version": None, "weights": {}, "versions": {}, "load_error": why}
-            self._models_key, self._models_reply = key, out
+            self._models_key, self._models_reply = key, m.Packed.of(out)
         # the pool's view changes with every cold load and eviction: built per call (a few lazy versions)
         # drift scores move with every answer: built per call too (model -> version -> reference, PSI)
         return {"id": req_id, "ok": True, "models": self._models_reply, "pool": self.views.pool(),
