@@ -64,7 +64,7 @@ class PostprocessWorker(HubWorker):
         self.handlers[m.PostTask] = self.handle
         # a version whose chain runs user code (a python step): its modules are dropped when it goes, so the
         # same directory loaded again imports its code afresh (processing/usercode.forget)
-        self.hooked = {s.key: s for s in specs.values() if runs_user_code(s)}
+        self.hooked = {k: s for k, s in specs.items() if runs_user_code(s)}  # items(): others stay packed
         # run-time load/unload of a version
         self.versions = Versions(self.worker, self.send, self.refresh_hello, log, self.ops, self.failed,
                                  lambda spec, urgent: Chain(spec), on_add=self.added, on_remove=self.removed)
