@@ -49,8 +49,10 @@ class Baseline:
         try:
             if req.get("model") != self.spec.name or req.get("version") not in (None, self.spec.version):
                 raise p.RequestError(p.MODEL_NOT_FOUND, f"this baseline serves only {self.spec.key}")
-            inputs = validate_inputs(self.spec, req.get("inputs"))
-            [result] = self.model.answer(self.sess, [self.model.pre.process(inputs)], req.get("params"))
+            sent = req.get("inputs")
+            inputs = validate_inputs(self.spec, sent)
+            [result] = self.model.answer(self.sess, [self.model.pre.process(inputs)], req.get("params"),
+                                         [sent])
         except p.RequestError as exc:
             return p.error_body(req_id, exc.code, exc.message)
         except Exception as exc:  # a bug or a bad input the processor did not anticipate: this request only

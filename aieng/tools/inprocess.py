@@ -1,7 +1,9 @@
 """One model version's whole pipeline in this process, for the tools that measure against the server: the
 model's preprocessor, ONNX Runtime sessions (one per thread count and spinning setting, warmed once) and
-its postprocess chain.  The in-process limit (``bench/limit.py``) and the plain baseline server
-(``baseline.py``) both run requests through it, so they compute exactly what the server computes."""
+its postprocess chain (a ``python`` preprocess or chain step loads the user's code here, through the
+same ``usercode`` loader the pool workers use).  The in-process limit (``bench/limit.py``), the plain
+baseline server (``baseline.py``) and ``aieng models try`` run requests through it, so they compute
+exactly what the server computes."""
 from __future__ import annotations
 
 from typing import Any
@@ -9,9 +11,17 @@ from typing import Any
 from aieng.models.repo import ModelSpec, latest, scan
 
 
+def allow_code() -> bool:
+    """The operator's AIENG_ALLOW_MODEL_CODE, read as the server reads it (``load_config``), so a tool
+    loads a model with a file entry (``entry: "model.py:Pre"``) exactly when the server would."""
+    from aieng.config import load_config
+
+    return load_config().allow_model_code
+
+
 def load_spec(model: str, repo: str) -> ModelSpec:
-    """The latest version of ``model`` in ``repo``."""
-    versions = scan(repo, [model])[model]
+    """The latest version of ``model`` in ``repo`` (a hook model's file entry as ``allow_code`` says)."""
+    versions = scan(repo, [model], allow_code=allow_code())[model]
     return versions[latest(versions)]
 
 
@@ -23,6 +33,7 @@ class InProcessModel:
         self.spec = spec
         self.pre = PROCESSORS[spec.preprocess.type](spec)
         self.post = Chain(spec)
+        self.takes_request = any(op.TAKES_REQUEST for _, op in self.post.steps)
         self.sessions: dict[tuple[int, bool], Any] = {}
 
     def session(self, threads: int, spinning: bool) -> Any:
@@ -47,12 +58,22 @@ class InProcessModel:
             return self.pre.process_many([self.pre.check(i) for i in items])
         return [self.pre.process(i) for i in items]
 
-    def answer(self, sess: Any, encoded: list, params: dict | None = None) -> list[dict]:
+    def answer(self, sess: Any, encoded: list, params: dict | None = None,
+               inputs: list[dict] | None = None) -> list[dict]:
         """Run ``encoded`` requests as one batch on ``sess`` and postprocess each row (one run each on a
-        session that does not batch)."""
+        session that does not batch).  ``inputs``: the requests' inputs as sent, for a chain with a
+        ``python`` step (its ``post(outputs, inputs)``): each goes as the request frame the pool's step
+        reads, so the step decodes it as it does in the server."""
         if not getattr(sess, "batched", True) and len(encoded) > 1:
-            return [answer for e in encoded for answer in self.answer(sess, [e], params)]
+            return [answer for i, e in enumerate(encoded)
+                    for answer in self.answer(sess, [e], params, None if inputs is None else [inputs[i]])]
         feeds, sizes = sess.feeds_from([dict(e[0]) for e in encoded])
         outs = sess.run(feeds)
-        return [self.post(dict(sess.request_outputs(outs, row, sizes[row])), params or {})
+        frames = [None] * len(encoded)
+        if self.takes_request and inputs is not None:
+            from aieng.wire.protocol import pack
+
+            frames = [pack({"inputs": i}) for i in inputs]
+        return [self.post.run(dict(sess.request_outputs(outs, row, sizes[row])), params or {},
+                              request=frames[row]).values
                 for row in range(len(encoded))]

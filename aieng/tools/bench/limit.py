@@ -45,8 +45,8 @@ class InProcess:
         c0, t0 = time.process_time(), time.perf_counter()
         done = 0
         for chunk in batches_of(order, batch):
-            encoded = self.model.encode([self.inputs[i] for i in chunk])
-            done += len(self.model.answer(sess, encoded))
+            items = [self.inputs[i] for i in chunk]
+            done += len(self.model.answer(sess, self.model.encode(items), inputs=items))
             if time.perf_counter() - t0 > self.row_seconds:
                 break
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -66,7 +66,8 @@ class InProcess:
                     nxt[0] += 1
                 if i >= len(chunks):
                     return
-                rows = self.model.answer(sess, self.model.encode([self.inputs[j] for j in chunks[i]]))
+                items = [self.inputs[j] for j in chunks[i]]
+                rows = self.model.answer(sess, self.model.encode(items), inputs=items)
                 with lock:
                     done[0] += len(rows)
 
