@@ -150,6 +150,10 @@ def cmd_models(args: argparse.Namespace) -> int:
         from aieng.cli.models_init import main_init
 
         return main_init(args)
+    if args.action == "try":
+        from aieng.tools.try_model import main_try
+
+        return main_try(args)
     if args.action in ("list", "load", "unload"):
         from aieng.cli.rollout import main_rollout
 

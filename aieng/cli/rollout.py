@@ -234,11 +234,14 @@ def add_admin_args(p: argparse.ArgumentParser) -> None:
 
 def models_args(p: argparse.ArgumentParser) -> None:
     """``aieng models [list]``: without ``list`` the client op (as before), with it the admin op;
-    ``init PATH`` writes the model.yaml inferred for an ONNX file (``cli/models_init.py``)."""
-    p.add_argument("action", nargs="?", choices=["list", "load", "unload", "init"],
+    ``init PATH`` writes the model.yaml inferred for an ONNX file (``cli/models_init.py``); ``try PATH``
+    runs one input through a version in this process (``tools/try_model.py``)."""
+    p.add_argument("action", nargs="?", choices=["list", "load", "unload", "init", "try"],
                    help="list: over the admin socket (metadata, weights); load/unload MODEL VERSION: at run "
-                        "time (docs/rollout.md); init PATH: write the model.yaml inferred for an ONNX file")
-    p.add_argument("model", nargs="?", help="MODEL (load/unload), or PATH (init)")
+                        "time (docs/rollout.md); init PATH: write the model.yaml inferred for an ONNX file; "
+                        "try PATH --input NAME=VALUE: one input through the version's pre, ONNX session and "
+                        "post in this process, no server (tools/try_model.py)")
+    p.add_argument("model", nargs="?", help="MODEL (load/unload), or PATH (init, try)")
     p.add_argument("version", nargs="?")
     p.add_argument("--no-wait", action="store_true", help="load/unload: answer once started")
     p.add_argument("--wait-s", type=float, default=300.0, help="load/unload: how long to wait for the end")
@@ -247,6 +250,9 @@ def models_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--curve-server-cert", help="CURVE: the server's public certificate")
     p.add_argument("--json", action="store_true")
     p.add_argument("--no-measure", action="store_true", help="init: do not time the graph for its batch cap")
+    p.add_argument("--input", action="append", metavar="NAME=VALUE",
+                   help="try: an input (JSON, else the text; @FILE: the file's bytes), repeatable")
+    p.add_argument("--param", action="append", metavar="NAME=VALUE", help="try: a request parameter")
 
 
 def register(sub) -> None:
