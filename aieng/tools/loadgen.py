@@ -46,7 +46,8 @@ def text_mix(n: int, seed: int = 0) -> list[str]:
 def sample_inputs(model: str, n: int, seed: int = 0, repo: str | None = None,
                   shapes: list[str] | None = None) -> list[dict[str, Any]]:
     """``n`` requests for ``model``: from its spec in ``repo`` when it is a tensor model
-    (``tensor_inputs``, ``shapes`` the ``--shape`` values), else the demo models' mixes by name."""
+    (``tensor_inputs``, ``shapes`` the ``--shape`` values), else the demo models' mixes by name, else its
+    golden set's inputs in turn."""
     if repo is not None:
         rows = _tensor_rows(model, repo, n, seed, shapes)
         if rows is not None:
@@ -72,8 +73,29 @@ def sample_inputs(model: str, n: int, seed: int = 0, repo: str | None = None,
                  "island": rng.choice(["Biscoe", "Dream", "Torgersen"]),
                  "sex": rng.choice(["male", "female"])}
                 for _ in range(n)]
+    rows = _golden_rows(model, repo, n) if repo is not None else None
+    if rows is not None:
+        return rows
     raise checks.UsageError(f"no input generator for model {model!r}"
-                            + ("" if repo else " (no model repository given to read a tensor model's spec)"))
+                            + (" (give its latest version a golden.json: its cases' inputs are the requests)"
+                               if repo else " (no model repository given to read a tensor model's spec)"))
+
+
+def _golden_rows(model: str, repo: str, n: int) -> list[dict] | None:
+    """Any other model (a hook model's own inputs, say): its latest version's golden set's inputs, in
+    turn; None when it has none."""
+    from aieng.models.golden import read_golden
+    from aieng.models.spec import ModelError
+    from aieng.tools.inprocess import load_spec
+
+    try:
+        golden = read_golden(load_spec(model, repo).path)
+    except (ModelError, KeyError) as exc:
+        raise checks.UsageError(f"model {model!r} in {repo!r}: {exc}") from None
+    if golden is None:
+        return None
+    cases = [c["inputs"] for c in golden["cases"]]
+    return [dict(cases[i % len(cases)]) for i in range(n)]
 
 
 def _tensor_rows(model: str, repo: str, n: int, seed: int, shapes: list[str] | None) -> list[dict] | None:

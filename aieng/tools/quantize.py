@@ -27,6 +27,7 @@ import yaml
 from aieng.models import yaml_file
 from aieng.models.repo import ModelError, load_spec
 from aieng.tools import parity
+from aieng.tools.inprocess import allow_code
 
 NOT_COPIED = {"model.yaml", "parity.json"}  # rewritten for the new version
 
@@ -116,7 +117,7 @@ def quantize(args: argparse.Namespace) -> tuple[dict, str | None]:
     repo = args.repo or os.environ.get("AIENG_MODEL_REPOSITORY") or "models"
     src_dir = os.path.join(repo, args.model, args.version)
     try:
-        spec = load_spec(args.model, args.version, src_dir)
+        spec = load_spec(args.model, args.version, src_dir, allow_code())
     except ModelError as exc:
         raise QuantizeError(str(exc)) from None
     try:
@@ -158,7 +159,8 @@ def quantize(args: argparse.Namespace) -> tuple[dict, str | None]:
         with open(os.path.join(tmp, "model.yaml"), "w", encoding="utf-8") as fh:
             yaml.safe_dump(new_model_yaml(cfg, spec, args.to, method), fh, sort_keys=False,
                            allow_unicode=True)
-        load_spec(args.model, out_version, tmp)  # the server must be able to load what is written
+        # the server must be able to load what is written
+        load_spec(args.model, out_version, tmp, allow_code())
 
         ref = parity.run_each(parity.session(spec.onnx_path, args.threads), spec, feeds)
         new = parity.run_each(parity.session(new_onnx, args.threads), spec, feeds)

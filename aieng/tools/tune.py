@@ -155,7 +155,7 @@ def main_tune(args) -> int:
     if not versions:
         print(f"aieng tune: no model {args.model!r} with a version under {repo}", file=sys.stderr)
         return 2
-    spec = load_spec(args.model, versions[-1], os.path.join(mdir, versions[-1]))
+    spec = load_spec(args.model, versions[-1], os.path.join(mdir, versions[-1]), cfg.allow_model_code)
     max_batch = int(spec.batching.max_batch_size)
     cpus = envs.cpu_count()
     inputs = sample_inputs(args.model, max(args.requests, 4 * args.concurrency), repo=repo)
