@@ -2,7 +2,7 @@
 
 Usage (from the repo root)::
 
-    python scripts/fetch_models.py [--repo models] [--cache .cache] [--force]
+    python scripts/fetch_models.py [--repo models] [--cache .cache] [--force] [--examples build/examples]
 
 Contract
 --------
@@ -27,6 +27,8 @@ Contract
   unless its ``model.onnx`` exists and ``--force`` is not given.
 * Builds ``minilm/2`` and ``tabular/2`` and every version's ``golden.json``
   (``demo_versions``: scripts/demo_versions.py).
+* Builds the examples' own repository, ``EXAMPLES/<name>/1/`` (default ``build/examples``): each
+  ``examples/<name>/`` beside the demo files it reuses (scripts/build_examples.py).
 * Never writes ``model.yaml`` (committed).  Prints one line per model with the
   sha256 of its ``model.onnx``.  Exits non-zero with a message on any failure.
 """
@@ -195,12 +197,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repo", default="models", help="model repository root (default: models)")
     ap.add_argument("--cache", default=".cache", help="download/vendor cache (default: .cache)")
     ap.add_argument("--force", action="store_true", help="retrain the tabular model even if present")
+    ap.add_argument("--examples", default="build/examples",
+                    help="the examples' own repository (scripts/build_examples.py; default: build/examples)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     try:
         paths = fetch(Path(args.repo), Path(args.cache), args.force)
         demo_versions(Path(args.repo), args.force)
-    except FetchError as exc:
+        sys.path.insert(0, str(HERE))
+        from build_examples import build as build_examples  # examples/ beside their demo files
+
+        for path in build_examples(Path(args.repo), Path(args.examples)):
+            print(f"example: {path}")
+    except (FetchError, FileNotFoundError) as exc:
         print(f"fetch_models: ERROR: {exc}", file=sys.stderr)
         return 1
     for name, path in paths.items():
