@@ -9,7 +9,8 @@ inputs checked against the declared ones (``inputs.validate_inputs``), the model
 postprocess chain (a ``python`` step gets the request's inputs as the pool's does).  A file entry loads
 only with AIENG_ALLOW_MODEL_CODE set, as in the server.
 
-A value is JSON when it parses as JSON, else the text itself; ``@FILE`` is that file's bytes (an image).
+A value is JSON when it parses as JSON, else the text itself; ``@FILE`` is that file's bytes (an image);
+a declared ``tensor`` input's JSON (a nested list, a number) goes as an array of its declared dtype.
 The caller's mistakes are ``UsageError`` (one line, exit 2): a bad PATH or spec, a missing or malformed
 input, the variable not set, and an input the hook refuses with ``ValueError`` (INVALID_INPUT, as the
 server answers it).  A bug in the user's code (any other exception, at load or per request) prints its
@@ -73,19 +74,49 @@ def jsonable(obj: Any) -> Any:
     return obj
 
 
-def run_once(spec, sent: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
-    """The answer's outputs for one request (``RequestError`` as the server would answer it)."""
+def as_sent(spec, values: dict[str, Any]) -> dict[str, Any]:
+    """The inputs as a client sends them: a declared ``tensor`` input given as JSON (a list or a number)
+    becomes the tensor map the native client sends for a numpy array of the declared dtype."""
+    from aieng.wire.protocol import encode_tensor
+
+    out = dict(values)
+    for decl in spec.inputs:
+        value = out.get(decl.name)
+        if decl.kind != "tensor" or not isinstance(value, (list, int, float)) or isinstance(value, bool):
+            continue
+        try:
+            dtype = np.dtype(decl.dtype) if decl.dtype else None
+        except TypeError:  # a name numpy does not know (BYTES): as numpy reads the values
+            dtype = None
+        try:
+            out[decl.name] = encode_tensor(np.asarray(value, dtype=dtype))
+        except (TypeError, ValueError) as exc:
+            raise UsageError(f"input {decl.name!r}: {exc}") from None
+    return out
+
+
+def load(spec):
+    """``(InProcessModel, session)``: the version built as a worker builds it (the user's classes too)."""
     from aieng import envs
     from aieng.gpu_executor.sessions import ModelSession
-    from aieng.inputs import validate_inputs
     from aieng.tools.inprocess import InProcessModel
 
     model = InProcessModel(spec)
-    inputs = validate_inputs(spec, dict(sent))
+    return model, ModelSession(spec, "auto", min(4, envs.cpu_count()), False, stop_spinning=False)
+
+
+def run_once(model, sess, sent: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """The answer's outputs for one request (``RequestError`` as the server would answer it)."""
+    from aieng.inputs import validate_inputs
+    from aieng.wire.protocol import INVALID_INPUT, RequestError
+
+    inputs = validate_inputs(model.spec, dict(sent))
     [encoded] = model.encode([inputs])
     if isinstance(encoded, Exception):  # a batchable processor's per-request failure
         raise encoded
-    sess = ModelSession(spec, "auto", min(4, envs.cpu_count()), False, stop_spinning=False)
+    problem = sess.check_shapes([(name, arr.dtype, list(arr.shape)) for name, arr in encoded[0]])
+    if problem:  # the executor's check of what preprocessing made, before the batch
+        raise RequestError(INVALID_INPUT, problem)
     [values] = model.answer(sess, [encoded], params, [sent])
     return values
 
@@ -99,8 +130,15 @@ def main_try(args) -> int:
     sent = {k: read_value(v) for k, v in input_pairs(args.input)}
     params = {k: read_value(v) for k, v in input_pairs(args.param)}
     spec = resolve(args.model, allow_code())
+    sent = as_sent(spec, sent)
     try:
-        values = run_once(spec, sent, params)
+        model, sess = load(spec)
+    except Exception as exc:  # the user's code failed to import or to build: its traceback, then one line
+        traceback.print_exc(file=sys.stderr)
+        print(f"aieng: {spec.key} did not load: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    try:
+        values = run_once(model, sess, sent, params)
     except RequestError as exc:
         trace = getattr(exc, "trace_text", None)
         if trace:  # a bug in the user's code: where it happened
@@ -109,9 +147,9 @@ def main_try(args) -> int:
             raise UsageError(f"{exc.code}: {exc.message}") from None
         print(f"aieng: {exc.code}: {exc.message}", file=sys.stderr)
         return 1
-    except Exception as exc:  # the user's code failed to load or to build: its traceback, then one line
+    except Exception as exc:  # past the checks: what the server would answer INTERNAL
         traceback.print_exc(file=sys.stderr)
-        print(f"aieng: {spec.key} did not load: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"aieng: INTERNAL: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     print(json.dumps({"model": spec.name, "version": spec.version, "outputs": jsonable(values)}, indent=2))
     return 0

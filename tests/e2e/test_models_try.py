@@ -107,3 +107,22 @@ def test_the_hook_s_errors(penguins, tmp_path):
     assert bug.stderr.strip().splitlines()[-1] == "aieng: INTERNAL: KeyError: 'features'"
     fine = aieng_try(bad, *inputs(ROW))
     assert fine.returncode == 0 and json.loads(fine.stdout)["model"] == "penguins"
+
+
+def test_a_bare_onnx_file_takes_json_tensors(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    d = tmp_path / "double" / "1"
+    d.mkdir(parents=True)
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["N", 3]) for n in ("x", "y")]
+    graph = helper.make_graph([helper.make_node("Add", ["x", "x"], ["y"])], "double", io[:1], io[1:])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(d / "model.onnx"))
+    done = aieng_try(d, "--input", "x=[1, 2.5, -3]", allow=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["outputs"] == {"y": [2.0, 5.0, -6.0]}
+    wrong = aieng_try(d, "--input", "x=[1, 2]", allow=False)
+    assert (wrong.returncode, wrong.stderr.strip()) == (
+        2, "aieng: INVALID_INPUT: input 'x' must have shape [3], got [2]")
