@@ -210,12 +210,6 @@ class GrpcSender:
     """The OIP gRPC ModelInfer over one channel shared by every worker (HTTP/2 streams)."""
 
     def __init__(self, addr: str, model: str):
-        # the client as light as the gateway's server side: the gateway's grpc module, imported first, turns
-        # grpc's EventEngine experiments off for this process (thread hand-offs per call on both ends; a
-        # GRPC_EXPERIMENTS already set wins), so the load generator's own cost weighs less against the door
-        import importlib
-
-        importlib.import_module("aieng.gateway.grpc")  # before grpc itself loads
         import grpc
 
         from aieng.gateway.proto import grpc_service_pb2 as pb
