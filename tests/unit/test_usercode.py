@@ -2,6 +2,7 @@
 (processing/usercode.py): each version's file in its own namespace, the error mapping."""
 import logging
 import os
+import sys
 
 import pytest
 
@@ -93,7 +94,11 @@ def test_a_module_entry_is_imported_as_usual(tmp_path, monkeypatch):
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
     (pkg / "pre.py").write_text("class Pre:\n    def __init__(self, spec):\n        self.spec = spec\n")
-    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    # sys.path set directly: syspath_prepend calls into pkg_resources when another test loaded it, and this
+    # setuptools' pkg_resources no longer has what it calls
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "site"), *sys.path])
+    for name in ("teampkg", "teampkg.pre"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
     d = version(tmp_path, "1", 1, entry="teampkg.pre:Pre")
     spec = repo.load_spec("m", "1", str(d))  # no AIENG_ALLOW_MODEL_CODE needed: the operator's install
     built = usercode.build(spec, spec.preprocess.entry, {})
