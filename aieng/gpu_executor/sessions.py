@@ -34,7 +34,6 @@ import onnxruntime as ort
 
 from aieng.envs import cpu_count
 from aieng.models.repo import ModelSpec
-from aieng.runtime.worker_hotswap import lower_priority
 from aieng.wire import strings
 from aieng.wire.protocol import dtype_name
 
@@ -378,30 +377,3 @@ class ModelSession:
 def _nbytes(out: np.ndarray) -> int:
     """An output's bytes in a slot (a string tensor's packed, ``wire/strings``)."""
     return strings.packed_size(out) if out.dtype.hasobject else out.nbytes
-
-
-BACKGROUND_WARM_ROWS = 8  # a run-time load warms batches up to this many rows (see ModelSession.warmup)
-WARM_DUTY = 0.5  # a background warm-up runs at most this share of the time: serving keeps the cores
-
-
-def paced_warmup(sess: ModelSession, idle: bool) -> int:
-    """A run-time load's ``sess.warmup()`` on the loader thread (batches of at most
-    ``BACKGROUND_WARM_ROWS``), made polite: the thread drops to low priority (its own; the session's
-    pool threads, made earlier, keep their priority for serving later: ``lower_priority``) and sleeps
-    after each warm-up run for as long as the run took.  A swap takes longer; the models serving
-    meanwhile keep their latency (measured: docs/bench/hotswap_measure.py)."""
-    lower_priority(idle)
-    run = sess.run
-
-    def paced(feeds):
-        t0 = time.perf_counter()
-        try:
-            return run(feeds)
-        finally:
-            time.sleep((time.perf_counter() - t0) * (1 - WARM_DUTY) / WARM_DUTY)
-
-    sess.run = paced  # this instance only, for the warm-up
-    try:
-        return sess.warmup(max_rows=BACKGROUND_WARM_ROWS)
-    finally:
-        del sess.run
