@@ -1,6 +1,7 @@
 """The package installs into a fresh venv from its own metadata alone (no constraints.txt, no dev extra)
 and every entry point starts: pyproject's console scripts, ``python -m aieng.cli``, and an import of every
-module (the gRPC stubs check their grpcio and protobuf versions at import).  Without the plots extra the
+module (the gRPC stubs check their grpcio and protobuf versions at import); a bare ONNX file's graph is read
+(onnx comes with the package).  Without the plots extra the
 plot helper says which extra to install.
 
 Minutes (pip unpacks onnxruntime-gpu, opencv, grpcio... into the venv; downloads go through pip's cache),
@@ -41,6 +42,14 @@ try:
     pyplot()
 except MissingExtra as exc:
     out["plots"] = str(exc)
+# a bare ONNX file is described from its graph (zero-config serving): onnx must come with the package
+import onnx
+from onnx import TensorProto, helper
+x, y = (helper.make_tensor_value_info(n, TensorProto.FLOAT, ["n", 2]) for n in ("x", "y"))
+onnx.save(helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x], [y])),
+          "probe.onnx")
+from aieng.models.onnx_infer import describe
+out["bare_onnx_batched"] = describe("probe.onnx").batch_axis().batched
 print(json.dumps(out))
 """
 
@@ -79,6 +88,7 @@ def test_fresh_venv_without_constraints_runs_every_entry_point(tmp_path):
     assert probe["scripts"] == {name: True for name in scripts}
     assert "aieng.gateway.proto.grpc_service_pb2_grpc" in probe["modules"]
     assert "aieng.cli.main" in probe["modules"]
+    assert probe["bare_onnx_batched"] is True  # onnx installed with the package, the graph read
     assert probe["plots"] == "no plot: matplotlib is not installed (pip install 'aieng[plots]')"
     for name in scripts:
         r = run([str(bindir / name), "--help"], tmp_path, 120, env)
