@@ -42,11 +42,7 @@ def checked_chain(spec: ModelSpec) -> Chain | None:
     with a team's own step is always kept (its class is built once per worker, as its author expects)."""
     t0 = time.perf_counter()
     chain = Chain(spec)
-    return chain if runs_user_code(spec) or time.perf_counter() - t0 >= KEEP_BUILT_S else None
-
-
-def runs_user_code(spec: ModelSpec) -> bool:
-    return any(step.op == "python" for step in spec.postprocess.steps)
+    return chain if spec.postprocess.user_code or time.perf_counter() - t0 >= KEEP_BUILT_S else None
 
 
 class PostprocessWorker(HubWorker):
@@ -64,7 +60,7 @@ class PostprocessWorker(HubWorker):
         self.handlers[m.PostTask] = self.handle
         # a version whose chain runs user code (a python step): its modules are dropped when it goes, so the
         # same directory loaded again imports its code afresh (processing/usercode.forget)
-        self.hooked = {k: s for k, s in specs.items() if runs_user_code(s)}  # items(): others stay packed
+        self.hooked = {k: s for k, s in specs.items() if s.postprocess.user_code}  # items(): others packed
         # run-time load/unload of a version
         self.versions = Versions(self.worker, self.send, self.refresh_hello, log, self.ops, self.failed,
                                  lambda spec, urgent: Chain(spec), on_add=self.added, on_remove=self.removed)
@@ -95,7 +91,7 @@ class PostprocessWorker(HubWorker):
         self.send(msg)
 
     def added(self, spec: ModelSpec, chain: Chain) -> None:
-        if runs_user_code(spec):
+        if spec.postprocess.user_code:
             self.hooked[spec.key] = spec
 
     def removed(self, key: str) -> None:
