@@ -26,13 +26,14 @@ from typing import Any
 
 from aieng.models.frozen import Opaque
 from aieng.models.measure import measure_cap
+from aieng.models.onnx_infer import ELEMENT_TYPES
 from aieng.models.sections import Batching, InputDecl, OutputDecl, Padding, Postprocess, Preprocess
 from aieng.models.spec import ModelError, ModelSpec, content_hash, resolve_inside, version_dir
 from aieng.models.triton_config import TensorConfig, TritonConfig
 
-NUMPY = {"BOOL": "bool", "UINT8": "uint8", "UINT16": "uint16", "UINT32": "uint32", "UINT64": "uint64",
-         "INT8": "int8", "INT16": "int16", "INT32": "int32", "INT64": "int64", "FP16": "float16",
-         "FP32": "float32", "FP64": "float64", "BF16": "bfloat16", "BYTES": "object"}
+# OIP datatype -> numpy dtype name, from the graph reader's one table (BF16: named, so that the executor's
+# load refuses it naming the type; numpy has none)
+NUMPY = {oip: np for _, oip, np in ELEMENT_TYPES.values() if oip and np} | {"BF16": "bfloat16"}
 ITEM_BYTES = {"BOOL": 1, "UINT8": 1, "INT8": 1, "UINT16": 2, "INT16": 2, "FP16": 2, "BF16": 2, "UINT32": 4,
               "INT32": 4, "FP32": 4, "UINT64": 8, "INT64": 8, "FP64": 8}
 WARMUP_DIR = "warmup"  # Triton reads a sample's input_data_file from <model>/warmup/
