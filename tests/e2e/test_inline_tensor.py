@@ -123,7 +123,7 @@ def test_small_tensor_requests_skip_the_pool_and_answer_and_fail_as_the_pool_doe
     # deep's run (milliseconds) dwarfs decoding its largest admitted request (microseconds): at any load
     assert views["deep"]["where"] == "executor at any load", views["deep"]
     assert views["deep"]["why"].startswith(f"'tensor' requests up to {LIMIT} bytes, at any load: ")
-    # runs of a few microseconds: decoding a request (8 us or more) is never a tenth of one, so only while idle
+    # runs of a few microseconds: decoding a request (8 us or more) is never a tenth of one: only while idle
     for name in ("add", "strs", "fixed"):
         assert views[name]["where"] == "executor when idle", (name, views[name])
     np.testing.assert_allclose(outs[0]["y"], deep(X), rtol=1e-4, atol=1e-5)
