@@ -177,8 +177,9 @@ def test_a_zip_bomb_and_a_corrupt_stream_are_refused(srv):
     assert status == 400 and b"gzip" in out, out
     status, _, out = post(srv, "/v2/models/simple/infer", b"{}", {"Content-Encoding": "br"})
     assert status == 415, out
-    res = th.InferenceServerClient(srv.oip_http).infer("simple", simple_inputs(th)[0])  # still serving
-    assert res.as_numpy("OUTPUT0") is not None
+    ins, a, b = simple_inputs(th)
+    res = th.InferenceServerClient(srv.oip_http).infer("simple", ins)  # still serving, and right
+    np.testing.assert_array_equal(res.as_numpy("OUTPUT0"), a + b)
 
 
 # -- one model's failure is its own ---------------------------------------------------------------
