@@ -10,6 +10,7 @@ AIENG_ALLOW_MODEL_CODE fails with one line naming it.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -21,7 +22,7 @@ import pytest
 import tritonclient.grpc as tg
 import tritonclient.http as th
 
-from aieng.client import Client
+from aieng.client import AsyncClient, Client
 from tests.conftest import MODELS, ServerProcess
 from tests.waits import until
 
@@ -242,10 +243,19 @@ def test_a_hang_fails_its_request_at_the_limit_and_the_others_are_answered(srv):
         until(lambda: len(streams.answers) >= n_during + 4, 20)
     failed = [(m, a) for m, a in streams.answers if not a.get("ok")]
     assert failed == [], failed
-    # the instance the stopped call ran in is not used again: that worker built its second one (requests go
-    # round the three idle workers in turn, so twelve reach each)
-    with srv.client() as c:
-        serials = {c.infer("tabular_py", row, params={"serial": 1})["outputs"]["serial"] for _ in range(12)}
+    # the instance the stopped call ran in is not used again: that worker built its second one.  Twelve sent
+    # at once: each goes to the least loaded of the three workers, so every worker gets some (one at a time,
+    # the round-robin turn, which other picks advance too, could send them all to one)
+    async def together() -> set:
+        client = AsyncClient(srv.addr, timeout_s=30)
+        try:
+            replies = await asyncio.gather(*(client.infer("tabular_py", row, params={"serial": 1})
+                                             for _ in range(12)))
+        finally:
+            client.close()
+        return {r["outputs"]["serial"] for r in replies}
+
+    serials = asyncio.run(together())
     assert first["outputs"]["serial"] == 1 and 2 in serials, (first, serials)
 
 
