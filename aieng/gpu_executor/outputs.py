@@ -2,10 +2,10 @@
 
 ``Outputs.deliver`` takes a run's outputs and, per request, either writes the request's own rows
 (cut back to its size) into a slot of the executor's output ring and pushes a ``PostTask`` to the
-postprocess worker the frontend chose, or, for a version whose chain runs here (``InlinePost``),
-sends the ``Result`` or ``Failed`` itself.  It tells the frontend with one ``Inferred`` notice per
-batch: those output slots are the postprocess workers' now.  It owns the PUSH sockets to the
-postprocess workers, each made on first use.
+postprocess worker the frontend chose (a batch's tasks for one worker in one message, ``m.Bundle``),
+or, for a version whose chain runs here (``InlinePost``), sends the ``Result`` or ``Failed`` itself.
+It tells the frontend with one ``Inferred`` notice per batch: those output slots are the postprocess
+workers' now.  It owns the PUSH sockets to the postprocess workers, each made on first use.
 """
 from __future__ import annotations
 
@@ -38,6 +38,7 @@ class Outputs:
                 infer_us: int, padded: int) -> None:
         """Answer each request of a batch that ran (``live``, row by row)."""
         done = m.Inferred([], [])
+        tasks: dict[str, list[bytes]] = {}  # per postprocess worker: sent as one message (``m.bundled``)
         for row, p in enumerate(live):
             task = p.payload
             trail = task.trail
@@ -54,11 +55,13 @@ class Outputs:
                 continue
             post_task = m.PostTask(p.rid, task.model, task.version, ref, task.params, task.degraded,
                                    task.trace, trail, task.geometry, task.features, task.request)
-            self.post_socket(task.post).send(m.encode(post_task))
+            tasks.setdefault(task.post, []).append(m.encode(post_task))
             done.rids.append(p.rid)
             done.refs.append(ref)
             self.log.debug("inferred in a batch of %d (padded %d, %d us)", len(live), padded, infer_us,
                            extra={"trace": task.trace})
+        for post, items in tasks.items():
+            self.post_socket(post).send(m.bundled(items))
         if done.rids:  # one notice per batch: these output slots are the postprocess workers' now
             self.send(done)
 

@@ -4,7 +4,8 @@ Reads the request's outputs in place from the executor's ring, runs the
 model's chain of steps (``processing/post/chain``; each step under its own time
 limit, ``guard``; the message is built by ``answer``), frees the slot, and sends the
 outputs back to the frontend already msgpack-packed so the frontend only
-splices them in, with each step's time.
+splices them in, with each step's time: the answers of one drain (at most ``MAX_BUNDLE``)
+as one message (``m.Bundle``), as the executor sends a batch's tasks.
 A step that runs past its limit is stopped or abandoned and the worker goes
 on serving: the request is answered without that step (``on_timeout: skip``,
 listed in the Result's ``steps``) or fails TIMEOUT naming it (``fail``).
@@ -34,6 +35,7 @@ from aieng.wire import shm
 from aieng.wire.addresses import post_addr
 from aieng.wire.protocol import UNAVAILABLE, RequestError
 
+MAX_BUNDLE = 16  # answers held for one message at most: the first of a long drain does not wait for all
 KEEP_BUILT_S = 0.001  # a chain that builds faster than this (no file read, no table) is built on first use
 
 
@@ -61,6 +63,7 @@ class PostprocessWorker(HubWorker):
         # a version whose chain runs user code (a python step): its modules are dropped when it goes, so the
         # same directory loaded again imports its code afresh (processing/usercode.forget)
         self.hooked = {k: s for k, s in specs.items() if s.postprocess.user_code}  # items(): others packed
+        self.answers: list[bytes] = []  # encoded Result/Failed of this drain, sent as one (``flush``)
         # run-time load/unload of a version
         self.versions = Versions(self.worker, self.send, self.refresh_hello, log, self.ops, self.failed,
                                  lambda spec, urgent: Chain(spec), on_add=self.added, on_remove=self.removed)
@@ -71,7 +74,7 @@ class PostprocessWorker(HubWorker):
         try:
             ring = self.rings.get(ref.seg)
         except (FileNotFoundError, ValueError):
-            self.fail(task.rid, UNAVAILABLE, "executor went away before postprocessing")
+            self.reply(m.Failed(task.rid, UNAVAILABLE, "executor went away before postprocessing"))
             return
         if not ring.holds(ref.slot, ref.gen):  # answered already (a postprocess worker died): skip
             return
@@ -79,7 +82,7 @@ class PostprocessWorker(HubWorker):
             chain = self.op(f"{task.model}:{task.version}")
         except RequestError as exc:
             ring.free(ref.slot, ref.gen)
-            self.fail(task.rid, exc.code, exc.message)
+            self.reply(m.Failed(task.rid, exc.code, exc.message))
             return
         try:
             msg = answer(chain, task, ring.views(ref.slot, ref.tensors), self.log)
@@ -88,7 +91,22 @@ class PostprocessWorker(HubWorker):
         if isinstance(msg, m.Result):
             self.log.debug("postprocessed %s:%s (%d us)", task.model, task.version, task.trail.post_us,
                            extra={"trace": task.trace})
-        self.send(msg)
+        self.reply(msg)
+
+    def reply(self, msg: m.Result | m.Failed) -> None:
+        self.answers.append(m.encode(msg))
+        if len(self.answers) >= MAX_BUNDLE:
+            self.flush()
+
+    def flush(self) -> None:
+        """The answers of what was drained, to the frontend as one message (``m.Bundle``)."""
+        if self.answers:
+            self.sock.send(m.bundled(self.answers))
+            self.answers = []
+
+    def after_drain(self, now: float) -> int | None:
+        self.flush()
+        return None
 
     def added(self, spec: ModelSpec, chain: Chain) -> None:
         if spec.postprocess.user_code:

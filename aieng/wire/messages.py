@@ -161,6 +161,16 @@ class Failed:
     stage: str = ""  # the failing stage, where the sender runs several ("preprocess": the direct route)
 
 
+@dataclass(slots=True)
+class Bundle:
+    """Several messages to one receiver as one: each item is an encoded message (``encode``), dispatched
+    in order as if it came alone (``runtime/hub.dispatch``).  The executor sends a batch's tasks for one
+    postprocess worker so, and that worker its answers to the frontend: one wake-up and one send per
+    batch instead of one per request."""
+    T: ClassVar[str] = "bundle"
+    items: list[bytes]
+
+
 # -- supervisor <-> frontend control ------------------------------------------
 @dataclass(slots=True)
 class WorkerDown:
@@ -276,7 +286,7 @@ class VersionFailed:
 
 TYPES: dict[str, type] = {
     cls.T: cls for cls in (Hello, PreTask, Preprocessed, InferTask, Inferred, PostTask, Result,
-                           Failed, WorkerDown, ServiceState, Pulse, LogLevel, Drain, Drained,
+                           Failed, Bundle, WorkerDown, ServiceState, Pulse, LogLevel, Drain, Drained,
                            Reload, Reloaded, LoadVersion, UnloadVersion, VersionLoaded, VersionFailed)
 }
 _FIELDS = {name: tuple(f.name for f in dataclasses.fields(cls)) for name, cls in TYPES.items()}
@@ -367,6 +377,11 @@ configure(32 * 1024 * 1024)
 def unpack_internal(data: bytes | memoryview) -> Any:
     """msgpack from one of our own processes (a message, a packed spec), within the internal limits."""
     return msgpack.unpackb(data, raw=False, strict_map_key=False, **_LIMITS)
+
+
+def bundled(items: list[bytes]) -> bytes:
+    """One encoded message for ``items`` (encoded messages): the item itself when there is only one."""
+    return items[0] if len(items) == 1 else encode(Bundle(items))
 
 
 def decode(data: bytes | memoryview) -> Any:
