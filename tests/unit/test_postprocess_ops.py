@@ -354,3 +354,37 @@ def test_guard_passes_errors_through_and_unguarded_steps_run_inline():
     ident = []
     assert guard.call(lambda: ident.append(threading.get_ident()) or 7, 0, "thread") == (True, 7)
     assert ident == [threading.get_ident()]
+
+
+def spin_for(seconds: float) -> str:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:  # pure Python: SIGALRM can stop it between bytecodes
+        pass
+    return "done"
+
+
+def test_inline_steps_keep_their_own_limits_though_the_timer_is_set_lazily():
+    # the timer is set by the first step only (each later one ends before it would fire); it fires while a
+    # later step runs, before that step's deadline: it must re-arm for what is left, not stop that step
+    guard = Guard()
+    t0 = time.monotonic()
+    done = 0
+    while time.monotonic() - t0 < 0.5:  # steps of 0.3 s limit, one after another, for 0.5 s: none stopped
+        assert guard.call(lambda: spin_for(0.02), 0.3, "inline") == (True, "done")
+        done += 1
+    started = time.monotonic()
+    ok, _ = guard.call(lambda: spin_for(5), 0.3, "inline")  # the timer fires before this step's deadline
+    took = time.monotonic() - started
+    assert not ok and took >= 0.3, (ok, took)  # stopped at its own limit, not at the earlier firing
+    assert took < 4, took  # and stopped, not run to its end
+    assert done >= 5
+
+
+def test_a_shorter_limit_after_a_longer_one_sets_the_timer_again():
+    guard = Guard()
+    assert guard.call(lambda: "x", 30.0, "inline") == (True, "x")  # the timer set 30 s out
+    started = time.monotonic()
+    ok, _ = guard.call(lambda: spin_for(5), 0.05, "inline")
+    assert not ok and time.monotonic() - started < 4  # stopped at 50 ms, not at the 30 s timer
+    # the step after it runs to its end under its own limit
+    assert guard.call(lambda: spin_for(0.1), 0.05 + 1.0, "inline") == (True, "done")

@@ -155,11 +155,11 @@ def test_errors_are_the_requests_value_error_invalid_input_others_internal_with_
 
 @pytest.mark.parametrize("isolate", ["inline", "thread"])
 def test_user_code_is_always_timed_and_a_stopped_call_leaves_its_instance(tmp_path, isolate):
-    d = version_dir(tmp_path, 'postprocess: {type: python, entry: "post.py:Post", timeout_ms: 100, '
+    d = version_dir(tmp_path, 'postprocess: {type: python, entry: "post.py:Post", timeout_ms: 400, '
                               f'isolate: {isolate}}}\n')
     chain = Chain(load(d))
     assert chain(outs(), {})["instances"] == 1
-    with pytest.raises(StepTimedOut, match="ran past its 100 ms limit"):
+    with pytest.raises(StepTimedOut, match="ran past its 400 ms limit"):
         chain(outs(), {"spin": True})
     assert chain(outs(), {})["instances"] == 2  # a new Post(spec): the stopped call's is never reused
     assert chain(outs(), {})["instances"] == 2
