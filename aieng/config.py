@@ -91,6 +91,9 @@ class Config:
     admin_addr: str = _default("admin_addr")
     admin_curve_secret_key_file: str = _default("admin_curve_secret_key_file")
     admin_curve_client_keys_dir: str = _default("admin_curve_client_keys_dir")
+    oip_tls_cert_file: str = _default("oip_tls_cert_file")
+    oip_tls_key_file: str = _default("oip_tls_key_file")
+    oip_tls_client_ca_file: str = _default("oip_tls_client_ca_file")
     state_dir: str = _default("state_dir", neutral="")
     drift_reference_n: int = _default("drift_reference_n")
     drift_reference_clients: int = _default("drift_reference_clients")
@@ -192,6 +195,11 @@ class Config:
         need(self.oip_shared_memory in ("local", "any", "off"), "oip_shared_memory must be local, any or off")
         need(min(self.oip_shm_max_regions, self.oip_shm_max_bytes, self.oip_shm_client_regions,
                  self.oip_shm_client_bytes) >= 0, "the oip_shm_* bounds must be >= 0")
+        need(bool(self.oip_tls_cert_file) == bool(self.oip_tls_key_file),
+             "oip_tls_cert_file and oip_tls_key_file go together (AIENG_OIP_TLS_CERT_FILE, "
+             "AIENG_OIP_TLS_KEY_FILE): set both or neither")
+        need(not self.oip_tls_client_ca_file or bool(self.oip_tls_cert_file),
+             "oip_tls_client_ca_file needs oip_tls_cert_file and oip_tls_key_file (mutual TLS is TLS first)")
         for name in ("oip_http_addr", "oip_grpc_addr"):
             host, sep, port = getattr(self, name).rpartition(":")
             ok_port = port.isascii() and port.isdigit() and int(port) < 65536

@@ -218,6 +218,15 @@ REGISTRY: tuple[EnvVar, ...] = (
     EnvVar("AIENG_ADMIN_CURVE_CLIENT_KEYS_DIR", str, "",
            "ZMQ CURVE for the admin socket: directory of allowed admin public keys (empty: any key)",
            "admin_curve_client_keys_dir"),
+    EnvVar("AIENG_OIP_TLS_CERT_FILE", str, "",
+           "TLS on both OIP doors: the server's PEM certificate chain (with AIENG_OIP_TLS_KEY_FILE; "
+           "re-read when it changes)", "oip_tls_cert_file"),
+    EnvVar("AIENG_OIP_TLS_KEY_FILE", str, "",
+           "TLS on both OIP doors: the PEM private key of AIENG_OIP_TLS_CERT_FILE (unencrypted)",
+           "oip_tls_key_file"),
+    EnvVar("AIENG_OIP_TLS_CLIENT_CA_FILE", str, "",
+           "mutual TLS on both OIP doors: PEM CA bundle; a client without a certificate it signed is "
+           "refused at the handshake (needs AIENG_OIP_TLS_CERT_FILE)", "oip_tls_client_ca_file"),
     EnvVar("AIENG_STATE_DIR", str, _default_state_dir,
            "Directory for routing state that survives restarts (routing-<repo hash>.json); the start "
            "refuses one it cannot write (empty: routing changes are not saved)", "state_dir"),

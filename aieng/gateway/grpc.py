@@ -344,11 +344,12 @@ def _handlers(servicer: Servicer) -> grpc.GenericRpcHandler:
 
 
 async def start_grpc(service: Service, addr: str, max_bytes: int, max_conns: int = 4096,
-                     handshake_s: float = 5.0, idle_s: float = 60.0) -> grpc.aio.Server:
+                     handshake_s: float = 5.0, idle_s: float = 60.0,
+                     credentials: grpc.ServerCredentials | None = None) -> grpc.aio.Server:
     """Bind and start; every gateway process binds the same address (SO_REUSEPORT, grpc's default).
     Connections are bounded like the HTTP door's: at most ``max_conns`` (grpc's connection quota), a
     connection that has not finished its HTTP/2 handshake within ``handshake_s`` is closed, and so is one
-    idle for ``idle_s``."""
+    idle for ``idle_s``.  With ``credentials`` (``tls.py``) the port speaks TLS only."""
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", max_bytes),
                                       ("grpc.max_send_message_length", max_bytes),
                                       ("grpc.so_reuseport", 1),
@@ -356,7 +357,8 @@ async def start_grpc(service: Service, addr: str, max_bytes: int, max_conns: int
                                       ("grpc.server_handshake_timeout_ms", int(handshake_s * 1000)),
                                       ("grpc.max_connection_idle_ms", int(idle_s * 1000))])
     try:
-        port = server.add_insecure_port(addr)
+        port = server.add_insecure_port(addr) if credentials is None else \
+            server.add_secure_port(addr, credentials)
     except RuntimeError:
         port = 0
     if port == 0:

@@ -5,11 +5,13 @@
 (``AIENG_OIP_GRPC_ADDR``) on the same addresses (SO_REUSEPORT).  ``Gateway`` builds its parts: the
 ``Upstream`` to the frontend (a client like any other), the ``PeerBudget`` (``budget.py``), the decoder,
 the admin ``Repository`` when control is on, the logging extension's ``LogSettings``, and the two servers,
-each door given its share of file descriptors (``connection_cap``).  Both listeners are bound before it
-reports ready (a busy address fails the start naming its variable).  Running: one asyncio loop (uvloop
-where installed); the heartbeat ``Hello`` to the hub every ``HEARTBEAT_S``, the hub's ``LogLevel`` and the
-stop flag every ``TICK_S``.  On stop: no new connections, answers under way finish for ``DRAIN_S``, then
-close.  The process's life: docs/oip.md; why a role of its own: docs/architecture.md ("The OIP front door").
+each door given its share of file descriptors (``connection_cap``), and with AIENG_OIP_TLS_* both doors'
+TLS (``tls.py``).  Both listeners are bound before it reports ready (a busy address fails the start naming
+its variable).  Running: one asyncio loop (uvloop where installed); the heartbeat ``Hello`` to the hub
+every ``HEARTBEAT_S``, the hub's ``LogLevel``, the stop flag and (TLS on) the TLS files' poll for a
+rotation (about once a second) every ``TICK_S``.  On stop: no new connections, answers under way finish
+for ``DRAIN_S``, then close.  The process's life: docs/oip.md; why a role of its own:
+docs/architecture.md ("The OIP front door").
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from aieng.gateway.models import Catalog
 from aieng.gateway.repository import Repository
 from aieng.gateway.service import Service
 from aieng.gateway.sysshm import SWEEP_S, from_config
+from aieng.gateway.tls import grpc_credentials, server_tls
 from aieng.gateway.upstream import Upstream
 from aieng.httpcore.server import HttpServer
 from aieng.models.repo import ModelSpec
@@ -116,11 +119,13 @@ class Gateway:
         logs = LogSettings(self.upstream.op, cfg.log_format, self.admin.op if cfg.oip_logging_control
                            and self.admin is not None else None)
         self.service = Service(self.upstream, PeerBudget(share), Decoder(), self.repository, self.shm, logs)
+        self.tls = server_tls(cfg, self.log)
         cap = connection_cap(bool(cfg.oip_http_addr) + bool(cfg.oip_grpc_addr))
         if cfg.oip_http_addr:
             host, port = split_addr(cfg.oip_http_addr, "AIENG_OIP_HTTP_ADDR")
             self.http = HttpServer(OipHttp(self.service).handle, cfg.max_message_bytes, cfg.http_timeout_s,
-                                   cfg.http_timeout_s * IDLE_FACTOR, cap, self.log, codings=True)
+                                   cfg.http_timeout_s * IDLE_FACTOR, cap, self.log, codings=True,
+                                   tls=None if self.tls is None else self.tls.context)
             try:
                 await self.http.start(host, port)
             except OSError as exc:
@@ -128,7 +133,8 @@ class Gateway:
                               f"(AIENG_OIP_HTTP_ADDR): {exc.strerror or exc}") from None
         if cfg.oip_grpc_addr:
             self.grpc = await start_grpc(self.service, cfg.oip_grpc_addr, cfg.max_message_bytes, cap,
-                                         cfg.http_timeout_s, cfg.http_timeout_s * IDLE_FACTOR)
+                                         cfg.http_timeout_s, cfg.http_timeout_s * IDLE_FACTOR,
+                                         None if self.tls is None else grpc_credentials(self.tls))
         self.upstream.start()
 
     def run(self, stop: procutil.StopFlag) -> None:
@@ -145,6 +151,8 @@ class Gateway:
                 for name in self.shm.sweep():
                     self.log.info("shared memory region %r released: its key was unlinked", name)
                 next_sweep = now + SWEEP_S
+            if self.tls is not None:
+                self.tls.poll(now)
             self._read_hub()
             await asyncio.sleep(TICK_S)
         self.log.info("stopping: no new connections, %d requests in flight", self.upstream.in_flight)

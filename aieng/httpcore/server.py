@@ -20,10 +20,14 @@ descriptor and a coroutine, never a thread, and every way of holding one is boun
     rate         with ``rate`` set, at most that many answers a second, the waiting requests of every
                  peer taking turns (``fair.FairPace``): a flood from one peer delays another's request
                  by about one turn per peer waiting, not by the flood
+    tls          with ``tls`` (an ``ssl.SSLContext``, ``tls.py``), every connection is TLS, its handshake
+                 within ``head_s``; a connection counts from its completed handshake, and its ``Peer.subject``
+                 names a verified client certificate (mutual TLS); without, nothing of it runs
 
 Every close the client did not ask for is a DEBUG line and a count in ``dropped`` (by detail); one that
 ended without an answer also calls ``on_drop(kind)``, kind in ``KINDS``.  The handler gets ``(method,
-path, query, headers, body, peer)`` (``Peer``: both ends of the connection) and returns ``(status,
+path, query, headers, body, peer)`` (``Peer``: both ends of the connection, and the client certificate's
+subject under mutual TLS) and returns ``(status,
 headers, body)``; an exception is a 500.
 """
 from __future__ import annotations
@@ -32,6 +36,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import ssl
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -55,6 +60,7 @@ from aieng.httpcore.message import (
     error_response,
     parser_error,
 )
+from aieng.httpcore.tls import subject_text
 
 Handler = Callable[[str, str, str, dict, bytes, "Peer"], Awaitable[tuple[int, dict, bytes]]]
 KINDS = ("timeout", "reset", "overflow")  # why a connection ended without an answer
@@ -73,18 +79,20 @@ class _Slot:
 @dataclass(frozen=True)
 class Peer:
     """A connection's two ends: the client's address and port, and the server's (for a handler that asks
-    the kernel who owns the client's socket)."""
+    the kernel who owns the client's socket); ``subject``: the verified client certificate's CN, else its
+    RFC 4514 subject (mutual TLS), None without one."""
     host: str
     port: int
     local_host: str | None
     local_port: int
+    subject: str | None = None
 
     @classmethod
-    def of(cls, peername: object, sockname: object) -> Peer:
+    def of(cls, peername: object, sockname: object, subject: str | None = None) -> Peer:
         host, port = (str(peername[0]), int(peername[1])) if isinstance(peername, tuple) and peername \
             else (str(peername), 0)
         local = sockname if isinstance(sockname, tuple) and sockname else (None, 0)
-        return cls(host, port, None if local[0] is None else str(local[0]), int(local[1]))
+        return cls(host, port, None if local[0] is None else str(local[0]), int(local[1]), subject)
 
 
 class _Stalled(Exception):
@@ -94,7 +102,7 @@ class _Stalled(Exception):
 class HttpServer:
     def __init__(self, handler: Handler, max_body: int, head_s: float, idle_s: float, max_conns: int,
                  log: logging.Logger, on_drop: Callable[[str], None] | None = None, rate: float = 0.0,
-                 codings: bool = False):
+                 codings: bool = False, tls: ssl.SSLContext | None = None):
         self.handler, self.max_body, self.head_s, self.idle_s = handler, max_body, head_s, idle_s
         self.max_conns, self.log, self.on_drop = max_conns, log, on_drop
         self.conns: dict[asyncio.Task, _Slot] = {}  # every open connection, oldest first
@@ -105,6 +113,7 @@ class HttpServer:
         self.closing = False
         self.budget = BodyBudget(BODY_BUDGET * max_body)
         self.codings = Codings(max_body, self.budget) if codings else None  # gzip/deflate request bodies
+        self.tls = tls
         self._date = (0, "")
 
     async def start(self, host: str, port: int) -> None:
@@ -123,7 +132,11 @@ class HttpServer:
 
     async def serve(self, sock: socket.socket) -> None:
         """Serve an already bound and listening socket (the server owns it from now on)."""
-        self.server = await asyncio.start_server(self._serve, sock=sock, limit=HEAD_BYTES)
+        if self.tls is None:
+            self.server = await asyncio.start_server(self._serve, sock=sock, limit=HEAD_BYTES)
+        else:
+            self.server = await asyncio.start_server(self._serve, sock=sock, limit=HEAD_BYTES, ssl=self.tls,
+                                                     ssl_handshake_timeout=self.head_s)
 
     @property
     def body_bytes(self) -> int:
@@ -164,7 +177,8 @@ class HttpServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
-        ends = Peer.of(peer, writer.get_extra_info("sockname"))
+        subject = None if self.tls is None else subject_text(writer.get_extra_info("peercert"))
+        ends = Peer.of(peer, writer.get_extra_info("sockname"), subject)
         key = peer_key(ends.host)
         if len(self.conns) >= self.max_conns and not self.closing:
             victim = self._victim(key)

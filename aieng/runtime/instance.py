@@ -2,9 +2,11 @@
 
 ``Instance.claim``: clean what crashed instances left (shared memory, runtime dirs), create and lock the
 runtime directory (one instance per directory; a link, another user's or a world-writable one is refused).
-``check_state_dir``, its own step after the claim: the routing state directory can be written.  A setting
-that cannot be used is a ``ConfigError`` naming the variable (exit 2).  ``release``: remove what is ours in
-the runtime dir (all of a default one; only our sockets in a configured one), then drop the lock.
+``check_state_dir``, its own step after the claim: the routing state directory can be written.
+``check_tls``, before anything is claimed: the OIP doors' TLS files load (each gateway loads them again).
+A setting that cannot be used is a ``ConfigError`` naming the variable (exit 2).  ``release``: remove
+what is ours in the runtime dir (all of a default one; only our sockets in a configured one), then drop
+the lock.
 """
 from __future__ import annotations
 
@@ -15,7 +17,9 @@ import shutil
 
 import psutil
 
+from aieng import envs
 from aieng.config import Config
+from aieng.httpcore.tls import TlsError, TlsFiles, load
 from aieng.runtime.statedir import state_dir_problem
 from aieng.wire import addresses, shm
 
@@ -24,6 +28,20 @@ log = logging.getLogger("aieng.runtime.supervisor")
 
 class ConfigError(ValueError):
     """A setting that cannot be used as given; the message names the variable."""
+
+
+def check_tls(cfg: Config) -> None:
+    """With AIENG_OIP_TLS_* set and an OIP door on, the files make a server context; else one ConfigError
+    naming the variable of the first that cannot serve (missing, unreadable, not PEM, a mismatched key)."""
+    if not cfg.oip_tls_cert_file or not cfg.gateways:
+        return
+    files = TlsFiles(cfg.oip_tls_cert_file, cfg.oip_tls_key_file, cfg.oip_tls_client_ca_file)
+    try:
+        load(files)
+    except TlsError as exc:
+        name = f"oip_tls_{exc.field}_file"
+        raise ConfigError(f"invalid configuration: {envs.BY_FIELD[name].name} {getattr(cfg, name)!r} {exc} "
+                          f"(from {cfg.sources.get(name, 'default')})") from None
 
 
 def _instance_alive(pid: int) -> bool:

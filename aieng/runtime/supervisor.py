@@ -28,7 +28,7 @@ from aieng.config import Config
 from aieng.models import repo as model_repo
 from aieng.runtime import procutil
 from aieng.runtime.hub import dispatch
-from aieng.runtime.instance import ConfigError, Instance
+from aieng.runtime.instance import ConfigError, Instance, check_tls
 from aieng.runtime.procutil import sd_notify
 from aieng.runtime.versions import VersionRecord
 from aieng.runtime.worker import run_process
@@ -73,6 +73,7 @@ class Supervisor:
         usec = os.environ.get("WATCHDOG_USEC", "")
         self.watchdog_s = int(usec) / 2e6 if usec.isascii() and usec.isdigit() and int(usec) > 0 else None
         self.next_watchdog = 0.0
+        check_tls(cfg)  # before anything is claimed: nothing to give back
         self.reload_asked = False  # SIGHUP seen, not yet passed on
         self.reload_deadline: float | None = None  # a reload is under way until the frontend answers
         self.instance = Instance(cfg)
