@@ -66,7 +66,7 @@ def tls_subject(context: Any) -> str | None:
     auth = context.auth_context()
     for key in ("x509_common_name", "x509_subject"):
         values = auth.get(key)
-        if values:
+        if values and values[0]:  # a certificate without a CN has an empty x509_common_name
             return values[0].decode("utf-8", "replace")
     return None
 
