@@ -241,6 +241,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--transport", default="zmq",
                    help="front doors, comma-separated: zmq (default: the full bench), or a list naming http "
                         "and/or grpc (the OIP gateway) to run the same closed loop over each in one run")
+    b.add_argument("--tls-cert", help="with --transport http/grpc: the server's OIP doors speak TLS with "
+                                      "this PEM certificate (AIENG_OIP_TLS_CERT_FILE; naming 127.0.0.1)")
+    b.add_argument("--tls-key", help="with --tls-cert: its PEM key (AIENG_OIP_TLS_KEY_FILE)")
+    b.add_argument("--tls-ca", help="with --tls-cert: the CA the bench's http and grpc clients trust")
     b.add_argument("--tracing", action="store_true",
                    help="instead: what exporting spans costs, three servers side by side (no endpoint; "
                         "sampled to a loopback OTLP receiver; an endpoint nobody listens on)")

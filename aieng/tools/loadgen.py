@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import ssl
 import struct
 import sys
 import time
@@ -171,9 +172,11 @@ def oip_tensors(inputs: dict[str, Any]) -> list[tuple[str, str, list[int], bytes
 class HttpSender:
     """The OIP binary infer over one keep-alive HTTP/1.1 connection (one per closed-loop worker)."""
 
-    def __init__(self, addr: str, model: str):
+    def __init__(self, addr: str, model: str, tls_ca: str | None = None):
         self.host, port = addr.rsplit(":", 1)
         self.port, self.model = int(port), model
+        # HTTPS trusting ``tls_ca`` (a door with AIENG_OIP_TLS_*): the bench's TLS rows
+        self.tls = None if tls_ca is None else ssl.create_default_context(cafile=tls_ca)
         self.conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
 
     async def __call__(self, inputs: dict) -> str | None:
@@ -183,7 +186,8 @@ class HttpSender:
                            "parameters": {"binary_data_output": True}}).encode()
         body = head + b"".join(b for *_, b in tensors)
         if self.conn is None:
-            self.conn = await asyncio.open_connection(self.host, self.port)
+            self.conn = await asyncio.open_connection(self.host, self.port, ssl=self.tls,
+                                                      server_hostname=self.host if self.tls else None)
         reader, writer = self.conn
         writer.write((f"POST /v2/models/{self.model}/infer HTTP/1.1\r\nHost: {self.host}\r\n"
                       f"Content-Length: {len(body)}\r\nInference-Header-Content-Length: {len(head)}\r\n"
@@ -209,14 +213,20 @@ class HttpSender:
 class GrpcSender:
     """The OIP gRPC ModelInfer over one channel shared by every worker (HTTP/2 streams)."""
 
-    def __init__(self, addr: str, model: str):
+    def __init__(self, addr: str, model: str, tls_ca: str | None = None):
         import grpc
 
         from aieng.gateway.proto import grpc_service_pb2 as pb
         from aieng.gateway.proto import grpc_service_pb2_grpc as pbg
 
         self.grpc, self.pb, self.model = grpc, pb, model
-        self.channel = grpc.aio.insecure_channel(addr, options=[("grpc.max_receive_message_length", 1 << 26)])
+        options = [("grpc.max_receive_message_length", 1 << 26)]
+        if tls_ca is None:
+            self.channel = grpc.aio.insecure_channel(addr, options=options)
+        else:
+            with open(tls_ca, "rb") as fh:
+                creds = grpc.ssl_channel_credentials(fh.read())
+            self.channel = grpc.aio.secure_channel(addr, creds, options=options)
         self.stub = pbg.GRPCInferenceServiceStub(self.channel)
 
     async def __call__(self, inputs: dict) -> str | None:
@@ -235,19 +245,21 @@ class GrpcSender:
         pass
 
 
-def make_sender(transport: str, addr: str, model: str) -> Callable[[], Any]:
-    """A factory of per-worker OIP senders: ``await send(inputs)`` -> an error code or None."""
+def make_sender(transport: str, addr: str, model: str, tls_ca: str | None = None) -> Callable[[], Any]:
+    """A factory of per-worker OIP senders: ``await send(inputs)`` -> an error code or None; over TLS
+    trusting ``tls_ca`` when given."""
     if transport == "http":
-        return lambda: HttpSender(addr, model)
+        return lambda: HttpSender(addr, model, tls_ca)
     if transport == "grpc":
-        shared = GrpcSender(addr, model)
+        shared = GrpcSender(addr, model, tls_ca)
         return lambda: shared
     raise checks.UsageError(f"unknown transport {transport!r} (zmq, http or grpc)")
 
 
 async def run_level(addr: str | None, model: str, inputs: list[dict], concurrency: int,
                     timeout_s: float, transport: str = "zmq", progress: Progress | None = None,
-                    check: Callable[[dict, dict], str | None] | None = None) -> dict[str, Any]:
+                    check: Callable[[dict, dict], str | None] | None = None,
+                    tls_ca: str | None = None) -> dict[str, Any]:
     """One closed-loop level; ``check(row, reply)`` (native replies only) may fail an answered request with
     an error code of its own (a test's check of what came back)."""
     latencies: list[float] = []
@@ -274,7 +286,7 @@ async def run_level(addr: str | None, model: str, inputs: list[dict], concurrenc
         zmq_send.close = client.close  # type: ignore[attr-defined]
         factory: Callable[[], Any] = lambda: zmq_send  # noqa: E731
     else:
-        factory = make_sender(transport, addr, model)
+        factory = make_sender(transport, addr, model, tls_ca)
 
     async def worker() -> None:
         send = factory()

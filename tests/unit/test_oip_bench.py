@@ -50,3 +50,18 @@ def test_rounds_merge_into_one_row():
     b.update(mean_batch=3.0, hops=[{"total": 2}, {"total": 3}])
     r = loadgen.merge_levels([a, b])
     assert (r["mean_batch"], r["hops"]) == (2.5, [{"total": 1}, {"total": 2}, {"total": 3}])
+
+
+def test_tls_options_go_together():
+    import pytest
+
+    from aieng.cli.main import build_parser
+    from aieng.tools.checks import UsageError
+
+    parse = build_parser().parse_args
+    args = parse(["bench", "--transport", "http,grpc", "--tls-cert", "c.pem", "--tls-key", "k.pem",
+                  "--tls-ca", "ca.pem"])
+    assert bench_transports.tls_files(args) == ("c.pem", "k.pem", "ca.pem")
+    assert bench_transports.tls_files(parse(["bench", "--transport", "http"])) is None
+    with pytest.raises(UsageError, match="--tls-cert, --tls-key and --tls-ca go together"):
+        bench_transports.tls_files(parse(["bench", "--transport", "http", "--tls-cert", "c.pem"]))

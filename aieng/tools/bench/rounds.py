@@ -23,11 +23,12 @@ ROUNDS = 3  # closed-loop rounds per level, the sides taking turns: a shared mac
 @dataclass(frozen=True)
 class Side:
     """One thing measured: the address to load, the process tree whose CPU is its cost, whether to read
-    the aieng server's own report, and the transport the load speaks."""
+    the aieng server's own report, and the transport the load speaks (over TLS trusting ``tls_ca``)."""
     addr: str
     pid: int
     report: bool = False
     transport: str = "zmq"
+    tls_ca: str | None = None
 
 
 def closed_rounds(sides: dict[str, Side], model: str, inputs: list[dict], levels: list[int], n: int,
@@ -41,7 +42,8 @@ def closed_rounds(sides: dict[str, Side], model: str, inputs: list[dict], levels
     per = max(1, n // rounds)
     for c in levels:
         for s in sides.values():
-            asyncio.run(run_level(s.addr, model, inputs[:min(len(inputs), 4 * c)], c, 60, s.transport))
+            asyncio.run(run_level(s.addr, model, inputs[:min(len(inputs), 4 * c)], c, 60, s.transport,
+                                  tls_ca=s.tls_ca))
             if s.report:
                 fetch(s.addr, reset=True)
         parts: dict[str, list[dict]] = {label: [] for label in sides}
@@ -52,7 +54,8 @@ def closed_rounds(sides: dict[str, Side], model: str, inputs: list[dict], levels
             for label, s in sides.items():
                 before = cpuacct.snapshot(s.pid)
                 progress = Progress(f"{label} c={c} round {k + 1}/{rounds}", per)
-                r = asyncio.run(run_level(s.addr, model, chunk, c, 60, s.transport, progress))
+                r = asyncio.run(run_level(s.addr, model, chunk, c, 60, s.transport, progress,
+                                          tls_ca=s.tls_ca))
                 parts[label].append(r)
                 progress.close()
                 for name, secs in cpuacct.delta(before, cpuacct.snapshot(s.pid)).items():

@@ -3,10 +3,13 @@
 One server with the OIP gateway on; at each concurrency the closed loop runs over each listed
 transport in ``ROUNDS`` interleaved rounds (so load from elsewhere on a shared machine falls on every
 transport alike), merged per transport, with the server's CPU per request per process; writes
-``<out>/<model>-transports.md``.
+``<out>/<model>-transports.md``.  With ``--tls-cert/--tls-key/--tls-ca`` the server's OIP doors speak TLS
+(AIENG_OIP_TLS_CERT_FILE/KEY_FILE) and the http and grpc loads trust the CA: run it with and without them
+for TLS's cost (the certificate must name 127.0.0.1).
 """
 from __future__ import annotations
 
+from aieng.tools import checks
 from aieng.tools.bench.kit import fmt_num, free_port, ratio, start_server, stop_server, write_report
 from aieng.tools.bench.rounds import ROUNDS, Side, closed_rounds
 from aieng.tools.loadgen import sample_inputs
@@ -15,16 +18,19 @@ TRANSPORTS = ("zmq", "http", "grpc")
 
 
 def transport_side(model: str, repo: str, inputs: list[dict], levels: list[int], n: int,
-                   transports: list[str]) -> list[dict]:
+                   transports: list[str], tls: tuple[str, str, str] | None = None) -> list[dict]:
     """One server with the gateway on; at each level the same closed loop over each transport, in
     ``ROUNDS`` interleaved rounds (``rounds.closed_rounds``), merged per transport."""
     ports = {"http": f"127.0.0.1:{free_port()}", "grpc": f"127.0.0.1:{free_port()}"}
-    proc, addr, _ = start_server(model, repo, {"AIENG_OIP_HTTP_ADDR": ports["http"],
-                                                "AIENG_OIP_GRPC_ADDR": ports["grpc"]})
+    env = {"AIENG_OIP_HTTP_ADDR": ports["http"], "AIENG_OIP_GRPC_ADDR": ports["grpc"]}
+    if tls is not None:
+        env.update(AIENG_OIP_TLS_CERT_FILE=tls[0], AIENG_OIP_TLS_KEY_FILE=tls[1])
+    proc, addr, _ = start_server(model, repo, env)
     door = {"zmq": addr, **ports}
     try:
-        out = closed_rounds({t: Side(door[t], proc.pid, transport=t) for t in transports}, model, inputs,
-                            levels, n, ROUNDS)
+        sides = {t: Side(door[t], proc.pid, transport=t, tls_ca=None if tls is None or t == "zmq" else tls[2])
+                 for t in transports}
+        out = closed_rounds(sides, model, inputs, levels, n, ROUNDS)
     finally:
         stop_server(proc)
     rows = [out[t][i] for i in range(len(levels)) for t in transports]
@@ -59,6 +65,17 @@ def fmt_transports(model: str, rows: list[dict], n: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def tls_files(args) -> tuple[str, str, str] | None:
+    """``--tls-cert``, ``--tls-key``, ``--tls-ca``: all three or none."""
+    files = (getattr(args, "tls_cert", None), getattr(args, "tls_key", None), getattr(args, "tls_ca", None))
+    if not any(files):
+        return None
+    if not all(files):
+        raise checks.UsageError("--tls-cert, --tls-key and --tls-ca go together (the server's certificate "
+                                "and key, the CA its clients trust)")
+    return files  # type: ignore[return-value]
+
+
 def main_transports(args, transports: list[str]) -> int:
     from aieng.config import load_config
 
@@ -68,7 +85,7 @@ def main_transports(args, transports: list[str]) -> int:
     inputs = sample_inputs(args.model, max(n_req, 64), repo=repo, shapes=getattr(args, "shape", None))
     print(f"bench {args.model} over {', '.join(transports)}: levels {levels}, {n_req} requests per row",
           flush=True)
-    rows = transport_side(args.model, repo, inputs, levels, n_req, transports)
+    rows = transport_side(args.model, repo, inputs, levels, n_req, transports, tls_files(args))
     text = fmt_transports(args.model, rows, n_req)
     md = write_report(args.out, f"{args.model}-transports.md", text)
     print(text)
