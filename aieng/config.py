@@ -195,9 +195,10 @@ class Config:
         need(self.oip_shared_memory in ("local", "any", "off"), "oip_shared_memory must be local, any or off")
         need(min(self.oip_shm_max_regions, self.oip_shm_max_bytes, self.oip_shm_client_regions,
                  self.oip_shm_client_bytes) >= 0, "the oip_shm_* bounds must be >= 0")
-        need(bool(self.oip_tls_cert_file) == bool(self.oip_tls_key_file),
-             "oip_tls_cert_file and oip_tls_key_file go together (AIENG_OIP_TLS_CERT_FILE, "
-             "AIENG_OIP_TLS_KEY_FILE): set both or neither")
+        need(not self.oip_tls_cert_file or bool(self.oip_tls_key_file),
+             "oip_tls_cert_file needs oip_tls_key_file (AIENG_OIP_TLS_KEY_FILE): set both or neither")
+        need(not self.oip_tls_key_file or bool(self.oip_tls_cert_file),
+             "oip_tls_key_file needs oip_tls_cert_file (AIENG_OIP_TLS_CERT_FILE): set both or neither")
         need(not self.oip_tls_client_ca_file or bool(self.oip_tls_cert_file),
              "oip_tls_client_ca_file needs oip_tls_cert_file and oip_tls_key_file (mutual TLS is TLS first)")
         for name in ("oip_http_addr", "oip_grpc_addr"):
