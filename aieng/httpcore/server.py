@@ -27,8 +27,7 @@ descriptor and a coroutine, never a thread, and every way of holding one is boun
 Every close the client did not ask for is a DEBUG line and a count in ``dropped`` (by detail); one that
 ended without an answer also calls ``on_drop(kind)``, kind in ``KINDS``.  The handler gets ``(method,
 path, query, headers, body, peer)`` (``Peer``: both ends of the connection, and the client certificate's
-subject under mutual TLS) and returns ``(status,
-headers, body)``; an exception is a 500.
+subject under mutual TLS) and returns ``(status, headers, body)``; an exception is a 500.
 """
 from __future__ import annotations
 
