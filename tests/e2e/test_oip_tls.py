@@ -7,6 +7,7 @@ TLS no certificate, a stranger's, an expired one.  The probe port stays plain HT
 from __future__ import annotations
 
 import json
+import ssl
 import subprocess
 import urllib.request
 
@@ -82,8 +83,6 @@ def test_curl_over_https(srv, pki):
 
 
 def test_a_client_trusting_another_ca_refuses_the_server(srv, pki):
-    import ssl
-
     with pytest.raises(ssl.SSLCertVerificationError, match="certificate verify failed"):
         answer(srv.oip_http_port, client_context(pki.other.cert, pki.client))
     out = subprocess.run(["/usr/bin/curl", "-sS", "--max-time", "20", "--cacert", str(pki.other.cert),
