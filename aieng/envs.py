@@ -104,6 +104,10 @@ REGISTRY: tuple[EnvVar, ...] = (
     EnvVar("AIENG_OIP_SHM_CLIENT_BYTES", int, 256 << 20,
            "Bytes of shared-memory regions one client (a uid, all its addresses) may register",
            "oip_shm_client_bytes"),
+    EnvVar("AIENG_OIP_API_KEYS_FILE", str, "",
+           "API keys for the OIP doors: a file of PRINCIPAL:KEY[:model,...] lines, re-read when it changes; "
+           "set, every OIP request but server live/ready needs Authorization: Bearer KEY (empty: open)",
+           "oip_api_keys_file"),
     EnvVar("AIENG_MODEL_REPOSITORY", str, "models",
            "Directory holding <model>/<version>/model.yaml + model.onnx", "model_repository"),
     EnvVar("AIENG_MODELS", str, "",

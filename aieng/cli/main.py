@@ -53,6 +53,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except UsageError as exc:
         print(f"aieng: {exc}", file=sys.stderr)
         return 2
+    if cfg.oip_api_keys_file:  # a broken key file is the operator's to fix: one line, before anything starts
+        from aieng.gateway.apikeys import KeyFileError, load
+        try:
+            load(cfg.oip_api_keys_file)
+        except KeyFileError as exc:
+            print(f"aieng: {exc}", file=sys.stderr)
+            return 2
     procutil.setup_logging("supervisor", cfg.log_level, cfg.log_format)
     logging.getLogger("aieng.runtime.supervisor").info("effective configuration: %s", json.dumps(
         {k: v for k, v in cfg.to_dict().items() if k not in INTERNAL}, sort_keys=True))

@@ -2,7 +2,8 @@
 
 ``gateway_share``: the rows one gateway may hold in flight at the frontend: half of ``AIENG_MAX_INFLIGHT``
 split between the gateways, never more than the frontend's per-client limit.  ``PeerBudget``: within that
-share one peer (a client IP address, all its connections together) holds at most half.  ``take`` admits
+share one peer holds at most half.  A peer is a principal (``principal.py``: an API key's principal, all its
+connections and addresses together), else a client IP address (all its connections together).  ``take`` admits
 a request's rows whole or not at all (``RequestError`` OVERLOADED, before any row is sent); a peer, or a
 gateway, with nothing in flight always passes its check.  ``give`` returns a row's place when its answer
 (or its timeout) comes.  Why, and what it means behind a proxy: docs/oip.md ("Sharing").

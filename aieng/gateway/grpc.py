@@ -34,8 +34,11 @@ import grpc  # noqa: E402
 from google.protobuf import json_format  # noqa: E402
 from google.protobuf.message import DecodeError  # noqa: E402
 
-from aieng.gateway import codec, cudashm, models, shmio  # noqa: E402
+from aieng.gateway import codec, cudashm, guard, models, shmio  # noqa: E402
+from aieng.gateway.apikeys import Grant, KeyRing, bearer  # noqa: E402
+from aieng.gateway.grpcguard import UNDECODABLE, admit, authorization, visible  # noqa: E402
 from aieng.gateway.peers import Caller  # noqa: E402
+from aieng.gateway.principal import principal  # noqa: E402
 from aieng.gateway.proto import grpc_service_pb2 as pb  # noqa: E402
 from aieng.gateway.proto import grpc_service_pb2_grpc as pbg  # noqa: E402
 from aieng.gateway.service import GRPC_STATUS, Service  # noqa: E402
@@ -209,12 +212,14 @@ class Servicer(pbg.GRPCInferenceServiceServicer):
         await self._change("unload", request, context)
         return pb.RepositoryModelUnloadResponse()
 
-    async def ModelInfer(self, request, context):
+    async def ModelInfer(self, request, context, grant: Grant | None = None):
         failure = None
         try:
             # the guards skip building what a plain request (no parameters, all outputs) does not have
             params = _params(request.parameters) if request.parameters else {}
             caller = caller_of(context.peer(), self.local)
+            if grant is not None:  # TLS merge: None -> tls_subject(context)
+                caller.principal = principal(grant, None, caller.host)
             size = shmio.decode_size(request.ByteSize(), any(t.parameters and shmio.REGION in t.parameters
                                                              for t in request.inputs))
             tensors = await self.svc.decoder.run(size, tensors_of, request, self.svc.shm, caller)
@@ -308,17 +313,16 @@ class Servicer(pbg.GRPCInferenceServiceServicer):
         return resp
 
 
-UNDECODABLE = object()
-
-
-def _handlers(servicer: Servicer) -> grpc.GenericRpcHandler:
+def _handlers(servicer: Servicer, keys: KeyRing | None = None) -> grpc.GenericRpcHandler:
     """The service's unary methods that ``Servicer`` implements, registered like the generated
     ``add_GRPCInferenceServiceServicer_to_server`` does, except that a message which does not parse is
-    INVALID_ARGUMENT from the method (grpc's own deserializer answers UNKNOWN and logs a traceback)."""
+    INVALID_ARGUMENT from the method (grpc's own deserializer answers UNKNOWN and logs a traceback).
+    With ``keys``, every method but server live/ready first needs a key (UNAUTHENTICATED; ``guard.py``)."""
     service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 
     def method(name: str, req_cls, resp_cls):
         fn = getattr(servicer, name)
+        locked = keys is not None and name not in guard.OPEN_GRPC
 
         def parse(data: bytes):
             try:
@@ -327,10 +331,22 @@ def _handlers(servicer: Servicer) -> grpc.GenericRpcHandler:
                 return UNDECODABLE
 
         async def behave(request, context):
+            grant = None
+            if locked:  # before anything else: a caller without a key learns nothing
+                grant = keys.check(bearer(authorization(context)))
+                if grant is None:
+                    await context.abort(grpc.StatusCode.UNAUTHENTICATED, guard.REFUSED)
             if request is UNDECODABLE:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"undecodable {req_cls.__name__}")
             try:
-                return await fn(request, context)
+                if grant is None:
+                    return await fn(request, context)
+                early = await admit(name, request, context, grant)
+                if early is not None:
+                    return early
+                if name == "ModelInfer":  # whose request it is: the budgets count by it
+                    return await fn(request, context, grant)
+                return visible(name, await fn(request, context), grant)
             finally:  # an abort's traceback keeps this frame: it must not keep the request (tens of MB)
                 del request
 
@@ -345,7 +361,8 @@ def _handlers(servicer: Servicer) -> grpc.GenericRpcHandler:
 
 async def start_grpc(service: Service, addr: str, max_bytes: int, max_conns: int = 4096,
                      handshake_s: float = 5.0, idle_s: float = 60.0,
-                     credentials: grpc.ServerCredentials | None = None) -> grpc.aio.Server:
+                     credentials: grpc.ServerCredentials | None = None,
+                     keys: KeyRing | None = None) -> grpc.aio.Server:
     """Bind and start; every gateway process binds the same address (SO_REUSEPORT, grpc's default).
     Connections are bounded like the HTTP door's: at most ``max_conns`` (grpc's connection quota), a
     connection that has not finished its HTTP/2 handshake within ``handshake_s`` is closed, and so is one
@@ -363,6 +380,6 @@ async def start_grpc(service: Service, addr: str, max_bytes: int, max_conns: int
         port = 0
     if port == 0:
         raise OSError(f"cannot bind the OIP gRPC address {addr!r} (AIENG_OIP_GRPC_ADDR)")
-    server.add_generic_rpc_handlers((_handlers(Servicer(service, listener_of(addr, port))),))
+    server.add_generic_rpc_handlers((_handlers(Servicer(service, listener_of(addr, port)), keys),))
     await server.start()
     return server

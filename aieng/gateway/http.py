@@ -19,8 +19,10 @@ import json
 from typing import Any
 from urllib.parse import parse_qsl
 
-from aieng.gateway import codec, cudashm, models, shmio
+from aieng.gateway import codec, cudashm, guard, models, shmio
+from aieng.gateway.apikeys import Grant, KeyRing, bearer
 from aieng.gateway.peers import Caller
+from aieng.gateway.principal import principal
 from aieng.gateway.service import HTTP_STATUS, Answer, Service
 from aieng.gateway.sysshm import SystemShm
 from aieng.httpcore.coding import compress, response_coding
@@ -138,26 +140,38 @@ def render(ans: Answer, req_id: Any, binary: dict[str, bool]) -> tuple[int, dict
 
 
 class OipHttp:
-    def __init__(self, service: Service):
+    def __init__(self, service: Service, keys: KeyRing | None = None):
         self.svc = service
+        self.keys = keys  # AIENG_OIP_API_KEYS_FILE; None: no key asked (``guard.py``)
 
     async def handle(self, method: str, path: str, query: str, headers: dict, body: bytes, peer: Peer):
         parts = [s for s in path.split("/") if s]
         caller = Caller(peer.host, peer.port, peer.local_host, peer.local_port)
+        grant: Grant | None = None
         try:
+            if self.keys is not None and parts not in guard.OPEN_HTTP:  # before routing: nothing shows
+                token = headers.get("authorization")
+                grant = self.keys.check(bearer(token))
+                if grant is None:
+                    return guard.unauthorized(token is not None)
+                caller.principal = principal(grant, None, peer.host)  # TLS merge: None -> peer.subject
+                named = guard.http_model(parts)
+                if named is not None:
+                    guard.hidden(grant, *named)
             if parts[:2] == ["v2", "repository"]:
-                return await self.repository(method, parts[2:], query, body)
+                return await self.repository(method, parts[2:], query, body, grant)
             if parts[:2] == ["v2", "systemsharedmemory"]:
                 return self.shared_memory(method, parts[2:], body, caller)
             if parts[:2] == ["v2", "cudasharedmemory"]:
                 return self.cuda_shared_memory(method, parts[2:])
             if parts == ["v2", "logging"]:
                 return await self.logging(method, body)
-            return await self.route(method, parts, headers, body, caller)
+            return await self.route(method, parts, headers, body, caller, grant)
         except p.RequestError as exc:
             return error_response(HTTP_STATUS.get(exc.code, 500), exc.message)
 
-    async def route(self, method: str, parts: list[str], headers: dict, body: bytes, caller: Caller):
+    async def route(self, method: str, parts: list[str], headers: dict, body: bytes, caller: Caller,
+                    grant: Grant | None = None):
         svc, up = self.svc, self.svc.up
         if not parts or parts[0] != "v2":
             raise HttpError(404, "not found (the OIP endpoints are under /v2)")
@@ -169,7 +183,7 @@ class OipHttp:
         if rest == ["health", "ready"]:
             return _empty(await up.is_ready())
         if rest == ["models", "stats"]:
-            return _json({"model_stats": await self.stats(None, None)})
+            return _json({"model_stats": guard.visible(grant, await self.stats(None, None))})
         if rest[0] != "models" or len(rest) < 2:
             raise HttpError(404, "not found")
         name, version, tail = rest[1], None, rest[2:]
@@ -225,12 +239,14 @@ class OipHttp:
             raise p.RequestError(err.get("code", p.INTERNAL), err.get("message", "stats failed"))
         return models.stats(self.svc.up.catalog, reply, name, version)
 
-    async def repository(self, method: str, rest: list[str], query: str, body: bytes):
+    async def repository(self, method: str, rest: list[str], query: str, body: bytes,
+                         grant: Grant | None = None):
         if method != "POST":
             raise HttpError(405, "the repository extension takes POST")
         if rest == ["index"]:
-            return _json(await self.svc.repository_index())
+            return _json(guard.visible(grant, await self.svc.repository_index()))
         if len(rest) == 3 and rest[0] == "models" and rest[2] in ("load", "unload"):
+            guard.may_change(grant, rest[2])
             params = load_params(body, query)
             await self.svc.repository_change(rest[2], rest[1], params)
             return 200, JSON, b"{}"

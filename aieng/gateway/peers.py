@@ -52,6 +52,7 @@ class Caller:
     local_host: str | None  # the gateway's end; None: a wildcard listener, its address not known
     local_port: int
     uid: int | None = None
+    principal: str = ""  # whose request (``principal.principal``) when a key or certificate says; "": host
 
 
 def _v4_of(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:

@@ -4,14 +4,15 @@
 ``runtime.worker.run_process``), each serving OIP over HTTP (``AIENG_OIP_HTTP_ADDR``) and gRPC
 (``AIENG_OIP_GRPC_ADDR``) on the same addresses (SO_REUSEPORT).  ``Gateway`` builds its parts: the
 ``Upstream`` to the frontend (a client like any other), the ``PeerBudget`` (``budget.py``), the decoder,
-the admin ``Repository`` when control is on, the logging extension's ``LogSettings``, and the two servers,
-each door given its share of file descriptors (``connection_cap``), and with AIENG_OIP_TLS_* both doors'
-TLS (``tls.py``).  Both listeners are bound before it reports ready (a busy address fails the start naming
-its variable).  Running: one asyncio loop (uvloop where installed); the heartbeat ``Hello`` to the hub
-every ``HEARTBEAT_S``, the hub's ``LogLevel``, the stop flag and (TLS on) the TLS files' poll for a
-rotation (about once a second) every ``TICK_S``.  On stop: no new connections, answers under way finish
-for ``DRAIN_S``, then close.  The process's life: docs/oip.md; why a role of its own:
-docs/architecture.md ("The OIP front door").
+the admin ``Repository`` when control is on, the logging extension's ``LogSettings``, the API keys
+(``apikeys.KeyRing``, when ``AIENG_OIP_API_KEYS_FILE`` is set: the loop looks for a rewrite every
+``KEYS_S``) and the two servers, each door given its share of file descriptors (``connection_cap``), and
+with AIENG_OIP_TLS_* both doors' TLS (``tls.py``).  Both listeners are bound before it reports ready (a
+busy address fails the start naming its variable).  Running: one asyncio loop (uvloop where installed);
+the heartbeat ``Hello`` to the hub every ``HEARTBEAT_S``, the hub's ``LogLevel``, the stop flag and (TLS
+on) the TLS files' poll for a rotation (about once a second) every ``TICK_S``.  On stop: no new
+connections, answers under way finish for ``DRAIN_S``, then close.  The process's life: docs/oip.md; why
+a role of its own: docs/architecture.md ("The OIP front door").
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import zmq
 import zmq.auth
 
 from aieng.config import Config
+from aieng.gateway.apikeys import KeyRing
 from aieng.gateway.budget import PeerBudget, gateway_share
 from aieng.gateway.decode import Decoder
 from aieng.gateway.grpc import start_grpc
@@ -44,6 +46,7 @@ from aieng.wire import messages as m
 from aieng.wire.addresses import hub_addr
 
 TICK_S = 0.1
+KEYS_S = 1.0  # how often the key file is looked at (a stat; read again only when it changed)
 HUB_HANDLERS = {m.LogLevel: lambda msg: procutil.set_level(msg.level)}
 DRAIN_S = 2.0
 IDLE_FACTOR = 12  # an idle keep-alive connection may stay 12 x AIENG_HTTP_TIMEOUT_S (60 s by default)
@@ -120,12 +123,13 @@ class Gateway:
                            and self.admin is not None else None)
         self.service = Service(self.upstream, PeerBudget(share), Decoder(), self.repository, self.shm, logs)
         self.tls = server_tls(cfg, self.log)
+        self.keys = KeyRing(cfg.oip_api_keys_file, self.log) if cfg.oip_api_keys_file else None
         cap = connection_cap(bool(cfg.oip_http_addr) + bool(cfg.oip_grpc_addr))
         if cfg.oip_http_addr:
             host, port = split_addr(cfg.oip_http_addr, "AIENG_OIP_HTTP_ADDR")
-            self.http = HttpServer(OipHttp(self.service).handle, cfg.max_message_bytes, cfg.http_timeout_s,
-                                   cfg.http_timeout_s * IDLE_FACTOR, cap, self.log, codings=True,
-                                   tls=None if self.tls is None else self.tls.context)
+            self.http = HttpServer(OipHttp(self.service, self.keys).handle, cfg.max_message_bytes,
+                                   cfg.http_timeout_s, cfg.http_timeout_s * IDLE_FACTOR, cap, self.log,
+                                   codings=True, tls=None if self.tls is None else self.tls.context)
             try:
                 await self.http.start(host, port)
             except OSError as exc:
@@ -134,14 +138,14 @@ class Gateway:
         if cfg.oip_grpc_addr:
             self.grpc = await start_grpc(self.service, cfg.oip_grpc_addr, cfg.max_message_bytes, cap,
                                          cfg.http_timeout_s, cfg.http_timeout_s * IDLE_FACTOR,
-                                         None if self.tls is None else grpc_credentials(self.tls))
+                                         None if self.tls is None else grpc_credentials(self.tls), self.keys)
         self.upstream.start()
 
     def run(self, stop: procutil.StopFlag) -> None:
         self.loop.run_until_complete(self._run(stop))
 
     async def _run(self, stop: procutil.StopFlag) -> None:
-        next_hello = next_sweep = 0.0
+        next_hello = next_sweep = next_keys = 0.0
         while not stop.stop:
             now = self.loop.time()
             if now >= next_hello:
@@ -153,6 +157,9 @@ class Gateway:
                 next_sweep = now + SWEEP_S
             if self.tls is not None:
                 self.tls.poll(now)
+            if self.keys is not None and now >= next_keys:
+                self.keys.refresh()
+                next_keys = now + KEYS_S
             self._read_hub()
             await asyncio.sleep(TICK_S)
         self.log.info("stopping: no new connections, %d requests in flight", self.upstream.in_flight)

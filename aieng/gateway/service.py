@@ -106,7 +106,8 @@ class Service:
     async def infer(self, name: str, version: str | None, tensors: list[codec.Tensor], params: dict,
                     requested: list[str] | None, caller: Caller, deadline_s: float | None = None,
                     out_shm: dict[str, shmio.ShmRef] | None = None, trace: dict | None = None) -> Answer:
-        """One OIP request of ``caller``: all its rows admitted (``budget``, by its address) or none.
+        """One OIP request of ``caller``: all its rows admitted (``budget``, by its principal, else its
+        address) or none.
         The outputs named in ``out_shm`` are written into those windows (``shmio``); ``trace``: the
         trace fields every row carries (``traceparent.native_fields``)."""
         view = await self.view(name, version)
@@ -117,7 +118,7 @@ class Service:
         if out_shm:
             shmio.check_outputs(self.shm, caller, out_shm)
         mparams = model_params(params)
-        peer = caller.host
+        peer = caller.principal or caller.host
         self.budget.take(peer, len(rows))
 
         async def one(row: dict) -> dict:
