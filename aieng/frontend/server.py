@@ -32,7 +32,7 @@ from aieng.frontend.requests.admission import Admission, Immediate
 from aieng.frontend.requests.answers import Answers
 from aieng.frontend.requests.breaker import Breakers
 from aieng.frontend.requests.cache import ResponseCache
-from aieng.frontend.requests.clients import ClientGate, client_socket, peer_of
+from aieng.frontend.requests.clients import ClientGate, client_socket, owner_of, peer_of, via_of
 from aieng.frontend.requests.degrade import Degrader
 from aieng.frontend.requests.fanout import Fanout
 from aieng.frontend.requests.pipeline import Pipeline
@@ -254,8 +254,10 @@ class Frontend:
                 return self.refuse(envelope, f"unknown op {op!r}", req_id)
             return self.reply(envelope, p.pack_map(answer))  # the models list spliced in as kept (packed)
         self.answers.admitted()
+        via = via_of(req, self.cfg.gateway_token)  # an OIP request's principal (or address)
+        owner = owner_of(frames[0], via, self.auth is not None)
         try:
-            decision = self.admission.admit(req, envelope[0], received)
+            decision = self.admission.admit(req, owner, received)
         except p.RequestError as exc:
             self.answers.count_error(exc.code, *Admission.labels_of(req, self.specs))
             return self.reply(envelope, p.error_body(req_id, exc.code, exc.message))
@@ -265,7 +267,7 @@ class Frontend:
         r = Request(self.table.new_rid(), envelope, req_id, a.model, a.version, a.deadline, received,
                     a.params, trace=a.trace, probe=a.probe, cache_key=a.cache_key, degraded=a.degraded,
                     body=body, route=a.route, tctx=a.tctx, pixels=a.pixels,
-                    peer=peer_of(frames[0], req, self.cfg.gateway_token))
+                    peer=peer_of(frames[0], via), owner=owner)
         self.log.debug("admitted %s:%s", a.model, a.version, extra={"trace": a.trace})
         if self.versions.start(r, req["inputs"]):  # else it waits for its cold load (no shadow copy then)
             self.mirror.after_admit(r, body)  # after the primary is on its way: a shadow never delays it

@@ -7,7 +7,8 @@ Checks, in order (the first that fails answers the request with its code):
      is INVALID_REQUEST, an unknown one MODEL_NOT_FOUND; then timeout_ms; a version that failed to load
      is UNAVAILABLE with its error;
   2. serving state: not ready yet or draining (UNAVAILABLE);
-  3. fairness: this client's requests in flight (``per_client_inflight``), then everyone's
+  3. fairness: this client's requests in flight (``per_client_inflight``; a client is what
+     ``clients.owner_of`` says: an OIP principal, a CURVE key, else a connection), then everyone's
      (``max_inflight``, shadow copies not counted): OVERLOADED;
   4. response cache (a hit is answered at once, even while shedding);
   5. degradation level 3: the model's fallback answer, or OVERLOADED;
@@ -92,7 +93,7 @@ class Admission:
             raise p.RequestError(p.MODEL_NOT_FOUND, f"unknown model {model!r}")
         return model
 
-    def admit(self, req: dict, client: bytes, received: float) -> Admitted | Immediate:
+    def admit(self, req: dict, client: bytes | str, received: float) -> Admitted | Immediate:
         model = self.resolve(req)
         if not isinstance(req.get("inputs"), dict):
             raise p.RequestError(p.INVALID_REQUEST, "'inputs' must be a map")

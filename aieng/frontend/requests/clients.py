@@ -7,9 +7,13 @@ so a flood of health/models/stats cannot starve inference or anyone else's healt
 ``MAX_TRACKED`` clients the least recently seen one's buckets are forgotten.  ``dropped`` and
 ``limited`` hold the counts (``aieng_client_*`` metrics).
 
-``peer_of`` says which client a request counts as for the drift reference (drift.py): its network
-address (the TCP peer's IP as ZMQ reports it; an OIP request's own peer, which its gateway names beside
-the gateways' secret token), else (ipc) its connection.
+``via_of`` reads the OIP peer a gateway names beside the gateways' secret token: the request's principal
+(``key:<name>``, ``cert:<subject>``) or its client's address (``gateway/principal.py``).  ``peer_of`` says
+which client a request counts as for the drift reference (drift.py): that OIP peer, else its network
+address (the TCP peer's IP as ZMQ reports it), else (ipc) its connection.  ``owner_of`` says whose share of
+the per-client in-flight limit (admission.py) it takes: that OIP peer, else with CURVE on the client's
+public key (the ZAP User-Id: all the connections of one key are one client, two keys behind one address
+two), else its connection, as without CURVE.
 
 ``client_socket`` builds the client ROUTER (and its CURVE authenticator, when configured;
 ``curve_server`` serves the admin socket too) with a send queue of ``client_send_queue`` messages
@@ -77,21 +81,45 @@ class ClientGate:
         return {"replies_dropped": dict(self.dropped), "refused": dict(self.limited)}
 
 
-MAX_PEER_CHARS = 64  # an address; longer is not one
+MAX_PEER_CHARS = 256  # an address, or a principal (an API key's name, a certificate's subject)
 
 
-def peer_of(identity: zmq.Frame, req: dict, gateway_token: str) -> str:
-    """The client a request counts as: the OIP peer a gateway names (only with the gateways' token), else
-    the address the connection comes from, else (ipc, no address) ``"ipc"``.  An address counts as
-    ``httpcore.fair.peer_key`` says (an IPv6 one by its /64), so one host's many addresses of a /64 are one
-    client; every ipc connection is one client (a local process can open as many as it likes); a gateway's
-    requests are each their own peer's."""
+def via_of(req: dict, gateway_token: str) -> str | None:
+    """The OIP peer a gateway names for its request (only with the gateways' token), as
+    ``httpcore.fair.peer_key`` counts an address (a principal is kept as it is); None: not a gateway's."""
     via: Any = req.get("via")
     if gateway_token and isinstance(via, dict):
         token, peer = via.get("token"), via.get("peer")
         if (isinstance(token, str) and isinstance(peer, str) and peer
                 and hmac.compare_digest(token.encode(), gateway_token.encode())):
             return peer_key(peer[:MAX_PEER_CHARS])
+    return None
+
+
+def owner_of(identity: zmq.Frame, via: str | None, curve: bool) -> bytes | str:
+    """Whose share of the per-client limit a request takes (``RequestTable.client_load``): the OIP peer
+    its gateway names, else with CURVE on its client's public key (Z85, from the ZAP User-Id), else its
+    connection (the ROUTER identity)."""
+    if via is not None:
+        return "via:" + via
+    if curve:
+        try:
+            key = identity.get("User-Id")
+        except (zmq.ZMQError, AttributeError):
+            key = ""
+        if key:
+            return "curve:" + key
+    return identity.bytes
+
+
+def peer_of(identity: zmq.Frame, via: str | None) -> str:
+    """The client a request counts as: the OIP peer a gateway names (``via_of``), else the address the
+    connection comes from, else (ipc, no address) ``"ipc"``.  An address counts as
+    ``httpcore.fair.peer_key`` says (an IPv6 one by its /64), so one host's many addresses of a /64 are one
+    client; every ipc connection is one client (a local process can open as many as it likes); a gateway's
+    requests are each their own peer's."""
+    if via is not None:
+        return via
     try:
         addr = identity.get("Peer-Address")
     except (zmq.ZMQError, AttributeError):  # no address (ipc), or not a received frame

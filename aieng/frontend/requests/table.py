@@ -130,6 +130,7 @@ class Request:
     peer: str = ""  # who sent it, for the drift reference's per-client share (``clients.peer_of``)
     kind: Kind = CLIENT
     link: Any = None  # by kind: CLIENT None, GOLDEN ``Golden``, SHADOW the primary's rid, STEP ``Step``
+    owner: bytes | str | None = None  # whose per-client share (``clients.owner_of``); None: its connection
 
     @property
     def internal(self) -> bool:
@@ -142,8 +143,10 @@ class Request:
         return f"{self.model}:{self.version}"
 
     @property
-    def client(self) -> bytes:
-        return self.envelope[0]
+    def client(self) -> bytes | str:
+        """Whose share of the per-client limit it takes: its owner (a principal, a CURVE key), else its
+        connection."""
+        return self.envelope[0] if self.owner is None else self.owner
 
 
 @dataclass(slots=True)
@@ -165,7 +168,7 @@ class RequestTable:
         # message about its predecessor's request for one of its own.
         self.ids = itertools.count(secrets.randbits(40) << 16)
         self.by_holder: dict[str, set[int]] = {}
-        self.by_client: dict[bytes, int] = {}
+        self.by_client: dict[bytes | str, int] = {}
         self.by_post: dict[str, int] = {}  # requests routed to each postprocess worker
         self.stage_counts: dict[tuple[str, str], int] = {}  # (model key, stage) -> requests there
         self.stage_totals: dict[str, int] = {PRE: 0, EXEC: 0, POST: 0}  # stage -> requests there, all models
@@ -193,7 +196,7 @@ class RequestTable:
     def get(self, rid: int) -> Request | None:
         return self.items.get(rid)
 
-    def client_load(self, client: bytes) -> int:
+    def client_load(self, client: bytes | str) -> int:
         return self.by_client.get(client, 0)
 
     # -- lifecycle --------------------------------------------------------------

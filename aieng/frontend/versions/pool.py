@@ -12,7 +12,10 @@ estimate when there is none or when a reading above the whole budget is ``remeas
 ``warm_s``) or the loading one; ``[]`` when it fits (or no budget), ``None`` when it cannot (``refusal``
 says why).
 ``ColdStarts`` holds the requests waiting for a load, bounded per version, released by ``ready``/``failed``,
-or handed back by ``expired``.  The rules and why: docs/rollout.md, section 10.
+or handed back by ``expired``; at the bound, ``make_place`` gives a newcomer the place of the newest waiter
+of the owner (a principal, a CURVE key, a connection) holding the most, when that one holds more than the
+newcomer would, so one owner cannot keep every other out of a cold load.  The rules and why:
+docs/rollout.md, section 10.
 """
 from __future__ import annotations
 
@@ -176,7 +179,7 @@ class ColdStarts(Generic[T]):
         if max_waiting < 1:
             raise ValueError("max_waiting must be >= 1")
         self.max_waiting = max_waiting
-        self._waiting: dict[Hashable, list[tuple[float, T]]] = {}
+        self._waiting: dict[Hashable, list[tuple[float, T, Hashable]]] = {}  # (deadline, request, owner)
 
     def loading(self, key: Hashable) -> bool:
         return key in self._waiting
@@ -188,16 +191,31 @@ class ColdStarts(Generic[T]):
         self._waiting[key] = []
         return True
 
-    def add(self, key: Hashable, deadline: float, request: T) -> bool:
+    def add(self, key: Hashable, deadline: float, request: T, owner: Hashable = None) -> bool:
         queue = self._waiting.setdefault(key, [])
         if len(queue) >= self.max_waiting:
             return False
-        queue.append((deadline, request))
+        queue.append((deadline, request, owner))
         return True
+
+    def make_place(self, key: Hashable, owner: Hashable) -> T | None:
+        """At the bound: take out and return the newest waiter of the owner holding the most (the caller
+        refuses it), when it holds at least two more than ``owner``; None when no place is made."""
+        queue = self._waiting.get(key, [])
+        held: dict[Hashable, int] = {}
+        for _, _, o in queue:  # only when full: at most max_waiting entries
+            held[o] = held.get(o, 0) + 1
+        if not held:
+            return None
+        top = max(held, key=held.__getitem__)
+        if held[top] < held.get(owner, 0) + 2:
+            return None
+        at = max(i for i, (_, _, o) in enumerate(queue) if o == top)
+        return queue.pop(at)[1]
 
     def ready(self, key: Hashable) -> list[T]:
         """The load finished: every waiter, in arrival order, to dispatch now."""
-        return [req for _, req in self._waiting.pop(key, [])]
+        return [req for _, req, _ in self._waiting.pop(key, [])]
 
     failed = ready  # a failed load releases its waiters the same way; the caller answers them
 
@@ -205,8 +223,8 @@ class ColdStarts(Generic[T]):
         """Remove and return the waiters whose deadline has passed (answer UNAVAILABLE)."""
         out: list[tuple[Hashable, T]] = []
         for key, queue in self._waiting.items():
-            keep = [(d, r) for d, r in queue if d > now]
-            out.extend((key, r) for d, r in queue if d <= now)
+            keep = [w for w in queue if w[0] > now]
+            out.extend((key, r) for d, r, _ in queue if d <= now)
             queue[:] = keep
         return out
 

@@ -3,7 +3,8 @@
 The rules are pure (``pool.py``); this module feeds them the frontend's events and acts on the answers
 through the hot swap path, so a lazily loaded version is built, warmed and golden-checked exactly like an
 ``aieng models load``.  A version of a lazy model is resident, loading, evicted or cold.  ``start`` holds
-a request for a version that is not resident (bounded per version; checked first by ``inputs.precheck``
+a request for a version that is not resident (bounded per version, fairly between its clients:
+``ColdStarts.make_place``; checked first by ``inputs.precheck``
 so a bad request never loads or evicts) and starts its load; ``make_room`` evicts the least recently used
 idle versions outside their warm period, or refuses the load naming the budget; ``on_ready`` dispatches
 the waiters, ``on_failed`` answers them UNAVAILABLE, ``sweep`` answers those past their deadline.  Each
@@ -112,10 +113,15 @@ class PoolControl:
         except p.RequestError as exc:
             self.answer(req, exc.code, exc.message)
             return False
-        if not self.waiting.add(key, req.deadline, req):
-            self.answer(req, p.OVERLOADED, f"model {key} is loading (cold start) and "
-                                           f"{self.waiting.max_waiting} requests wait for it already")
-            return False
+        if not self.waiting.add(key, req.deadline, req, req.client):
+            full = (f"model {key} is loading (cold start) and {self.waiting.max_waiting} requests wait for "
+                    "it already")
+            bumped = self.waiting.make_place(key, req.client)  # a client holding many gives one place up
+            if bumped is None:
+                self.answer(req, p.OVERLOADED, full)
+                return False
+            self.answer(bumped, p.OVERLOADED, full)
+            self.waiting.add(key, req.deadline, req, req.client)
         if not self.loads.busy(key):
             self.begin_load(key)
         return False
