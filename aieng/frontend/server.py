@@ -244,7 +244,9 @@ class Frontend:
         if req_id is not None and not p.valid_id(req_id):
             return self.refuse(envelope, "'id' must be a str or an int")
         op = req.get("op", "infer")
-        why = self.gate.allow(envelope[0], op == "infer", received)
+        via = via_of(req, self.cfg.gateway_token)  # an OIP request's principal (or address)
+        owner = owner_of(frames[0], via, self.auth is not None)  # whose rates and share (clients.py)
+        why = self.gate.allow(owner, op == "infer", received)
         if why is not None:
             self.answers.count_error(p.OVERLOADED, *Admission.labels_of(req, self.specs))
             return self.reply(envelope, p.error_body(req_id, p.OVERLOADED, why))
@@ -254,8 +256,6 @@ class Frontend:
                 return self.refuse(envelope, f"unknown op {op!r}", req_id)
             return self.reply(envelope, p.pack_map(answer))  # the models list spliced in as kept (packed)
         self.answers.admitted()
-        via = via_of(req, self.cfg.gateway_token)  # an OIP request's principal (or address)
-        owner = owner_of(frames[0], via, self.auth is not None)
         try:
             decision = self.admission.admit(req, owner, received)
         except p.RequestError as exc:

@@ -1,6 +1,6 @@
 """Per-client fairness on the client socket: message rates and replies nobody reads.
 
-``ClientGate`` keeps token buckets per client (its ZMQ routing identity; one second of burst): one
+``ClientGate`` keeps token buckets per client (``owner_of``; one second of burst): one
 for every message when ``client_rate_limit`` > 0, one for its non-infer ops (``max_ops_per_s``),
 so a flood of health/models/stats cannot starve inference or anyone else's health checks.
 ``allow`` says why a message is over a limit (the server answers it OVERLOADED at once); beyond
@@ -10,10 +10,10 @@ so a flood of health/models/stats cannot starve inference or anyone else's healt
 ``via_of`` reads the OIP peer a gateway names beside the gateways' secret token: the request's principal
 (``key:<name>``, ``cert:<subject>``) or its client's address (``gateway/principal.py``).  ``peer_of`` says
 which client a request counts as for the drift reference (drift.py): that OIP peer, else its network
-address (the TCP peer's IP as ZMQ reports it), else (ipc) its connection.  ``owner_of`` says whose share of
-the per-client in-flight limit (admission.py) it takes: that OIP peer, else with CURVE on the client's
-public key (the ZAP User-Id: all the connections of one key are one client, two keys behind one address
-two), else its connection, as without CURVE.
+address (the TCP peer's IP as ZMQ reports it), else (ipc) its connection.  ``owner_of`` says whose share
+of the per-client in-flight limit (admission.py) and of the rate limits (``ClientGate``) it takes: that
+OIP peer, else with CURVE on the client's public key (the ZAP User-Id: all the connections of one key are
+one client, two keys behind one address two), else its connection, as without CURVE.
 
 ``client_socket`` builds the client ROUTER (and its CURVE authenticator, when configured;
 ``curve_server`` serves the admin socket too) with a send queue of ``client_send_queue`` messages
@@ -54,11 +54,11 @@ class Bucket:
 class ClientGate:
     def __init__(self, client_rate: float, ops_rate: float):
         self.client_rate, self.ops_rate = client_rate, ops_rate
-        self.buckets: OrderedDict[bytes, tuple[Bucket | None, Bucket]] = OrderedDict()
+        self.buckets: OrderedDict[bytes | str, tuple[Bucket | None, Bucket]] = OrderedDict()
         self.dropped = {"full": 0, "gone": 0}  # replies dropped: client not reading / disconnected
         self.limited = {"client_rate": 0, "ops_rate": 0}  # messages refused OVERLOADED
 
-    def allow(self, client: bytes, is_infer: bool, now: float) -> str | None:
+    def allow(self, client: bytes | str, is_infer: bool, now: float) -> str | None:
         """None when the message may proceed; else why it is refused."""
         pair = self.buckets.get(client)
         if pair is None:
