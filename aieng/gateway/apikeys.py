@@ -7,7 +7,8 @@ The file holds one key a line, ``#`` comments and blank lines aside::
 
 ``PRINCIPAL`` names who holds the key (letters, digits, ``._@-``, up to ``MAX_NAME`` characters); several
 keys may name one principal (rotation: the old key and the new one side by side, one share between them).
-``KEY`` is at least ``MIN_KEY`` characters, none of them whitespace or ``:``; a key may appear once.
+``KEY`` is at least ``MIN_KEY`` printable ASCII characters, none of them a space or ``:``; a key may appear
+once.  A comment may follow a key after a space (``#`` inside a key is part of it).
 ``parse`` names the first bad line by its number (``KeyFileError``); the server refuses to start on one.
 
 ``KeyRing`` holds the last good keys.  ``check`` answers a bearer token with its ``Grant`` (who, which
@@ -31,6 +32,8 @@ MIN_KEY = 16
 MAX_NAME = 48
 NAME = re.compile(r"[A-Za-z0-9._@-]{1,%d}" % MAX_NAME)
 MODEL = re.compile(r"[^\s,:/]+")  # a model name is a directory name (no separator, no path)
+KEY = re.compile(r"[!-9;-~]{%d,}" % MIN_KEY)  # printable ASCII but ":" and space: as a header carries it
+COMMENT = re.compile(r"\s+#")
 ENV = "AIENG_OIP_API_KEYS_FILE"
 
 
@@ -57,9 +60,10 @@ def parse(text: str, path: str) -> dict[bytes, tuple[bytes, Grant]]:
     ``KeyFileError`` names the first bad line."""
     keys: dict[bytes, tuple[bytes, Grant]] = {}
     for number, raw in enumerate(text.splitlines(), 1):
-        line = raw.split("#", 1)[0].strip()
-        if not line:
+        line = raw.strip()
+        if not line or line.startswith("#"):
             continue
+        line = COMMENT.split(line, 1)[0]  # a comment after a key: keys hold no space, so a "#" in one stays
 
         def bad(why: str) -> KeyFileError:
             return KeyFileError(f"{ENV}: {path} line {number}: {why} (expected PRINCIPAL:KEY or "
@@ -71,8 +75,8 @@ def parse(text: str, path: str) -> dict[bytes, tuple[bytes, Grant]]:
         name, key = fields[0].strip(), fields[1].strip()
         if not NAME.fullmatch(name):
             raise bad(f"the principal must be 1-{MAX_NAME} of A-Z a-z 0-9 . _ @ -")
-        if len(key) < MIN_KEY or any(c.isspace() for c in key):
-            raise bad(f"the key must be at least {MIN_KEY} characters, without spaces")
+        if not KEY.fullmatch(key):
+            raise bad(f"the key must be at least {MIN_KEY} printable ASCII characters, without spaces")
         models = None
         if len(fields) == 3:
             names = [m.strip() for m in fields[2].split(",")]
@@ -93,7 +97,7 @@ def _signature(st: os.stat_result) -> tuple[int, int, int, int]:
 def load(path: str) -> tuple[dict[bytes, tuple[bytes, Grant]], tuple[int, int, int, int]]:
     """Read and parse the file; ``KeyFileError`` (one line) when it cannot be read or parsed."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:  # an editor's BOM is not part of the first principal
             sig = _signature(os.fstat(f.fileno()))
             text = f.read()
     except (OSError, UnicodeDecodeError) as exc:

@@ -44,8 +44,9 @@ def test_one_principal_may_hold_two_keys_for_rotation():
     (f"alice:{A}:m:x", "4 ':'-separated fields"),
     (f"al ice:{A}", "the principal must be"),
     (f":{A}", "the principal must be"),
-    ("alice:short", "at least 16 characters"),
-    ("alice:0123456789abc def", "at least 16 characters, without spaces"),
+    ("alice:short", "at least 16 printable ASCII characters"),
+    ("alice:0123456789abc def", "at least 16 printable ASCII characters, without spaces"),
+    ("alice:0123456789abcdéf", "at least 16 printable ASCII characters"),
     (f"alice:{A}:", "the allow-list must be"),
     (f"alice:{A}:a,,b", "the allow-list must be"),
     (f"alice:{A}:../x", "the allow-list must be"),
@@ -56,6 +57,31 @@ def test_a_bad_line_is_named_by_its_number(line, why):
     msg = str(info.value)
     assert msg.startswith("AIENG_OIP_API_KEYS_FILE: /etc/k.txt line 3: ") and why in msg, msg
     assert "\n" not in msg and A not in msg  # one line, and never the key
+
+
+def test_a_hash_inside_a_key_is_part_of_it_and_a_bom_is_not_part_of_a_name(tmp_path):
+    f = tmp_path / "keys"
+    f.write_text(f"\ufeffalice:{A}#x  # the comment\n", encoding="utf-8")
+    ring = KeyRing(str(f), LOG)
+    assert (ring.check(A + "#x"), ring.check(A)) == (Grant("alice"), None)
+
+
+def test_the_lookup_compares_digests_with_compare_digest(tmp_path, monkeypatch):
+    """Never ``==`` on a secret: the stored and the offered key meet only as SHA-256 digests, in
+    ``hmac.compare_digest``."""
+    f = tmp_path / "keys"
+    f.write_text(f"alice:{A}\n")
+    ring = KeyRing(str(f), LOG)
+    seen = []
+    real = apikeys.hmac.compare_digest
+
+    def spy(a, b):
+        seen.append((a, b))
+        return real(a, b)
+
+    monkeypatch.setattr(apikeys.hmac, "compare_digest", spy)
+    assert ring.check(A) == Grant("alice")
+    assert seen == [(apikeys.digest(A), apikeys.digest(A))] and len(seen[0][0]) == 32
 
 
 def test_a_key_given_twice_is_refused():
