@@ -4,9 +4,9 @@ The rules are pure (``pool.py``); this module feeds them the frontend's events a
 through the hot swap path, so a lazily loaded version is built, warmed and golden-checked exactly like an
 ``aieng models load``.  A version of a lazy model is resident, loading, evicted or cold.  ``start`` holds
 a request for a version that is not resident (bounded per version, fairly between its clients:
-``ColdStarts.make_place``; checked first by ``inputs.precheck``
-so a bad request never loads or evicts) and starts its load; ``make_room`` evicts the least recently used
-idle versions outside their warm period, or refuses the load naming the budget; ``on_ready`` dispatches
+``ColdStarts.make_place``; checked first by ``inputs.precheck`` so a bad request never loads or evicts)
+and starts its load; ``make_room`` evicts the least recently used idle versions outside their warm
+period, or refuses the load naming the budget; ``on_ready`` dispatches
 the waiters, ``on_failed`` answers them UNAVAILABLE, ``sweep`` answers those past their deadline.  Each
 waiter gets exactly one answer.  docs/rollout.md (section 10) has the states, the footprint rules and
 the settings.
