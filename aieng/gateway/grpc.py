@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import unquote
 
 # Set before grpc starts (the operator's own GRPC_EXPERIMENTS wins).  grpc's EventEngine reads and writes each
@@ -130,8 +130,10 @@ def listener_of(addr: str, port: int) -> tuple[str | None, int]:
 
 
 class Servicer(pbg.GRPCInferenceServiceServicer):
-    def __init__(self, service: Service, local: tuple[str | None, int]):
+    def __init__(self, service: Service, local: tuple[str | None, int],
+                 subject: Callable[[Any], str | None] | None = None):
         self.svc, self.local = service, local
+        self.subject = subject  # mutual TLS: the client certificate's subject (``tls.subject_reader``)
 
     async def _fail(self, context: grpc.aio.ServicerContext, exc: p.RequestError):
         """Abort with ``exc``'s status.  Called *after* the ``except`` block: ``abort`` raises, and raised
@@ -218,8 +220,9 @@ class Servicer(pbg.GRPCInferenceServiceServicer):
             # the guards skip building what a plain request (no parameters, all outputs) does not have
             params = _params(request.parameters) if request.parameters else {}
             caller = caller_of(context.peer(), self.local)
-            if grant is not None:  # TLS merge: None -> tls_subject(context)
-                caller.principal = principal(grant, None, caller.host)
+            if grant is not None or self.subject is not None:  # a key, else a certificate, names the client
+                caller.principal = principal(grant, None if self.subject is None else self.subject(context),
+                                             caller.host)
             size = shmio.decode_size(request.ByteSize(), any(t.parameters and shmio.REGION in t.parameters
                                                              for t in request.inputs))
             tensors = await self.svc.decoder.run(size, tensors_of, request, self.svc.shm, caller)
@@ -361,8 +364,8 @@ def _handlers(servicer: Servicer, keys: KeyRing | None = None) -> grpc.GenericRp
 
 async def start_grpc(service: Service, addr: str, max_bytes: int, max_conns: int = 4096,
                      handshake_s: float = 5.0, idle_s: float = 60.0,
-                     credentials: grpc.ServerCredentials | None = None,
-                     keys: KeyRing | None = None) -> grpc.aio.Server:
+                     credentials: grpc.ServerCredentials | None = None, keys: KeyRing | None = None,
+                     subject: Callable[[Any], str | None] | None = None) -> grpc.aio.Server:
     """Bind and start; every gateway process binds the same address (SO_REUSEPORT, grpc's default).
     Connections are bounded like the HTTP door's: at most ``max_conns`` (grpc's connection quota), a
     connection that has not finished its HTTP/2 handshake within ``handshake_s`` is closed, and so is one
@@ -380,6 +383,6 @@ async def start_grpc(service: Service, addr: str, max_bytes: int, max_conns: int
         port = 0
     if port == 0:
         raise OSError(f"cannot bind the OIP gRPC address {addr!r} (AIENG_OIP_GRPC_ADDR)")
-    server.add_generic_rpc_handlers((_handlers(Servicer(service, listener_of(addr, port)), keys),))
+    server.add_generic_rpc_handlers((_handlers(Servicer(service, listener_of(addr, port), subject), keys),))
     await server.start()
     return server

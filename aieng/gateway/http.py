@@ -154,10 +154,12 @@ class OipHttp:
                 grant = self.keys.check(bearer(token))
                 if grant is None:
                     return guard.unauthorized(token is not None)
-                caller.principal = principal(grant, None, peer.host)  # TLS merge: None -> peer.subject
+                caller.principal = principal(grant, peer.subject, peer.host)
                 named = guard.http_model(parts)
                 if named is not None:
                     guard.hidden(grant, *named)
+            elif peer.subject is not None:  # mutual TLS without keys: the certificate names the client
+                caller.principal = principal(None, peer.subject, peer.host)
             if parts[:2] == ["v2", "repository"]:
                 return await self.repository(method, parts[2:], query, body, grant)
             if parts[:2] == ["v2", "systemsharedmemory"]:

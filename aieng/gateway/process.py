@@ -36,7 +36,7 @@ from aieng.gateway.models import Catalog
 from aieng.gateway.repository import Repository
 from aieng.gateway.service import Service
 from aieng.gateway.sysshm import SWEEP_S, from_config
-from aieng.gateway.tls import grpc_credentials, server_tls
+from aieng.gateway.tls import grpc_credentials, server_tls, subject_reader
 from aieng.gateway.upstream import Upstream
 from aieng.httpcore.server import HttpServer
 from aieng.models.repo import ModelSpec
@@ -138,7 +138,8 @@ class Gateway:
         if cfg.oip_grpc_addr:
             self.grpc = await start_grpc(self.service, cfg.oip_grpc_addr, cfg.max_message_bytes, cap,
                                          cfg.http_timeout_s, cfg.http_timeout_s * IDLE_FACTOR,
-                                         None if self.tls is None else grpc_credentials(self.tls), self.keys)
+                                         None if self.tls is None else grpc_credentials(self.tls), self.keys,
+                                         subject_reader(cfg))
         self.upstream.start()
 
     def run(self, stop: procutil.StopFlag) -> None:
