@@ -283,7 +283,7 @@ class Executor(HubWorker):
             try:
                 ring = self.inputs.get(ref.seg)
             except (FileNotFoundError, ValueError):
-                self.fail(p.rid, UNAVAILABLE, "preprocess worker went away before inference")
+                self.fail(p.rid, UNAVAILABLE, m.PRE_WORKER_GONE)
                 continue
             if not ring.holds(ref.slot, ref.gen):
                 continue  # answered already (freed when a holder died): never read a reused slot

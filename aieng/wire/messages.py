@@ -171,6 +171,11 @@ class Bundle:
     items: list[bytes]
 
 
+# The executor's ``Failed`` message for a task whose input ring it could not open (its preprocess worker died,
+# its segment is gone): the frontend skips it for a request on its second try (``frontend/requests/retries``)
+PRE_WORKER_GONE = "preprocess worker went away before inference"
+
+
 # -- supervisor <-> frontend control ------------------------------------------
 @dataclass(slots=True)
 class WorkerDown:

@@ -187,6 +187,11 @@ class Workers:
                 return self._least(mine, load)
         return self._least(fresh, load)
 
+    def idle_pre(self, now: float, load: Callable[[str], int]) -> str | None:
+        """A routable preprocess worker holding nothing (``load`` 0): where a second try runs alone
+        (``requests/retries``); None while there is none."""
+        return next((n for n in self._routable("preprocess", now) if load(n) == 0), None)
+
     def _routable(self, role: str, now: float) -> list[str]:
         names = [w.name for w in self.by_name.values() if w.role == role and now - w.seen <= SILENCE_S]
         return [n for n in names if n not in self.resting] or names

@@ -25,6 +25,25 @@ STAGES = ("frontend_in", "preprocess_queue", "preprocess", "handoff", "batch_wai
 WINDOW = 20_000
 
 
+def _us(seconds: float) -> int:
+    return max(0, int(seconds * 1e6))
+
+
+def stage_times(req: Any, t: Any, now: float) -> dict[str, int]:
+    """An answered request's stages from the frontend's stamps (the table's ``Request``: ``received``,
+    ``dispatched``) and its ``Trail``'s clock readings; all are CLOCK_MONOTONIC, so they add up to
+    ``total`` but for rounding."""
+    batch_end = t.batch_started + t.infer_us / 1e6
+    to_post, to_frontend = _us(t.post_started - batch_end), _us(now - t.post_started - t.post_us / 1e6)
+    return {"frontend_in": _us(req.dispatched - req.received),
+            "preprocess_queue": _us(t.pre_started - req.dispatched),
+            "preprocess": _us(t.pre_sent - t.pre_started), "handoff": _us(t.exec_arrived - t.pre_sent),
+            "batch_wait": _us(t.batch_started - t.exec_arrived), "inference": t.infer_us,
+            "postprocess_queue": to_post + to_frontend, "postprocess": t.post_us,
+            # postprocess_queue's two hand-offs, apart (a breakdown, not more stages of the total)
+            "hop.to_postprocess": to_post, "hop.to_frontend": to_frontend, "total": _us(now - req.received)}
+
+
 # a window's first allocation: one row (a model of a hundred small ones that answers once holds that, with
 # its arrays' headers, not 8 rows: ~0.7 KiB less each); it doubles as rows arrive, up to its full size
 FIRST_ROWS = 1

@@ -11,8 +11,10 @@ pixels) goes straight to it while the server is idle, or at any load when the ex
 an executor that dies holding such an image, or takes longer than ``direct_image_budget_s`` to decode one,
 turns the image route off.  Preprocess workers are picked by ``Workers.pick_pre`` (a stalled worker gets no
 other work); while every one is stalled, a small text, tabular or tensor request the executor can preprocess
-goes to it at any load.  A worker the supervisor replaced as stuck (``mark_stuck``) fails what it held with
-the budget named.  docs/architecture.md ("The request path in the frontend") has the rules in full.
+goes to it at any load.  A request held at PRE by a preprocess worker that dies (a crash, or replaced as
+stuck: ``mark_stuck``) gets one second try, alone on a worker (``retries``); one that has had it fails
+UNAVAILABLE with the worker's message (the budget named for a stuck one).  docs/architecture.md ("The
+request path in the frontend") has the rules in full.
 """
 from __future__ import annotations
 
@@ -22,8 +24,9 @@ from typing import Any, Callable, Protocol
 
 from aieng.frontend.control.workers import IDLE, Workers
 from aieng.frontend.observe.metrics import Metrics
-from aieng.frontend.observe.stats import StageStats
+from aieng.frontend.observe.stats import StageStats, stage_times
 from aieng.frontend.requests.answers import Answers
+from aieng.frontend.requests.retries import Retries
 from aieng.frontend.requests.table import EXEC, GOLDEN, POST, PRE, SHADOW, STEP, Request, RequestTable
 from aieng.wire import messages as m
 from aieng.wire import protocol as p
@@ -37,24 +40,6 @@ DIRECT_QUIET_S = 0.1
 # uncompressed RGBA image's size.  More would be extra chunks or scans whose decoding the pixels do not bound.
 IMAGE_BYTES_PER_PIXEL = 4
 IMAGE_BYTES_SLACK = 65536
-
-
-def _us(seconds: float) -> int:
-    return max(0, int(seconds * 1e6))
-
-
-def stage_times(req: Request, t: m.Trail, now: float) -> dict[str, int]:
-    """The request's stages (docs in ``stats``) from the frontend's stamps and the trail's clock
-    readings; all are CLOCK_MONOTONIC, so they add up to ``total`` but for rounding."""
-    batch_end = t.batch_started + t.infer_us / 1e6
-    to_post, to_frontend = _us(t.post_started - batch_end), _us(now - t.post_started - t.post_us / 1e6)
-    return {"frontend_in": _us(req.dispatched - req.received),
-            "preprocess_queue": _us(t.pre_started - req.dispatched),
-            "preprocess": _us(t.pre_sent - t.pre_started), "handoff": _us(t.exec_arrived - t.pre_sent),
-            "batch_wait": _us(t.batch_started - t.exec_arrived), "inference": t.infer_us,
-            "postprocess_queue": to_post + to_frontend, "postprocess": t.post_us,
-            # postprocess_queue's two hand-offs, apart (a breakdown, not more stages of the total)
-            "hop.to_postprocess": to_post, "hop.to_frontend": to_frontend, "total": _us(now - req.received)}
 
 
 class Shadows(Protocol):
@@ -96,6 +81,7 @@ class Pipeline:
         self.direct_image_budget_s = direct_image_budget_s  # AIENG_INLINE_IMAGE_BUDGET_MS, in seconds
         self.pre_budget_ms = pre_budget_ms  # AIENG_PREPROCESS_BUDGET_MS, named when a stuck worker goes
         self.stuck: set[str] = set()  # preprocess workers reported stuck to the supervisor, not yet down
+        self.retries = Retries(table, workers)  # second tries of what a dead preprocess worker held
         self.busy_until = 0.0  # monotonic s: no direct request before (another request was in flight lately)
         # how a direct request reaches the executor (the server's: the express lane, else the hub)
         self.send_direct = send_direct or (lambda frames: self.send("executor", frames))
@@ -119,7 +105,10 @@ class Pipeline:
         alone = self.alone(now)
         if self.direct(req, now, alone):
             return
-        worker = self.workers.pick_pre(now, self.table.busy, lambda name: self.holds_model(name, req.key))
+        own = lambda name: self.holds_model(name, req.key)  # noqa: E731
+        retries = self.retries.active  # a preprocess worker died lately: its requests' second tries go first
+        worker = (self.retries.pick(req, now, own) if retries
+                  else self.workers.pick_pre(now, self.table.busy, own))
         if worker is None:
             self.table.hold(req, PRE)
             return
@@ -140,7 +129,9 @@ class Pipeline:
             self.workers.gone(worker)
             self.table.hold(req, PRE)
             return
-        req.pre, req.dispatched, req.body = worker, now, None
+        req.pre, req.dispatched = worker, now  # its frame stays until it leaves PRE: a second try resends it
+        if retries and req.retried:
+            self.retries.sent(req, worker)
 
     def holds_model(self, worker: str, key: str) -> bool:
         """Does ``worker`` hold a request of version ``key``?  (Asked only while some worker is stalled.)"""
@@ -157,7 +148,8 @@ class Pipeline:
 
     def direct(self, req: Request, now: float, alone: bool) -> bool:
         """Send ``req`` straight to the executor when the module's doc says so; False: it was not."""
-        if req.body is None or req.kind is STEP or (req.kind is GOLDEN and req.link.background):
+        if (req.body is None or req.kind is STEP or (req.kind is GOLDEN and req.link.background)
+                or req.retried):  # a second try never: what may have crashed a preprocess worker stays there
             return False
         if not (len(req.body) <= self.direct_bytes if req.pixels is None  # a text or a tabular row
                 else 0 < req.pixels <= self.direct_pixels  # an image: its decoding grows with its pixels
@@ -203,6 +195,7 @@ class Pipeline:
             self.metrics.worker.labels(PRE, req.holder).inc()
             self.table.move(req, EXEC, "executor")
             self.table.pass_on(req, ref)
+            req.body = None
             self.fail_if_holder_died(req)
 
     def on_inferred(self, msg: m.Inferred, ident: bytes) -> None:
@@ -218,6 +211,7 @@ class Pipeline:
             self.credit_through(req)
             self.table.move(req, POST, req.post)
             self.table.pass_on(req, ref)
+            req.body = None
             self.fail_if_holder_died(req)
 
     def ghost_passed(self, rid: int, ident: bytes, stage: str, ref: m.Ref) -> None:
@@ -276,6 +270,8 @@ class Pipeline:
                 self.table.unhaunt(msg.rid)
             self.table.stray(msg.ref)
             return
+        if req.retried and req.stage == PRE and msg.message == m.PRE_WORKER_GONE:
+            return  # the dead worker's copy, which the executor could not read: the second try goes on
         if msg.ref is not None:
             self.table.take(req, msg.ref)
         if msg.stage == "preprocess":  # no trail: from its dispatch, the executor starts on it at once
@@ -287,9 +283,11 @@ class Pipeline:
                   ghost=False)
 
     def on_worker_down(self, worker: str, pid: int, exitcode: int) -> int:
-        """The supervisor saw ``worker`` die: answer what it held (its slots are ours to free)."""
+        """The supervisor saw ``worker`` die: answer what it held (its slots are ours to free), but for the
+        second tries of what it held at PRE (``retries``); returns how many it answered."""
         self.workers.down(worker, pid, time.monotonic())
-        held = self.table.held_by(worker)
+        self.retries.down(worker)
+        held = sorted(self.table.held_by(worker))  # rids grow: oldest first, as they came
         if self.direct_pixels and any(self.decoding_in_executor(self.table.get(rid)) for rid in held):
             # a decoder that crashes must cost a preprocess worker, not the executor and every model with it:
             # whatever killed it, images take the pool for the rest of this frontend's life
@@ -302,9 +300,18 @@ class Pipeline:
             self.stuck.discard(worker)
             why = (f"{worker} was replaced: it worked on one request for over AIENG_PREPROCESS_BUDGET_MS "
                    f"({self.pre_budget_ms:.0f} ms)")
-        for rid in held:
+        failed = [rid for rid in held if not self.second_try(self.table.get(rid))]
+        for rid in failed:
             self.fail(rid, p.UNAVAILABLE, why, holder_dead=True)
-        return len(held)
+        if len(failed) < len(held):
+            log.warning("%s: %d requests it held get a second try", worker, len(held) - len(failed))
+        return len(failed)
+
+    def second_try(self, req: Request | None) -> bool:
+        """A request a dead preprocess worker held: queued for its second try (``retries``)?  Not a step
+        whose page was answered already (nobody would read it)."""
+        return (req is not None and (req.kind is not STEP or bool(self.fanout.step_of(req.link.page)))
+                and self.retries.second_try(req))
 
     def mark_stuck(self, workers: list[str]) -> None:
         """``workers`` are reported stuck to the supervisor now, which replaces them: their requests' errors
@@ -339,6 +346,8 @@ class Pipeline:
         req = self.table.finish(rid, holder_dead, ghost=ghost and not holder_dead)
         if req is None:
             return
+        if req.retried:
+            self.retries.ended(rid)
         kind = req.kind
         if kind is STEP:  # a pipeline's step: its page is answered with the step named
             return self.fanout.child_end(req, None, code, message)
@@ -358,6 +367,9 @@ class Pipeline:
             step = self.fanout.step_of(rid)
             where = f"step: {step}" if step else f"stage: {where}"
             self.fail(rid, p.TIMEOUT, f"no answer within the deadline ({where})")
+        if self.retries.active:  # a worker freed up, or a second try went: offer the hold queue again
+            self.retries.prune()
+            self.release_waiting(PRE)
 
     def answer_pipeline(self, req: Request, outputs: bytes, timing: dict[str, int], extra: dict) -> None:
         """A pipeline page's answer (``fanout``); its steps show as the model's steps in the report."""

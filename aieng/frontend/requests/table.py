@@ -4,7 +4,8 @@ Every entry is resolved exactly once: ``finish`` removes it and whoever finished
 response.  Its ``Kind`` says what it is and where its end goes (``pipeline``, ``answers``): a client's
 request, a golden case of a version being loaded, a shadow copy, a pipeline's step; what only one kind
 carries is its ``link``.  Deadlines sit in a heap (``expired``, ``next_deadline``).  Also here: requests
-waiting for a preprocess worker (``hold``), per-client counts (clients' requests only), per-stage
+waiting for a preprocess worker (``hold``: none is live, or a second try's turn, ``retries``), with their
+frames (``Request.body``, kept until they leave PRE), per-client counts (clients' requests only), per-stage
 counts, and ``shadows`` (shadow copies and pipeline steps, left out of admission's in-flight limit;
 ``per_model`` leaves out shadow copies only).
 
@@ -113,7 +114,7 @@ class Request:
     cache_key: bytes | None = None  # store the answer under this key (response cache on)
     degraded: int = 0  # the model's degradation level when it was admitted
     route: str = "weight"  # why this version serves it: pinned / rule:<name> / weight (routing.py)
-    body: Any = None  # the client's request frame, until a preprocess worker has it
+    body: Any = None  # the client's request frame, until it leaves the PRE stage (a second try resends it)
     pixels: int | None = None  # an image version's request: its header's pixels (0: unreadable)
     pre: str = ""  # the preprocess worker it was sent to
     post: str = ""  # the postprocess worker on its route (chosen when it is first sent)
@@ -131,6 +132,7 @@ class Request:
     kind: Kind = CLIENT
     link: Any = None  # by kind: CLIENT None, GOLDEN ``Golden``, SHADOW the primary's rid, STEP ``Step``
     owner: bytes | str | None = None  # whose per-client share (``clients.owner_of``); None: its connection
+    retried: bool = False  # held at PRE by a preprocess worker that died: its one second try (``retries``)
 
     @property
     def internal(self) -> bool:
