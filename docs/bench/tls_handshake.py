@@ -94,7 +94,8 @@ def main() -> int:
             for label, (_, ports) in sides.items():
                 tls = label == "tls"
                 for _ in range(args.connections):
-                    times.setdefault((label, "http"), []).append(http_once(ports["http"], ctx if tls else None))
+                    times.setdefault((label, "http"), []).append(
+                        http_once(ports["http"], ctx if tls else None))
                 for _ in range(args.connections):
                     times.setdefault((label, "grpc"), []).append(
                         grpc_once(ports["grpc"], ca.cert.read_bytes() if tls else None))
@@ -110,7 +111,8 @@ def main() -> int:
         print(f"| {door} | {'on' if label == 'tls' else 'off'} | {len(ts)} | {p50[(label, door)]:.2f} | "
               f"{ts[int(len(ts) * 0.9)] * 1000:.2f} |")
     for door in ("http", "grpc"):
-        print(f"{door}: a new connection costs {p50[('tls', door)] - p50[('plain', door)]:+.2f} ms with TLS (p50)")
+        extra = p50[("tls", door)] - p50[("plain", door)]
+        print(f"{door}: a new connection costs {extra:+.2f} ms with TLS (p50)")
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
     return 0
 
