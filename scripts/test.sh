@@ -4,6 +4,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit 1
+bash scripts/browser.sh || exit 1   # headless Chromium for the browser tests (distribution packages)
 .venv/bin/ruff check . || exit 1   # lint and import order (pyproject.toml [tool.ruff])
 # Two workers (AIENG_TEST_WORKERS), a test file per worker at a time: the e2e servers spend much of their
 # time waiting, and a file's tests share its fixtures (tests/conftest.free_port splits the ports).
