@@ -14,19 +14,16 @@ import json
 import os
 import subprocess
 import sys
-import threading
-import time
 
 import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as tg
 import tritonclient.http as th
-from tritonclient.grpc import service_pb2 as pb
-from tritonclient.grpc import service_pb2_grpc as pbg
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import MODELS, ROOT
+from tests.e2e.grpc_flood import GrpcFlood
 from tests.waits import until
 
 pytestmark = pytest.mark.e2e
@@ -195,38 +192,13 @@ def test_a_rewritten_key_file_takes_effect_without_a_restart(keyed):
         g.close()
 
 
-def wide_request(rows: int) -> pb.ModelInferRequest:
-    req = pb.ModelInferRequest(model_name="tabular")
-    t = req.inputs.add(name="bill_length_mm", datatype="FP32", shape=[rows])
-    t.contents.fp32_contents.extend([40.0] * rows)
-    return req
-
-
 def test_two_keys_from_one_address_each_keep_their_share(make_server, tmp_path):
     path = key_file(tmp_path, f"alice:{ALICE}\nbob:{BOB}\n")
     srv = make_server(AIENG_MODELS="tabular", AIENG_OIP_API_KEYS_FILE=str(path)).start()
-    stop = threading.Event()
-    outcomes: list[tuple[str, str]] = []  # alice's: (grpc code name, message)
-
-    def flood():
-        with grpc.insecure_channel(srv.oip_grpc) as ch:
-            stub = pbg.GRPCInferenceServiceStub(ch)
-            md = (("authorization", f"Bearer {ALICE}"),)
-            end = time.monotonic() + 60  # bounded in time and count
-            while not stop.is_set() and time.monotonic() < end and len(outcomes) < 20000:
-                calls = [stub.ModelInfer.future(wide_request(32), timeout=30, metadata=md) for _ in range(64)]
-                for call in calls:
-                    try:
-                        call.result()
-                        outcomes.append(("OK", ""))
-                    except grpc.RpcError as exc:
-                        outcomes.append((exc.code().name, exc.details() or ""))
-
-    flooder = threading.Thread(target=flood)
-    flooder.start()
     answered: list[str] = []
-    try:
-        assert until(lambda: any(code == "UNAVAILABLE" for code, _ in outcomes), 30, 0.05)  # the flood bites
+    key = (("authorization", f"Bearer {ALICE}"),)
+    with GrpcFlood(lambda: grpc.insecure_channel(srv.oip_grpc), key) as alice:
+        assert alice.bites()
         g = tg.InferenceServerClient(srv.oip_grpc)  # the same address as alice (127.0.0.1)
         try:
             for i in range(40):
@@ -235,14 +207,11 @@ def test_two_keys_from_one_address_each_keep_their_share(make_server, tmp_path):
                 answered.append(res.get_response().id)
         finally:
             g.close()
-    finally:
-        stop.set()
-        flooder.join(90)
     assert answered == [f"b{i}" for i in range(40)]
-    refused = [msg for code, msg in outcomes if code == "UNAVAILABLE"]
+    refused = alice.refused()
     assert refused and all("this client has" in msg and "rows in flight at this gateway" in msg
                            for msg in refused), refused[:3]
-    assert {code for code, _ in outcomes} == {"OK", "UNAVAILABLE"}
+    assert {code for code, _ in alice.outcomes} == {"OK", "UNAVAILABLE"}
 
 
 def test_a_malformed_key_file_stops_the_start_with_one_line(tmp_path):

@@ -14,9 +14,9 @@ import time
 import grpc
 import pytest
 import tritonclient.grpc as tg
-from tritonclient.grpc import service_pb2_grpc as pbg
 
-from tests.e2e.test_oip_keys import http_input, wide_request
+from tests.e2e.grpc_flood import GrpcFlood
+from tests.e2e.test_oip_keys import http_input
 from tests.tlscerts import Ca
 from tests.waits import until
 
@@ -30,29 +30,11 @@ def test_two_certificates_from_one_address_each_keep_their_share(make_server, tm
     srv = make_server(AIENG_MODELS="tabular", AIENG_OIP_TLS_CERT_FILE=str(server.cert),
                       AIENG_OIP_TLS_KEY_FILE=str(server.key),
                       AIENG_OIP_TLS_CLIENT_CA_FILE=str(ca.cert)).start()
-    root = ca.cert.read_bytes()
-    stop = threading.Event()
-    outcomes: list[tuple[str, str]] = []  # alice's: (grpc code name, message)
-
-    def flood():
-        creds = grpc.ssl_channel_credentials(root, alice.key.read_bytes(), alice.cert.read_bytes())
-        with grpc.secure_channel(srv.oip_grpc, creds) as ch:
-            stub = pbg.GRPCInferenceServiceStub(ch)
-            end = time.monotonic() + 60  # bounded in time and count
-            while not stop.is_set() and time.monotonic() < end and len(outcomes) < 20000:
-                calls = [stub.ModelInfer.future(wide_request(32), timeout=30) for _ in range(64)]
-                for call in calls:
-                    try:
-                        call.result()
-                        outcomes.append(("OK", ""))
-                    except grpc.RpcError as exc:
-                        outcomes.append((exc.code().name, exc.details() or ""))
-
-    flooder = threading.Thread(target=flood)
-    flooder.start()
+    creds = grpc.ssl_channel_credentials(ca.cert.read_bytes(), alice.key.read_bytes(),
+                                         alice.cert.read_bytes())
     answered: list[str] = []
-    try:
-        assert until(lambda: any(code == "UNAVAILABLE" for code, _ in outcomes), 30, 0.05)  # the flood bites
+    with GrpcFlood(lambda: grpc.secure_channel(srv.oip_grpc, creds)) as flood:  # alice's
+        assert flood.bites()
         g = tg.InferenceServerClient(srv.oip_grpc, ssl=True, root_certificates=str(ca.cert),
                                      private_key=str(bob.key), certificate_chain=str(bob.cert))
         try:
@@ -61,14 +43,11 @@ def test_two_certificates_from_one_address_each_keep_their_share(make_server, tm
                 answered.append(res.get_response().id)
         finally:
             g.close()
-    finally:
-        stop.set()
-        flooder.join(90)
     assert answered == [f"b{i}" for i in range(40)]
-    refused = [msg for code, msg in outcomes if code == "UNAVAILABLE"]
+    refused = flood.refused()
     assert refused and all("this client has" in msg and "rows in flight at this gateway" in msg
                            for msg in refused), refused[:3]
-    assert {code for code, _ in outcomes} == {"OK", "UNAVAILABLE"}
+    assert {code for code, _ in flood.outcomes} == {"OK", "UNAVAILABLE"}
 
 
 def test_over_https_too(make_server, tmp_path):

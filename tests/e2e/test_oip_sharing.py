@@ -13,14 +13,13 @@ import json
 import select
 import socket
 import threading
-import time
 
 import grpc
 from prometheus_client.parser import text_string_to_metric_families
-from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
 from aieng.client import Client
+from tests.e2e.grpc_flood import GrpcFlood, wide_request
 from tests.e2e.rollout_helpers import srv_metrics
 from tests.waits import until
 
@@ -45,13 +44,6 @@ def small_infer(conn: http.client.HTTPConnection, i: int) -> tuple[int, str]:
     return resp.status, (json.loads(data).get("id", "") if resp.status == 200 else data.decode())
 
 
-def wide_request(rows: int) -> pb.ModelInferRequest:
-    req = pb.ModelInferRequest(model_name="tabular")
-    t = req.inputs.add(name="bill_length_mm", datatype="FP32", shape=[rows])
-    t.contents.fp32_contents.extend([40.0] * rows)
-    return req
-
-
 def frontend_rows(srv) -> float:
     return sum(s.value for fam in text_string_to_metric_families(srv_metrics(srv)) for s in fam.samples
                if s.name == "aieng_requests_total" and s.labels.get("model") == "tabular")
@@ -59,40 +51,19 @@ def frontend_rows(srv) -> float:
 
 def test_one_oip_client_cannot_deny_other_oip_or_native_clients(make_server):
     srv = make_server(AIENG_MODELS="tabular").start()
-    stop = threading.Event()
-    outcomes: list[tuple[str, str]] = []  # the attacker's: (grpc code name, message)
-
-    def attack():
-        with grpc.insecure_channel(srv.oip_grpc) as ch:
-            stub = pbg.GRPCInferenceServiceStub(ch)
-            end = time.monotonic() + 60  # bounded in time and count
-            while not stop.is_set() and time.monotonic() < end and len(outcomes) < 20000:
-                calls = [stub.ModelInfer.future(wide_request(32), timeout=30) for _ in range(64)]
-                for call in calls:
-                    try:
-                        call.result()
-                        outcomes.append(("OK", ""))
-                    except grpc.RpcError as exc:
-                        outcomes.append((exc.code().name, exc.details() or ""))
-
-    attacker = threading.Thread(target=attack)
-    attacker.start()
-    try:
-        until(lambda: any(code == "UNAVAILABLE" for code, _ in outcomes), 30, 0.05)  # the attack bites
+    with GrpcFlood(lambda: grpc.insecure_channel(srv.oip_grpc)) as attack:  # the attacker
+        assert attack.bites()  # the attack bites
         victim = FromAddress(srv.oip_http, "127.0.0.2")
         victim_answers = [small_infer(victim, i) for i in range(30)]
         victim.close()
         with Client(srv.addr) as native:
             native_codes = [native.infer("tabular", ROW, timeout_ms=10000).get("code", "OK")
                             for _ in range(30)]
-    finally:
-        stop.set()
-        attacker.join(90)
     assert victim_answers == [(200, f"v{i}") for i in range(30)]
     assert native_codes == ["OK"] * 30
-    refused = [msg for code, msg in outcomes if code == "UNAVAILABLE"]
+    refused = attack.refused()
     assert refused and all("rows in flight at this gateway" in msg for msg in refused), refused[:3]
-    assert {code for code, _ in outcomes} == {"OK", "UNAVAILABLE"}
+    assert {code for code, _ in attack.outcomes} == {"OK", "UNAVAILABLE"}
 
 
 def test_a_refused_multi_row_request_sends_none_of_its_rows(make_server):
