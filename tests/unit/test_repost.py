@@ -42,8 +42,8 @@ def rig(tmp_path):
 
 def deliver(rig, *rids: int) -> list[m.PostTask]:
     """A batch of ``rids`` ran: its tasks reach post-0 (one message) and the frontend's notice names them."""
-    live = [Pending(rid, 1, 0.0, 99.0, m.InferTask(rid, "tabular", "1", 99.0, None, 0, 0, "post-0", {"n": rid}))
-            for rid in rids]
+    live = [Pending(rid, 1, 0.0, 99.0,
+                    m.InferTask(rid, "tabular", "1", 99.0, None, 0, 0, "post-0", {"n": rid})) for rid in rids]
     sess = SimpleNamespace(request_outputs=lambda outputs, row, size: {})
     rig.out.deliver("tabular:1", sess, None, [{}] * len(rids), live, 1.0, 10, 0)
     assert rig.inbox.poll(2000)
