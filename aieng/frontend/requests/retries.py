@@ -125,7 +125,7 @@ class Retries:
                 self.reposts.append(rid)
                 continue
             if not self.send("executor", [m.encode(m.Repost(rid, req.ref, worker))]):
-                self.reposts.append(rid)  # the executor is down: its successor answers the Repost (slot gone)
+                self.reposts.append(rid)  # the executor is down: its successor answers that the slot went too
                 continue
             self.table.move(req, POST, worker)
             self.table.pass_on(req, req.ref)
