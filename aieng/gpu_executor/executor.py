@@ -45,7 +45,6 @@ class Executor(HubWorker):
         self.init_hotswap()
         self.bind_inbox(exec_addr(cfg.runtime_dir))  # preprocess workers push InferTasks here
         self.outputs = Outputs(cfg, self.ring, self.publish, self.inline, self.send, self.fail, log)
-        self.handlers[m.Repost] = lambda msg, frames: self.outputs.repost(msg)  # a post worker died
         self.init_direct()
 
     def init_sessions(self, specs: dict[str, ModelSpec]) -> None:

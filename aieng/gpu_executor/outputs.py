@@ -6,11 +6,6 @@ postprocess worker the frontend chose (a batch's tasks for one worker in one mes
 or, for a version whose chain runs here (``InlinePost``), sends the ``Result`` or ``Failed`` itself.
 It tells the frontend with one ``Inferred`` notice per batch: those output slots are the postprocess
 workers' now.  It owns the PUSH sockets to the postprocess workers, each made on first use.
-
-It keeps the last encoded ``PostTask`` per output slot (``kept``: bounded by the ring's slots, replaced when
-a slot is used again), so that when a postprocess worker dies holding a request the frontend can ask for
-its second try (``m.Repost``, ``repost``): the same task again, marked ``alone``, to the worker the frontend
-names, only while the ring still holds that slot at that generation (the dead worker never freed it).
 """
 from __future__ import annotations
 
@@ -24,7 +19,7 @@ from aieng.runtime.worker import push_socket
 from aieng.wire import messages as m
 from aieng.wire import shm
 from aieng.wire.addresses import post_addr
-from aieng.wire.protocol import INTERNAL, UNAVAILABLE, RequestError
+from aieng.wire.protocol import INTERNAL, RequestError
 
 
 class Outputs:
@@ -35,7 +30,6 @@ class Outputs:
         self.cfg, self.ring, self.publish, self.inline = cfg, ring, publish, inline
         self.send, self.fail, self.log = send, fail, log
         self.posts = {f"post-{j}": None for j in range(cfg.postprocess_workers)}  # name -> PUSH, on first use
-        self.kept: dict[int, tuple[int, bytes]] = {}  # output slot -> (gen, its PostTask): for ``repost``
 
     def knows(self, post: str) -> bool:
         return post in self.posts
@@ -61,8 +55,7 @@ class Outputs:
                 continue
             post_task = m.PostTask(p.rid, task.model, task.version, ref, task.params, task.degraded,
                                    task.trace, trail, task.geometry, task.features, task.request)
-            encoded = self.kept[ref.slot] = ref.gen, m.encode(post_task)
-            tasks.setdefault(task.post, []).append(encoded[1])
+            tasks.setdefault(task.post, []).append(m.encode(post_task))
             done.rids.append(p.rid)
             done.refs.append(ref)
             self.log.debug("inferred in a batch of %d (padded %d, %d us)", len(live), padded, infer_us,
@@ -71,22 +64,6 @@ class Outputs:
             self.post_socket(post).send(m.bundled(items))
         if done.rids:  # one notice per batch: these output slots are the postprocess workers' now
             self.send(done)
-
-    def repost(self, msg: m.Repost) -> None:
-        """The frontend's second try of a request whose postprocess worker died: its task again, alone, to
-        ``msg.post``, if this ring still holds its outputs; else ``Failed`` (``POST_SLOT_GONE``: freed, so
-        answered; another message when the slot is not this executor's: its predecessor died with it)."""
-        ref = msg.ref
-        if ref.seg != self.ring.seg.name or not self.knows(msg.post):
-            self.send(m.Failed(msg.rid, UNAVAILABLE, "executor went away before postprocessing"))
-            return
-        kept = self.kept.get(ref.slot)
-        if kept is None or kept[0] != ref.gen or not self.ring.holds(ref.slot, ref.gen):
-            self.send(m.Failed(msg.rid, UNAVAILABLE, m.POST_SLOT_GONE, stage="postprocess"))
-            return
-        task = m.decode(kept[1])
-        task.alone = True
-        self.post_socket(msg.post).send(m.encode(task))
 
     def answer_inline(self, key: str, task: m.InferTask, tensors: list) -> None:
         """The request's answer from its chain, run here (``inline_post``): a ``Result`` or a

@@ -6,11 +6,6 @@ limit, ``guard``; the message is built by ``answer``), frees the slot, and sends
 outputs back to the frontend already msgpack-packed so the frontend only
 splices them in, with each step's time: the answers of one drain (at most ``MAX_BUNDLE``)
 as one message (``m.Bundle``), as the executor sends a batch's tasks.
-A slot is freed one drain after its answer was sent (``release``): a worker that dies
-(a crash in user code) leaves the slot of every answer it may not have got out, so the
-frontend can give that request a second try (``m.Repost``; ``frontend/requests/retries``).
-A second try (``PostTask.alone``) runs after the rest of its drain was answered, on its own,
-so that if it crashes the worker again, nothing it shared the worker with was on its second try.
 A step that runs past its limit is stopped or abandoned and the worker goes
 on serving: the request is answered without that step (``on_timeout: skip``,
 listed in the Result's ``steps``) or fails TIMEOUT naming it (``fail``).
@@ -41,7 +36,6 @@ from aieng.wire.addresses import post_addr
 from aieng.wire.protocol import UNAVAILABLE, RequestError
 
 MAX_BUNDLE = 16  # answers held for one message at most: the first of a long drain does not wait for all
-RELEASE_MS = 1  # an answered slot is freed at the next drain, at most this long after (``release``)
 KEEP_BUILT_S = 0.001  # a chain that builds faster than this (no file read, no table) is built on first use
 
 
@@ -70,21 +64,12 @@ class PostprocessWorker(HubWorker):
         # same directory loaded again imports its code afresh (processing/usercode.forget)
         self.hooked = {k: s for k, s in specs.items() if s.postprocess.user_code}  # items(): others packed
         self.answers: list[bytes] = []  # encoded Result/Failed of this drain, sent as one (``flush``)
-        self.answered: list[tuple[shm.Ring, m.Ref]] = []  # slots of this drain's answers (``release``)
-        self.freeing: list[tuple[shm.Ring, m.Ref]] = []  # the previous drain's: freed after this drain
-        self.lone: list[m.PostTask] = []  # second tries of this drain: each run on its own after it
         # run-time load/unload of a version
         self.versions = Versions(self.worker, self.send, self.refresh_hello, log, self.ops, self.failed,
                                  lambda spec, urgent: Chain(spec), on_add=self.added, on_remove=self.removed)
         self.handlers.update(self.versions.handlers)
 
     def handle(self, task: m.PostTask, frames: list) -> None:
-        if task.alone:  # a second try: after the rest of this drain (``after_drain``)
-            self.lone.append(task)
-            return
-        self.run_task(task)
-
-    def run_task(self, task: m.PostTask) -> None:
         ref = task.ref
         try:
             ring = self.rings.get(ref.seg)
@@ -96,13 +81,13 @@ class PostprocessWorker(HubWorker):
         try:
             chain = self.op(f"{task.model}:{task.version}")
         except RequestError as exc:
-            self.answered.append((ring, ref))
+            ring.free(ref.slot, ref.gen)
             self.reply(m.Failed(task.rid, exc.code, exc.message))
             return
         try:
             msg = answer(chain, task, ring.views(ref.slot, ref.tensors), self.log)
         finally:
-            self.answered.append((ring, ref))  # results are copies now: freed once the answer is out
+            ring.free(ref.slot, ref.gen)  # results are copies now; the slot may be reused
         if isinstance(msg, m.Result):
             self.log.debug("postprocessed %s:%s (%d us)", task.model, task.version, task.trail.post_us,
                            extra={"trace": task.trace})
@@ -121,19 +106,7 @@ class PostprocessWorker(HubWorker):
 
     def after_drain(self, now: float) -> int | None:
         self.flush()
-        while self.lone:  # the others' answers are out: a crash now loses only the second try's
-            self.run_task(self.lone.pop(0))
-            self.flush()
-        self.release()
-        return RELEASE_MS if self.freeing else None
-
-    def release(self) -> None:
-        """Free the slots answered a drain ago: their answers have left (a slot freed at once could go with
-        an answer still in this process's socket when it dies, and that request could not be tried again).
-        The loop wakes ``RELEASE_MS`` after a drain that answered, so an idle worker frees them then."""
-        for ring, ref in self.freeing:
-            ring.free(ref.slot, ref.gen)
-        self.freeing, self.answered = self.answered, []
+        return None
 
     def added(self, spec: ModelSpec, chain: Chain) -> None:
         if spec.postprocess.user_code:

@@ -12,13 +12,13 @@ flow") draws who sends what to whom.
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional
 
 import msgpack
 
 from aieng.models.spec import ModelSpec
-from aieng.wire import records
 from aieng.wire.records import Geometry, Packed, ProcessState, Ref, Step, Trail  # noqa: F401 (m.Ref, ...)
 
 
@@ -122,7 +122,6 @@ class PostTask:
     geometry: Optional[Geometry] = None  # from InferTask, as the preprocessing set it
     features: dict[str, float] = field(default_factory=dict)  # from InferTask, for the Result
     request: Optional[bytes] = None  # from InferTask: the request frame, for user code's post (else None)
-    alone: bool = False  # a second try (``Repost``): run after the rest of its worker's drain, on its own
 
 
 @dataclass(slots=True)
@@ -172,20 +171,9 @@ class Bundle:
     items: list[bytes]
 
 
-@dataclass(slots=True)
-class Repost:
-    """FE -> executor: the postprocess worker of ``rid`` died holding it: send ``post`` the same task again
-    if the ring still holds its outputs at ``ref``, else ``Failed`` (``POST_SLOT_GONE``).  requests/retries"""
-    T: ClassVar[str] = "repost"
-    rid: int
-    ref: Ref
-    post: str
-
-
-# The executor's ``Failed`` messages the frontend skips for a request on its second try (requests/retries):
-# a task whose input ring it could not open (its preprocess worker died, its segment is gone), and a Repost
-# whose outputs were freed (the answer of the dead worker's replacement, from the first copy, comes first)
-PRE_WORKER_GONE, POST_SLOT_GONE = "preprocess worker went away before inference", "outputs freed already"
+# The executor's ``Failed`` message for a task whose input ring it could not open (its preprocess worker died,
+# its segment is gone): the frontend skips it for a request on its second try (``frontend/requests/retries``)
+PRE_WORKER_GONE = "preprocess worker went away before inference"
 
 
 # -- supervisor <-> frontend control ------------------------------------------
@@ -303,13 +291,50 @@ class VersionFailed:
 
 TYPES: dict[str, type] = {
     cls.T: cls for cls in (Hello, PreTask, Preprocessed, InferTask, Inferred, PostTask, Result,
-                           Failed, Bundle, Repost, WorkerDown, ServiceState, Pulse, LogLevel, Drain, Drained,
+                           Failed, Bundle, WorkerDown, ServiceState, Pulse, LogLevel, Drain, Drained,
                            Reload, Reloaded, LoadVersion, UnloadVersion, VersionLoaded, VersionFailed)
 }
 _FIELDS = {name: tuple(f.name for f in dataclasses.fields(cls)) for name, cls in TYPES.items()}
 
 
-_CODECS = {name: records.field_codecs(cls) for name, cls in TYPES.items()}
+# Nested records: how each travels (encode) and comes back (decode).  A field may hold one (or None),
+# a list of them or a map of them; every other field travels as msgpack has it.
+_RECORDS: dict[type, tuple[Any, Any]] = {
+    Ref: (Ref.wire, lambda v: Ref(*v)), Trail: (Trail.wire, lambda v: Trail(*v)),
+    Geometry: (Geometry.wire, lambda v: Geometry(*v)),
+    ProcessState: (ProcessState.wire, lambda v: ProcessState(*v)),
+    Step: (None, lambda v: Step(*v)), ModelSpec: (ModelSpec.to_dict, ModelSpec.from_dict),
+    Packed: (Packed.wire, Packed),
+}
+
+
+def _codec(hint: Any) -> tuple[str, Any, Any] | None:
+    """``(shape, encode, decode)`` for a field of a nested record type; shape is one, list or map."""
+    args = typing.get_args(hint)
+    origin = typing.get_origin(hint)
+    if hint in _RECORDS:
+        return ("one", *_RECORDS[hint])
+    if origin is typing.Union and len(args) == 2 and type(None) in args:
+        inner = args[0] if args[1] is type(None) else args[1]
+        return ("one", *_RECORDS[inner]) if inner in _RECORDS else None
+    if origin is list and args and args[0] in _RECORDS:
+        return ("list", *_RECORDS[args[0]])
+    if origin is dict and len(args) == 2 and args[1] in _RECORDS:
+        return ("map", *_RECORDS[args[1]])
+    return None
+
+
+def _codecs(cls: type) -> dict[str, tuple[str, Any, Any]]:
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for f in dataclasses.fields(cls):
+        c = _codec(hints[f.name])
+        if c is not None:
+            out[f.name] = c
+    return out
+
+
+_CODECS = {name: _codecs(cls) for name, cls in TYPES.items()}
 
 
 def _check_registry() -> None:

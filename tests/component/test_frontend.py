@@ -546,13 +546,7 @@ def test_worker_death_answers_what_it_held_and_frees_its_slot(rig, victim, stage
         r.peers["executor"].send(m.encode(m.Inferred([task.rid], [out])))
     r.until(lambda: r.fe.table.get(task.rid).stage == stage)
     assert r.fe.table.get(task.rid).stage == stage
-    pid = 1000 + len(victim)
-    if victim == "post-0":  # its first death gives it a second try there (requests/retries); the second:
-        r.peers["supervisor"].send(m.encode(m.WorkerDown(victim, -9, pid)))
-        pid += 1000
-        r.peers[victim].send(m.encode(m.Hello(victim, stage, pid)))
-        assert isinstance(r.expect("executor")[0], m.Repost)
-    r.peers["supervisor"].send(m.encode(m.WorkerDown(victim, -9, pid)))
+    r.peers["supervisor"].send(m.encode(m.WorkerDown(victim, -9, 1000 + len(victim))))
     reply = r.answer()
     assert (reply["error"]["code"] == "UNAVAILABLE"
             and reply["error"]["message"].startswith(f"{victim} exited"))

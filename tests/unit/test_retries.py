@@ -14,7 +14,7 @@ def setup(n: int = 2) -> tuple[RequestTable, Workers, Retries, float]:
     table, workers, now = RequestTable(), Workers(), time.monotonic()
     for i in range(n):
         workers.hello(m.Hello(f"pre-{i}", "preprocess", 100 + i), now)
-    return table, workers, Retries(table, workers, lambda worker, frames: True), now
+    return table, workers, Retries(table, workers), now
 
 
 def held(table: RequestTable, worker: str, kind=CLIENT, link=None) -> Request:

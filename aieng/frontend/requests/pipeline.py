@@ -12,10 +12,9 @@ an executor that dies holding such an image, or takes longer than ``direct_image
 turns the image route off.  Preprocess workers are picked by ``Workers.pick_pre`` (a stalled worker gets no
 other work); while every one is stalled, a small text, tabular or tensor request the executor can preprocess
 goes to it at any load.  A request held at PRE by a preprocess worker that dies (a crash, or replaced as
-stuck: ``mark_stuck``) gets one second try, alone on a worker (``retries``); likewise one held at POST by a
-postprocess worker, or on its way to it, on that worker's replacement (the executor sends its task again:
-``m.Repost``).  One that has had it fails UNAVAILABLE with the worker's message (the budget named for a
-stuck one).  docs/architecture.md ("The request path in the frontend") has the rules in full.
+stuck: ``mark_stuck``) gets one second try, alone on a worker (``retries``); one that has had it fails
+UNAVAILABLE with the worker's message (the budget named for a stuck one).  docs/architecture.md ("The
+request path in the frontend") has the rules in full.
 """
 from __future__ import annotations
 
@@ -82,7 +81,7 @@ class Pipeline:
         self.direct_image_budget_s = direct_image_budget_s  # AIENG_INLINE_IMAGE_BUDGET_MS, in seconds
         self.pre_budget_ms = pre_budget_ms  # AIENG_PREPROCESS_BUDGET_MS, named when a stuck worker goes
         self.stuck: set[str] = set()  # preprocess workers reported stuck to the supervisor, not yet down
-        self.retries = Retries(table, workers, send)  # second tries of what a dead worker held
+        self.retries = Retries(table, workers)  # second tries of what a dead preprocess worker held
         self.busy_until = 0.0  # monotonic s: no direct request before (another request was in flight lately)
         # how a direct request reaches the executor (the server's: the express lane, else the hub)
         self.send_direct = send_direct or (lambda frames: self.send("executor", frames))
@@ -234,10 +233,9 @@ class Pipeline:
 
     def fail_if_holder_died(self, req: Request) -> None:
         """A notice can arrive after the death of the worker it hands the request to: that worker's
-        ``WorkerDown`` found nothing of it to answer, and its restarted self may never get the task.
-        Answer it now and free the slot (a stale copy in an inbox is skipped by ``Ring.holds``), or, on
-        its way to a postprocess worker, give it its second try (``retries``)."""
-        if self.workers.died_since(req.holder, req.dispatched) and not self.second_try(req):
+        ``WorkerDown`` found nothing of it to answer, and its restarted self never got the task.
+        Answer it now and free the slot (a stale copy in an inbox is skipped by ``Ring.holds``)."""
+        if self.workers.died_since(req.holder, req.dispatched):
             self.fail(req.rid, p.UNAVAILABLE, f"{req.holder} exited while the request was on its way to it",
                       holder_dead=True)
 
@@ -272,8 +270,8 @@ class Pipeline:
                 self.table.unhaunt(msg.rid)
             self.table.stray(msg.ref)
             return
-        if self.retries.skips(req, msg.message):  # about a dead worker's copy: the second try goes on
-            return
+        if req.retried and req.stage == PRE and msg.message == m.PRE_WORKER_GONE:
+            return  # the dead worker's copy, which the executor could not read: the second try goes on
         if msg.ref is not None:
             self.table.take(req, msg.ref)
         if msg.stage == "preprocess":  # no trail: from its dispatch, the executor starts on it at once
@@ -286,7 +284,7 @@ class Pipeline:
 
     def on_worker_down(self, worker: str, pid: int, exitcode: int) -> int:
         """The supervisor saw ``worker`` die: answer what it held (its slots are ours to free), but for the
-        second tries of what it held at PRE or POST (``retries``); returns how many it answered."""
+        second tries of what it held at PRE (``retries``); returns how many it answered."""
         self.workers.down(worker, pid, time.monotonic())
         self.retries.down(worker)
         held = sorted(self.table.held_by(worker))  # rids grow: oldest first, as they came
@@ -310,8 +308,8 @@ class Pipeline:
         return len(failed)
 
     def second_try(self, req: Request | None) -> bool:
-        """A request a dead pre- or postprocess worker held: queued for its second try (``retries``)?  Not
-        a step whose page was answered already (nobody would read it)."""
+        """A request a dead preprocess worker held: queued for its second try (``retries``)?  Not a step
+        whose page was answered already (nobody would read it)."""
         return (req is not None and (req.kind is not STEP or bool(self.fanout.step_of(req.link.page)))
                 and self.retries.second_try(req))
 

@@ -30,14 +30,11 @@ it or the holder died), ``stray`` (a slot of a request already answered).  Who f
   +--------------------+-----------------------------------------------------------------------------+
   | OUTPUT slot        | the executor writes it into its own ring; stage POST: held by post-M, from  |
   |  (executor's ring) | the executor's ``Inferred``                                                 |
-  |   success          | post-M, a drain after it sent the answer (``Result``)                       |
-  |   error            | post-M, likewise after its ``Failed``; a failed run, or an output too big   |
-  |                    | for a slot, allocates none                                                  |
+  |   success          | post-M, once it has the answer (``Result``)                                 |
+  |   error            | post-M, before its ``Failed``; a failed run, or an output too big for a     |
+  |                    | slot, allocates none                                                        |
   |   timeout          | post-M all the same (its late answer is dropped)                            |
-  |   post-M dies      | the frontend, as for the executor's death above; but a request that gets a  |
-  |                    | second try (``retries``): the frontend's until it is sent again, then the   |
-  |                    | new holder's (post-M frees a slot one drain after its answer, so a death    |
-  |                    | leaves every slot whose answer may not have left)                           |
+  |   post-M dies      | the frontend, as for the executor's death above                             |
   |   executor dies    | nobody: its segment is unlinked, every slot with it                         |
   +--------------------+-----------------------------------------------------------------------------+
   | DIRECT route       | no input slot: the executor preprocesses, and keeps the tensors in its own  |
@@ -136,7 +133,6 @@ class Request:
     link: Any = None  # by kind: CLIENT None, GOLDEN ``Golden``, SHADOW the primary's rid, STEP ``Step``
     owner: bytes | str | None = None  # whose per-client share (``clients.owner_of``); None: its connection
     retried: bool = False  # held at PRE by a preprocess worker that died: its one second try (``retries``)
-    reposted: bool = False  # likewise at POST by a postprocess worker: its one second try there (``retries``)
 
     @property
     def internal(self) -> bool:
