@@ -55,6 +55,7 @@ class Config:
     oip_shm_client_regions: int = _default("oip_shm_client_regions")
     oip_shm_client_bytes: int = _default("oip_shm_client_bytes")
     oip_api_keys_file: str = _default("oip_api_keys_file")
+    oip_docs: bool = _default("oip_docs")
     model_repository: str = _default("model_repository")
     models: str = _default("models")
     preprocess_workers: int = _default("preprocess_workers", neutral=1)

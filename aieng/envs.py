@@ -108,6 +108,10 @@ REGISTRY: tuple[EnvVar, ...] = (
            "API keys for the OIP doors: a file of PRINCIPAL:KEY[:model,...] lines, re-read when it changes; "
            "set, every OIP request but server live/ready needs Authorization: Bearer KEY (empty: open)",
            "oip_api_keys_file"),
+    EnvVar("AIENG_OIP_DOCS", boolean, True,
+           "OpenAPI documents (/v2/openapi.json, /v2/models/NAME/openapi.json, /v2/native.json) and Swagger "
+           "UI (/v2/docs, /v2/models/NAME/docs) on the OIP HTTP port; off: those paths are unknown (404)",
+           "oip_docs"),
     EnvVar("AIENG_MODEL_REPOSITORY", str, "models",
            "Directory holding <model>/<version>/model.yaml + model.onnx", "model_repository"),
     EnvVar("AIENG_MODELS", str, "",

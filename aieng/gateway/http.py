@@ -8,7 +8,8 @@ client's ``Accept-Encoding`` asks, as Triton does for infer only, so ``Inference
 counts uncompressed bytes both ways); the repository index, load and unload (admin ops, off by default: 403,
 ``repository.py``); system shared memory (``sysshm.py``) and CUDA shared memory on a server without a
 CUDA device (``cudashm.py``: status lists nothing, unregister succeeds, register is 400); the logging
-extension (``/v2/logging``, ``logsettings.py``).  Errors are
+extension (``/v2/logging``, ``logsettings.py``); the OpenAPI documents and Swagger UI (``docs.py``,
+AIENG_OIP_DOCS).  Errors are
 ``{"error": "..."}`` with the status ``service.HTTP_STATUS`` gives.  Infer joins the caller's W3C
 ``traceparent`` and answers with the frontend's server span.
 Each route's answer, the binary extension's framing and the errors: docs/oip.md.
@@ -19,7 +20,7 @@ import json
 from typing import Any
 from urllib.parse import parse_qsl
 
-from aieng.gateway import codec, cudashm, guard, models, shmio
+from aieng.gateway import codec, cudashm, docs, guard, models, shmio
 from aieng.gateway.apikeys import Grant, KeyRing, bearer
 from aieng.gateway.peers import Caller
 from aieng.gateway.principal import principal
@@ -140,15 +141,18 @@ def render(ans: Answer, req_id: Any, binary: dict[str, bool]) -> tuple[int, dict
 
 
 class OipHttp:
-    def __init__(self, service: Service, keys: KeyRing | None = None):
+    def __init__(self, service: Service, keys: KeyRing | None = None, pages: docs.DocsRoutes | None = None):
         self.svc = service
         self.keys = keys  # AIENG_OIP_API_KEYS_FILE; None: no key asked (``guard.py``)
+        self.docs = pages  # AIENG_OIP_DOCS: the OpenAPI documents and Swagger UI (``docs.py``); None: off
 
     async def handle(self, method: str, path: str, query: str, headers: dict, body: bytes, peer: Peer):
         parts = [s for s in path.split("/") if s]
         caller = Caller(peer.host, peer.port, peer.local_host, peer.local_port)
         grant: Grant | None = None
         try:
+            if self.docs is not None and docs.owns(parts):  # its pages are open; its documents check keys
+                return await self.docs.handle(method, parts, headers)
             if self.keys is not None and parts not in guard.OPEN_HTTP:  # before routing: nothing shows
                 token = headers.get("authorization")
                 grant = self.keys.check(bearer(token))

@@ -52,6 +52,8 @@ class ModelView:
     rows_axis: bool | None = None
     reshapes: dict[str, list[int]] = field(default_factory=dict)  # tensor name -> Triton's reshape (config)
     left_out: bool = False  # the start left the model out: no version, no inputs; only its load_error
+    description: str = ""  # the spec's, and its ``metadata`` map, shown by the model's OpenAPI document
+    metadata: dict[str, Any] = field(default_factory=dict)
 
     @property
     def batched(self) -> bool:
@@ -96,7 +98,8 @@ def build_view(name: str, pub: dict, batching: Batching | None) -> ModelView:
                      int(pub.get("timeout_ms") or 0), load_error=pub.get("load_error"),
                      parameters=_inferred_parameters(pub.get("inferred")),
                      rows_axis=True if pub.get("described_by") in ("graph", "config.pbtxt")
-                     and (onnx or {}).get("batched") is True else None)
+                     and (onnx or {}).get("batched") is True else None,
+                     description=str(pub.get("description") or ""), metadata=dict(pub.get("metadata") or {}))
     lead = [-1] if view.batched else []
     view.reshapes = {i["name"]: list(i["reshape"]) for i in (*pub.get("inputs", []), *pub.get("outputs", []))
                      if isinstance(i, dict) and i.get("reshape") is not None}

@@ -29,6 +29,7 @@ from aieng.config import Config
 from aieng.gateway.apikeys import KeyRing
 from aieng.gateway.budget import PeerBudget, gateway_share
 from aieng.gateway.decode import Decoder
+from aieng.gateway.docs import DocsRoutes
 from aieng.gateway.grpc import start_grpc
 from aieng.gateway.http import OipHttp
 from aieng.gateway.logsettings import LogSettings
@@ -127,7 +128,8 @@ class Gateway:
         cap = connection_cap(bool(cfg.oip_http_addr) + bool(cfg.oip_grpc_addr))
         if cfg.oip_http_addr:
             host, port = split_addr(cfg.oip_http_addr, "AIENG_OIP_HTTP_ADDR")
-            self.http = HttpServer(OipHttp(self.service, self.keys).handle, cfg.max_message_bytes,
+            pages = DocsRoutes(self.service, self.keys, cfg) if cfg.oip_docs else None
+            self.http = HttpServer(OipHttp(self.service, self.keys, pages).handle, cfg.max_message_bytes,
                                    cfg.http_timeout_s, cfg.http_timeout_s * IDLE_FACTOR, cap, self.log,
                                    codings=True, tls=None if self.tls is None else self.tls.context)
             try:
