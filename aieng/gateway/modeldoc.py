@@ -107,5 +107,6 @@ def model_document(view: ModelView, versions: list[str], keys: bool = False) -> 
            "x-aieng-model": {"name": name, "version": view.version, "versions": list(versions),
                              "description": view.description, "metadata": view.metadata,
                              "max_batch_size": view.max_batch_size if view.batched else 0},
+           "tags": [{"name": t} for t in ("inference", "model", "statistics")],
            "paths": paths, "components": {"schemas": schemas}}
     return oa.secure(doc, keys)
