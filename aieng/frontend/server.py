@@ -28,6 +28,7 @@ from aieng.frontend.observe.metrics import Metrics
 from aieng.frontend.observe.snapshot import Snapshots
 from aieng.frontend.observe.stats import StageStats
 from aieng.frontend.observe.tracing import Tracing
+from aieng.frontend.observe.window import RollingWindow
 from aieng.frontend.requests.admission import Admission, Immediate
 from aieng.frontend.requests.answers import Answers
 from aieng.frontend.requests.breaker import Breakers
@@ -85,9 +86,12 @@ class Frontend:
         self.admission = Admission(cfg, self.specs, self.rollout, self.table, self.breakers,
                                    self.cache, self.degrader, self.life, self.tracing)
         posts = [f"post-{j}" for j in range(cfg.postprocess_workers)]
-        # every answer: counted, cached, measured; the auto-rollback watches each (rollout.observe)
+        # every answer: counted, cached, measured; the auto-rollback watches each (rollout.observe), and
+        # the status page's last minute counts each when the probe port is on (no work when it is off)
+        self.window = RollingWindow(time.monotonic()) if cfg.http_addr else None
         self.answers = Answers(self.reply, self.metrics, self.stats, self.breakers, self.cache, self.drift,
-                               self.degrader, self.rollout.observe, self.tracing)
+                               self.degrader, self.rollout.observe if self.window is None else self.outcome,
+                               self.tracing)
         # The pipeline ends what the mirror and the fan-out start, and they start requests (and end pages)
         # through it: a true cycle.  They are built first, over narrow callables into the pipeline built next
         # (called when a request moves, never while building); the pipeline gets both at construction.
@@ -139,7 +143,12 @@ class Frontend:
                                ) if self.cfg.http_addr else None
         self.snapshots = Snapshots(self.metrics, self.table, self.stats, self.drift, self.life, self.workers,
                                    self.specs, self.ops.health, self.views,
-                                   self.http.debug_asked if self.http is not None else None)
+                                   self.http.debug_asked if self.http is not None else None, self.window)
+
+    def outcome(self, model: str, version: str, code: str, seconds: float) -> None:
+        """Every answer, with the probe port on: the auto-rollback's watch and the status page's minute."""
+        self.rollout.observe(model, version, code, seconds)
+        self.window.add(model, version, code, seconds, time.monotonic())
 
     # -- main loop ----------------------------------------------------------------
     def run(self, stop: procutil.StopFlag) -> None:

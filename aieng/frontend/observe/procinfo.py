@@ -1,5 +1,6 @@
-"""Process and GPU facts for metrics and /debug: resident memory per process (psutil)
-and GPU memory/utilisation (NVML, only where a GPU is present)."""
+"""Process and GPU facts for metrics, /debug and the status page: resident memory per process (psutil),
+CPU per process (``CpuUsage``: psutil's share since the previous sample, so it keeps each process's
+handle between samples) and GPU memory/utilisation (NVML, only where a GPU is present)."""
 from __future__ import annotations
 
 from aieng.wire.records import ProcessState
@@ -16,6 +17,33 @@ def process_memory(processes: dict[str, ProcessState]) -> dict[tuple[str, str], 
         except (psutil.Error, TypeError, ValueError):
             pass
     return out
+
+
+class CpuUsage:
+    def __init__(self) -> None:
+        self.handles: dict[int, object] = {}  # pid -> psutil.Process (its last CPU times)
+
+    def sample(self, processes: dict[str, ProcessState]) -> dict[str, float]:
+        """``{worker: CPU percent of one core}`` since the previous sample (a process seen for the first
+        time is left out until the next); handles of processes gone are dropped."""
+        import psutil
+
+        out, kept = {}, {}
+        for name, proc in processes.items():
+            if not isinstance(proc.pid, int):
+                continue
+            handle = self.handles.get(proc.pid)
+            try:
+                if handle is None:
+                    handle = psutil.Process(proc.pid)
+                    handle.cpu_percent(None)  # the first call only starts the count
+                else:
+                    out[name] = float(handle.cpu_percent(None))
+                kept[proc.pid] = handle
+            except psutil.Error:
+                pass
+        self.handles = kept
+        return out
 
 
 def gpu_usage() -> dict[int, tuple[float, float]]:

@@ -4,11 +4,14 @@ The loop calls ``publish`` every ``snapshot_ms`` (and at once when a worker come
 costly stage summary, which is refreshed only when a /debug has asked for it since the last one).  Each
 builds a fresh dict and swaps it in whole; nothing mutates it afterwards, so the HTTP thread never
 touches the loop's tables and never makes the loop compute on its behalf, however many scrapers there
-are.  The Prometheus collector's part goes to ``Metrics.publish`` the same way.
+are.  The Prometheus collector's part goes to ``Metrics.publish`` the same way.  With a ``window``
+(``observe/window.RollingWindow``, when the probe port is on) it also holds each model's last minute
+(``traffic``) and each process's CPU (``cpu``, sampled with the memory), which the status page shows.
 """
 from __future__ import annotations
 
 import threading
+from dataclasses import asdict
 from typing import Any, Callable
 
 from aieng.frontend.control.lifecycle import Lifecycle
@@ -16,8 +19,9 @@ from aieng.frontend.control.views import Views
 from aieng.frontend.control.workers import Workers
 from aieng.frontend.observe.drift import DriftMonitor
 from aieng.frontend.observe.metrics import Metrics
-from aieng.frontend.observe.procinfo import gpu_usage, process_memory
+from aieng.frontend.observe.procinfo import CpuUsage, gpu_usage, process_memory
 from aieng.frontend.observe.stats import StageStats
+from aieng.frontend.observe.window import RollingWindow
 from aieng.frontend.requests.table import EXEC, POST, PRE, RequestTable
 from aieng.models.served import ServedVersions
 
@@ -28,13 +32,15 @@ class Snapshots:
     def __init__(self, metrics: Metrics, table: RequestTable, stats: StageStats, drift: DriftMonitor,
                  life: Lifecycle, workers: Workers, specs: ServedVersions,
                  health: Callable[[], dict], views: Views,
-                 debug_asked: threading.Event | None):
+                 debug_asked: threading.Event | None, window: RollingWindow | None = None):
         """``health()`` is the health op's answer; of ``views`` (``control/views.Views``) it shows
         ``counts``, ``routing``, ``pool`` and ``clients``; ``debug_asked`` is set by the HTTP side when a
         /debug wants a fresh stage summary."""
         self.metrics, self.table, self.stats, self.drift = metrics, table, stats, drift
         self.life, self.workers, self.specs, self.health = life, workers, specs, health
-        self.views, self.debug_asked = views, debug_asked
+        self.views, self.debug_asked, self.window = views, debug_asked, window
+        self.cpu = CpuUsage() if window is not None else None
+        self._cpu: dict[str, float] = {}
         self.current: dict[str, Any] = {}
         self._rss: dict = {}
         self._gpus: dict = {}
@@ -70,8 +76,13 @@ class Snapshots:
                 "routing": routing, "pool": pool,
                 "models": {name: {v: {"hash": sp.content_hash, "metadata": sp.metadata.thaw()}
                                   for v, sp in vs.items()} for name, vs in self.specs.items()}}
+        if self.window is not None:
+            snap["traffic"] = {model: {v: asdict(t) for v, t in rows.items()}
+                               for model, rows in self.window.view(now).items()}
         if now >= self._rss_at or not self._rss:
             self._rss = process_memory(self.life.processes)
+            if self.cpu is not None:
+                self._cpu = self.cpu.sample(self.life.processes)
             ex = self.workers.last_hello("executor")
             self._gpus = gpu_usage() if ex is not None and ex.gpus else {}
             self._rss_at = now + MEMORY_EVERY_S
@@ -82,6 +93,7 @@ class Snapshots:
             "rss": self._rss, "gpus": self._gpus, "drift": drift, "output_drift": out_drift,
             "drift_refs": refs, "clients": self.views.clients()})
         snap["memory"] = {f"{w}": v for (_, w), v in self._rss.items()}
+        snap["cpu"] = dict(self._cpu)
         snap["gpus"] = {str(i): {"memory_used_bytes": u, "utilization": g}
                         for i, (u, g) in self._gpus.items()}
         self.current = snap

@@ -243,10 +243,12 @@ class Rollout:
         return out
 
     def view(self) -> dict:
-        """What /debug shows: each model's weights, stable version, rules and routing events."""
+        """What /debug shows: each model's weights, stable version, rules, routing events and whether an
+        auto-rollback watches its canaries."""
         return {name: {"weights": dict(m.state.weights), "stable": m.state.stable,
                        "rules": [r.name for r in m.state.rules], "allow_pinned": m.state.allow_pinned,
                        "reason": m.state.reason, "events": list(m.events),
+                       "auto_rollback": m.watch is not None,
                        "shadow": m.state.shadow.public() if m.state.shadow else None}
                 for name, m in self.models.items()}
 
