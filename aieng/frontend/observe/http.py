@@ -1,6 +1,7 @@
 """The frontend's probe port (``AIENG_HTTP_ADDR``, default 127.0.0.1:8000): ``/healthz`` liveness,
 ``/readyz`` and ``/startupz`` (200 or 503, for load balancers and Kubernetes), ``/metrics``
-(Prometheus text) and ``/debug`` (JSON: health, queue depths, stage timings, counts, memory), on
+(Prometheus text), ``/debug`` (JSON: health, queue depths, stage timings, counts, memory) and the live
+status page ``/`` with its feed ``/status.json`` (``statuspage.py``), on
 ``aieng.httpcore`` (the OIP port's server: its framing and bounds) run by one thread of its own.
 Nothing here can slow the frontend loop down by more than a bounded amount:
 
@@ -15,8 +16,8 @@ Nothing here can slow the frontend loop down by more than a bounded amount:
     (``httpcore.server``): one client flooding or holding the port cannot keep a probe from another
     address out (a kubelet's probe waits about one turn per other waiting address, 5 ms each).
 
-With ``token_file`` set, /metrics and /debug need ``Authorization: Bearer <token>`` (401 otherwise);
-the probes stay open.  The token is read once, at start.
+With ``token_file`` set, /metrics, /debug and /status.json need ``Authorization: Bearer <token>`` (401
+otherwise); the probes and the status page's shell stay open.  The token is read once, at start.
 """
 from __future__ import annotations
 
@@ -28,11 +29,12 @@ import threading
 import time
 from typing import Any, Callable
 
+from aieng.frontend.observe.statuspage import FEED, PAGE_HEADERS, StatusPage
 from aieng.httpcore.server import HttpServer as CoreServer
 from aieng.httpcore.server import Peer
 from aieng.httpcore.thread import ServerThread
 
-PATHS = ["/healthz", "/readyz", "/startupz", "/metrics", "/debug"]
+PATHS = ["/", "/status.json", "/healthz", "/readyz", "/startupz", "/metrics", "/debug"]
 STALE_MIN_S = 5.0  # liveness: the loop's snapshot and the supervisor's word may be this old (or 10 periods)
 
 
@@ -46,7 +48,7 @@ def liveness(snap: dict[str, Any], now: float, stale_s: float) -> dict[str, Any]
     return {"alive": alive, "loop_age_s": round(min(loop_age, 1e9), 3),
             "supervisor_age_s": round(min(supervisor_age, 1e9), 3)}
 
-PROTECTED = ("/metrics", "/debug")
+PROTECTED = ("/metrics", "/debug", FEED)
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 CHALLENGE = 'Bearer realm="aieng"'
 MAX_CONNS = 512  # open connections (file descriptors, not threads)
@@ -113,6 +115,7 @@ class HttpServer:
         self.debug_cache: tuple[dict, bytes] | None = None  # (the snapshot, its JSON)
         self.debug_asked = threading.Event()  # tells the loop to refresh the snapshot's stage stats
         self.probes: tuple[dict, bytes] | None = None  # (the snapshot, its health map as JSON)
+        self.page = StatusPage()
         self.core = CoreServer(self.handle, MAX_BODY, head_s=timeout_s, idle_s=timeout_s, max_conns=MAX_CONNS,
                                log=log, on_drop=dropped, rate=MAX_RATE)
         self.server = ServerThread(self.core, bind(addr), name="http")
@@ -136,6 +139,12 @@ class HttpServer:
         if path == "/debug":
             self.debug_asked.set()
             return 200, self.debug_json(snap), "application/json", {}
+        if path == FEED:
+            self.debug_asked.set()  # its stage timings, as /debug's
+            return 200, self.page.feed_json(snap), "application/json", {}
+        asset = self.page.asset(path)
+        if asset is not None:
+            return 200, asset[0], asset[1], PAGE_HEADERS
         health = snap.get("health", {})
         if path == "/healthz":
             alive = liveness(snap, time.monotonic(), self.stale_s)
