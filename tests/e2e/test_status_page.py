@@ -1,7 +1,8 @@
 """The probe port's live status page (issue 38): the feed (/status.json) counts the requests a client made,
 per model and version, with the processes' CPU and memory; with AIENG_HTTP_TOKEN_FILE set the feed needs
-the token and the page shell does not; and a real browser (headless Chromium, tests/browser.py) shows the
-count and the processes.  With AIENG_SCREENSHOTS=1 the browser test saves docs/img/status.png."""
+the token and the page shell does not (in a browser: the page shows the 401, asks for the token and keeps it
+in sessionStorage); and a real browser (headless Chromium, tests/browser.py) shows the count and the
+processes.  With AIENG_SCREENSHOTS=1 the browser test saves docs/img/status.png."""
 from __future__ import annotations
 
 import json
@@ -84,6 +85,25 @@ def test_feed_needs_the_token_and_the_page_shell_does_not(make_server, tmp_path)
     assert code == 200 and headers["Content-Type"].startswith("text/html") and b"/status.js" in body
     for path in ("/healthz", "/readyz", "/startupz"):
         assert get(srv.http + path)[0] == 200
+
+
+def test_browser_asks_for_the_token_and_keeps_it_for_the_tab(make_server, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    from tests.browser import chrome, text_when, wait_for
+
+    token_file = tmp_path / "http-token"
+    token_file.write_text("s3cret-token\n")
+    srv = make_server(AIENG_MODELS="tabular", AIENG_HTTP_TOKEN_FILE=str(token_file)).start()
+    with chrome(tmp_path) as d:
+        d.get(srv.http + "/")
+        said = text_when(d, "#message", lambda t: t.startswith("401"))
+        assert said == "401 unauthorized: enter the token"  # the server's words
+        wait_for(d, "#token").send_keys("s3cret-token")
+        d.find_element(By.CSS_SELECTOR, "#token-form button").click()
+        wait_for(d, '#models tr[data-model="tabular"][data-version="1"]')
+        assert d.execute_script("return sessionStorage.getItem('aieng-status-token')") == "s3cret-token"
+        assert d.find_element(By.CSS_SELECTOR, "#message").is_displayed() is False
 
 
 def test_browser_sees_the_requests_counted_and_the_processes(make_server, tmp_path):
