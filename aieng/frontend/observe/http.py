@@ -7,7 +7,8 @@ Nothing here can slow the frontend loop down by more than a bounded amount:
 
   * every answer but /metrics comes from the snapshot dict the loop publishes (swapped whole, never
     mutated); the HTTP thread never calls into the loop, so /debug also works with CURVE on.  A /debug
-    sets ``debug_asked``: the loop refreshes the costly stage timings at its next publish only then;
+    (or /status.json) sets ``debug_asked``: the loop refreshes the costly stage timings (and the status
+    page's last minute) at its next publish only then;
   * the probes' bodies are encoded once per published snapshot (``health_json``); an answer only
     compares two ages and joins bytes;
   * /metrics is rendered at most once per ``cache_ms`` (scrapers in between share the last render);
@@ -140,7 +141,7 @@ class HttpServer:
             self.debug_asked.set()
             return 200, self.debug_json(snap), "application/json", {}
         if path == FEED:
-            self.debug_asked.set()  # its stage timings, as /debug's
+            self.debug_asked.set()  # its stage timings and last minute, as /debug's
             return 200, self.page.feed_json(snap), "application/json", {}
         asset = self.page.asset(path)
         if asset is not None:

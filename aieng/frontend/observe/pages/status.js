@@ -38,7 +38,7 @@
     tbody.replaceChildren(...rows);
   }
 
-  function drawSummary(s) {
+  function drawSummary(s, gpus) {
     const state = $("#server-state");
     state.textContent = s.draining ? "draining" : s.ready ? (s.degraded ? "ready, degraded" : "ready")
                         : s.started ? "not ready" : "starting";
@@ -48,6 +48,8 @@
     const items = [["version", s.version], ["uptime", num(s.uptime_s, 0) + " s"], ["in flight", s.in_flight],
                    ["queue pre/exec/post", [q.preprocess || 0, q.executor || 0, q.postprocess || 0].join(" / ")],
                    ["requests", c.requests], ["ok", c.ok], ["errors", errors]];
+    for (const [i, g] of Object.entries(gpus || {}))  // only where NVML sees a GPU
+      items.push(["GPU " + i, num(g.utilization * 100, 0) + "% · " + num(g.memory_used_bytes / 1048576, 0) + " MiB"]);
     $("#summary").replaceChildren(...items.flatMap(([k, v]) => [el("dt", {text: k}),
                                                                 el("dd", {text: String(v ?? "–")})]));
   }
@@ -150,7 +152,7 @@
       const feed = JSON.parse(body);
       say("");
       $("#token-form").hidden = true;
-      drawSummary(feed.server);
+      drawSummary(feed.server, feed.gpus);
       drawModels(feed.models);
       drawStages(feed.models);
       drawDrift(feed.drift);
