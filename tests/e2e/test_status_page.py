@@ -13,11 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.rollout_helpers import PENGUIN, start, tabular_repo
 from tests.waits import until
 
 pytestmark = pytest.mark.e2e
 N = 12
-SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "img" / "status.png"
+ROOT = Path(__file__).resolve().parents[2]
+SCREENSHOT, MODELS = ROOT / "docs" / "img" / "status.png", ROOT / "models"
 
 
 def get(url: str, token: str | None = None) -> tuple[int, dict, bytes]:
@@ -72,6 +74,26 @@ def test_feed_counts_the_requests_made(make_server):
     assert executor["cpu_percent"] >= 0
 
 
+def test_feed_shows_the_canary_and_each_version_s_minute(make_server, tmp_path):
+    repo = tmp_path / "repo"
+    tabular_repo(repo, "routing:\n  weights: {'1': 80, '2': 20}\n"
+                       "  auto_rollback: {max_error_rate_delta: 0.05, window_s: 60}\n")
+    srv = start(make_server, tmp_path, repo)
+    with srv.client() as c:
+        for version, n in (("1", 7), ("2", 5)):
+            for _ in range(n):  # pinned: each version's count is known
+                reply = c.call({"op": "infer", "id": 1, "model": "tabular", "inputs": dict(PENGUIN),
+                                "version": version})
+                assert reply["version"] == version
+    status = counted(srv, "tabular", 12)
+    assert status, feed(srv)
+    tab = model_row(status, "tabular")
+    rows = {v["version"]: v for v in tab["versions"]}
+    assert {v: (r["state"], r["share"], r["stable"], r["traffic"]["requests"]) for v, r in rows.items()} == {
+        "1": ("ready", 0.8, True, 7), "2": ("ready", 0.2, False, 5)}
+    assert (tab["stable"], tab["canary"]["versions"], tab["canary"]["auto_rollback"]) == ("1", ["2"], True)
+
+
 def test_feed_needs_the_token_and_the_page_shell_does_not(make_server, tmp_path):
     token_file = tmp_path / "http-token"
     token_file.write_text("s3cret-token\n")
@@ -109,21 +131,30 @@ def test_browser_asks_for_the_token_and_keeps_it_for_the_tab(make_server, tmp_pa
 def test_browser_sees_the_requests_counted_and_the_processes(make_server, tmp_path):
     from tests.browser import chrome, text_when, wait_for
 
-    srv = make_server(AIENG_MODELS="tabular,minilm").start()
+    repo = tmp_path / "repo"  # tabular 1 and a canary 2 (the screenshot shows one), and minilm
+    tabular_repo(repo, "routing:\n  weights: {'1': 90, '2': 10}\n"
+                       "  auto_rollback: {max_error_rate_delta: 0.05, window_s: 60}\n")
+    (repo / "minilm").symlink_to(MODELS / "minilm")
+    srv = start(make_server, tmp_path, repo)
     with chrome(tmp_path) as d:
         d.get(srv.http + "/")
         wait_for(d, '#models tr[data-model="tabular"]')
         with srv.client() as c:
-            for i in range(N):
-                c.infer("tabular", {"island": "Dream", "bill_length_mm": 40 + i})
+            for i in range(N):  # every fourth to the canary, pinned
+                c.call({"op": "infer", "id": i, "model": "tabular", "version": "2" if i % 4 == 0 else "1",
+                        "inputs": {"island": "Dream", "bill_length_mm": 40 + i}})
             for text in ("a status page", "counts what it serves", "every second"):
                 c.infer("minilm", {"text": text})
         cell = '#models tr[data-model="tabular"][data-version=""] td.requests'
         assert text_when(d, cell, lambda t: t == str(N), timeout=20) == str(N)
+        canary = '#models tr[data-model="tabular"][data-version="2"] td.requests'
+        assert text_when(d, canary, lambda t: t == str(N // 4)) == str(N // 4)
         assert text_when(d, '#models tr[data-model="minilm"][data-version=""] td.requests',
                          lambda t: t == "3", timeout=20) == "3"
-        assert text_when(d, '#models tr[data-model="tabular"][data-version="1"] td:nth-child(3)',
+        assert text_when(d, '#models tr[data-model="tabular"][data-version="2"] td:nth-child(3)',
                          lambda t: t == "ready") == "ready"
+        assert text_when(d, '#models tr[data-model="tabular"][data-version="2"] td:nth-child(5)',
+                         lambda t: t != "") == "canary, watched"
         assert text_when(d, "#server-state", lambda t: t.startswith("ready")).startswith("ready")
         executor = '#processes tr[data-process="executor"] td.rss'
         assert float(text_when(d, executor, lambda t: t.replace(".", "", 1).isdigit())) > 10
