@@ -11,7 +11,9 @@ CUDA device (``cudashm.py``: status lists nothing, unregister succeeds, register
 extension (``/v2/logging``, ``logsettings.py``); the OpenAPI documents and Swagger UI (``docs.py``,
 AIENG_OIP_DOCS).  Errors are
 ``{"error": "..."}`` with the status ``service.HTTP_STATUS`` gives.  Infer joins the caller's W3C
-``traceparent`` and answers with the frontend's server span.
+``traceparent`` and answers with the frontend's server span; with the request parameter ``aieng_timing``
+true, the answer's ``parameters`` carry the first row's stage timings (``aieng_timing_us``).  The landing
+page (``/``) and the try-it pages (``/v2/models/{name}/try``, ``/v2/try/...``) are ``tryit.py``'s.
 Each route's answer, the binary extension's framing and the errors: docs/oip.md.
 """
 from __future__ import annotations
@@ -26,6 +28,7 @@ from aieng.gateway.peers import Caller
 from aieng.gateway.principal import principal
 from aieng.gateway.service import HTTP_STATUS, Answer, Service
 from aieng.gateway.sysshm import SystemShm
+from aieng.gateway.tryit import TryIt
 from aieng.httpcore.coding import compress, response_coding
 from aieng.httpcore.message import HttpError, error_response
 from aieng.httpcore.server import Peer
@@ -133,6 +136,8 @@ def render(ans: Answer, req_id: Any, binary: dict[str, bool]) -> tuple[int, dict
     head: dict[str, Any] = {"model_name": ans.view.name, "model_version": ans.view.version, "outputs": outs}
     if req_id is not None:
         head["id"] = req_id
+    if ans.timing_us is not None:  # asked for (``aieng_timing``): the first row's stage timings
+        head["parameters"] = {"aieng_timing_us": ans.timing_us}
     body = _encode(head).encode()
     if not blobs:
         return 200, JSON, body
@@ -145,6 +150,7 @@ class OipHttp:
         self.svc = service
         self.keys = keys  # AIENG_OIP_API_KEYS_FILE; None: no key asked (``guard.py``)
         self.docs = pages  # AIENG_OIP_DOCS: the OpenAPI documents and Swagger UI (``docs.py``); None: off
+        self.pages = TryIt(service, keys)  # the landing and try-it pages (``tryit.py``)
 
     async def handle(self, method: str, path: str, query: str, headers: dict, body: bytes, peer: Peer):
         parts = [s for s in path.split("/") if s]
@@ -153,6 +159,8 @@ class OipHttp:
         try:
             if self.docs is not None and docs.owns(parts):  # its pages are open; its documents check keys
                 return await self.docs.handle(method, parts, headers)
+            if self.pages.owns(parts):  # open page shells; their data asks for the key itself (tryit.py)
+                return await self.pages.handle(method, parts, headers)
             if self.keys is not None and parts not in guard.OPEN_HTTP:  # before routing: nothing shows
                 token = headers.get("authorization")
                 grant = self.keys.check(bearer(token))

@@ -7,7 +7,8 @@ sends one native request per row to the frontend at once (batched there like any
 all of them; the first failing
 row's error (in row order) is the request's error, otherwise the rows are stacked per output.  The
 per-request ``timeout`` parameter (microseconds, as Triton's clients send it) becomes the native
-``timeout_ms``; a gRPC deadline does the same when it is shorter.
+``timeout_ms``; a gRPC deadline does the same when it is shorter.  The ``aieng_timing`` parameter (true) keeps
+the first row's native ``timing_us`` in the ``Answer`` (the HTTP side puts it in the answer's ``parameters``).
 
 An unknown model or version answers in Triton's words ("Request for unknown model: 'x' is not found"),
 which its clients match; the metadata and config of a version that failed to load too ("... has no
@@ -48,7 +49,8 @@ UNSUPPORTED = "UNSUPPORTED"
 # Triton request parameters that mean something to the protocol, never passed on as model params.
 RESERVED = {"timeout", "binary_data_output", "priority", "sequence_id", "sequence_start", "sequence_end",
             "headers", "triton_enable_empty_final_response", "binary_data", "binary_data_size",
-            "classification", "shared_memory_region", "shared_memory_byte_size", "shared_memory_offset"}
+            "classification", "shared_memory_region", "shared_memory_byte_size", "shared_memory_offset",
+            "aieng_timing"}
 
 
 @dataclass
@@ -57,6 +59,7 @@ class Answer:
     outputs: list[tuple[str, str, np.ndarray]]  # (name, datatype, array with the rows first)
     in_shm: dict[str, dict] = field(default_factory=dict)  # output name -> its shm parameters (no data)
     traceparent: str = ""  # the frontend's server span (the first row's), for the caller
+    timing_us: dict[str, int] | None = None  # the first row's stage timings, when ``aieng_timing`` asked
 
 
 def timeout_ms_of(params: dict, deadline_s: float | None = None) -> int | None:
@@ -162,7 +165,8 @@ class Service:
             outputs.append((n, dt, arr))
         written = shmio.write_outputs(self.shm, caller, outputs, out_shm) if out_shm else {}
         return Answer(view, outputs, {n: out_shm[n].params(size) for n, size in written.items()},
-                      replies[0].get("traceparent") or "")
+                      replies[0].get("traceparent") or "",
+                      replies[0].get("timing_us") if params.get("aieng_timing") is True else None)
 
     def server_metadata(self) -> dict[str, Any]:
         from aieng import __version__
