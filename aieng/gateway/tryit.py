@@ -61,7 +61,7 @@ class TryIt:
             or (len(parts) == 4 and parts[3] == "try" and parts[1] == "models" and parts[0] == "v2")
 
     async def handle(self, method: str, parts: list[str], headers: dict):
-        if method not in ("GET", "HEAD"):
+        if method != "GET":  # not HEAD: the HTTP core sends whatever body it is given
             raise HttpError(405, "the pages take GET")
         if not parts:
             return self.page("landing.html")

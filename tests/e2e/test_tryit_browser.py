@@ -132,3 +132,26 @@ def test_with_keys_the_pages_show_the_401_words_until_a_key_is_given(make_server
         d.execute_script("sessionStorage.clear()")
         d.get(base + "/v2/models/tabular/try")
         assert text_when(d, "#status", lambda t: t.startswith("401")) == f"401 Unauthorized: {REFUSED}"
+
+
+def test_a_tensor_model_takes_nested_json_and_shows_its_values(make_server, tmp_path):
+    from onnx import TensorProto, helper
+
+    from tests.conftest import save_tensor_model
+
+    graph = helper.make_graph(
+        [helper.make_node("Transpose", ["x"], ["y"], perm=[0, 2, 1])], "transpose",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3, 2])])
+    save_tensor_model(tmp_path / "repo", "transpose", graph)
+    srv = make_server(AIENG_MODEL_REPOSITORY=str(tmp_path / "repo"), AIENG_PREPROCESS_WORKERS="1").start()
+    with chrome(tmp_path) as d:
+        d.get(f"http://{srv.oip_http}/v2/models/transpose/try")
+        assert text_when(d, "#kind", lambda t: t != "") == "tensor"
+        wait_for(d, "#in-0").send_keys("[[0, 1, 2], [3, 4, 5]]")
+        d.find_element(By.ID, "send").click()
+        assert text_when(d, "#answer", lambda t: t != "") == "y: 0, 3, 1, 4, 2, 5"  # the transpose, row-major
+        d.find_element(By.ID, "in-0").clear()
+        d.find_element(By.ID, "in-0").send_keys("[[0, 1], [3, 4]]")
+        d.find_element(By.ID, "send").click()
+        assert text_when(d, "#error", lambda t: t != "").startswith("400 Bad Request: ")
