@@ -146,10 +146,11 @@ def render(ans: Answer, req_id: Any, binary: dict[str, bool]) -> tuple[int, dict
 
 
 class OipHttp:
-    def __init__(self, service: Service, keys: KeyRing | None = None, pages: docs.DocsRoutes | None = None):
+    def __init__(self, service: Service, keys: KeyRing | None = None,
+                 docs_routes: docs.DocsRoutes | None = None):
         self.svc = service
         self.keys = keys  # AIENG_OIP_API_KEYS_FILE; None: no key asked (``guard.py``)
-        self.docs = pages  # AIENG_OIP_DOCS: the OpenAPI documents and Swagger UI (``docs.py``); None: off
+        self.docs = docs_routes  # AIENG_OIP_DOCS: OpenAPI documents and Swagger UI (``docs.py``); None: off
         self.pages = TryIt(service, keys)  # the landing and try-it pages (``tryit.py``)
 
     async def handle(self, method: str, path: str, query: str, headers: dict, body: bytes, peer: Peer):
