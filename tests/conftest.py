@@ -241,7 +241,9 @@ def save_tensor_model(repo, name: str, graph, version: str = "1", input_name: st
 
 def pytest_collection_modifyitems(items: list) -> None:
     """Every test under tests/e2e starts the real server: marked ``e2e``, so ``-m "not e2e"`` runs the
-    unit and component tests alone (about a minute)."""
+    unit and component tests alone (about a minute).  A test that drives the browser is marked ``browser``
+    in its module: scripts/test.sh runs those after the rest, one at a time, since Chromium on a 2-core
+    machine starves the timing-bound tests beside it."""
     for item in items:
         if f"{os.sep}e2e{os.sep}" in str(item.fspath):
             item.add_marker(pytest.mark.e2e)

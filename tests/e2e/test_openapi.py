@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import urllib.error
-import urllib.request
 
 import pytest
 from onnx import TensorProto, helper
@@ -19,6 +17,7 @@ from openapi_spec_validator import validate
 from aieng.config import Config
 from aieng.gateway.nativedoc import native_document
 from tests.conftest import MODELS, save_tensor_model
+from tests.e2e.oip_get import oip_get
 
 pytestmark = pytest.mark.e2e
 
@@ -28,17 +27,7 @@ PATHS = ("/v2/openapi.json", "/v2/native.json", "/v2/docs", "/v2/docs/static/swa
          "/v2/models/tabular/openapi.json", "/v2/models/tabular/docs")
 
 
-def get(srv, path: str, key: str | None = None, body: bytes | None = None) -> tuple[int, dict, bytes]:
-    req = urllib.request.Request(f"http://{srv.oip_http}{path}", data=body)
-    if key is not None:
-        req.add_header("Authorization", f"Bearer {key}")
-    if body is not None:
-        req.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, {k.lower(): v for k, v in r.headers.items()}, r.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc.read()
+get = oip_get  # (status, headers, body) of one request to the OIP port
 
 
 def repo_with_a_tensor_model(tmp_path):

@@ -109,6 +109,7 @@ def test_feed_needs_the_token_and_the_page_shell_does_not(make_server, tmp_path)
         assert get(srv.http + path)[0] == 200
 
 
+@pytest.mark.browser  # run after the rest, alone (scripts/test.sh)
 def test_browser_asks_for_the_token_and_keeps_it_for_the_tab(make_server, tmp_path):
     from selenium.webdriver.common.by import By
 
@@ -128,6 +129,7 @@ def test_browser_asks_for_the_token_and_keeps_it_for_the_tab(make_server, tmp_pa
         assert d.find_element(By.CSS_SELECTOR, "#message").is_displayed() is False
 
 
+@pytest.mark.browser  # run after the rest, alone (scripts/test.sh)
 def test_browser_sees_the_requests_counted_and_the_processes(make_server, tmp_path):
     from tests.browser import chrome, text_when, wait_for
 

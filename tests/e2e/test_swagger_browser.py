@@ -12,7 +12,7 @@ from selenium.webdriver.common.by import By
 from tests.browser import chrome, text_when, wait_for
 from tests.conftest import ROOT
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.browser]  # run after the rest, alone (scripts/test.sh)
 
 KEY = "page-key-0123456789abcdef0"
 REFUSED = "a valid API key is needed: Authorization: Bearer <key>"

@@ -18,7 +18,7 @@ from tests.conftest import ROOT
 from tests.e2e.ocr_pages import make_page, png
 from tests.e2e.test_oip_keys import ALICE, REFUSED, key_file
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.browser]  # run after the rest, alone (scripts/test.sh)
 
 MODELS = ["layout", "minilm", "ocr", "orientation", "tabular", "textdet", "textrec"]
 SHOTS = os.environ.get("AIENG_SCREENSHOTS") == "1"

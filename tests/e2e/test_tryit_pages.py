@@ -9,28 +9,16 @@ and a key's allow-list shows only its models.
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 
 import pytest
 
+from tests.e2e.oip_get import oip_get
 from tests.e2e.test_oip_keys import ALICE, BOB, REFUSED, key_file
 
 pytestmark = pytest.mark.e2e
 
 
-def get(srv, path: str, token: str | None = None, method: str = "GET", body: bytes | None = None):
-    """(status, headers lower-cased, body bytes) of one request."""
-    req = urllib.request.Request(f"http://{srv.oip_http}{path}", data=body, method=method)
-    if token is not None:
-        req.add_header("Authorization", f"Bearer {token}")
-    if body is not None:
-        req.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, {k.lower(): v for k, v in r.headers.items()}, r.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc.read()
+get = oip_get  # (status, headers, body) of one request to the OIP port
 
 
 def test_the_landing_page_and_a_try_page_are_served_with_their_files(server):
