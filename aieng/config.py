@@ -96,6 +96,7 @@ class Config:
     oip_tls_cert_file: str = _default("oip_tls_cert_file")
     oip_tls_key_file: str = _default("oip_tls_key_file")
     oip_tls_client_ca_file: str = _default("oip_tls_client_ca_file")
+    http_tls: bool = _default("http_tls")
     state_dir: str = _default("state_dir", neutral="")
     drift_reference_n: int = _default("drift_reference_n")
     drift_reference_clients: int = _default("drift_reference_clients")
@@ -203,6 +204,9 @@ class Config:
              "oip_tls_key_file needs oip_tls_cert_file (AIENG_OIP_TLS_CERT_FILE): set both or neither")
         need(not self.oip_tls_client_ca_file or bool(self.oip_tls_cert_file),
              "oip_tls_client_ca_file needs oip_tls_cert_file and oip_tls_key_file (mutual TLS is TLS first)")
+        need(not self.http_tls or bool(self.oip_tls_cert_file),
+             "http_tls needs oip_tls_cert_file and oip_tls_key_file (AIENG_OIP_TLS_CERT_FILE/KEY_FILE): the "
+             "probe port serves their certificate")
         for name in ("oip_http_addr", "oip_grpc_addr"):
             host, sep, port = getattr(self, name).rpartition(":")
             ok_port = port.isascii() and port.isdigit() and int(port) < 65536

@@ -236,6 +236,11 @@ REGISTRY: tuple[EnvVar, ...] = (
     EnvVar("AIENG_OIP_TLS_CLIENT_CA_FILE", str, "",
            "mutual TLS on both OIP doors: PEM CA bundle; a client without a certificate it signed is "
            "refused at the handshake (needs AIENG_OIP_TLS_CERT_FILE)", "oip_tls_client_ca_file"),
+    EnvVar("AIENG_HTTP_TLS", boolean, False,
+           "the probe port (AIENG_HTTP_ADDR) over HTTPS with the OIP doors' certificate "
+           "(AIENG_OIP_TLS_CERT_FILE and KEY_FILE, rotated alike; no client certificates: a kubelet's HTTPS "
+           "probe presents none)",
+           "http_tls"),
     EnvVar("AIENG_STATE_DIR", str, _default_state_dir,
            "Directory for routing state that survives restarts (routing-<repo hash>.json); the start "
            "refuses one it cannot write (empty: routing changes are not saved)", "state_dir"),

@@ -23,7 +23,7 @@ from aieng.frontend.control.ops import ClientOps
 from aieng.frontend.control.views import Views
 from aieng.frontend.control.workers import Workers
 from aieng.frontend.observe.driftstore import build_drift
-from aieng.frontend.observe.http import HttpServer
+from aieng.frontend.observe.http import HttpServer, probe_tls
 from aieng.frontend.observe.metrics import Metrics
 from aieng.frontend.observe.snapshot import Snapshots
 from aieng.frontend.observe.stats import StageStats
@@ -139,8 +139,8 @@ class Frontend:
                                                     self.specs, self.log, self.ops.wide_ops()), self.log)
         self.http = HttpServer(self.cfg.http_addr, lambda: self.snapshots.current, self.metrics.render,
                                self.cfg.http_token_file, self.cfg.http_threads, self.cfg.http_timeout_s,
-                               self.cfg.snapshot_ms, self.metrics.dropped_connection
-                               ) if self.cfg.http_addr else None
+                               self.cfg.snapshot_ms, self.metrics.dropped_connection,
+                               probe_tls(self.cfg, self.log)) if self.cfg.http_addr else None
         self.snapshots = Snapshots(self.metrics, self.table, self.stats, self.drift, self.life, self.workers,
                                    self.specs, self.ops.health, self.views,
                                    self.http.debug_asked if self.http is not None else None, self.window)

@@ -19,6 +19,9 @@ Nothing here can slow the frontend loop down by more than a bounded amount:
 
 With ``token_file`` set, /metrics, /debug and /status.json need ``Authorization: Bearer <token>`` (401
 otherwise); the probes and the status page's shell stay open.  The token is read once, at start.
+With ``tls`` (``AIENG_HTTP_TLS``: the OIP doors' certificate, ``httpcore.tls.ServerTls``) the port speaks
+only HTTPS, without client certificates (a kubelet's HTTPS probe presents none); a rotation of the files
+is picked up at the first request after it (``poll``: a stat at most once a second, on this thread).
 """
 from __future__ import annotations
 
@@ -30,10 +33,12 @@ import threading
 import time
 from typing import Any, Callable
 
+from aieng.config import Config
 from aieng.frontend.observe.statuspage import FEED, PAGE_HEADERS, StatusPage
 from aieng.httpcore.server import HttpServer as CoreServer
 from aieng.httpcore.server import Peer
 from aieng.httpcore.thread import ServerThread
+from aieng.httpcore.tls import ServerTls, TlsFiles
 
 PATHS = ["/", "/status.json", "/healthz", "/readyz", "/startupz", "/metrics", "/debug"]
 STALE_MIN_S = 5.0  # liveness: the loop's snapshot and the supervisor's word may be this old (or 10 periods)
@@ -100,10 +105,18 @@ def bind(addr: str) -> socket.socket:
     return sock
 
 
+def probe_tls(cfg: Config, log: logging.Logger) -> ServerTls | None:
+    """The probe port's TLS (``AIENG_HTTP_TLS``): the OIP doors' certificate and key, no client CA."""
+    if not cfg.http_tls:
+        return None
+    return ServerTls(TlsFiles(cfg.oip_tls_cert_file, cfg.oip_tls_key_file), log,
+                     {"cert": "AIENG_OIP_TLS_CERT_FILE", "key": "AIENG_OIP_TLS_KEY_FILE"})
+
+
 class HttpServer:
     def __init__(self, addr: str, snapshot: Callable[[], dict[str, Any]], metrics: Callable[[], bytes],
                  token_file: str = "", threads: int = 4, timeout_s: float = 5.0, cache_ms: int = 500,
-                 dropped: Callable[[str], None] | None = None):
+                 dropped: Callable[[str], None] | None = None, tls: ServerTls | None = None):
         """Bind ``addr`` (an OSError naming it if that fails) and start serving; ``dropped(reason)``
         counts each connection closed without an answer (``Metrics.dropped_connection``).  ``threads``
         is ignored (one thread serves every connection), kept for callers and AIENG_HTTP_THREADS."""
@@ -117,13 +130,17 @@ class HttpServer:
         self.debug_asked = threading.Event()  # tells the loop to refresh the snapshot's stage stats
         self.probes: tuple[dict, bytes] | None = None  # (the snapshot, its health map as JSON)
         self.page = StatusPage()
+        self.tls = tls
         self.core = CoreServer(self.handle, MAX_BODY, head_s=timeout_s, idle_s=timeout_s, max_conns=MAX_CONNS,
-                               log=log, on_drop=dropped, rate=MAX_RATE)
+                               log=log, on_drop=dropped, rate=MAX_RATE,
+                               tls=None if tls is None else tls.context)
         self.server = ServerThread(self.core, bind(addr), name="http")
 
     async def handle(self, method: str, path: str, query: str, headers: dict[str, str], body: bytes,
                      peer: Peer) -> tuple[int, dict[str, str], bytes]:
         """One answer, on the server's thread, when the core server's pace gives this request its turn."""
+        if self.tls is not None:
+            self.tls.poll(time.monotonic())  # rotated files: the next handshake gets them
         if method not in ("GET", "HEAD"):
             code, out, ctype = 405, b'{"error": "only GET and HEAD"}', "application/json"
             extra = {"Allow": "GET, HEAD"}
