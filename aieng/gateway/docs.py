@@ -1,12 +1,13 @@
 """The OpenAPI documents and Swagger UI on the OIP HTTP door (AIENG_OIP_DOCS, on by default).
 
-``http.py`` hands a request here when ``owns(parts)`` (a few comparisons, before the API-key check; with
-docs off nothing is built and these paths are unknown: 404):
+``http.py`` hands a request here when ``owns(parts)`` (a few comparisons; with docs off nothing is built and
+these paths are unknown: 404), after the door's one API-key check, which lets only the ``shell`` paths
+(the page and its static files) through without a key:
 
 - ``/v2/openapi.json``: the whole API (``openapi.server_document``), the ``model_name`` enum the models the
   caller's key may see; ``/v2/models/{name}/openapi.json``: that model (``modeldoc``); ``/v2/native.json``:
-  the native protocol (``nativedoc``, built once).  With API keys on each needs a key (401 as every OIP
-  path, ``guard.py``), and a model outside the key's allow-list is an unknown model (404).
+  the native protocol (``nativedoc``, built once).  With API keys on each needs a key (the door's check:
+  401 as every OIP path, a model outside the key's allow-list an unknown model, ``guard.py``).
 - ``/v2/docs`` and ``/v2/models/{name}/docs``: the Swagger UI shell (``pages/swagger.html``), the same
   bytes for every name, so it is open even with keys on (it reveals nothing): its own script asks for the
   key (kept in sessionStorage) and sends it with every fetch, the spec's included, and shows the server's
@@ -19,12 +20,10 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
 
 from aieng import __version__
 from aieng.config import Config
-from aieng.gateway import guard
-from aieng.gateway.apikeys import Grant, KeyRing, bearer
+from aieng.gateway.apikeys import Grant, KeyRing
 from aieng.gateway.modeldoc import model_document
 from aieng.gateway.nativedoc import native_document
 from aieng.gateway.openapi import ApiShape, server_document
@@ -59,6 +58,11 @@ def owns(parts: list[str]) -> bool:
                                             or (parts[1] == "models" and parts[3] in PER_MODEL))
 
 
+def shell(parts: list[str]) -> bool:
+    """Of ``owns``'s paths, those open without a key: the Swagger UI page and its files (no data)."""
+    return parts[-1] == "docs" or parts[1:3] == ["docs", "static"]
+
+
 def swagger_dir() -> str:
     import swagger_ui_bundle  # the pinned package's built Swagger UI; imported only when a page is asked for
     return swagger_ui_bundle.swagger_ui_path
@@ -79,15 +83,8 @@ class DocsRoutes:
                 data = self.files[name] = f.read()
         return data
 
-    def _grant(self, headers: dict) -> tuple[Grant | None, Any]:
-        """(the caller's grant, None) or (None, the 401 answer) with keys on; (None, None) without."""
-        if self.keys is None:
-            return None, None
-        token = headers.get("authorization")
-        grant = self.keys.check(bearer(token))
-        return (grant, None) if grant is not None else (None, guard.unauthorized(token is not None))
-
-    async def handle(self, method: str, parts: list[str], headers: dict):
+    async def handle(self, method: str, parts: list[str], grant: Grant | None):
+        """``grant``: the caller's key, checked by the door (None with keys off, and for a ``shell`` path)."""
         if method not in ("GET", "HEAD"):
             raise HttpError(405, "the documents and pages take GET")
         if parts[1] == "docs" and len(parts) == 4:
@@ -100,14 +97,10 @@ class DocsRoutes:
             if len(parts) == 4 and self.keys is None:
                 await self.svc.view(parts[2], None)  # an unknown model's page: 404, as its metadata
             return 200, PAGE_HEADERS, self._file("swagger.html")
-        grant, refused = self._grant(headers)
-        if refused is not None:
-            return refused
         if parts[1] == "native.json":
             return 200, DOC_HEADERS, self.native
         if len(parts) == 2:
             return 200, DOC_HEADERS, _encode(await self.whole(grant))
-        guard.hidden(grant, parts[2], None)
         return 200, DOC_HEADERS, _encode(await self.model(parts[2]))
 
     async def whole(self, grant: Grant | None) -> dict:

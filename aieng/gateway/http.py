@@ -158,11 +158,11 @@ class OipHttp:
         caller = Caller(peer.host, peer.port, peer.local_host, peer.local_port)
         grant: Grant | None = None
         try:
-            if self.docs is not None and docs.owns(parts):  # its pages are open; its documents check keys
-                return await self.docs.handle(method, parts, headers)
-            if self.pages.owns(parts):  # open page shells; their data asks for the key itself (tryit.py)
-                return await self.pages.handle(method, parts, headers)
-            if self.keys is not None and parts not in guard.OPEN_HTTP:  # before routing: nothing shows
+            doc = self.docs is not None and docs.owns(parts)
+            page = not doc and self.pages.owns(parts)
+            # open without a key: the probes, and the pages' shells (the same bytes for any name: no data)
+            shell = (doc and docs.shell(parts)) or (page and self.pages.shell(parts))
+            if self.keys is not None and not shell and parts not in guard.OPEN_HTTP:  # before routing
                 token = headers.get("authorization")
                 grant = self.keys.check(bearer(token))
                 if grant is None:
@@ -173,6 +173,10 @@ class OipHttp:
                     guard.hidden(grant, *named)
             elif peer.subject is not None:  # mutual TLS without keys: the certificate names the client
                 caller.principal = principal(None, peer.subject, peer.host)
+            if doc:  # the OpenAPI documents and Swagger UI (docs.py)
+                return await self.docs.handle(method, parts, grant)
+            if page:  # the landing and try-it pages (tryit.py)
+                return await self.pages.handle(method, parts, grant)
             if parts[:2] == ["v2", "repository"]:
                 return await self.repository(method, parts[2:], query, body, grant)
             if parts[:2] == ["v2", "systemsharedmemory"]:

@@ -1,7 +1,8 @@
 """The pages a person opens on the OIP HTTP port: the landing page (``/``) and a try-it page per model
 (``/v2/models/{name}/try``), with their scripts and style under ``/v2/try/`` and the JSON they are built from.
 
-Routes (``TryIt.owns`` says which paths are these; ``OipHttp.handle`` hands them here before its key check):
+Routes (``TryIt.owns`` says which paths are these; ``OipHttp.handle`` hands them here after its one key check,
+which lets the ``shell`` paths, the pages and their files, through without a key):
   ``GET /``                        the landing page (every served model: versions, readiness, kind, links)
   ``GET /v2/models/{name}/try``    the try-it page of one model; an unknown one is 404 in an unknown model's
                                    words.  With API keys on, the page is the same for any name (its shell
@@ -23,7 +24,7 @@ import json
 from pathlib import Path
 
 from aieng.gateway import guard
-from aieng.gateway.apikeys import Grant, KeyRing, bearer
+from aieng.gateway.apikeys import Grant, KeyRing
 from aieng.gateway.models import ModelView
 from aieng.gateway.service import Service
 from aieng.httpcore.message import HttpError
@@ -60,7 +61,13 @@ class TryIt:
         return not parts or (len(parts) > 2 and parts[1] == "try" and parts[0] == "v2") \
             or (len(parts) == 4 and parts[3] == "try" and parts[1] == "models" and parts[0] == "v2")
 
-    async def handle(self, method: str, parts: list[str], headers: dict):
+    @staticmethod
+    def shell(parts: list[str]) -> bool:
+        """Of ``owns``'s paths, those open without a key: the pages and their files, all but the feed."""
+        return parts[1:3] != ["try", "models"]
+
+    async def handle(self, method: str, parts: list[str], grant: Grant | None):
+        """``grant``: the caller's key, checked by the door (None with keys off, and for a ``shell`` path)."""
         if method != "GET":  # not HEAD: the HTTP core sends whatever body it is given
             raise HttpError(405, "the pages take GET")
         if not parts:
@@ -71,7 +78,7 @@ class TryIt:
             return self.page("try.html")
         rest = parts[2:]
         if rest[0] == "models" and len(rest) <= 2:
-            return await self.feed(rest[1] if len(rest) == 2 else None, headers)
+            return await self.feed(rest[1] if len(rest) == 2 else None, grant)
         body = self.files.get(rest[0]) if len(rest) == 1 else None
         if body is None or rest[0].endswith(".html"):
             raise HttpError(404, "not found")
@@ -83,14 +90,8 @@ class TryIt:
                      "Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
                      "Referrer-Policy": "no-referrer"}, self.files[name]
 
-    async def feed(self, name: str | None, headers: dict):
-        """The models the pages show, as the key in ``Authorization`` may see them (the doors' check)."""
-        grant: Grant | None = None
-        if self.keys is not None:
-            token = headers.get("authorization")
-            grant = self.keys.check(bearer(token))
-            if grant is None:
-                return guard.unauthorized(token is not None)
+    async def feed(self, name: str | None, grant: Grant | None):
+        """The models the pages show, as ``grant``'s key may see them."""
         if name is not None:
             guard.hidden(grant, name, None)
             await self.svc.view(name, None)  # an unknown model: 404 in its words
