@@ -23,13 +23,18 @@ from tests.waits import until
 pytestmark = pytest.mark.e2e
 
 
-def test_two_certificates_from_one_address_each_keep_their_share(make_server, tmp_path):
+def mtls_server(make_server, tmp_path):
+    """A server of ``tabular`` under mutual TLS, its CA, and two clients' certificates: alice's and bob's."""
     ca = Ca(tmp_path / "ca", "tenants")
     server = ca.issue("server", "server-1", server=True)
-    alice, bob = ca.issue("alice", "alice"), ca.issue("bob", "bob")
     srv = make_server(AIENG_MODELS="tabular", AIENG_OIP_TLS_CERT_FILE=str(server.cert),
                       AIENG_OIP_TLS_KEY_FILE=str(server.key),
                       AIENG_OIP_TLS_CLIENT_CA_FILE=str(ca.cert)).start()
+    return srv, ca, ca.issue("alice", "alice"), ca.issue("bob", "bob")
+
+
+def test_two_certificates_from_one_address_each_keep_their_share(make_server, tmp_path):
+    srv, ca, alice, bob = mtls_server(make_server, tmp_path)
     creds = grpc.ssl_channel_credentials(ca.cert.read_bytes(), alice.key.read_bytes(),
                                          alice.cert.read_bytes())
     answered: list[str] = []
@@ -51,12 +56,7 @@ def test_two_certificates_from_one_address_each_keep_their_share(make_server, tm
 
 
 def test_over_https_too(make_server, tmp_path):
-    ca = Ca(tmp_path / "ca", "tenants")
-    server = ca.issue("server", "server-1", server=True)
-    alice, bob = ca.issue("alice", "alice"), ca.issue("bob", "bob")
-    srv = make_server(AIENG_MODELS="tabular", AIENG_OIP_TLS_CERT_FILE=str(server.cert),
-                      AIENG_OIP_TLS_KEY_FILE=str(server.key),
-                      AIENG_OIP_TLS_CLIENT_CA_FILE=str(ca.cert)).start()
+    srv, ca, alice, bob = mtls_server(make_server, tmp_path)
     host, port = srv.oip_http.rsplit(":", 1)
     wide = json.dumps({"inputs": [{"name": "bill_length_mm", "datatype": "FP32", "shape": [32],
                                    "data": [40.0] * 32}]})

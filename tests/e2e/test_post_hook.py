@@ -24,6 +24,7 @@ import tritonclient.http as th
 
 from aieng.client import AsyncClient, Client
 from tests.conftest import MODELS, ServerProcess
+from tests.e2e.tabular_oip import tabular_inputs
 from tests.waits import until
 
 pytestmark = pytest.mark.e2e
@@ -137,17 +138,7 @@ def test_the_hook_answers_as_the_builtin_chain_over_oip(srv, transport):
     mod = th if transport == "http" else tg
     client = (th.InferenceServerClient(srv.oip_http) if transport == "http"
               else tg.InferenceServerClient(srv.oip_grpc))
-    sent = rows()
-    inputs = []
-    for name in ("bill_length_mm", "bill_depth_mm", "flipper_length_mm", "body_mass_g"):
-        t = mod.InferInput(name, [len(sent)], "FP32")
-        vals = [np.nan if r.get(name) is None else r[name] for r in sent]
-        t.set_data_from_numpy(np.array(vals, np.float32))
-        inputs.append(t)
-    for name in ("island", "sex"):
-        t = mod.InferInput(name, [len(sent)], "BYTES")
-        t.set_data_from_numpy(np.array([(r.get(name) or "").encode() for r in sent], dtype=object))
-        inputs.append(t)
+    inputs = tabular_inputs(mod, rows())
     want, got = client.infer("tabular", inputs), client.infer("tabular_py", inputs)
     assert [x.decode() for x in got.as_numpy("label")] == [x.decode() for x in want.as_numpy("label")]
     np.testing.assert_allclose(got.as_numpy("probabilities"), want.as_numpy("probabilities"), atol=ATOL)

@@ -25,6 +25,7 @@ import pytest
 
 from aieng.client import AsyncClient
 from tests.conftest import MODELS, ServerProcess
+from tests.e2e.tabular_oip import tabular_inputs
 from tests.waits import until
 
 pytestmark = pytest.mark.e2e
@@ -195,17 +196,7 @@ def test_the_hook_answers_as_the_builtin_natively_over_oip_and_batched(make_serv
 
 
 def oip_infer(mod, client, model: str, sample: list[dict]):
-    inputs = []
-    for name in NUMBERS:  # a missing number travels as NaN, which the gateway turns back into missing
-        t = mod.InferInput(name, [len(sample)], "FP32")
-        vals = [np.nan if r.get(name) is None else r[name] for r in sample]
-        t.set_data_from_numpy(np.array(vals, np.float32))
-        inputs.append(t)
-    for name in ("island", "sex"):
-        t = mod.InferInput(name, [len(sample)], "BYTES")
-        t.set_data_from_numpy(np.array([(r.get(name) or "").encode() for r in sample], dtype=object))
-        inputs.append(t)
-    res = client.infer(model, inputs)
+    res = client.infer(model, tabular_inputs(mod, sample))
     return res.as_numpy("label"), res.as_numpy("probabilities")
 
 

@@ -7,28 +7,18 @@ from __future__ import annotations
 
 import json
 import os
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from tests.e2e.rollout_helpers import PENGUIN, start, tabular_repo
+from tests.e2e.test_http_hardening import get
 from tests.waits import until
 
 pytestmark = pytest.mark.e2e
 N = 12
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOT, MODELS = ROOT / "docs" / "img" / "status.png", ROOT / "models"
-
-
-def get(url: str, token: str | None = None) -> tuple[int, dict, bytes]:
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
-    try:
-        with urllib.request.urlopen(req, timeout=5) as r:
-            return r.status, dict(r.headers), r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, dict(e.headers), e.read()
 
 
 def feed(srv, token: str | None = None) -> dict:
