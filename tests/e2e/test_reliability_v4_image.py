@@ -123,6 +123,12 @@ def lifted_repo(tmp_path) -> str:
     return str(repo)
 
 
+def both_workers_up(srv) -> None:
+    """Ready means one live worker per role: these tests need both preprocess workers connected, or the
+    two bombs queue on the one there is (bounded wait)."""
+    assert until(lambda: (h := srv.health()) is not None and h["workers"]["preprocess"] == 2, 30)
+
+
 def stalled_workers(srv, n: int) -> list[str]:
     """The preprocess workers ``health`` names stalled, once there are ``n`` (bounded wait)."""
     def read() -> list[str] | None:
@@ -142,6 +148,7 @@ def replaced(srv, name: str, old_pid: int) -> dict | None:
 def test_a_worker_stuck_on_one_image_is_replaced_and_only_its_request_fails(make_server, tmp_path):
     srv = make_server(**BASE, AIENG_INLINE_IMAGE_PIXELS="0", AIENG_PREPROCESS_BUDGET_MS="2000",
                       AIENG_MODEL_REPOSITORY=lifted_repo(tmp_path)).start()
+    both_workers_up(srv)
     pids = {n: p["pid"] for n, p in srv.health()["processes"].items() if p["role"] == "preprocess"}
     stalled = []
 
@@ -167,7 +174,7 @@ def test_while_one_models_images_stall_every_worker_other_models_still_answer(ma
     # a budget over tabular's 5 s timeout: rows queued behind a bomb would time out before any replacement
     srv = make_server(**BASE, AIENG_INLINE_IMAGE_PIXELS="0", AIENG_PREPROCESS_BUDGET_MS="9000",
                       AIENG_MODEL_REPOSITORY=lifted_repo(tmp_path)).start()
-
+    both_workers_up(srv)
     stalled = []
 
     def both_stalled() -> None:  # both workers are on a bomb: the rows are sent only then
