@@ -69,6 +69,7 @@ class Config:
     idle_wide_spinning: bool = _default("idle_wide_spinning")
     warmup_max_rows: int = _default("warmup_max_rows")
     inline_postprocess_us: int = _default("inline_postprocess_us")
+    pool_lanes: bool = _default("pool_lanes")
     inline_preprocess_bytes: int = _default("inline_preprocess_bytes")
     inline_image_pixels: int = _default("inline_image_pixels")
     inline_image_budget_ms: float = _default("inline_image_budget_ms")

@@ -149,6 +149,10 @@ REGISTRY: tuple[EnvVar, ...] = (
            "Let the idle-time wide session's intra-op threads spin while a run is under way (they stop when "
            "it returns); machine-dependent, measured in docs/architecture.md; aieng tune tries both",
            "idle_wide_spinning"),
+    EnvVar("AIENG_POOL_LANES", boolean, True,
+           "Send the data path's messages between the frontend, the pools and the executor on Unix "
+           "sequential-packet sockets beside ZeroMQ (one wake-up a hand-off instead of three; ZeroMQ still "
+           "carries what cannot go at once; 0: ZeroMQ only)", "pool_lanes"),
     EnvVar("AIENG_INLINE_POSTPROCESS_US", int, 200,
            "Run a model's postprocessing in the executor, not the pool, when its chain has no time limits "
            "and measures at most this many microseconds (0: always in the pool)", "inline_postprocess_us"),

@@ -49,10 +49,10 @@ from aieng.models.repo import ModelSpec
 from aieng.models.served import ServedVersions
 from aieng.runtime import procutil
 from aieng.runtime.hub import dispatch
-from aieng.wire import express, shm
+from aieng.wire import express, lanes, shm
 from aieng.wire import messages as m
 from aieng.wire import protocol as p
-from aieng.wire.addresses import express_path, hub_addr
+from aieng.wire.addresses import express_path, hub_addr, lane_path
 
 
 class Frontend:
@@ -104,7 +104,7 @@ class Frontend:
                         lambda rid, code, message: self.pipeline.fail(rid, code, message),
                         lambda page, outputs, timing, extra: self.pipeline.answer_pipeline(page, outputs,
                                                                                             timing, extra))
-        self.pipeline = pl = Pipeline(self.table, self.workers, posts, self.send_hub, self.answers,
+        self.pipeline = pl = Pipeline(self.table, self.workers, posts, self.send_task, self.answers,
                                       self.metrics, self.stats, self.mirror, fanout,
                                       cfg.inline_preprocess_bytes, self.send_direct, cfg.inline_image_pixels,
                                       cfg.inline_image_budget_ms / 1000, cfg.preprocess_budget_ms)
@@ -114,7 +114,8 @@ class Frontend:
                            cache=lambda: self.cache.view() if self.cache.enabled else None,
                            clients=self.gate.view, counts=self.answers.counts.view,
                            pool=self.versions.pool_view, routing=self.rollout.view, drift=self.drift.view,
-                           direct=pl.direct_view)
+                           direct=pl.direct_view,
+                           lanes=lambda: self.workers.lanes(lanes.counts(self.outbound, self.inbound)))
         self.ops = ClientOps(self.workers, self.life, self.table, self.specs, self.rollout, self.stats,
                              self.mirror, self.send_hub, self.views, self.log, self.cfg.client_admin_ops)
         self.handlers = dict(self.pipeline.handlers)
@@ -134,6 +135,9 @@ class Frontend:
         self.hub.setsockopt(zmq.RCVHWM, 0)
         self.hub.bind(hub_addr(self.cfg.runtime_dir))
         self.express = express.FrontendEnd(express_path(self.cfg.runtime_dir))  # to the executor, when up
+        rdir = self.cfg.runtime_dir  # the pools' lanes: tasks out, notices and answers in (wire/lanes)
+        self.outbound = lanes.Outbound("frontend", lambda name: lane_path(rdir, name), self.cfg.pool_lanes)
+        self.inbound = lanes.Inbound(lane_path(rdir, "frontend")) if self.cfg.pool_lanes else None
         self.poller = zmq.Poller()
         self.admin = AdminServer(self.cfg, AdminOps(self.rollout, self.mirror, self.versions, self.workers,
                                                     self.specs, self.log, self.ops.wide_ops()), self.log)
@@ -159,6 +163,8 @@ class Frontend:
         writer_fd = self.writer.fileno() if self.writer is not None else None
         if writer_fd is not None:
             poller.register(writer_fd, zmq.POLLIN)  # the state writer's "done": admin answers go out
+        if self.inbound is not None:
+            poller.register(self.inbound.fileno(), zmq.POLLIN)
         next_pulse = next_snapshot = 0.0
         while not stop.stop:
             now = time.monotonic()
@@ -180,6 +186,9 @@ class Frontend:
                 self.drain_hub()
             if any(self.express.watches(fd) for fd in events):
                 self.drain_express()
+            if self.inbound is not None and any(self.inbound.watches(fd) for fd in events):
+                for ident, data, _ in self.inbound.poll(poller, events):
+                    self.dispatch(data, ident)
             if self.clients in events:
                 self.drain_clients()
             if self.admin.sock in events:
@@ -302,6 +311,13 @@ class Frontend:
         except zmq.ZMQError:  # EHOSTUNREACH: not connected (dead or restarting)
             return False
 
+    def send_task(self, worker: str, frames: list) -> bool:
+        """A request's ``PreTask`` and frame to a preprocess worker: its lane, else the hub."""
+        body = frames[1]
+        if self.outbound.send(worker, frames[0], getattr(body, "buffer", body)):
+            return True
+        return self.send_hub(worker, frames)
+
     def send_direct(self, frames: list) -> bool:
         """A request sent straight to the executor (``pipeline.direct``): express lane, else hub."""
         body = frames[1]
@@ -367,6 +383,9 @@ class Frontend:
             self.auth.stop()
         self.hub.close(0)
         self.express.close()
+        self.outbound.close()
+        if self.inbound is not None:
+            self.inbound.close()
         self.admin.close()
         self.watcher.close()
         if self.writer is not None:  # what waits is written before the process ends

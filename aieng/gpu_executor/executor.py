@@ -44,7 +44,8 @@ class Executor(HubWorker):
         self.init_lanes()
         self.init_hotswap()
         self.bind_inbox(exec_addr(cfg.runtime_dir))  # preprocess workers push InferTasks here
-        self.outputs = Outputs(cfg, self.ring, self.publish, self.inline, self.send, self.fail, log)
+        self.outputs = Outputs(cfg, self.ring, self.publish, self.inline, self.send, self.fail,
+                               self.outbound, log)
         self.init_direct()
 
     def init_sessions(self, specs: dict[str, ModelSpec]) -> None:

@@ -5,7 +5,8 @@
 postprocess worker the frontend chose (a batch's tasks for one worker in one message, ``m.Bundle``),
 or, for a version whose chain runs here (``InlinePost``), sends the ``Result`` or ``Failed`` itself.
 It tells the frontend with one ``Inferred`` notice per batch: those output slots are the postprocess
-workers' now.  It owns the PUSH sockets to the postprocess workers, each made on first use.
+workers' now.  It owns the PUSH sockets to the postprocess workers, each made on first use, and sends on a
+worker's lane (``wire/lanes``) first.
 """
 from __future__ import annotations
 
@@ -19,15 +20,18 @@ from aieng.runtime.worker import push_socket
 from aieng.wire import messages as m
 from aieng.wire import shm
 from aieng.wire.addresses import post_addr
+from aieng.wire.lanes import Outbound
 from aieng.wire.protocol import INTERNAL, RequestError
 
 
 class Outputs:
     def __init__(self, cfg: Config, ring: shm.Ring, publish: Callable[..., m.Ref], inline: InlinePost,
-                 send: Callable[[object], None], fail: Callable[..., None], log: logging.Logger):
+                 send: Callable[[object], None], fail: Callable[..., None], outbound: Outbound,
+                 log: logging.Logger):
         """``publish(ring, tensors, deadline, overflow_code)`` writes tensors to a ring slot (waiting
-        while the slot class is full); ``send`` sends to the frontend; ``fail(rid, code, message)``."""
-        self.cfg, self.ring, self.publish, self.inline = cfg, ring, publish, inline
+        while the slot class is full); ``send`` sends to the frontend; ``fail(rid, code, message)``;
+        ``outbound``: the executor's pool lanes, tried before a PUSH socket."""
+        self.cfg, self.ring, self.publish, self.inline, self.outbound = cfg, ring, publish, inline, outbound
         self.send, self.fail, self.log = send, fail, log
         self.posts = {f"post-{j}": None for j in range(cfg.postprocess_workers)}  # name -> PUSH, on first use
 
@@ -61,7 +65,9 @@ class Outputs:
             self.log.debug("inferred in a batch of %d (padded %d, %d us)", len(live), padded, infer_us,
                            extra={"trace": task.trace})
         for post, items in tasks.items():
-            self.post_socket(post).send(m.bundled(items))
+            data = m.bundled(items)
+            if not self.outbound.send(post, data):
+                self.post_socket(post).send(data)
         if done.rids:  # one notice per batch: these output slots are the postprocess workers' now
             self.send(done)
 

@@ -101,7 +101,7 @@ class PostprocessWorker(HubWorker):
     def flush(self) -> None:
         """The answers of what was drained, to the frontend as one message (``m.Bundle``)."""
         if self.answers:
-            self.sock.send(m.bundled(self.answers))
+            self.send_data(m.bundled(self.answers))
             self.answers = []
 
     def after_drain(self, now: float) -> int | None:

@@ -4,7 +4,7 @@
 Receives the client's raw request frame from the frontend, validates the
 inputs against the model's declared inputs, turns them into tensors with the
 model's processor, writes them into a slot of this worker's own shared-memory
-ring and sends the slot descriptor straight to the executor (``InferTask``),
+ring and sends the slot descriptor straight to the executor (``InferTask``, on its lane),
 telling the frontend with one ``Preprocessed`` notice per drain.  Requests that pile
 up while it works are drained together so text models can batch-encode; a request
 alone in the server (``PreTask.alone``, the frontend's idle rule) may use every core
@@ -195,10 +195,12 @@ class PreprocessWorker(HubWorker):
             self.fail(task.rid, exc.code, exc.message)
             return
         trail = m.Trail(pre_started=started, pre_sent=time.monotonic(), seq_len=seq_len)
-        self.to_exec.send(m.encode(m.InferTask(task.rid, task.model, task.version, task.deadline, ref,
-                                               seq_len, task.upstream, task.post, params, task.degraded,
-                                               task.trace, trail, geometry, task.background,
-                                               task.alone, info, self.frames.pop(task.rid, None))))
+        data = m.encode(m.InferTask(task.rid, task.model, task.version, task.deadline, ref, seq_len,
+                                    task.upstream, task.post, params, task.degraded, task.trace, trail,
+                                    geometry, task.background, task.alone, info,
+                                    self.frames.pop(task.rid, None)))
+        if not self.outbound.send("executor", data):  # the lane when it can (wire/lanes), else ZeroMQ
+            self.to_exec.send(data)
         self.notice.rids.append(task.rid)
         self.notice.refs.append(ref)
         self.log.debug("preprocessed %s:%s into slot %d", task.model, task.version, ref.slot,

@@ -8,12 +8,14 @@ startup failure to the supervisor, runs it until SIGTERM and closes it.  The spe
 needs one), the frontend and the executor a dict of them.
 
 ``HubWorker`` is the base of the three worker roles.  Its loop waits on the hub socket, the role's
-``inbox`` (a PULL the previous stage pushes descriptors to) and the role's ``wake_fds``, drains every
-message waiting, routes each by type through a dispatch table (``LogLevel`` here for every role), then
-calls ``after_drain`` and sends a heartbeat ``Hello`` at most once a second.  A message that cannot be
-decoded is logged and skipped, never fatal.  ``publish`` is the one ring-publishing path: a slot of the
-payload's size class (waiting while that class is full, bounded by the request's deadline), the tensors
-written, their ``Ref`` returned.
+``inbox`` (a PULL the previous stage pushes descriptors to), its lane (``wire/lanes``: the same
+messages, one wake-up a hand-off) and the role's ``wake_fds``, drains every message waiting, routes each by
+type through a dispatch table (``LogLevel`` here for every role), then calls ``after_drain`` and sends a
+heartbeat ``Hello`` at most once a second.  ``send`` takes the lane to the frontend for the data path's
+messages (``LANE_TYPES``), the hub for the rest and whenever the lane cannot take one at once.  A message
+that cannot be decoded is logged and skipped, never fatal.  ``publish`` is the one ring-publishing path: a
+slot of the payload's size class (waiting while that class is full, bounded by the request's deadline), the
+tensors written, their ``Ref`` returned.
 """
 from __future__ import annotations
 
@@ -31,9 +33,9 @@ from aieng.config import Config
 from aieng.runtime import procutil
 from aieng.runtime.hub import HEARTBEAT_S, dispatch
 from aieng.runtime.specbook import SpecBook
+from aieng.wire import lanes, shm, shmsize
 from aieng.wire import messages as m
-from aieng.wire import shm, shmsize
-from aieng.wire.addresses import hub_addr
+from aieng.wire.addresses import hub_addr, lane_path
 from aieng.wire.protocol import TIMEOUT, RequestError
 
 # role -> "module:Class"; imported in the child only, so a worker never imports another role's code.
@@ -45,6 +47,10 @@ ROLES = {
     "gateway": "aieng.gateway.process:Gateway",
 }
 
+
+# What a worker sends the frontend on its lane: requests' notices and answers, whose handlers take them in
+# any order.  The rest (hellos, version loads) keeps the hub's order.
+LANE_TYPES = (m.Preprocessed, m.Inferred, m.Result, m.Failed)
 
 # Roles given their specs as a ``SpecBook``: a pool worker reads a tensor model's spec only for a request
 # the executor left to it, so most of them stay packed; a gateway keeps only each one's batching.
@@ -108,12 +114,15 @@ class HubWorker:
         self.sock = procutil.hub_socket(zmq.Context.instance(), hub_addr(cfg.runtime_dir), worker)
         self.handlers: dict[type, Callable[[Any, list], None]] = {m.LogLevel: self.on_log_level}
         self.next_hello = 0.0
+        self.hello: m.Hello | None = None  # the last built (``refresh_hello``)
         self.hello_bytes = b""
         self.hello_stale = False  # rebuild ``hello_bytes`` at the next heartbeat (a count it shows changed)
         self.wake_fds: list[int] = []  # more file descriptors the loop waits on (the executor's lanes)
         self.poller: zmq.Poller | None = None  # the loop's; a role may watch more fds while it runs
         self.ready: dict = {}  # the sockets and fds the last poll found readable
         self.inbox: zmq.Socket | None = None  # the data-path PULL socket, for roles that have one
+        self.outbound = lanes.Outbound(worker, lambda name: lane_path(cfg.runtime_dir, name), cfg.pool_lanes)
+        self.inbound = lanes.Inbound(lane_path(cfg.runtime_dir, worker)) if cfg.pool_lanes else None
 
     # -- what a role provides -------------------------------------------------
     def hello_fields(self) -> dict:
@@ -122,11 +131,13 @@ class HubWorker:
 
     def hello_msg(self) -> m.Hello:
         """This worker's heartbeat (sent again as is until ``hello_bytes`` is rebuilt)."""
-        return m.Hello(self.worker, self.role, os.getpid(), **self.hello_fields())
+        return m.Hello(self.worker, self.role, os.getpid(), lanes=lanes.counts(self.outbound, self.inbound),
+                       **self.hello_fields())
 
     def refresh_hello(self) -> None:
         """Rebuild the heartbeat now: what it shows changed (a version loaded or unloaded)."""
-        self.hello_bytes = m.encode(self.hello_msg())
+        self.hello = self.hello_msg()
+        self.hello_bytes = m.encode(self.hello)
 
     def after_drain(self, now: float) -> int | None:
         """Work to do once the waiting messages are read; returns the next poll timeout in ms."""
@@ -142,12 +153,16 @@ class HubWorker:
             poller.register(sock, zmq.POLLIN)
         for fd in self.wake_fds:
             poller.register(fd, zmq.POLLIN)
+        if self.inbound is not None:
+            poller.register(self.inbound.fileno(), zmq.POLLIN)
         timeout_ms = 200
         while not stop.stop:
             self.ready = dict(poller.poll(timeout_ms))  # what woke the loop (a role's own fds too)
             if self.ready:
                 for sock in socks:
                     self.drain(sock)
+                if self.inbound is not None:
+                    self.drain_lane()
             nxt = self.after_drain(time.monotonic())
             timeout_ms = 200 if nxt is None else nxt
             self.heartbeat()
@@ -166,11 +181,20 @@ class HubWorker:
                 return
             dispatch(frames[0].buffer, self.handlers, self.log, "the hub", frames)
 
+    def drain_lane(self) -> None:
+        for _, head, body in self.inbound.poll(self.poller, self.ready):
+            dispatch(head, self.handlers, self.log, "a lane", [lanes.Frame(head), lanes.Frame(body)])
+
     def heartbeat(self) -> None:
         now = time.monotonic()
         if now >= self.next_hello:
             if self.hello_stale:
-                self.hello_bytes, self.hello_stale = m.encode(self.hello_msg()), False
+                self.refresh_hello()
+                self.hello_stale = False
+            counts = lanes.counts(self.outbound, self.inbound)
+            if counts != self.hello.lanes:  # only the lanes' counts changed: encoded again, not rebuilt
+                self.hello.lanes = counts
+                self.hello_bytes = m.encode(self.hello)
             self.sock.send(self.hello_bytes)
             self.next_hello = now + HEARTBEAT_S
 
@@ -179,7 +203,15 @@ class HubWorker:
 
     # -- sending ------------------------------------------------------------------
     def send(self, msg: Any) -> None:
-        self.sock.send(m.encode(msg))
+        if type(msg) in LANE_TYPES:
+            self.send_data(m.encode(msg))
+        else:
+            self.sock.send(m.encode(msg))
+
+    def send_data(self, data: bytes) -> None:
+        """A data-path message (``LANE_TYPES``, or a ``Bundle`` of them) to the frontend: lane, else hub."""
+        if not self.outbound.send("frontend", data):
+            self.sock.send(data)
 
     def fail(self, rid: int, code: str, message: str, ref: m.Ref | None = None) -> None:
         self.send(m.Failed(rid, code, message, ref))
@@ -206,6 +238,9 @@ class HubWorker:
         self.sock.close(0)
         if self.inbox is not None:
             self.inbox.close(0)
+        self.outbound.close()
+        if self.inbound is not None:
+            self.inbound.close()
 
 
 def push_socket(addr: str) -> zmq.Socket:

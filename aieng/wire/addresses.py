@@ -8,6 +8,8 @@ the executor binds a PULL at ``exec_addr`` that every preprocess worker PUSHes t
 worker binds a PULL at ``post_addr(name)`` that the executor PUSHes to from its first send there.  The
 executor also listens at ``express_path`` (SOCK_SEQPACKET, ``express``) for the frontend's direct
 requests.  A PUSH queues while its peer restarts, so a restart holds requests instead of losing them.
+Beside them, the frontend, the executor and every pool worker listen at ``lane_path(name)``
+(SOCK_SEQPACKET, ``lanes``): the data path's messages take that lane when they can, ZeroMQ when not.
 
 One instance per runtime directory: the supervisor holds ``RuntimeDirLock`` (an ``flock`` on
 ``<runtime dir>/aieng.lock``, holding its pid) from before anything binds until everything stopped; a
@@ -16,6 +18,7 @@ second instance on the same directory is refused at once, naming the directory a
 from __future__ import annotations
 
 import fcntl
+import glob
 import os
 import shutil
 import tempfile
@@ -125,14 +128,19 @@ def express_path(rdir: str) -> str:
     return os.path.join(rdir, "express.sock")
 
 
+def lane_path(rdir: str, name: str) -> str:
+    """``name``'s SOCK_SEQPACKET listener for data-path records from the other processes (``lanes``)."""
+    return os.path.join(rdir, f"lane-{name}.sock")
+
+
 def post_addr(rdir: str, name: str) -> str:
     return f"ipc://{os.path.join(rdir, name + '.sock')}"
 
 
 def socket_files(rdir: str, n_post: int) -> list[str]:
-    """Every ipc socket file an instance makes in its runtime dir (removed on a clean stop)."""
+    """Every socket file an instance makes in its runtime dir (removed on a clean stop)."""
     names = ["hub.sock", "executor.sock", "express.sock"] + [f"post-{j}.sock" for j in range(n_post)]
-    return [os.path.join(rdir, n) for n in names]
+    return [os.path.join(rdir, n) for n in names] + sorted(glob.glob(lane_path(glob.escape(rdir), "*")))
 
 
 def clean_stale_runtime_dirs(alive) -> list[str]:

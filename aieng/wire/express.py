@@ -87,14 +87,14 @@ class Channel:
 class Listener:
     """The executor's end: a listening socket; ``accept`` returns a new connection, if one waits."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, backlog: int = 4):
         self.path = path
         if os.path.exists(path):  # a predecessor's (the runtime dir is this instance's alone)
             os.unlink(path)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.sock.bind(path)
         os.chmod(path, 0o600)
-        self.sock.listen(4)
+        self.sock.listen(backlog)
         self.sock.setblocking(False)
 
     def fileno(self) -> int:

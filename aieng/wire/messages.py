@@ -42,6 +42,7 @@ class Hello:
     inline_pre: list[str] = field(default_factory=list)
     # the executor's: of those, the versions it preprocesses at any load, not only while idle
     inline_pre_any: list[str] = field(default_factory=list)
+    lanes: list[int] = field(default_factory=list)  # its pool lanes' [sent, fell back, received] (lanes)
 
     def __post_init__(self) -> None:
         if isinstance(self.sessions, dict):

@@ -67,7 +67,7 @@ def batching_executor(model: str = "tabular"):
     ex.builder = SessionBuilder(ex.cfg, ex.log, ex.inline, ex.inline_pre)
     spec = demo_spec(model)
     ex.sessions = {spec.key: ex.builder.build(spec, wide=False)}
-    ex.outputs = Outputs(ex.cfg, None, None, ex.inline, None, None, ex.log)  # knows post-0; no socket yet
+    ex.outputs = Outputs(ex.cfg, None, None, ex.inline, None, None, None, ex.log)  # knows post-0
     ex.init_batcher()
     return ex, spec
 

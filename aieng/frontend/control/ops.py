@@ -85,7 +85,7 @@ class ClientOps:
                 "breakers": views.breakers(), "degradation": views.degradation(),
                 "cache": views.cache(), "clients": views.clients(),
                 "processes": {n: ps.view() for n, ps in life.processes.items()}, "restarts": life.restarts,
-                "counts": views.counts(), "direct": views.direct()}
+                "counts": views.counts(), "direct": views.direct(), "lanes": views.lanes()}
 
     def models(self, req_id: Any, req: dict | None = None) -> dict:
         hello = self.workers.last_hello("executor")

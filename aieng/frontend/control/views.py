@@ -22,3 +22,4 @@ class Views:
     routing: Callable[[], dict]  # rollout/rollout.Rollout: each model's routing
     drift: Callable[[], dict]  # observe/drift.DriftMonitor: references and PSI
     direct: Callable[[], dict[str, Any]]  # requests/pipeline.Pipeline: the direct route's limits
+    lanes: Callable[[], dict] = dict  # control/workers.Workers.lanes: what the pool lanes carried

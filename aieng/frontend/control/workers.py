@@ -155,6 +155,13 @@ class Workers:
         """A model the start left out was loaded at run time: no longer failed."""
         self.left_out.pop(name, None)
 
+    def lanes(self, own: list[int]) -> dict[str, dict[str, int]]:
+        """What each process's pool lanes carried (``wire/lanes``), from the hellos, and ``own``: the
+        frontend's ``[sent, fell_back, received]``."""
+        rows = {n: w.hello.lanes for n, w in sorted(self.by_name.items()) if w.hello.lanes}
+        rows = {"frontend": own, **rows}
+        return {n: {"sent": c[0], "fell_back": c[1], "received": c[2]} for n, c in rows.items()}
+
     def stalled(self, name: str, now: float, load: Callable[[str], int]) -> bool:
         """A preprocess worker silent for ``STALL_S`` while holding requests: inside one slow request."""
         w = self.by_name.get(name)
