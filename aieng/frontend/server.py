@@ -115,7 +115,7 @@ class Frontend:
                            clients=self.gate.view, counts=self.answers.counts.view,
                            pool=self.versions.pool_view, routing=self.rollout.view, drift=self.drift.view,
                            direct=pl.direct_view,
-                           lanes=lambda: self.workers.lanes(lanes.counts(self.outbound, self.inbound)))
+                           lanes=lambda: self.workers.lanes(self.lanes.counts()))
         self.ops = ClientOps(self.workers, self.life, self.table, self.specs, self.rollout, self.stats,
                              self.mirror, self.send_hub, self.views, self.log, self.cfg.client_admin_ops)
         self.handlers = dict(self.pipeline.handlers)
@@ -136,8 +136,7 @@ class Frontend:
         self.hub.bind(hub_addr(self.cfg.runtime_dir))
         self.express = express.FrontendEnd(express_path(self.cfg.runtime_dir))  # to the executor, when up
         rdir = self.cfg.runtime_dir  # the pools' lanes: tasks out, notices and answers in (wire/lanes)
-        self.outbound = lanes.Outbound("frontend", lambda name: lane_path(rdir, name), self.cfg.pool_lanes)
-        self.inbound = lanes.Inbound(lane_path(rdir, "frontend")) if self.cfg.pool_lanes else None
+        self.lanes = lanes.LaneEnds("frontend", lambda name: lane_path(rdir, name), self.cfg.pool_lanes)
         self.poller = zmq.Poller()
         self.admin = AdminServer(self.cfg, AdminOps(self.rollout, self.mirror, self.versions, self.workers,
                                                     self.specs, self.log, self.ops.wide_ops()), self.log)
@@ -163,8 +162,7 @@ class Frontend:
         writer_fd = self.writer.fileno() if self.writer is not None else None
         if writer_fd is not None:
             poller.register(writer_fd, zmq.POLLIN)  # the state writer's "done": admin answers go out
-        if self.inbound is not None:
-            poller.register(self.inbound.fileno(), zmq.POLLIN)
+        self.lanes.register(poller)
         next_pulse = next_snapshot = 0.0
         while not stop.stop:
             now = time.monotonic()
@@ -182,13 +180,11 @@ class Frontend:
             nxt = self.table.next_deadline()
             timeout = 100 if nxt is None else max(0, min(100, int((nxt - now) * 1000) + 1))
             events = dict(poller.poll(timeout))
+            self.drain_lanes(events)  # first: what a worker sent before it died precedes its WorkerDown
             if self.hub in events:
                 self.drain_hub()
             if any(self.express.watches(fd) for fd in events):
                 self.drain_express()
-            if self.inbound is not None and any(self.inbound.watches(fd) for fd in events):
-                for ident, data, _ in self.inbound.poll(poller, events):
-                    self.dispatch(data, ident)
             if self.clients in events:
                 self.drain_clients()
             if self.admin.sock in events:
@@ -203,6 +199,7 @@ class Frontend:
     def pulse(self, now: float) -> None:
         # read the heartbeats waiting first: after a long pass of this loop (a reload, a big admin op, a
         # starved core) they are queued, and a worker would look silent, even stuck, for the loop's own pause
+        self.drain_lanes()
         self.drain_hub()
         roles = self.workers.count(now)
         healthy = self.life.started and all(roles.values())
@@ -217,6 +214,11 @@ class Frontend:
             except zmq.Again:
                 return
             self.dispatch(frames[1].buffer, frames[0].bytes)
+
+    def drain_lanes(self, ready=None) -> None:
+        """The pool lanes' records waiting (``ready``: the fds a poll found readable; None: look at all)."""
+        for ident, data, _ in self.lanes.poll(self.poller, ready):
+            self.dispatch(data, ident)
 
     def drain_express(self) -> None:
         for data in self.express.drain(self.poller):  # the executor's answers to direct requests
@@ -314,7 +316,7 @@ class Frontend:
     def send_task(self, worker: str, frames: list) -> bool:
         """A request's ``PreTask`` and frame to a preprocess worker: its lane, else the hub."""
         body = frames[1]
-        if self.outbound.send(worker, frames[0], getattr(body, "buffer", body)):
+        if self.lanes.out.send(worker, frames[0], getattr(body, "buffer", body)):
             return True
         return self.send_hub(worker, frames)
 
@@ -383,9 +385,7 @@ class Frontend:
             self.auth.stop()
         self.hub.close(0)
         self.express.close()
-        self.outbound.close()
-        if self.inbound is not None:
-            self.inbound.close()
+        self.lanes.close()
         self.admin.close()
         self.watcher.close()
         if self.writer is not None:  # what waits is written before the process ends

@@ -121,8 +121,9 @@ class HubWorker:
         self.poller: zmq.Poller | None = None  # the loop's; a role may watch more fds while it runs
         self.ready: dict = {}  # the sockets and fds the last poll found readable
         self.inbox: zmq.Socket | None = None  # the data-path PULL socket, for roles that have one
-        self.outbound = lanes.Outbound(worker, lambda name: lane_path(cfg.runtime_dir, name), cfg.pool_lanes)
-        self.inbound = lanes.Inbound(lane_path(cfg.runtime_dir, worker)) if cfg.pool_lanes else None
+        rdir = cfg.runtime_dir
+        self.pool_lanes = lanes.LaneEnds(worker, lambda name: lane_path(rdir, name), cfg.pool_lanes)
+        self.outbound = self.pool_lanes.out  # what the roles send on (the executor's PostTasks, InferTasks)
 
     # -- what a role provides -------------------------------------------------
     def hello_fields(self) -> dict:
@@ -131,7 +132,7 @@ class HubWorker:
 
     def hello_msg(self) -> m.Hello:
         """This worker's heartbeat (sent again as is until ``hello_bytes`` is rebuilt)."""
-        return m.Hello(self.worker, self.role, os.getpid(), lanes=lanes.counts(self.outbound, self.inbound),
+        return m.Hello(self.worker, self.role, os.getpid(), lanes=self.pool_lanes.counts(),
                        **self.hello_fields())
 
     def refresh_hello(self) -> None:
@@ -153,16 +154,14 @@ class HubWorker:
             poller.register(sock, zmq.POLLIN)
         for fd in self.wake_fds:
             poller.register(fd, zmq.POLLIN)
-        if self.inbound is not None:
-            poller.register(self.inbound.fileno(), zmq.POLLIN)
+        self.pool_lanes.register(poller)
         timeout_ms = 200
         while not stop.stop:
             self.ready = dict(poller.poll(timeout_ms))  # what woke the loop (a role's own fds too)
             if self.ready:
                 for sock in socks:
                     self.drain(sock)
-                if self.inbound is not None:
-                    self.drain_lane()
+                self.drain_lane()
             nxt = self.after_drain(time.monotonic())
             timeout_ms = 200 if nxt is None else nxt
             self.heartbeat()
@@ -182,7 +181,7 @@ class HubWorker:
             dispatch(frames[0].buffer, self.handlers, self.log, "the hub", frames)
 
     def drain_lane(self) -> None:
-        for _, head, body in self.inbound.poll(self.poller, self.ready):
+        for _, head, body in self.pool_lanes.poll(self.poller, self.ready):
             dispatch(head, self.handlers, self.log, "a lane", [lanes.Frame(head), lanes.Frame(body)])
 
     def heartbeat(self) -> None:
@@ -191,7 +190,7 @@ class HubWorker:
             if self.hello_stale:
                 self.refresh_hello()
                 self.hello_stale = False
-            counts = lanes.counts(self.outbound, self.inbound)
+            counts = self.pool_lanes.counts()
             if counts != self.hello.lanes:  # only the lanes' counts changed: encoded again, not rebuilt
                 self.hello.lanes = counts
                 self.hello_bytes = m.encode(self.hello)
@@ -238,9 +237,7 @@ class HubWorker:
         self.sock.close(0)
         if self.inbox is not None:
             self.inbox.close(0)
-        self.outbound.close()
-        if self.inbound is not None:
-            self.inbound.close()
+        self.pool_lanes.close()
 
 
 def push_socket(addr: str) -> zmq.Socket:

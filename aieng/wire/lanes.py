@@ -127,6 +127,7 @@ class Outbound:
         return False
 
     def connect(self, dest: str) -> Channel | None:
+        """A connection to ``dest``, or None for now (ZeroMQ then)."""
         old = self.chans.pop(dest, None)
         if old is not None:
             old.close()
@@ -154,6 +155,29 @@ class Outbound:
         for chan in self.chans.values():
             chan.close()
         self.chans.clear()
+
+
+class LaneEnds:
+    """A process's pool lanes: ``out`` to send on and, when on, ``inbound`` (registered in its poller)."""
+
+    def __init__(self, name: str, path_of: Callable[[str], str], enabled: bool):
+        self.out = Outbound(name, path_of, enabled)
+        self.inbound = Inbound(path_of(name)) if enabled else None
+
+    def register(self, poller) -> None:
+        if self.inbound is not None:
+            poller.register(self.inbound.fileno(), 1)
+
+    def poll(self, poller, ready=None) -> list[tuple[bytes, memoryview, memoryview]]:
+        return self.inbound.poll(poller, ready) if self.inbound is not None else []
+
+    def counts(self) -> list[int]:
+        return counts(self.out, self.inbound)
+
+    def close(self) -> None:
+        self.out.close()
+        if self.inbound is not None:
+            self.inbound.close()
 
 
 def counts(outbound: Outbound, inbound: Inbound | None) -> list[int]:

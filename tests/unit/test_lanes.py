@@ -127,3 +127,4 @@ def test_a_disabled_outbound_never_sends(paths):
         assert (out.sent, out.fell_back) == (0, 0)  # off is not a fallback
     finally:
         inbound.close()
+
