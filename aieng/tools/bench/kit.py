@@ -22,7 +22,7 @@ from typing import Callable
 PASS_THROUGH = {"AIENG_PREPROCESS_WORKERS", "AIENG_POSTPROCESS_WORKERS", "AIENG_MAX_BATCH_SIZE",
                  "AIENG_MAX_WAIT_MS", "AIENG_INTRA_OP_THREADS", "AIENG_ORT_SPINNING", "AIENG_DEVICE",
                  "AIENG_GATEWAY_WORKERS", "AIENG_EXECUTOR_LANES", "AIENG_IDLE_WIDE_RUNS",
-                 "AIENG_IDLE_WIDE_SPINNING", "AIENG_INLINE_POSTPROCESS_US",
+                 "AIENG_IDLE_WIDE_SPINNING", "AIENG_INLINE_POSTPROCESS_US", "AIENG_POOL_LANES",
                  # the operator's consent to a hook model's own code: the bench's server loads what the
                  # in-process side and the baseline (same environment) load
                  "AIENG_ALLOW_MODEL_CODE"}
