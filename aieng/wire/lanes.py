@@ -20,7 +20,6 @@ Contract:
 """
 from __future__ import annotations
 
-import logging
 import socket
 import time
 from typing import Callable
@@ -29,8 +28,6 @@ from aieng.wire.express import Channel, Listener
 
 RETRY_S = 0.1  # a receiver not listening (restarting): its senders use ZeroMQ meanwhile
 SNDBUF = 1 << 20  # a burst of a batch's answers fits; past it the rest take ZeroMQ
-
-log = logging.getLogger("aieng.wire.lanes")
 
 
 class Frame:
@@ -56,9 +53,6 @@ class Inbound:
 
     def fileno(self) -> int:
         return self.listener.fileno()
-
-    def watches(self, fd) -> bool:
-        return fd == self.listener.fileno() or fd in self.conns
 
     def poll(self, poller, ready=None, limit: int = 1000) -> list[tuple[bytes, memoryview, memoryview]]:
         """New senders (registered in ``poller``), then the records waiting as ``(sender, message,
