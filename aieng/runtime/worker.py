@@ -160,7 +160,8 @@ class HubWorker:
             self.ready = dict(poller.poll(timeout_ms))  # what woke the loop (a role's own fds too)
             if self.ready:
                 for sock in socks:
-                    self.drain(sock)
+                    if sock in self.ready:  # zmq.Poller reads a ZeroMQ socket's own events: level-triggered
+                        self.drain(sock)
                 self.drain_lane()
             nxt = self.after_drain(time.monotonic())
             timeout_ms = 200 if nxt is None else nxt

@@ -38,6 +38,16 @@ FIXED = 32  # the header's fixed fields: struct "<IIIIQQ"
 FREE, BUSY = 0, 1
 
 _NAME_RE = re.compile(r"^aieng\.([0-9]+)\.")
+_DTYPES: dict[str, np.dtype] = {}  # a descriptor's dtype string -> its dtype (0.05 us against 0.6 to build)
+
+
+def _dtype(code: str) -> np.dtype:
+    dt = _DTYPES.get(code)
+    if dt is None:
+        dt = np.dtype(code)
+        if len(_DTYPES) < 64:  # numpy's dtypes are few; never more than that many kept
+            _DTYPES[code] = dt
+    return dt
 
 
 def segment_name(instance: str, worker: str, pid: int) -> str:
@@ -230,7 +240,7 @@ class Ring:
             if dtype == strings.OBJECT:  # a string tensor: a copy, as an object array of bytes
                 out[name] = strings.unpack(self.seg.buf, base + off, base + size, shape)
                 continue
-            dt = np.dtype(dtype)
+            dt = _dtype(dtype)
             count = math.prod(shape)
             start = base + off
             out[name] = self.seg.buf[start:start + count * dt.itemsize].view(dt).reshape(shape)
