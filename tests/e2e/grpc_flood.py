@@ -2,7 +2,7 @@
 32 rows of ``tabular`` in flight at a time, bounded in time (60 s) and in count (20,000 answers), each
 outcome kept as ``(grpc code name, message)``.  ``channel`` makes its channel (plain or TLS); ``metadata``
 goes with each call (an API key).  ``bites()`` waits (bounded) for its first refusal; leaving the ``with``
-stops it."""
+stops it.  ``one_at_a_time`` is the other client beside it: forty one-row requests through tritonclient."""
 from __future__ import annotations
 
 import threading
@@ -10,10 +10,24 @@ import time
 from typing import Callable
 
 import grpc
+import tritonclient.grpc as tg
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
+from tests.e2e.tabular_oip import http_input
 from tests.waits import until
+
+SHARE_REFUSAL = "rows in flight at this gateway"  # the gateway's per-client row budget, in its refusal
+
+
+def one_at_a_time(client, n: int = 40, **kw) -> list[str]:
+    """``n`` one-row ``tabular`` requests (ids b0, b1, ...) through the tritonclient gRPC ``client``, each
+    after the last; the answers' ids, in order.  ``kw`` goes with each call (``headers``); closes it."""
+    try:
+        return [client.infer("tabular", [http_input(tg, 40.0 + i)], request_id=f"b{i}", client_timeout=30,
+                             **kw).get_response().id for i in range(n)]
+    finally:
+        client.close()
 
 
 def wide_request(rows: int) -> pb.ModelInferRequest:
@@ -49,6 +63,11 @@ class GrpcFlood:
 
     def refused(self) -> list[str]:
         return [msg for code, msg in self.outcomes if code == "UNAVAILABLE"]
+
+    def refused_for_its_share(self) -> bool:
+        """Refused at least once, and every refusal names this client's share of the gateway's rows."""
+        refused = self.refused()
+        return bool(refused) and all("this client has" in msg and SHARE_REFUSAL in msg for msg in refused)
 
     def __enter__(self) -> GrpcFlood:
         self.thread.start()

@@ -16,14 +16,14 @@ import subprocess
 import sys
 
 import grpc
-import numpy as np
 import pytest
 import tritonclient.grpc as tg
 import tritonclient.http as th
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import MODELS, ROOT
-from tests.e2e.grpc_flood import GrpcFlood
+from tests.e2e.grpc_flood import GrpcFlood, one_at_a_time
+from tests.e2e.tabular_oip import http_input
 from tests.waits import until
 
 pytestmark = pytest.mark.e2e
@@ -64,12 +64,6 @@ def curl(srv, path: str, token: str | None = None, body: str | None = None) -> t
 def tabular_body(i: int = 0) -> str:
     return json.dumps({"id": f"r{i}", "inputs": [{"name": "bill_length_mm", "datatype": "FP32", "shape": [1],
                                                   "data": [40.0 + i]}]})
-
-
-def http_input(mod, value: float = 45.0):
-    t = mod.InferInput("bill_length_mm", [1], "FP32")
-    t.set_data_from_numpy(np.array([value], dtype=np.float32))
-    return t
 
 
 def bearer(key: str) -> dict:
@@ -195,22 +189,13 @@ def test_a_rewritten_key_file_takes_effect_without_a_restart(keyed):
 def test_two_keys_from_one_address_each_keep_their_share(make_server, tmp_path):
     path = key_file(tmp_path, f"alice:{ALICE}\nbob:{BOB}\n")
     srv = make_server(AIENG_MODELS="tabular", AIENG_OIP_API_KEYS_FILE=str(path)).start()
-    answered: list[str] = []
     key = (("authorization", f"Bearer {ALICE}"),)
     with GrpcFlood(lambda: grpc.insecure_channel(srv.oip_grpc), key) as alice:
         assert alice.bites()
-        g = tg.InferenceServerClient(srv.oip_grpc)  # the same address as alice (127.0.0.1)
-        try:
-            for i in range(40):
-                res = g.infer("tabular", [http_input(tg, 40.0 + i)], request_id=f"b{i}", headers=bearer(BOB),
-                              client_timeout=30)
-                answered.append(res.get_response().id)
-        finally:
-            g.close()
+        # the same address as alice (127.0.0.1)
+        answered = one_at_a_time(tg.InferenceServerClient(srv.oip_grpc), headers=bearer(BOB))
     assert answered == [f"b{i}" for i in range(40)]
-    refused = alice.refused()
-    assert refused and all("this client has" in msg and "rows in flight at this gateway" in msg
-                           for msg in refused), refused[:3]
+    assert alice.refused_for_its_share(), alice.refused()[:3]
     assert {code for code, _ in alice.outcomes} == {"OK", "UNAVAILABLE"}
 
 

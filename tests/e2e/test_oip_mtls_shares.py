@@ -15,8 +15,7 @@ import grpc
 import pytest
 import tritonclient.grpc as tg
 
-from tests.e2e.grpc_flood import GrpcFlood
-from tests.e2e.test_oip_keys import http_input
+from tests.e2e.grpc_flood import GrpcFlood, one_at_a_time
 from tests.tlscerts import Ca
 from tests.waits import until
 
@@ -37,21 +36,13 @@ def test_two_certificates_from_one_address_each_keep_their_share(make_server, tm
     srv, ca, alice, bob = mtls_server(make_server, tmp_path)
     creds = grpc.ssl_channel_credentials(ca.cert.read_bytes(), alice.key.read_bytes(),
                                          alice.cert.read_bytes())
-    answered: list[str] = []
     with GrpcFlood(lambda: grpc.secure_channel(srv.oip_grpc, creds)) as flood:  # alice's
         assert flood.bites()
-        g = tg.InferenceServerClient(srv.oip_grpc, ssl=True, root_certificates=str(ca.cert),
-                                     private_key=str(bob.key), certificate_chain=str(bob.cert))
-        try:
-            for i in range(40):
-                res = g.infer("tabular", [http_input(tg, 40.0 + i)], request_id=f"b{i}", client_timeout=30)
-                answered.append(res.get_response().id)
-        finally:
-            g.close()
+        answered = one_at_a_time(tg.InferenceServerClient(
+            srv.oip_grpc, ssl=True, root_certificates=str(ca.cert), private_key=str(bob.key),
+            certificate_chain=str(bob.cert)))
     assert answered == [f"b{i}" for i in range(40)]
-    refused = flood.refused()
-    assert refused and all("this client has" in msg and "rows in flight at this gateway" in msg
-                           for msg in refused), refused[:3]
+    assert flood.refused_for_its_share(), flood.refused()[:3]
     assert {code for code, _ in flood.outcomes} == {"OK", "UNAVAILABLE"}
 
 
