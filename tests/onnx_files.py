@@ -53,3 +53,12 @@ def save_matmul_add(d, k: int) -> None:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [lead, w.shape[1]])],
         [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "b")])
     save_onnx(Path(d) / "model.onnx", graph)
+
+
+def transpose_graph():
+    """``y = x`` with its last two axes swapped, ``x`` of shape ``[batch, 2, 3]``: a tensor model whose answer
+    shows the order of the data it was given."""
+    return helper.make_graph(
+        [helper.make_node("Transpose", ["x"], ["y"], perm=[0, 2, 1])], "transpose",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3, 2])])

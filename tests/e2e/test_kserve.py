@@ -26,12 +26,12 @@ import yaml
 
 from tests.conftest import MODELS, ROOT
 from tests.dockerfile import image_env
+from tests.e2e.tabular_oip import tabular_inputs as rows_as_inputs
 from tests.waits import until
 
 pytestmark = pytest.mark.e2e
 KSERVE = os.path.join(ROOT, "deploy", "kserve")
 MOUNT = "/mnt/models"  # where KServe's storage initializer puts the storageUri's files
-NUMBERS = ["bill_length_mm", "bill_depth_mm", "flipper_length_mm", "body_mass_g"]
 
 
 def load(name: str) -> dict:
@@ -84,18 +84,7 @@ def reference_cases() -> list[dict]:
 
 
 def tabular_inputs(mod, cases: list[dict]) -> list:
-    rows = [c["input"] for c in cases]
-    inputs = []
-    for name in NUMBERS:
-        t = mod.InferInput(name, [len(rows)], "FP32")
-        t.set_data_from_numpy(np.array([np.nan if r.get(name) is None else r[name] for r in rows],
-                                       dtype=np.float32))
-        inputs.append(t)
-    for name in ("island", "sex"):
-        t = mod.InferInput(name, [len(rows)], "BYTES")
-        t.set_data_from_numpy(np.array([(r.get(name) or "").encode() for r in rows], dtype=object))
-        inputs.append(t)
-    return inputs
+    return rows_as_inputs(mod, [c["input"] for c in cases])
 
 
 def check_answers(res, cases: list[dict]) -> None:

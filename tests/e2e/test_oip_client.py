@@ -254,13 +254,9 @@ def test_logging_is_read_and_a_change_refused_by_default(server, http, grpc_clie
 def test_tensor_model_without_batching(make_server, tmp_path):
     """A tensor model that does not batch: shapes without the batch dimension, config max_batch_size 0,
     the request's tensor is the native request's tensor (a transpose checks the data's order)."""
-    from onnx import TensorProto, helper
+    from tests.onnx_files import transpose_graph
 
-    graph = helper.make_graph(
-        [helper.make_node("Transpose", ["x"], ["y"], perm=[0, 2, 1])], "transpose",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 2, 3])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3, 2])])
-    save_tensor_model(tmp_path / "repo", "transpose", graph)
+    save_tensor_model(tmp_path / "repo", "transpose", transpose_graph())
     srv = make_server(AIENG_MODEL_REPOSITORY=str(tmp_path / "repo"), AIENG_PREPROCESS_WORKERS="1").start()
     with th.InferenceServerClient(srv.oip_http) as c:
         meta = c.get_model_metadata("transpose")

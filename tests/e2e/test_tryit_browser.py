@@ -135,15 +135,10 @@ def test_with_keys_the_pages_show_the_401_words_until_a_key_is_given(make_server
 
 
 def test_a_tensor_model_takes_nested_json_and_shows_its_values(make_server, tmp_path):
-    from onnx import TensorProto, helper
-
     from tests.conftest import save_tensor_model
+    from tests.onnx_files import transpose_graph
 
-    graph = helper.make_graph(
-        [helper.make_node("Transpose", ["x"], ["y"], perm=[0, 2, 1])], "transpose",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 2, 3])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3, 2])])
-    save_tensor_model(tmp_path / "repo", "transpose", graph)
+    save_tensor_model(tmp_path / "repo", "transpose", transpose_graph())
     srv = make_server(AIENG_MODEL_REPOSITORY=str(tmp_path / "repo"), AIENG_PREPROCESS_WORKERS="1").start()
     with chrome(tmp_path) as d:
         d.get(f"http://{srv.oip_http}/v2/models/transpose/try")
