@@ -32,8 +32,7 @@ class Hello:
     failed: dict[str, str] = field(default_factory=dict)  # versions it could not build -> why
     ring: str = ""  # its shared-memory ring's segment (preprocess, executor)
     providers: dict[str, str] = field(default_factory=dict)  # executor: version -> its session's provider
-    # executor: version -> what ``models`` shows of its session, passed on as is (never read by key); kept
-    # packed, decoded only by the models op (a dict given here is packed: ``__post_init__``)
+    # executor: version -> what ``models`` shows of its session, packed until the models op reads it
     sessions: Packed = Packed()
     gpus: int = 0  # executor: the GPUs its ONNX Runtime sees
     # the executor's: model versions whose postprocessing it runs itself (route them post="executor")
