@@ -56,14 +56,18 @@ class Inbound:
 
     def poll(self, poller, ready=None, limit: int = 1000) -> list[tuple[bytes, memoryview, memoryview]]:
         """New senders (registered in ``poller``), then the records waiting as ``(sender, message,
-        frame)``; ``ready``: the fds the caller's poll found readable (None: look at every one)."""
+        frame)``; ``ready``: the fds the caller's poll found readable (None: look at every one).  A new
+        connection is read at once: what it brought is handled before what the caller reads next (the
+        frontend's hub: a sender's death after its first records)."""
+        fresh = set()
         if ready is None or self.listener.fileno() in ready:
             while (chan := self.listener.accept()) is not None:
                 self.conns[chan.fileno()] = [chan, None]
+                fresh.add(chan.fileno())
                 poller.register(chan.fileno(), 1)  # POLLIN, for zmq.Poller and select.poll alike
         out = []
         for fd, entry in list(self.conns.items()):
-            if ready is not None and fd not in ready:
+            if ready is not None and fd not in ready and fd not in fresh:
                 continue
             chan = entry[0]
             for head, body in chan.recv(limit):

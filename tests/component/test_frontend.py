@@ -25,9 +25,9 @@ from aieng.client import decode_reply
 from aieng.config import Config
 from aieng.frontend.requests.table import SHADOW
 from aieng.frontend.server import Frontend
-from aieng.wire import express, shm
+from aieng.wire import express, lanes, shm
 from aieng.wire import messages as m
-from aieng.wire.addresses import express_path, hub_addr
+from aieng.wire.addresses import express_path, hub_addr, lane_path
 from tests.conftest import free_port
 from tests.unit.demo import needs_demo_models, spec
 
@@ -614,6 +614,34 @@ def test_a_notice_arriving_after_the_new_holders_death_answers_and_frees(rig):
     assert reply["id"] == "a" and reply["error"]["code"] == "UNAVAILABLE"
     assert "executor exited" in reply["error"]["message"]
     assert not r.busy(inp)
+
+
+@pytest.mark.parametrize("first_record", [False, True])
+def test_an_answer_sent_on_a_lane_before_its_worker_died_is_answered_not_failed(rig, tmp_path, first_record):
+    """post-0 sends its Result on its pool lane and dies; the supervisor's WorkerDown comes on the hub.  Both
+    wait while the frontend's loop is stopped: restarted, it reads its lanes first, so the request is answered
+    OK (on the one hub before lanes, the Result came first too).  ``first_record``: the Result is the first
+    record of a connection made while the loop was stopped."""
+    r, task = running(rig)
+    r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [r.slot("pre-0")])))
+    r.peers["executor"].send(m.encode(m.Inferred([task.rid], [r.slot("executor")])))
+    r.until(lambda: r.fe.table.get(task.rid).stage == "postprocess")
+    post = lanes.Outbound("post-0", lambda name: lane_path(r.cfg.runtime_dir, name))
+    if not first_record:  # an established connection: a record for a request long answered, read now
+        assert post.send("frontend", m.encode(result(987654)))
+        r.until(lambda: r.fe.lanes.inbound.received == 1)
+        assert r.fe.lanes.inbound.received == 1
+    r.stop.stop = True
+    r.thread.join(5)
+    assert not r.thread.is_alive()
+    assert post.send("frontend", m.encode(result(task.rid)))
+    r.peers["supervisor"].send(m.encode(m.WorkerDown("post-0", -9, 1006)))
+    r.stop.stop = False
+    r.thread = threading.Thread(target=r.fe.run, args=(r.stop,), daemon=True)
+    r.thread.start()
+    reply = r.answer()
+    post.close()
+    assert reply["id"] == "a" and reply["ok"] and reply["outputs"] == {"label": "Gentoo"}
 
 
 def test_only_the_executor_may_hand_requests_to_postprocessing(rig):

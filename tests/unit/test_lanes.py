@@ -128,3 +128,19 @@ def test_a_disabled_outbound_never_sends(paths):
     finally:
         inbound.close()
 
+
+
+def test_a_new_connections_first_records_come_with_its_accept(paths):
+    """The poll that accepts a connection reads it too (its records are handled before what the caller reads
+    next, e.g. the frontend's hub), though the caller's poll named only the listener."""
+    inbound, poller = lanes.Inbound(paths("frontend")), select.poll()
+    poller.register(inbound.fileno(), select.POLLIN)
+    out = lanes.Outbound("post-0", paths)
+    try:
+        assert out.send("frontend", b"answer")
+        ready = until(lambda: dict(poller.poll(0)), 2)
+        assert list(ready) == [inbound.fileno()]  # only the listener: nobody accepted the connection yet
+        assert [(s, bytes(h)) for s, h, _ in inbound.poll(poller, ready)] == [(b"post-0", b"answer")]
+    finally:
+        out.close()
+        inbound.close()
