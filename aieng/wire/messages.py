@@ -12,14 +12,13 @@ flow") draws who sends what to whom.
 from __future__ import annotations
 
 import dataclasses
-import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional
 
 import msgpack
 
 from aieng.models.spec import ModelSpec
-from aieng.wire.records import Geometry, Packed, ProcessState, Ref, Step, Trail  # noqa: F401 (m.Ref, ...)
+from aieng.wire.records import Geometry, Packed, ProcessState, Ref, Step, Trail, codecs, plan  # noqa: F401
 
 
 @dataclass(slots=True)
@@ -294,47 +293,7 @@ TYPES: dict[str, type] = {
                            Failed, Bundle, WorkerDown, ServiceState, Pulse, LogLevel, Drain, Drained,
                            Reload, Reloaded, LoadVersion, UnloadVersion, VersionLoaded, VersionFailed)
 }
-_FIELDS = {name: tuple(f.name for f in dataclasses.fields(cls)) for name, cls in TYPES.items()}
-
-
-# Nested records: how each travels (encode) and comes back (decode).  A field may hold one (or None),
-# a list of them or a map of them; every other field travels as msgpack has it.
-_RECORDS: dict[type, tuple[Any, Any]] = {
-    Ref: (Ref.wire, lambda v: Ref(*v)), Trail: (Trail.wire, lambda v: Trail(*v)),
-    Geometry: (Geometry.wire, lambda v: Geometry(*v)),
-    ProcessState: (ProcessState.wire, lambda v: ProcessState(*v)),
-    Step: (None, lambda v: Step(*v)), ModelSpec: (ModelSpec.to_dict, ModelSpec.from_dict),
-    Packed: (Packed.wire, Packed),
-}
-
-
-def _codec(hint: Any) -> tuple[str, Any, Any] | None:
-    """``(shape, encode, decode)`` for a field of a nested record type; shape is one, list or map."""
-    args = typing.get_args(hint)
-    origin = typing.get_origin(hint)
-    if hint in _RECORDS:
-        return ("one", *_RECORDS[hint])
-    if origin is typing.Union and len(args) == 2 and type(None) in args:
-        inner = args[0] if args[1] is type(None) else args[1]
-        return ("one", *_RECORDS[inner]) if inner in _RECORDS else None
-    if origin is list and args and args[0] in _RECORDS:
-        return ("list", *_RECORDS[args[0]])
-    if origin is dict and len(args) == 2 and args[1] in _RECORDS:
-        return ("map", *_RECORDS[args[1]])
-    return None
-
-
-def _codecs(cls: type) -> dict[str, tuple[str, Any, Any]]:
-    hints = typing.get_type_hints(cls)
-    out = {}
-    for f in dataclasses.fields(cls):
-        c = _codec(hints[f.name])
-        if c is not None:
-            out[f.name] = c
-    return out
-
-
-_CODECS = {name: _codecs(cls) for name, cls in TYPES.items()}
+_CODECS = {name: codecs(cls) for name, cls in TYPES.items()}  # nested records: how each travels
 
 
 def _check_registry() -> None:
@@ -347,16 +306,16 @@ def _check_registry() -> None:
 
 
 _check_registry()
+_PLANS = {tag: plan(cls, _CODECS[tag]) for tag, cls in TYPES.items()}  # what ``encode`` reads of each
 
 
 def encode(msg: Any) -> bytes:
+    get, plain, coded = _PLANS[msg.T]
     data = {"t": msg.T}
-    codecs = _CODECS[msg.T]
-    for name in _FIELDS[msg.T]:
+    data.update(zip(plain, get(msg)))
+    for name, shape, enc in coded:
         value = getattr(msg, name)
-        c = codecs.get(name)
-        if c is not None and value is not None and c[1] is not None:
-            shape, enc = c[0], c[1]
+        if value is not None:
             value = enc(value) if shape == "one" else (
                 [enc(v) for v in value] if shape == "list" else {k: enc(v) for k, v in value.items()})
         data[name] = value

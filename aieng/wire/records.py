@@ -2,14 +2,19 @@
 clock readings (``Trail``), an image's sizes (``Geometry``), a postprocess step (``Step``) and a supervised
 process (``ProcessState``).  Each travels as a list and comes back as its type.  ``Packed`` is a map kept
 as msgpack bytes (the executor's per-session facts, the models op's list): it travels as bytes and is
-decoded only when read; ``protocol.pack_map`` splices it into a reply as it is."""
+decoded only when read; ``protocol.pack_map`` splices it into a reply as it is.  ``codecs`` and ``plan``
+work out once per message class how ``messages.encode``/``decode`` carry these records and read the rest."""
 from __future__ import annotations
 
 import dataclasses
+import operator
+import typing
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Optional
 
 import msgpack
+
+from aieng.models.spec import ModelSpec
 
 
 @dataclass(slots=True)
@@ -43,7 +48,10 @@ class Trail:
     post_us: int = 0
 
     def wire(self) -> list:
-        return [getattr(self, f.name) for f in dataclasses.fields(self)]
+        return list(_TRAIL_GET(self))
+
+
+_TRAIL_GET = operator.attrgetter(*(f.name for f in dataclasses.fields(Trail)))  # its fields, in order
 
 
 @dataclass(slots=True)
@@ -110,3 +118,52 @@ class Packed:
 
     def __bool__(self) -> bool:
         return self.blob != b"\x80"
+
+
+# Nested records: how each travels (encode) and comes back (decode).  A field may hold one (or None),
+# a list of them or a map of them; every other field travels as msgpack has it.
+_RECORDS: dict[type, tuple[Any, Any]] = {
+    Ref: (Ref.wire, lambda v: Ref(*v)), Trail: (Trail.wire, lambda v: Trail(*v)),
+    Geometry: (Geometry.wire, lambda v: Geometry(*v)),
+    ProcessState: (ProcessState.wire, lambda v: ProcessState(*v)),
+    Step: (None, lambda v: Step(*v)), ModelSpec: (ModelSpec.to_dict, ModelSpec.from_dict),
+    Packed: (Packed.wire, Packed),
+}
+
+
+def _codec(hint: Any) -> tuple[str, Any, Any] | None:
+    """``(shape, encode, decode)`` for a field of a nested record type; shape is one, list or map."""
+    args = typing.get_args(hint)
+    origin = typing.get_origin(hint)
+    if hint in _RECORDS:
+        return ("one", *_RECORDS[hint])
+    if origin is typing.Union and len(args) == 2 and type(None) in args:
+        inner = args[0] if args[1] is type(None) else args[1]
+        return ("one", *_RECORDS[inner]) if inner in _RECORDS else None
+    if origin is list and args and args[0] in _RECORDS:
+        return ("list", *_RECORDS[args[0]])
+    if origin is dict and len(args) == 2 and args[1] in _RECORDS:
+        return ("map", *_RECORDS[args[1]])
+    return None
+
+
+def codecs(cls: type) -> dict[str, tuple[str, Any, Any]]:
+    """``{field: (shape, encode, decode)}`` for a message class's fields that hold nested records."""
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for f in dataclasses.fields(cls):
+        c = _codec(hints[f.name])
+        if c is not None:
+            out[f.name] = c
+    return out
+
+
+def plan(cls: type, coded: dict[str, tuple[str, Any, Any]]) -> tuple[Any, tuple[str, ...], tuple]:
+    """How a message of ``cls`` is encoded: one getter for its plain fields (their names, in order) and
+    the fields holding nested records (``coded``, from ``codecs``), each with its shape and encoder."""
+    nested = tuple((n, c[0], c[1]) for n, c in coded.items() if c[1] is not None)
+    skip = {n for n, _, _ in nested}
+    plain = tuple(f.name for f in dataclasses.fields(cls) if f.name not in skip)
+    get = operator.attrgetter(*plain) if len(plain) > 1 else (
+        (lambda msg, n=plain[0]: (getattr(msg, n),)) if plain else (lambda msg: ()))
+    return get, plain, nested

@@ -36,6 +36,7 @@ VERSION = 2  # 2: the size classes (nsmall, small_bytes)
 ALIGN = 64
 FIXED = 32  # the header's fixed fields: struct "<IIIIQQ"
 FREE, BUSY = 0, 1
+_FREE_BYTE = bytes([FREE])
 
 _NAME_RE = re.compile(r"^aieng\.([0-9]+)\.")
 _DTYPES: dict[str, np.dtype] = {}  # a descriptor's dtype string -> its dtype (0.05 us against 0.6 to build)
@@ -180,13 +181,13 @@ class Ring:
         refuses it): ``(slot, gen)``, or None when that class is full."""
         small = self.nsmall and nbytes <= self.small_bytes
         lo, hi = (0, self.nsmall) if small else (self.nsmall, self.nslots)
-        free = np.flatnonzero(self.state[lo:hi] == FREE)
-        if free.size == 0:
+        at = self.state[lo:hi].tobytes().find(_FREE_BYTE)  # the lowest: keeps the touched pages few
+        if at < 0:
             self.reclaim()
-            free = np.flatnonzero(self.state[lo:hi] == FREE)
-            if free.size == 0:
+            at = self.state[lo:hi].tobytes().find(_FREE_BYTE)
+            if at < 0:
                 return None
-        slot = lo + int(free[0])  # lowest index: keeps the touched pages few
+        slot = lo + at
         gen = (int(self.gen[slot]) + 1) & 0xFFFFFFFF
         self.gen[slot] = gen
         self.leased[slot] = time.monotonic()

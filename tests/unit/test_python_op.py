@@ -19,7 +19,7 @@ from aieng.models import postprocess, repo
 from aieng.processing import usercode
 from aieng.processing.post.answer import answer
 from aieng.processing.post.chain import Chain, StepTimedOut
-from aieng.processing.post.python_op import DEFAULT_LIMIT_MS, plain
+from aieng.processing.post.python_op import DEFAULT_LIMIT_MS, RequestInputs, plain
 from aieng.wire import messages as m
 from aieng.wire.protocol import INTERNAL, INVALID_INPUT, RequestError
 from tests.unit.demo import MODELS, needs_demo_models
@@ -120,6 +120,17 @@ def test_post_gets_the_requests_inputs_decoded_from_its_frame_and_params_only_wh
     assert chain.steps[0][1].with_params is False
     post = Chain(load(version_dir(tmp_path / "a", 'postprocess: {type: python, entry: "post.py:Post"}\n')))
     assert post.steps[0][1].with_params is True and post(outs(), {})["inputs"] == {}  # no frame: none
+
+
+def test_the_inputs_are_read_from_the_frame_only_when_post_reads_them(tmp_path):
+    spec = load(version_dir(tmp_path, 'postprocess: {type: python, entry: "post.py:Echo"}\n'))
+    frame = msgpack.packb({"inputs": {"island": "Dream", "body_mass_g": 4100}})
+    inputs = RequestInputs(spec, frame)
+    assert inputs._inputs is None  # built per request, read by nobody yet: nothing decoded
+    assert inputs["island"] == "Dream" and inputs.get("sex") is None and "body_mass_g" in inputs
+    assert dict(inputs) == {"island": "Dream", "body_mass_g": 4100} and len(inputs) == 2
+    with pytest.raises(KeyError):
+        inputs["sex"]
 
 
 def test_a_python_step_sees_the_state_so_far_and_its_values_join_the_answer(tmp_path):

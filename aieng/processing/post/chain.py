@@ -71,6 +71,13 @@ class Chain:
                                  f"{type(exc).__name__}: {exc}") from None
             limit = op.limit_ms(s["timeout_ms"])
             self.steps.append((s if limit == s["timeout_ms"] else {**s, "timeout_ms": limit}, op))
+        # what ``run`` reads of each step, worked out once: (step, op, name, limit in seconds, whether its
+        # inputs are copied first (a thread step may outlive its slot), whether it takes the request)
+        self.plan = [(s, op, s["name"], s["timeout_ms"] / 1000.0,
+                      s["isolate"] == "thread" and s["timeout_ms"] > 0, bool(op.TAKES_REQUEST))
+                     for s, op in self.steps]
+        self.confidence_ops = [op for _, op in self.steps if hasattr(op, "confidence")]
+        self.distance_ops = [op for _, op in self.steps if hasattr(op, "distance")]
 
     def __call__(self, outs: dict[str, Any], params: dict, degraded: int = 0) -> dict[str, Any]:
         return self.run(outs, params, degraded).values
@@ -84,23 +91,22 @@ class Chain:
         missing: set[str] = set()
         out = Outcome({})
         confidence_op = distance_op = None
-        for s, op in self.steps:
-            name = s["name"]
-            if missing.intersection(op.inputs):
+        for s, op, name, limit_s, copies, takes_request in self.plan:
+            if missing and missing.intersection(op.inputs):
                 out.steps.append(Step(name, 0, "skipped"))
                 out.skipped.append(name)
                 missing.update(op.outputs)
                 continue
             t0 = time.perf_counter_ns()
             view = state
-            if s["isolate"] == "thread" and s["timeout_ms"] > 0:
+            if copies:
                 # an abandoned step may still read its inputs after the shared-memory slot is reused
                 view = {**state, **{k: np.array(state[k]) for k in op.inputs if k in outs and k in state}}
-            if op.TAKES_REQUEST:  # user code: the request's frame, its inputs decoded there
+            if takes_request:  # user code: the request's frame, its inputs decoded there
                 call = lambda: op(view, params, degraded, request)  # noqa: E731
             else:
                 call = lambda: op(view, params, degraded)  # noqa: E731
-            ok, values = self.guard.call(call, s["timeout_ms"] / 1000.0, s["isolate"])
+            ok, values = self.guard.call(call, limit_s, s["isolate"])
             us = (time.perf_counter_ns() - t0) // 1000
             if not ok:
                 op.abandoned()
@@ -115,12 +121,13 @@ class Chain:
             out.steps.append(Step(name, us, "ok"))
             for key, value in values.items():
                 state[key] = value
-                missing.discard(key)
+                if missing:
+                    missing.discard(key)
                 if key not in written:
                     written.append(key)
-            if hasattr(op, "confidence"):
+            if op in self.confidence_ops:
                 confidence_op = (op, values)
-            if hasattr(op, "distance"):
+            if op in self.distance_ops:
                 distance_op = (op, values)
         keys = self.answer if self.answer is not None else written
         out.values = {k: state[k] for k in keys if k in state and k not in missing}

@@ -12,11 +12,11 @@ The contract:
   numpy arrays (for the first step, the model's outputs for this one request: batch axis and padding
   removed, read-only views into shared memory that stay valid only during the call: copy what you keep);
   ``inputs`` is the request's inputs as the wire decodes them for preprocessing (str, bytes, numbers,
-  lists, numpy arrays; ``inputs.validate_inputs``): the request frame travels with the request for such a
-  version only (``InferTask.request``/``PostTask.request``) and is decoded here.  A ``post`` that takes a
-  third argument also gets the request's ``params`` as sent.  It returns the values it adds, by name (str,
-  numbers, bools, lists, numpy arrays and scalars); they join the state, and are the answer unless the
-  chain names ``answer``.
+  lists, numpy arrays), a read-only mapping decoded on first use (``RequestInputs``): the request frame
+  travels with the request for such a version only (``InferTask.request``/``PostTask.request``).  A
+  ``post`` that takes a third argument also gets the request's ``params`` as sent.  It returns the values
+  it adds, by name (str, numbers, bools, lists, numpy arrays and scalars); they join the state, and are
+  the answer unless the chain names ``answer``.
 - A ``ValueError`` fails the request INVALID_INPUT with its message; any other exception INTERNAL
   ``"Type: message"``, its traceback logged with the request and trace id (``usercode.mapped``; ``answer``
   logs it).  A return that is not a map of names is INTERNAL.
@@ -28,6 +28,7 @@ The contract:
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,7 @@ import numpy as np
 from aieng.processing import usercode
 from aieng.processing.post.op import GEOMETRY, Op, register
 from aieng.processing.pre.request import read_request
+from aieng.wire.protocol import decode_tensor
 
 DEFAULT_LIMIT_MS = 10_000.0  # a python step's limit when neither the step nor the model gives one
 
@@ -67,8 +69,7 @@ class PythonStep(Op):
         if self.fresh:  # the last call was stopped at its limit: never reuse what it left half done
             self.instance, self.fresh = self.cls(self.hook_spec), False
         outputs = state if GEOMETRY not in state else {k: v for k, v in state.items() if k != GEOMETRY}
-        # the frame passed the frontend's and the preprocess worker's checks: decoded here as it was there
-        inputs = read_request(self.spec, request, len(request))[0] if request is not None else {}
+        inputs = RequestInputs(self.spec, request) if request is not None else {}
         try:
             if self.with_params:
                 values = self.instance.post(outputs, inputs, params)
@@ -88,6 +89,38 @@ class PythonStep(Op):
     def abandoned(self) -> None:
         """The guard stopped or abandoned a call at its limit: the next call builds a new instance."""
         self.fresh = True
+
+
+class RequestInputs(Mapping):
+    """The request's inputs as ``post`` reads them: read-only, decoded from the frame on first use (the
+    frame passed the frontend's and the preprocess worker's checks: read here as it was there, a declared
+    tensor input as its numpy array), so a ``post`` that never reads them never pays for them."""
+    __slots__ = ("spec", "frame", "_inputs")
+
+    def __init__(self, spec, frame: bytes):
+        self.spec, self.frame, self._inputs = spec, frame, None
+
+    @property
+    def inputs(self) -> dict[str, Any]:
+        if self._inputs is None:
+            inputs = read_request(self.spec, self.frame, len(self.frame))[0]
+            for i in self.spec.inputs:
+                if i.kind == "tensor" and i.name in inputs:
+                    inputs[i.name] = decode_tensor(inputs[i.name], f"input '{i.name}'")
+            self._inputs = inputs
+        return self._inputs
+
+    def __getitem__(self, name: str) -> Any:
+        return self.inputs[name]
+
+    def __iter__(self):
+        return iter(self.inputs)
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+    def __repr__(self) -> str:
+        return f"RequestInputs({self.inputs!r})"
 
 
 def takes_three(fn) -> bool:
