@@ -257,6 +257,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "sampled to a loopback OTLP receiver; an endpoint nobody listens on)")
     b.add_argument("--trace-ratio", type=float, default=0.01,
                    help="with --tracing: the sampled servers' parent-based ratio (default 0.01)")
+    b.add_argument("--against", metavar="MODEL",
+                   help="instead: --model beside MODEL, which answers the same inputs, two servers side by "
+                        "side (a model with its own Python beside the built-in it rewrites)")
+    b.add_argument("--against-repo", metavar="DIR",
+                   help="with --against: the repository holding MODEL (default: the same repository)")
     b.add_argument("--skip-baseline", action="store_true",
                    help="do not run the plain one-process baseline server (python -m aieng.tools.baseline)")
     b.add_argument("--shape", action="append", metavar="N|NAME=D1xD2",

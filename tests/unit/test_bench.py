@@ -276,3 +276,25 @@ def test_the_best_row_is_found_and_rerun_on_a_rounds_inputs():
     assert inproc.best_config(before) == (8, "sorted", False, True)
     assert inproc.rerun((4, "sorted", False, False), [5, 1, 7, 3]) > 0
     assert inproc.rerun((1, "arrival", True, False), [5, 1, 7, 3]) > 0
+
+
+def test_against_table_sets_two_models_side_by_side_with_ratios_and_hop_differences():
+    from aieng.tools.bench.against import fmt_against
+
+    hook = [level(1, 50.0, 1.0, {"frontend": 0.4, "postprocess[0]": 0.2, "total": 1.0}, p50_ms=1.3,
+                  hops=[dict(HOP_ROW, handoff=150)]),
+            level(32, 80.0, 6.5, {"frontend": 0.2, "total": 0.5})]
+    built = [level(1, 60.0, 1.0, {"frontend": 0.5, "total": 0.9}, p50_ms=1.0,
+                   hops=[dict(HOP_ROW, handoff=10)]),
+             level(32, 100.0, 7.0, {"frontend": 0.2, "total": 0.4}, errors={"TIMEOUT": 2})]
+    text = fmt_against("penguins", "tabular", {"penguins": hook, "tabular": built}, 300, 3)
+    lines = text.splitlines()
+    head = cells(next(x for x in lines if x.startswith("| concurrency | penguins req/s")))
+    rows = [dict(zip(head, cells(x))) for x in lines if x.startswith(("| 1 | 50.0", "| 32 | 80.0"))]
+    assert [r["req/s ratio"] for r in rows] == ["0.83", "0.80"]
+    assert rows[0]["p50 difference ms"] == "+0.30" and rows[1]["penguins mean batch"] == "6.50"
+    assert (rows[0]["penguins CPU ms/req"], rows[0]["tabular CPU ms/req"]) == ("1.000", "0.900")
+    assert rows[1]["errors"] == "tabular: TIMEOUT 2" and rows[0]["errors"] == "-"
+    assert "| 1 | penguins | frontend 0.400, postprocess[0] 0.200 |" in lines
+    hop = next(cells(x) for x in lines if x.startswith("| preprocess worker -> executor"))
+    assert hop[1:] == ["150", "10", "+140"]

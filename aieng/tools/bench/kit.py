@@ -5,7 +5,8 @@ port with a clean environment (only the tuning variables in ``PASS_THROUGH`` pas
 the OIP addresses of the front-door comparison, the settings ``aieng tune`` tries) and waits, bounded,
 until it is ready; ``stop_server`` stops it (SIGTERM, then kill).  ``spawn`` is the same for any
 process answering the native ``health`` op (the baseline).  Used by ``aieng bench`` and its
-``--transport`` and page variants, ``aieng soak``, ``aieng tune`` and scripts/.
+``--transport`` and page variants, ``aieng soak``, ``aieng tune`` and scripts/.  ``HOPS``: the steps of one
+native request's latency, as its answer's ``timing_us`` gives them (the bench's per-hop tables).
 """
 from __future__ import annotations
 
@@ -114,3 +115,22 @@ def write_report(out: str, name: str, text: str) -> str:
     with open(md, "w", encoding="utf-8") as fh:
         fh.write(text)
     return md
+
+
+# The critical path of one native request, in order: (row, kind, how it is read from a reply's timing_us
+# plus the client's own latency "client").  The rows add up to the client's latency.
+HOPS: tuple[tuple[str, str, Callable[[dict], int]], ...] = (
+    ("client <-> frontend (both transfers, the answer's build, the client's own loop)", "hand-off",
+     lambda t: t["client"] - t["total"]),
+    ("frontend: parse, admit, route", "work", lambda t: t.get("frontend_in", 0)),
+    ("frontend -> preprocess worker (direct route: -> executor)", "hand-off",
+     lambda t: t.get("preprocess_queue", 0)),
+    ("preprocess: featurise, write shared memory (direct route: in the executor)", "work",
+     lambda t: t.get("preprocess", 0)),
+    ("preprocess worker -> executor (direct route: none)", "hand-off", lambda t: t.get("handoff", 0)),
+    ("executor: queue and batch assembly", "work", lambda t: t.get("batch_wait", 0)),
+    ("executor: inference", "work", lambda t: t.get("inference", 0)),
+    ("executor -> postprocess (output write included)", "hand-off", lambda t: t.get("hop.to_postprocess", 0)),
+    ("postprocess", "work", lambda t: t.get("postprocess", 0)),
+    ("postprocess -> frontend", "hand-off", lambda t: t.get("hop.to_frontend", 0)),
+)

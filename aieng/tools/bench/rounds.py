@@ -23,12 +23,14 @@ ROUNDS = 3  # closed-loop rounds per level, the sides taking turns: a shared mac
 @dataclass(frozen=True)
 class Side:
     """One thing measured: the address to load, the process tree whose CPU is its cost, whether to read
-    the aieng server's own report, and the transport the load speaks (over TLS trusting ``tls_ca``)."""
+    the aieng server's own report, the transport the load speaks (over TLS trusting ``tls_ca``), and the
+    model it asks for when not the run's (``--against``: another model answering the same inputs)."""
     addr: str
     pid: int
     report: bool = False
     transport: str = "zmq"
     tls_ca: str | None = None
+    model: str = ""
 
 
 def closed_rounds(sides: dict[str, Side], model: str, inputs: list[dict], levels: list[int], n: int,
@@ -42,8 +44,8 @@ def closed_rounds(sides: dict[str, Side], model: str, inputs: list[dict], levels
     per = max(1, n // rounds)
     for c in levels:
         for s in sides.values():
-            asyncio.run(run_level(s.addr, model, inputs[:min(len(inputs), 4 * c)], c, 60, s.transport,
-                                  tls_ca=s.tls_ca))
+            asyncio.run(run_level(s.addr, s.model or model, inputs[:min(len(inputs), 4 * c)], c, 60,
+                                  s.transport, tls_ca=s.tls_ca))
             if s.report:
                 fetch(s.addr, reset=True)
         parts: dict[str, list[dict]] = {label: [] for label in sides}
@@ -54,7 +56,7 @@ def closed_rounds(sides: dict[str, Side], model: str, inputs: list[dict], levels
             for label, s in sides.items():
                 before = cpuacct.snapshot(s.pid)
                 progress = Progress(f"{label} c={c} round {k + 1}/{rounds}", per)
-                r = asyncio.run(run_level(s.addr, model, chunk, c, 60, s.transport, progress,
+                r = asyncio.run(run_level(s.addr, s.model or model, chunk, c, 60, s.transport, progress,
                                           tls_ca=s.tls_ca))
                 parts[label].append(r)
                 progress.close()
@@ -67,6 +69,6 @@ def closed_rounds(sides: dict[str, Side], model: str, inputs: list[dict], levels
             r["cpu"], r["rounds"] = cpuacct.per_request_ms(used[label], answered(r)), rounds
             r["round_limit"] = sum(limits) / len(limits) if limits else None
             if s.report:
-                r["report"] = fetch(s.addr)["models"].get(model, {})
+                r["report"] = fetch(s.addr)["models"].get(s.model or model, {})
             out[label].append(r)
     return out

@@ -11,8 +11,9 @@
 Writes ``<out>/<model>.md`` (the tables, printed first) and ``<out>/<model>.png`` (the ``plots`` extra;
 without matplotlib one line says so).  Columns: BENCHMARKS.md, 'What `aieng bench` reports'.  Instead:
 ``--transport`` naming ``http`` or ``grpc`` the front doors (``transports``), ``--tracing`` what exporting
-spans costs (``tracing``), ``--model ocr|layout`` a page model beside its package's pipeline (``ocr``,
-``layout``).  Speed targets live here, never in tests.
+spans costs (``tracing``), ``--against MODEL`` the model beside another answering the same inputs
+(``against``), ``--model ocr|layout`` a page model beside its package's pipeline (``ocr``, ``layout``).
+Speed targets live here, never in tests.
 """
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ from typing import Callable
 import numpy as np
 
 from aieng.tools import checks
+from aieng.tools.bench.kit import HOPS, free_addr, ratio, spawn, start_server, stop_server, write_report
 from aieng.tools.bench.kit import fmt_num as _f
-from aieng.tools.bench.kit import free_addr, ratio, spawn, start_server, stop_server, write_report
 from aieng.tools.bench.limit import InProcess
 from aieng.tools.bench.rounds import ROUNDS, Side, closed_rounds
 from aieng.tools.bench.transports import TRANSPORTS, main_transports
@@ -131,25 +132,6 @@ def fmt_closed(srv: list[dict], base: list[dict] | None, limit: float,
                      f"{r['mean_batch']:.2f} | {r['cpu']['total']:.2f} | {waste} | {r['errors'] or '-'} | "
                      f"{_f(r.get('round_limit'), 1)} |")
     return lines
-
-
-# The critical path of one native request, in order: (row, kind, how it is read from a reply's timing_us
-# plus the client's own latency "client").  The rows add up to the client's latency.
-HOPS: tuple[tuple[str, str, Callable[[dict], int]], ...] = (
-    ("client <-> frontend (both transfers, the answer's build, the client's own loop)", "hand-off",
-     lambda t: t["client"] - t["total"]),
-    ("frontend: parse, admit, route", "work", lambda t: t.get("frontend_in", 0)),
-    ("frontend -> preprocess worker (direct route: -> executor)", "hand-off",
-     lambda t: t.get("preprocess_queue", 0)),
-    ("preprocess: featurise, write shared memory (direct route: in the executor)", "work",
-     lambda t: t.get("preprocess", 0)),
-    ("preprocess worker -> executor (direct route: none)", "hand-off", lambda t: t.get("handoff", 0)),
-    ("executor: queue and batch assembly", "work", lambda t: t.get("batch_wait", 0)),
-    ("executor: inference", "work", lambda t: t.get("inference", 0)),
-    ("executor -> postprocess (output write included)", "hand-off", lambda t: t.get("hop.to_postprocess", 0)),
-    ("postprocess", "work", lambda t: t.get("postprocess", 0)),
-    ("postprocess -> frontend", "hand-off", lambda t: t.get("hop.to_frontend", 0)),
-)
 
 
 def fmt_hops(level: dict) -> list[str]:
@@ -268,6 +250,14 @@ def main_bench(args) -> int:
                          f"(a comma-separated list of zmq, http, grpc)")
     if transports != ["zmq"]:
         return main_transports(args, transports)
+    if getattr(args, "against", None):
+        if getattr(args, "tracing", False):
+            raise checks.UsageError("--against and --tracing are two different benches: give one")
+        from aieng.tools.bench.against import main_against
+
+        return main_against(args)
+    if getattr(args, "against_repo", None):
+        raise checks.UsageError("--against-repo goes with --against MODEL")
     if getattr(args, "tracing", False):
         if not 0.0 <= args.trace_ratio <= 1.0:
             raise checks.UsageError(f"--trace-ratio is a share between 0 and 1, got {args.trace_ratio!r}")
