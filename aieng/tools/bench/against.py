@@ -32,10 +32,12 @@ def measure(model: str, repo: str, other: str, other_repo: str, inputs: list[dic
         procs.append(proc)
         oproc, oaddr, _ = start_server(other, other_repo)
         procs.append(oproc)
-        sides = {model: Side(addr, proc.pid, report=True), other: Side(oaddr, oproc.pid, report=True,
-                                                                        model=other)}
-        if other == model:  # the same name in two repositories: two labels
-            sides = {f"{model} ({repo})": sides[model], f"{other} ({other_repo})": sides[other]}
+        labels = (model, other)  # the same name twice: told apart by repository, else as a and b
+        if other == model:
+            labels = (f"{model} ({repo})", f"{other} ({other_repo})") if repo != other_repo else (
+                f"{model} (a)", f"{other} (b)")
+        sides = {labels[0]: Side(addr, proc.pid, report=True),
+                 labels[1]: Side(oaddr, oproc.pid, report=True, model=other)}
         return closed_rounds(sides, model, inputs, levels, n, rounds)
     finally:
         for p in procs:
