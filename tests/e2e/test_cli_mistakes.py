@@ -54,6 +54,8 @@ CASES = [
     (["bench", "--model", "tabular", "--against", "no-such-model"],
      f"aieng: --against: no model directory 'no-such-model' in {MODELS}"),
     (["bench", "--against-repo", "/tmp"], "aieng: --against-repo goes with --against MODEL"),
+    (["bench", "--against", "tabular", "--tracing"],
+     "aieng: --against and --tracing are two different benches: give one"),
     (["rollout", "set-weights", "tabular", "1", "--admin-addr", "ipc:///nonexistent.sock"],
      "aieng: weights are VERSION=PERCENT, got '1'"),
     (["health", "--addr", NOBODY], REFUSED),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import shutil
 import sys
+from types import SimpleNamespace
 
 import msgpack
 import numpy as np
@@ -21,7 +22,7 @@ from aieng.processing.post.answer import answer
 from aieng.processing.post.chain import Chain, StepTimedOut
 from aieng.processing.post.python_op import DEFAULT_LIMIT_MS, RequestInputs, plain
 from aieng.wire import messages as m
-from aieng.wire.protocol import INTERNAL, INVALID_INPUT, RequestError
+from aieng.wire.protocol import INTERNAL, INVALID_INPUT, RequestError, encode_tensor
 from tests.unit.demo import MODELS, needs_demo_models
 
 pytestmark = needs_demo_models
@@ -131,6 +132,15 @@ def test_the_inputs_are_read_from_the_frame_only_when_post_reads_them(tmp_path):
     assert dict(inputs) == {"island": "Dream", "body_mass_g": 4100} and len(inputs) == 2
     with pytest.raises(KeyError):
         inputs["sex"]
+
+
+def test_a_declared_tensor_input_reaches_post_as_its_array_as_it_reaches_pre():
+    decl = SimpleNamespace(name="x", kind="tensor", optional=False)
+    spec = SimpleNamespace(name="m", inputs=[decl], inputs_by_name={"x": decl})
+    sent = np.arange(6, dtype=np.float32).reshape(2, 3)
+    inputs = RequestInputs(spec, msgpack.packb({"inputs": {"x": encode_tensor(sent)}}))
+    np.testing.assert_array_equal(inputs["x"], sent)
+    assert inputs["x"].dtype == np.float32
 
 
 def test_a_python_step_sees_the_state_so_far_and_its_values_join_the_answer(tmp_path):
