@@ -35,8 +35,7 @@ import numpy as np
 
 from aieng.processing import usercode
 from aieng.processing.post.op import GEOMETRY, Op, register
-from aieng.processing.pre.request import read_request
-from aieng.wire.protocol import decode_tensor
+from aieng.processing.pre.request import read_request, with_arrays
 
 DEFAULT_LIMIT_MS = 10_000.0  # a python step's limit when neither the step nor the model gives one
 
@@ -103,11 +102,8 @@ class RequestInputs(Mapping):
     @property
     def inputs(self) -> dict[str, Any]:
         if self._inputs is None:
-            inputs = read_request(self.spec, self.frame, len(self.frame))[0]
-            for i in self.spec.inputs:
-                if i.kind == "tensor" and i.name in inputs:
-                    inputs[i.name] = decode_tensor(inputs[i.name], f"input '{i.name}'")
-            self._inputs = inputs
+            tensors = tuple(i.name for i in self.spec.inputs if i.kind == "tensor")
+            self._inputs = with_arrays(tensors, read_request(self.spec, self.frame, len(self.frame))[0])
         return self._inputs
 
     def __getitem__(self, name: str) -> Any:

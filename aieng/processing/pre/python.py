@@ -27,7 +27,8 @@ import numpy as np
 from aieng.models import onnx_infer
 from aieng.models.repo import ModelSpec
 from aieng.processing import usercode
-from aieng.wire.protocol import INTERNAL, RequestError, decode_tensor
+from aieng.processing.pre.request import with_arrays
+from aieng.wire.protocol import INTERNAL, RequestError
 
 
 class Checked:
@@ -105,10 +106,7 @@ class PythonPreprocessor:
 
     def decoded(self, inputs: dict[str, Any]) -> dict[str, Any]:
         """A declared ``tensor`` input's map as its numpy array (a view of the frame, read-only)."""
-        for name in self.tensors:
-            if name in inputs:
-                inputs[name] = decode_tensor(inputs[name], f"input '{name}'")
-        return inputs
+        return with_arrays(self.tensors, inputs)
 
     def prepared(self, inputs: dict[str, Any], out: Any):
         tensors = self.checked.tensors(out)
