@@ -72,12 +72,12 @@ class Chain:
             limit = op.limit_ms(s["timeout_ms"])
             self.steps.append((s if limit == s["timeout_ms"] else {**s, "timeout_ms": limit}, op))
         # what ``run`` reads of each step, worked out once: (step, op, name, limit in seconds, whether its
-        # inputs are copied first (a thread step may outlive its slot), whether it takes the request)
+        # inputs are copied first (a thread step may outlive its slot), whether it takes the request, whether
+        # it gives the answer's confidence, its distance)
         self.plan = [(s, op, s["name"], s["timeout_ms"] / 1000.0,
-                      s["isolate"] == "thread" and s["timeout_ms"] > 0, bool(op.TAKES_REQUEST))
+                      s["isolate"] == "thread" and s["timeout_ms"] > 0, bool(op.TAKES_REQUEST),
+                      hasattr(op, "confidence"), hasattr(op, "distance"))
                      for s, op in self.steps]
-        self.confidence_ops = [op for _, op in self.steps if hasattr(op, "confidence")]
-        self.distance_ops = [op for _, op in self.steps if hasattr(op, "distance")]
 
     def __call__(self, outs: dict[str, Any], params: dict, degraded: int = 0) -> dict[str, Any]:
         return self.run(outs, params, degraded).values
@@ -91,8 +91,8 @@ class Chain:
         missing: set[str] = set()
         out = Outcome({})
         confidence_op = distance_op = None
-        for s, op, name, limit_s, copies, takes_request in self.plan:
-            if missing and missing.intersection(op.inputs):
+        for s, op, name, limit_s, copies, takes_request, confides, measures in self.plan:
+            if missing.intersection(op.inputs):
                 out.steps.append(Step(name, 0, "skipped"))
                 out.skipped.append(name)
                 missing.update(op.outputs)
@@ -121,13 +121,12 @@ class Chain:
             out.steps.append(Step(name, us, "ok"))
             for key, value in values.items():
                 state[key] = value
-                if missing:
-                    missing.discard(key)
+                missing.discard(key)
                 if key not in written:
                     written.append(key)
-            if op in self.confidence_ops:
+            if confides:
                 confidence_op = (op, values)
-            if op in self.distance_ops:
+            if measures:
                 distance_op = (op, values)
         keys = self.answer if self.answer is not None else written
         out.values = {k: state[k] for k in keys if k in state and k not in missing}
