@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from aieng.tools import checks
-from aieng.tools.bench.kit import HOPS, fmt_num, ratio, start_server, stop_server, write_report
+from aieng.tools.bench.kit import HOPS, fmt_num, hop_values, ratio, start_server, stop_server, write_report
 from aieng.tools.bench.rounds import ROUNDS, Side, closed_rounds
 from aieng.tools.loadgen import sample_inputs
 
@@ -46,8 +46,7 @@ def measure(model: str, repo: str, other: str, other_repo: str, inputs: list[dic
 
 def hop_p50s(level: dict) -> list[float | None]:
     """The p50 (us) of each step of ``kit.HOPS`` over a level's answers (None without them)."""
-    rows = [t for t in level.get("hops", []) if "total" in t]
-    return [float(np.percentile([get(t) for t in rows], 50)) if rows else None for _, _, get in HOPS]
+    return [float(np.percentile(v, 50)) if v else None for v in hop_values(level)]
 
 
 def fmt_against(a: str, b: str, rows: dict[str, list[dict]], n: int, rounds: int) -> str:

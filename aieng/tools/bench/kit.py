@@ -6,7 +6,8 @@ the OIP addresses of the front-door comparison, the settings ``aieng tune`` trie
 until it is ready; ``stop_server`` stops it (SIGTERM, then kill).  ``spawn`` is the same for any
 process answering the native ``health`` op (the baseline).  Used by ``aieng bench`` and its
 ``--transport`` and page variants, ``aieng soak``, ``aieng tune`` and scripts/.  ``HOPS``: the steps of one
-native request's latency, as its answer's ``timing_us`` gives them (the bench's per-hop tables).
+native request's latency, as its answer's ``timing_us`` gives them, and ``hop_values`` each over a level's
+answers (the bench's per-hop tables).
 """
 from __future__ import annotations
 
@@ -134,3 +135,9 @@ HOPS: tuple[tuple[str, str, Callable[[dict], int]], ...] = (
     ("postprocess", "work", lambda t: t.get("postprocess", 0)),
     ("postprocess -> frontend", "hand-off", lambda t: t.get("hop.to_frontend", 0)),
 )
+
+
+def hop_values(level: dict) -> list[list[float]]:
+    """Each step of ``HOPS`` over a closed-loop level's timed answers, in order (empty lists without any)."""
+    rows = [t for t in level.get("hops", []) if "total" in t]
+    return [[float(get(t)) for t in rows] for _, _, get in HOPS]

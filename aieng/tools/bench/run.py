@@ -26,7 +26,16 @@ from typing import Callable
 import numpy as np
 
 from aieng.tools import checks
-from aieng.tools.bench.kit import HOPS, free_addr, ratio, spawn, start_server, stop_server, write_report
+from aieng.tools.bench.kit import (
+    HOPS,
+    free_addr,
+    hop_values,
+    ratio,
+    spawn,
+    start_server,
+    stop_server,
+    write_report,
+)
 from aieng.tools.bench.kit import fmt_num as _f
 from aieng.tools.bench.limit import InProcess
 from aieng.tools.bench.rounds import ROUNDS, Side, closed_rounds
@@ -143,8 +152,8 @@ def fmt_hops(level: dict) -> list[str]:
              "frontend's stamps and the Trail's clock readings, CLOCK_MONOTONIC in every process):", "",
              "| step | kind | p50 us | p99 us |", "|---|---|---:|---:|"]
     hand = np.zeros(len(rows))
-    for name, kind, get in HOPS:
-        v = np.array([get(t) for t in rows], dtype=float)
+    for (name, kind, _), values in zip(HOPS, hop_values(level)):
+        v = np.array(values)
         if kind == "hand-off":
             hand += v
         lines.append(f"| {name} | {kind} | {np.percentile(v, 50):.0f} | {np.percentile(v, 99):.0f} |")
