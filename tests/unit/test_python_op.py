@@ -128,8 +128,11 @@ def test_the_inputs_are_read_from_the_frame_only_when_post_reads_them(tmp_path):
     frame = msgpack.packb({"inputs": {"island": "Dream", "body_mass_g": 4100}})
     inputs = RequestInputs(spec, frame)
     assert inputs._inputs is None  # built per request, read by nobody yet: nothing decoded
-    assert inputs["island"] == "Dream" and inputs.get("sex") is None and "body_mass_g" in inputs
-    assert dict(inputs) == {"island": "Dream", "body_mass_g": 4100} and len(inputs) == 2
+    assert inputs["island"] == "Dream"
+    assert inputs.get("sex") is None
+    assert "body_mass_g" in inputs
+    assert dict(inputs) == {"island": "Dream", "body_mass_g": 4100}
+    assert len(inputs) == 2
     with pytest.raises(KeyError):
         inputs["sex"]
 
