@@ -77,7 +77,8 @@ def test_with_lanes_off_the_same_answers_come_by_zeromq(make_server):
     on.stop()
     off = make_server(**EVERY_HOP, AIENG_POOL_LANES="0").start()
     without = answers(off.addr, "b")
-    assert without == with_lanes and [g[1] for g in without] == [True] * N
+    assert without == with_lanes
+    assert [g[1] for g in without] == [True] * N
     lanes = off.health()["lanes"]
     assert {n: c for n, c in lanes.items() if any(c.values())} == {}
 
@@ -93,4 +94,5 @@ def test_a_restarted_postprocess_worker_is_served_on_its_lane_again(make_server)
     # the new process's own counts: what it received came on its lane (the executor connected again)
     lanes = lane_counts(srv, lambda ln: ln.get("post-0", {}).get("received", 0) >= 1
                         and srv.health()["processes"]["post-0"]["pid"] != old)
-    assert lanes["post-0"]["received"] >= 1 and lanes["post-0"]["sent"] >= 1
+    assert lanes["post-0"]["received"] >= 1
+    assert lanes["post-0"]["sent"] >= 1
