@@ -167,7 +167,7 @@ class InlinePre:
         trail = m.Trail(pre_started=started, pre_sent=time.monotonic(), seq_len=prep.seq_len)
         return m.InferTask(task.rid, task.model, task.version, task.deadline, None, prep.seq_len, 0,
                            task.post, prep.params, task.degraded, task.trace, trail, prep.geometry,
-                           alone=task.alone, features=prep.features), prep
+                           alone=task.alone, features=prep.features, epoch=task.epoch), prep
 
     def prepare(self, key: str, body, alone: bool = False) -> Prepared:
         """Validate and encode one request's frame; raises ``RequestError`` for a bad one (the same

@@ -35,7 +35,7 @@ import onnxruntime as ort
 from aieng.envs import cpu_count
 from aieng.models.repo import ModelSpec
 from aieng.wire import strings
-from aieng.wire.protocol import dtype_name
+from aieng.wire.protocol import BYTES, dtype_name
 
 log = logging.getLogger("aieng.executor.sessions")
 
@@ -146,6 +146,11 @@ class ModelSession:
         self.exact = bool(spec.batching.exact_shapes and self.batched
                           and any(isinstance(d, str) for i in self.inputs for d in i.dims))
         self.output_names = [o.name for o in self.outputs]
+        # Each request's outputs are whole rows of the batch's (no output has a dim that padding cuts back
+        # per request, none is a string tensor): a batch's rows for one postprocess worker share a slot.
+        cut = {d for i in self.inputs for d in i.dims if isinstance(d, str)}
+        self.whole_rows = self.batched and not any(o.dtype == BYTES or any(d in cut for d in o.dims)
+                                                   for o in self.outputs)
         self.empty_ok = spec.described_by != "model.yaml"  # the graph takes what ONNX Runtime takes
 
     def _output_dtype(self, node) -> str:

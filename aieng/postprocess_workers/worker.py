@@ -1,4 +1,4 @@
-"""The postprocess worker process: ``PostTask`` in (pushed by the executor), ``Result``/``Failed`` out.
+"""The postprocess worker process: ``PostTask``/``PostBatch`` in (the executor's), ``Result``/``Failed`` out.
 
 Reads the request's outputs in place from the executor's ring, runs the
 model's chain of steps (``processing/post/chain``; each step under its own time
@@ -60,6 +60,7 @@ class PostprocessWorker(HubWorker):
         self.rings = shm.RingCache()
         self.bind_inbox(post_addr(cfg.runtime_dir, worker))  # the executor pushes PostTasks here
         self.handlers[m.PostTask] = self.handle
+        self.handlers[m.PostBatch] = self.handle_batch
         # a version whose chain runs user code (a python step): its modules are dropped when it goes, so the
         # same directory loaded again imports its code afresh (processing/usercode.forget)
         self.hooked = {k: s for k, s in specs.items() if s.postprocess.user_code}  # items(): others packed
@@ -92,6 +93,32 @@ class PostprocessWorker(HubWorker):
             self.log.debug("postprocessed %s:%s (%d us)", task.model, task.version, task.trail.post_us,
                            extra={"trace": task.trace})
         self.reply(msg)
+
+    def handle_batch(self, batch: m.PostBatch, frames: list) -> None:
+        """A batch's requests in one slot (row ``i`` is ``items[i]``'s): each answered as a ``PostTask`` would
+        be, the slot freed once every row is."""
+        ref = batch.ref
+        try:
+            ring = self.rings.get(ref.seg)
+        except (FileNotFoundError, ValueError):
+            for it in batch.items:
+                self.reply(m.Failed(it.rid, UNAVAILABLE, "executor went away before postprocessing"))
+            return
+        if not ring.holds(ref.slot, ref.gen):  # answered already (a postprocess worker died): skip
+            return
+        try:
+            chain = self.op(f"{batch.model}:{batch.version}")
+        except RequestError as exc:  # the version is unavailable here: every row fails alike
+            ring.free(ref.slot, ref.gen)
+            for it in batch.items:
+                self.reply(m.Failed(it.rid, exc.code, exc.message))
+            return
+        try:
+            blocks = ring.views(ref.slot, ref.tensors)
+            for i in range(len(batch.items)):
+                self.reply(answer(chain, batch.task(i), {name: b[i] for name, b in blocks.items()}, self.log))
+        finally:
+            ring.free(ref.slot, ref.gen)  # results are copies now; the slot may be reused
 
     def reply(self, msg: m.Result | m.Failed) -> None:
         self.answers.append(m.encode(msg))

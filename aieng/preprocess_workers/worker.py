@@ -198,7 +198,7 @@ class PreprocessWorker(HubWorker):
         data = m.encode(m.InferTask(task.rid, task.model, task.version, task.deadline, ref, seq_len,
                                     task.upstream, task.post, params, task.degraded, task.trace, trail,
                                     geometry, task.background, task.alone, info,
-                                    self.frames.pop(task.rid, None)))
+                                    self.frames.pop(task.rid, None), task.epoch))
         if not self.outbound.send("executor", data):  # the lane when it can (wire/lanes), else ZeroMQ
             self.to_exec.send(data)
         self.notice.rids.append(task.rid)

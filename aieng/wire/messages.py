@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Optional
 import msgpack
 
 from aieng.models.spec import ModelSpec
-from aieng.wire.records import Geometry, Packed, ProcessState, Ref, Step, Trail, codecs, plan  # noqa: F401
+from aieng.wire.records import Geometry, Packed, PostItem, ProcessState, Ref, Step, Trail, codecs, plan  # noqa: F401
 
 
 @dataclass(slots=True)
@@ -70,6 +70,9 @@ class PreTask:
     # Nothing else is in flight, nor was lately (the frontend's idle rule, set by it alone): the worker may
     # spread this request's preprocessing over every core it may use (OpenCV's threads for an image)
     alone: bool = False
+    # ``post``'s epoch when the frontend sent this (its deaths seen, ``Workers.epoch``): the executor puts
+    # only rows of one worker and epoch in one output slot (``PostBatch``), never shared across a death
+    epoch: int = 0
 
 
 @dataclass(slots=True)
@@ -97,6 +100,7 @@ class InferTask:
     # the client's request frame as it arrived, only for a version whose postprocess is user code (its
     # ``post(outputs, inputs)`` gets the request's inputs; ``processing/post/python_op``); else None
     request: Optional[bytes] = None
+    epoch: int = 0  # PreTask.epoch, passed on
 
 
 @dataclass(slots=True)
@@ -122,6 +126,25 @@ class PostTask:
     geometry: Optional[Geometry] = None  # from InferTask, as the preprocessing set it
     features: dict[str, float] = field(default_factory=dict)  # from InferTask, for the Result
     request: Optional[bytes] = None  # from InferTask: the request frame, for user code's post (else None)
+
+
+@dataclass(slots=True)
+class PostBatch:
+    """executor -> post[j]: the outputs of a batch's requests routed to that worker, in one slot: row ``i``
+    of each tensor at ``ref`` is ``items[i]``'s (sent where no output is cut back per request and the
+    rows fit one slot; else a ``PostTask`` each).  The slot is the worker's until it has answered every
+    row; the frontend frees it only if the worker dies (each row's ``Ref`` in ``Inferred`` is this one)."""
+    T: ClassVar[str] = "postbatch"
+    model: str
+    version: str
+    ref: Ref
+    items: list[PostItem]
+
+    def task(self, i: int) -> PostTask:
+        """Row ``i`` as the ``PostTask`` it stands for (what ``processing.post.answer`` reads)."""
+        it = self.items[i]
+        return PostTask(it.rid, self.model, self.version, self.ref, it.params, it.degraded, it.trace,
+                        it.trail, it.geometry, it.features, it.request)
 
 
 @dataclass(slots=True)
@@ -290,7 +313,7 @@ class VersionFailed:
 
 
 TYPES: dict[str, type] = {
-    cls.T: cls for cls in (Hello, PreTask, Preprocessed, InferTask, Inferred, PostTask, Result,
+    cls.T: cls for cls in (Hello, PreTask, Preprocessed, InferTask, Inferred, PostTask, PostBatch, Result,
                            Failed, Bundle, WorkerDown, ServiceState, Pulse, LogLevel, Drain, Drained,
                            Reload, Reloaded, LoadVersion, UnloadVersion, VersionLoaded, VersionFailed)
 }

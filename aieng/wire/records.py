@@ -1,8 +1,9 @@
 """The records nested in internal messages (``messages``): a request's shared-memory slot (``Ref``), its
-clock readings (``Trail``), an image's sizes (``Geometry``), a postprocess step (``Step``) and a supervised
-process (``ProcessState``).  Each travels as a list and comes back as its type.  ``Packed`` is a map kept
-as msgpack bytes (the executor's per-session facts, the models op's list): it travels as bytes and is
-decoded only when read; ``protocol.pack_map`` splices it into a reply as it is.  ``codecs`` and ``plan``
+clock readings (``Trail``), an image's sizes (``Geometry``), one request of a batch sent to postprocessing
+(``PostItem``), a postprocess step (``Step``) and a supervised process (``ProcessState``).  Each travels as
+a list and comes back as its type.  ``Packed`` is a map kept as msgpack bytes (the executor's per-session
+facts, the models op's list): it travels as bytes and is decoded only when read; ``protocol.pack_map``
+splices it into a reply as it is.  ``codecs`` and ``plan``
 work out once per message class how ``messages.encode``/``decode`` carry these records and read the rest."""
 from __future__ import annotations
 
@@ -68,6 +69,30 @@ class Geometry:
         return [self.page_h, self.page_w, self.input_h, self.input_w]
 
 
+@dataclass(slots=True)
+class PostItem:
+    """One request of a ``PostBatch``: what a ``PostTask`` carries besides its model and its slot (the
+    batch's).  A list on the wire, its ``Trail`` and ``Geometry`` as theirs."""
+    rid: int
+    params: dict[str, Any]
+    degraded: int
+    trace: str
+    trail: Trail
+    geometry: Optional[Geometry]
+    features: dict[str, float]
+    request: Optional[bytes]
+
+    def wire(self) -> list:
+        g = self.geometry
+        return [self.rid, self.params, self.degraded, self.trace, list(_TRAIL_GET(self.trail)),
+                None if g is None else g.wire(), self.features, self.request]
+
+    @staticmethod
+    def unwire(v: list) -> "PostItem":
+        g = v[5]
+        return PostItem(v[0], v[1], v[2], v[3], Trail(*v[4]), None if g is None else Geometry(*g), v[6], v[7])
+
+
 class Step(NamedTuple):
     """One postprocess step a request went through: a list on the wire."""
     name: str
@@ -126,7 +151,8 @@ _RECORDS: dict[type, tuple[Any, Any]] = {
     Ref: (Ref.wire, lambda v: Ref(*v)), Trail: (Trail.wire, lambda v: Trail(*v)),
     Geometry: (Geometry.wire, lambda v: Geometry(*v)),
     ProcessState: (ProcessState.wire, lambda v: ProcessState(*v)),
-    Step: (None, lambda v: Step(*v)), ModelSpec: (ModelSpec.to_dict, ModelSpec.from_dict),
+    PostItem: (PostItem.wire, PostItem.unwire), Step: (None, lambda v: Step(*v)),
+    ModelSpec: (ModelSpec.to_dict, ModelSpec.from_dict),
     Packed: (Packed.wire, Packed),
 }
 

@@ -684,3 +684,16 @@ def test_the_models_op_shows_the_executors_latest_session_facts(rig):
     assert runs_shown("m1") == 0
     executor_says(3)
     assert runs_shown("m2") == 3
+
+
+def test_a_request_routed_after_its_postprocess_worker_died_carries_the_next_epoch(rig):
+    """The executor shares an output slot only among rows of one postprocess worker's epoch (``PostBatch``):
+    rows sent before that worker's death fail with it and free their slot, so a row sent after must not
+    share it."""
+    r, first = running(rig)
+    assert first.epoch == 0
+    r.peers["supervisor"].send(m.encode(m.WorkerDown("post-0", -9, 1000 + len("post-0"))))
+    r.until(lambda: "post-0" in r.fe.workers.died_at)
+    r.send({"id": "b", "model": "tabular", "inputs": TAB})
+    second = dispatched(r, "b")
+    assert second.epoch == 1

@@ -28,6 +28,10 @@ SAMPLES = {
     "inferred": m.Inferred(rids=[4, 5], refs=[REF, REF2]),
     "post": m.PostTask(rid=5, model="orientation", version="1", ref=REF, params={"top_k": 2}, degraded=1,
                        trail=TRAIL, features={"img:width": 640.0}),
+    "postbatch": m.PostBatch("tabular", "1", REF, [
+        m.PostItem(8, {"top_k": 2}, 1, "00-ab-cd-01", TRAIL, m.Geometry(480, 640, 96, 128), {"rows": 1.0},
+                   b"\x81"),
+        m.PostItem(9, {}, 0, "", m.Trail(), None, {}, None)]),
     "result": m.Result(rid=6, outputs=pack({"label": "90", "scores": {"dtype": "float32", "shape": [0],
                                                                       "data": b""}}), trail=TRAIL,
                        steps=[m.Step("decode", 120, "ok"), m.Step("ocr", 0, "skipped")],
@@ -119,3 +123,11 @@ def test_internal_limits_follow_the_client_limits():
             m.decode(m.encode(task))
     finally:
         m.configure(32 * 1024 * 1024)
+
+
+def test_a_batch_row_reads_as_the_post_task_it_stands_for():
+    batch = m.decode(m.encode(SAMPLES["postbatch"]))
+    item = SAMPLES["postbatch"].items[0]
+    expected = m.PostTask(item.rid, "tabular", "1", REF, item.params, item.degraded, item.trace, item.trail,
+                          item.geometry, item.features, item.request)
+    assert batch.task(0) == expected

@@ -50,6 +50,7 @@ class Workers:
         self.by_name: dict[str, WorkerState] = {}
         self.dead_pids: set[int] = set()
         self.died_at: dict[str, float] = {}  # worker name -> monotonic seconds of its last death
+        self.deaths: dict[str, int] = {}  # worker name -> the deaths seen of it (``epoch``)
         self.turn = 0
         self.resting: set[str] = set()  # building a run-time load: routed to only when no other is live
 
@@ -90,9 +91,15 @@ class Workers:
         if w is None or w.pid == pid:  # never unroute a newer incarnation on a late report
             self.by_name.pop(name, None)
         self.died_at[name] = now
+        self.deaths[name] = self.deaths.get(name, 0) + 1
         if len(self.dead_pids) > 10_000:
             self.dead_pids.clear()
         self.dead_pids.add(pid)
+
+    def epoch(self, name: str) -> int:
+        """The deaths of ``name`` seen so far: requests routed to it in one epoch share one fate
+        (``died_since`` their dispatch is the same for each), so only they may share an output slot."""
+        return self.deaths.get(name, 0)
 
     def died_since(self, name: str, since: float) -> bool:
         """Did ``name`` die at or after ``since`` (so what it was handed then may be lost)?"""

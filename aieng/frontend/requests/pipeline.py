@@ -124,7 +124,8 @@ class Pipeline:
         crop, page = (link.crop, link.page) if kind is STEP else (None, 0)
         background = kind is GOLDEN and link.background
         task = m.PreTask(req.rid, req.model, req.version, req.deadline, req.trace, req.post, upstream,
-                         req.degraded, crop, page, background=background, alone=alone and not background)
+                         req.degraded, crop, page, background=background, alone=alone and not background,
+                         epoch=self.workers.epoch(req.post))
         if not self.send(worker, [m.encode(task), req.body]):  # it never got it: safe to hold
             self.workers.gone(worker)
             self.table.hold(req, PRE)
@@ -164,7 +165,7 @@ class Pipeline:
         if not req.post:
             self.table.route(req, EXEC)
         task = m.PreTask(req.rid, req.model, req.version, req.deadline, req.trace, req.post, 0, req.degraded,
-                         alone=alone)
+                         alone=alone, epoch=self.workers.epoch(req.post))
         if not self.send_direct([m.encode(task), req.body]):  # it never got it: the pool's way then
             self.workers.gone("executor")
             return False
