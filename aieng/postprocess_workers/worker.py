@@ -70,21 +70,32 @@ class PostprocessWorker(HubWorker):
                                  lambda spec, urgent: Chain(spec), on_add=self.added, on_remove=self.removed)
         self.handlers.update(self.versions.handlers)
 
-    def handle(self, task: m.PostTask, frames: list) -> None:
-        ref = task.ref
+    def claim(self, model: str, version: str, ref: m.Ref, rids: list[int]) -> tuple[shm.Ring, Chain] | None:
+        """The ring holding ``ref`` and the version's chain; or None, ``rids`` answered (the executor went
+        away; the version is unavailable here: slot freed) or skipped (answered already: a worker died)."""
         try:
             ring = self.rings.get(ref.seg)
         except (FileNotFoundError, ValueError):
-            self.reply(m.Failed(task.rid, UNAVAILABLE, "executor went away before postprocessing"))
-            return
+            for rid in rids:
+                self.reply(m.Failed(rid, UNAVAILABLE, "executor went away before postprocessing"))
+            return None
         if not ring.holds(ref.slot, ref.gen):  # answered already (a postprocess worker died): skip
-            return
+            return None
         try:
-            chain = self.op(f"{task.model}:{task.version}")
+            chain = self.op(f"{model}:{version}")
         except RequestError as exc:
             ring.free(ref.slot, ref.gen)
-            self.reply(m.Failed(task.rid, exc.code, exc.message))
+            for rid in rids:
+                self.reply(m.Failed(rid, exc.code, exc.message))
+            return None
+        return ring, chain
+
+    def handle(self, task: m.PostTask, frames: list) -> None:
+        ref = task.ref
+        claimed = self.claim(task.model, task.version, ref, [task.rid])
+        if claimed is None:
             return
+        ring, chain = claimed
         try:
             msg = answer(chain, task, ring.views(ref.slot, ref.tensors), self.log)
         finally:
@@ -98,21 +109,10 @@ class PostprocessWorker(HubWorker):
         """A batch's requests in one slot (row ``i`` is ``items[i]``'s): each answered as a ``PostTask`` would
         be, the slot freed once every row is."""
         ref = batch.ref
-        try:
-            ring = self.rings.get(ref.seg)
-        except (FileNotFoundError, ValueError):
-            for it in batch.items:
-                self.reply(m.Failed(it.rid, UNAVAILABLE, "executor went away before postprocessing"))
+        claimed = self.claim(batch.model, batch.version, ref, [it.rid for it in batch.items])
+        if claimed is None:
             return
-        if not ring.holds(ref.slot, ref.gen):  # answered already (a postprocess worker died): skip
-            return
-        try:
-            chain = self.op(f"{batch.model}:{batch.version}")
-        except RequestError as exc:  # the version is unavailable here: every row fails alike
-            ring.free(ref.slot, ref.gen)
-            for it in batch.items:
-                self.reply(m.Failed(it.rid, exc.code, exc.message))
-            return
+        ring, chain = claimed
         try:
             blocks = ring.views(ref.slot, ref.tensors)
             for i in range(len(batch.items)):

@@ -3,8 +3,8 @@ clock readings (``Trail``), an image's sizes (``Geometry``), one request of a ba
 (``PostItem``), a postprocess step (``Step``) and a supervised process (``ProcessState``).  Each travels as
 a list and comes back as its type.  ``Packed`` is a map kept as msgpack bytes (the executor's per-session
 facts, the models op's list): it travels as bytes and is decoded only when read; ``protocol.pack_map``
-splices it into a reply as it is.  ``codecs`` and ``plan``
-work out once per message class how ``messages.encode``/``decode`` carry these records and read the rest."""
+splices it into a reply as it is.  ``codecs`` and ``plan`` work out once per message class how
+``messages.encode``/``decode`` carry these records and read the rest."""
 from __future__ import annotations
 
 import dataclasses

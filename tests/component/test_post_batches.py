@@ -184,3 +184,13 @@ def test_a_batch_of_a_version_not_loaded_here_fails_every_row(session, ring, wor
     assert [(type(r), r.rid, r.code) for r in got] == [(m.Failed, 100, "UNAVAILABLE"),
                                                        (m.Failed, 101, "UNAVAILABLE")]
     assert not ring.holds(batch.ref.slot, batch.ref.gen)
+
+
+def test_a_batch_whose_executor_went_away_fails_every_row(session, ring, worker):
+    sent, _ = run_batch(session, ring, ["post-0", "post-0"])
+    batch, = sent.to["post-0"]
+    batch.ref.seg = shm.segment_name("test", "executor", 1)  # a segment nobody made: its executor is gone
+    worker.handle_batch(batch, [])
+    got = answers(worker)
+    assert [(type(r), r.rid, r.code) for r in got] == [(m.Failed, 100, "UNAVAILABLE"),
+                                                       (m.Failed, 101, "UNAVAILABLE")]
