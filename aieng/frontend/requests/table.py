@@ -29,7 +29,8 @@ it or the holder died), ``stray`` (a slot of a request already answered).  Who f
   |   pre-N dies       | nobody: the supervisor unlinks pre-N's segment, every slot with it          |
   +--------------------+-----------------------------------------------------------------------------+
   | OUTPUT slot        | the executor writes it into its own ring; stage POST: held by post-M, from  |
-  |  (executor's ring) | the executor's ``Inferred``                                                 |
+  |  (executor's ring) | the executor's ``Inferred``; one ``PostBatch`` slot may hold several rows:  |
+  |                    | requests of one post-M and epoch (``PreTask.epoch``), so of one fate        |
   |   success          | post-M, once it has the answer (``Result``)                                 |
   |   error            | post-M, before its ``Failed``; a failed run, or an output too big for a     |
   |                    | slot, allocates none                                                        |
