@@ -135,6 +135,19 @@ def held_from(pid: int, port: int, addr: str) -> int:
                if c.laddr and c.laddr.port == port and c.raddr and c.raddr.ip == addr)
 
 
+def steady(count, quiet_s: float = 0.5):
+    """A wait condition: ``count()`` has not risen for ``quiet_s``."""
+    top, since = -1, time.monotonic()
+
+    def check() -> bool:
+        nonlocal top, since
+        n, now = count(), time.monotonic()
+        if n > top:
+            top, since = n, now
+        return now - since >= quiet_s
+    return check
+
+
 @pytest.fixture
 def fds():
     """Room for 600 attacking sockets in this process."""
@@ -169,8 +182,10 @@ def test_probes_answer_while_one_client_holds_600_slowloris_heads(make_server, f
     attack = Attack(srv.http_port).start("slowloris", 600)
     try:
         fe = srv.child_pid("aieng::frontend")
-        # the attacker holds (nearly) every connection the port allows
+        # the attacker holds (nearly) every connection the port allows, and has stopped opening more: the
+        # probes test the hold, not the second of its 600 connects (a probe racing them once timed out)
         assert until(lambda: held_from(fe, srv.http_port, ATTACKER) >= 400, 30)
+        assert until(steady(lambda: held_from(fe, srv.http_port, ATTACKER)), 20)
         probes = kubelet(srv.http_port)
     finally:
         attack.stop()
