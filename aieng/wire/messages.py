@@ -2,8 +2,8 @@
 
 The field names are the internal protocol.  Messages are msgpack maps with a ``t`` tag naming the
 type; receivers route on it with a dispatch table.  Every field has a declared type: nested records
-(``Ref``, ``Trail``, ``Geometry``, ``ProcessState``, ``Step``, a ``ModelSpec``) travel as lists or maps
-and come back as their type (``decode``; how each is carried is worked out once per type by
+(``Ref``, ``Trail``, ``Geometry``, ``PostItem``, ``ProcessState``, ``Step``, a ``ModelSpec``) travel as lists
+or maps and come back as their type (``decode``; how each is carried is worked out once per type by
 ``records.codecs`` and ``records.plan``).  Tensors never travel here: a ``Ref`` names a shared-memory
 slot (``aieng.wire.shm``).  A ``Trail`` travels with each request and collects every stage's clock
 readings (one CLOCK_MONOTONIC for all processes).  Unpack limits derive from the client protocol's

@@ -84,7 +84,7 @@ class PostItem:
 
     def wire(self) -> list:
         g = self.geometry
-        return [self.rid, self.params, self.degraded, self.trace, list(_TRAIL_GET(self.trail)),
+        return [self.rid, self.params, self.degraded, self.trace, self.trail.wire(),
                 None if g is None else g.wire(), self.features, self.request]
 
     @staticmethod
