@@ -4,7 +4,8 @@ One loop (the shared ``HubWorker`` runtime) and a few lanes (``lanes``): the loo
 ``InferTask`` messages preprocess workers push to its inbox into the batcher (internal verification
 tasks, ``InferTask.background``, into ``bg_batcher`` for the background lane), and while a lane is free
 and the batcher says so, assembles a padded batch straight from the preprocess workers' shared-memory
-slots (freeing each slot as soon as its rows are copied) and gives the run to a lane.  A finished run's
+slots (freeing each slot as soon as its rows are copied) and gives the run to a lane (a lone batch whose run
+is quick runs in the loop: ``on_soon`` tells its postprocess worker ahead).  A finished run's
 answers go out through ``outputs``.  Its parts, each given what it needs: ``builder`` (sessions and the
 idle-time wide ones), ``direct`` (the frontend's direct requests, preprocessed here), ``outputs`` (a
 batch's answers), ``worker_hotswap.Versions`` (run-time loads).  All socket and ring work stays on the
@@ -69,7 +70,7 @@ class Executor(HubWorker):
         self.direct = DirectRequests(express_path(self.cfg.runtime_dir), self.inline_pre, self.inline,
                                      self.accept, self.fail, self.log)
         self.wake_fds.append(self.direct.fileno())
-        self.handlers[m.InferTask] = lambda task, frames: self.accept(task)
+        self.handlers[m.InferTask] = self.on_infer
         self.handlers[m.PreTask] = lambda task, frames: self.direct.on_task(task, frames[1].buffer)
 
     def send(self, msg) -> None:
@@ -202,6 +203,19 @@ class Executor(HubWorker):
             self.direct.expire(p.rid)
         else:
             self.inputs.release(p.payload.ref)  # an input slot: ours since we took the task
+
+    def on_soon(self, msg: m.Soon, frames: list) -> None:
+        """A lone request is on its way from a preprocess worker: wait awake for it and, if its batch will
+        run here at once and quickly, have its postprocess worker wait awake for the answer (told now, while
+        this loop has nothing else to do, not on the request's way)."""
+        super().on_soon(msg, frames)
+        if (msg.post and msg.post != EXECUTOR and self.quick(msg.key) and self.lanes.busy == 0
+                and self.batcher.pending() == 0):
+            self.soon(msg.post)
+
+    def on_infer(self, task: m.InferTask, frames: list) -> None:
+        self.came()
+        self.accept(task)
 
     def accept(self, task: m.InferTask, descs: list | None = None) -> bool:
         """Queue ``task`` for a batch (``descs``: its tensors, when not in a ring slot); False when it

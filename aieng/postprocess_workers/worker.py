@@ -91,6 +91,7 @@ class PostprocessWorker(HubWorker):
         return ring, chain
 
     def handle(self, task: m.PostTask, frames: list) -> None:
+        self.came()
         ref = task.ref
         claimed = self.claim(task.model, task.version, ref, [task.rid])
         if claimed is None:
@@ -108,6 +109,7 @@ class PostprocessWorker(HubWorker):
     def handle_batch(self, batch: m.PostBatch, frames: list) -> None:
         """A batch's requests in one slot (row ``i`` is ``items[i]``'s): each answered as a ``PostTask`` would
         be, the slot freed once every row is."""
+        self.came()
         ref = batch.ref
         claimed = self.claim(batch.model, batch.version, ref, [it.rid for it in batch.items])
         if claimed is None:

@@ -8,7 +8,8 @@ ring and sends the slot descriptor straight to the executor (``InferTask``, on i
 telling the frontend with one ``Preprocessed`` notice per drain.  Requests that pile
 up while it works are drained together so text models can batch-encode; a request
 alone in the server (``PreTask.alone``, the frontend's idle rule) may use every core
-(an image's OpenCV threads), any other one core.
+(an image's OpenCV threads), any other one core; if that model's last lone request took this worker at most
+``SOON_WORK_S``, the executor is told it comes (``HubWorker.soon``) as the worker starts on it.
 A request whose content it cannot handle fails alone; the worker never dies
 of one request, but one it cannot finish within AIENG_PREPROCESS_BUDGET_MS has it
 replaced (the frontend reads its silence between heartbeats, sent between requests).
@@ -28,7 +29,7 @@ from aieng.processing.pre.processors import PROCESSORS, spread
 from aieng.processing.pre.request import read_request
 from aieng.processing.usercode import forget, log_failure
 from aieng.runtime.specbook import SpecBook
-from aieng.runtime.worker import HubWorker, own_ring, push_socket
+from aieng.runtime.worker import SOON_WORK_S, HubWorker, own_ring, push_socket
 from aieng.runtime.worker_hotswap import Versions
 from aieng.wire import messages as m
 from aieng.wire.addresses import exec_addr
@@ -54,6 +55,7 @@ class PreprocessWorker(HubWorker):
         self.notice = m.Preprocessed([], [])
         self.handlers[m.PreTask] = self.on_task
         self.arrived: list[tuple[m.PreTask, Any]] = []  # drained together, encoded together
+        self.alone_s: dict[str, float] = {}  # version -> how long its last lone request took here
         self.cores = len(os.sched_getaffinity(0))  # a request alone in the server may use them all
         self.init_hotswap()
 
@@ -85,6 +87,7 @@ class PreprocessWorker(HubWorker):
         self.handlers.update(self.versions.handlers)
 
     def forget(self, key: str) -> None:
+        self.alone_s.pop(key, None)
         spec = self.specs.pop(key, None)
         if spec is not None and spec.preprocess.type == "python":
             forget(spec)  # its code's modules: a later load of that directory imports afresh
@@ -102,6 +105,10 @@ class PreprocessWorker(HubWorker):
     # -- the loop ---------------------------------------------------------------
     def on_task(self, task: m.PreTask, frames: list) -> None:
         self.arrived.append((task, frames[1]))
+        if task.alone:  # quick here before: the executor waits awake for it (HubWorker.soon)
+            key = f"{task.model}:{task.version}"
+            if self.alone_s.get(key, SOON_WORK_S) < SOON_WORK_S:
+                self.soon("executor", key, task.post)
 
     def after_drain(self, now: float) -> None:
         for start in range(0, len(self.arrived), MAX_DRAIN):
@@ -195,6 +202,8 @@ class PreprocessWorker(HubWorker):
             self.fail(task.rid, exc.code, exc.message)
             return
         trail = m.Trail(pre_started=started, pre_sent=time.monotonic(), seq_len=seq_len)
+        if task.alone:
+            self.alone_s[f"{task.model}:{task.version}"] = trail.pre_sent - started
         data = m.encode(m.InferTask(task.rid, task.model, task.version, task.deadline, ref, seq_len,
                                     task.upstream, task.post, params, task.degraded, task.trace, trail,
                                     geometry, task.background, task.alone, info,

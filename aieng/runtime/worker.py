@@ -10,8 +10,10 @@ needs one), the frontend and the executor a dict of them.
 ``HubWorker`` is the base of the three worker roles.  Its loop waits on the hub socket, the role's
 ``inbox`` (a PULL the previous stage pushes descriptors to), its lane (``wire/lanes``: the same
 messages, one wake-up a hand-off) and the role's ``wake_fds``, drains every message waiting, routes each by
-type through a dispatch table (``LogLevel`` here for every role), then calls ``after_drain`` and sends a
-heartbeat ``Hello`` at most once a second.  ``send`` takes the lane to the frontend for the data path's
+type through a dispatch table (``LogLevel`` and ``Soon`` here for every role), then calls ``after_drain`` and
+sends a heartbeat ``Hello`` at most once a second.  A ``Soon`` (``soon``, ``on_soon``) has the loop poll
+without sleeping until the message it announced comes (the role calls ``came``), at most ``SPIN_MAX_S``.
+``send`` takes the lane to the frontend for the data path's
 messages (``LANE_TYPES``), the hub for the rest and whenever the lane cannot take one at once.  A message
 that cannot be decoded is logged and skipped, never fatal.  ``publish`` is the one ring-publishing path: a
 slot of the payload's size class (waiting while that class is full, bounded by the request's deadline), the
@@ -51,6 +53,14 @@ ROLES = {
 # What a worker sends the frontend on its lane: requests' notices and answers, whose handlers take them in
 # any order.  The rest (hellos, version loads) keeps the hub's order.
 LANE_TYPES = (m.Preprocessed, m.Inferred, m.Result, m.Failed)
+
+# A ``Soon``: the most it keeps a worker polling, and the sender's rule for sending one (the work before the
+# announced message is measured to take at most ``SOON_WORK_S``): on an idle VM a process whose CPU has
+# halted takes 80-160 us to wake for a hand-off (docs/architecture.md, 'Wake-ahead')
+SPIN_MAX_S = 0.002
+SOON_WORK_S = 0.001
+
+SOON = m.encode(m.Soon(SPIN_MAX_S))
 
 # Roles given their specs as a ``SpecBook``: a pool worker reads a tensor model's spec only for a request
 # the executor left to it, so most of them stay packed; a gateway keeps only each one's batching.
@@ -112,7 +122,9 @@ class HubWorker:
     def __init__(self, cfg: Config, worker: str, log: logging.Logger):
         self.cfg, self.worker, self.log = cfg, worker, log
         self.sock = procutil.hub_socket(zmq.Context.instance(), hub_addr(cfg.runtime_dir), worker)
-        self.handlers: dict[type, Callable[[Any, list], None]] = {m.LogLevel: self.on_log_level}
+        self.handlers: dict[type, Callable[[Any, list], None]] = {m.LogLevel: self.on_log_level,
+                                                                   m.Soon: self.on_soon}
+        self.spin_until = 0.0  # a ``Soon`` came: poll without sleeping until then (or its task comes)
         self.next_hello = 0.0
         self.hello: m.Hello | None = None  # the last built (``refresh_hello``)
         self.hello_bytes = b""
@@ -163,8 +175,8 @@ class HubWorker:
                     if sock in self.ready:  # zmq.Poller reads a ZeroMQ socket's own events: level-triggered
                         self.drain(sock)
                 self.drain_lane()
-            nxt = self.after_drain(time.monotonic())
-            timeout_ms = 200 if nxt is None else nxt
+            now = time.monotonic()
+            timeout_ms = self.wait_ms(now, self.after_drain(now))
             self.heartbeat()
 
     def bind_inbox(self, addr: str) -> None:
@@ -197,6 +209,27 @@ class HubWorker:
                 self.hello_bytes = m.encode(self.hello)
             self.sock.send(self.hello_bytes)
             self.next_hello = now + HEARTBEAT_S
+
+    def wait_ms(self, now: float, nxt: int | None) -> int:
+        """How long the loop's next poll may sleep: 0 while a ``Soon`` holds (polling, not sleeping), else
+        what the role asked for (``after_drain``: None is 200 ms, the heartbeat's pace)."""
+        if self.spin_until:
+            if now < self.spin_until:
+                return 0
+            self.spin_until = 0.0
+        return 200 if nxt is None else nxt
+
+    def soon(self, dest: str, key: str = "", post: str = "") -> None:
+        """Tell ``dest`` that a message is on its way (``Soon``): a hint on its lane, dropped when the lane
+        cannot take it at once (never sent on ZeroMQ, never counted as a fallback)."""
+        self.outbound.hint(dest, m.encode(m.Soon(SPIN_MAX_S, key, post)) if key else SOON)
+
+    def on_soon(self, msg: m.Soon, frames: list) -> None:
+        self.spin_until = time.monotonic() + min(msg.for_s, SPIN_MAX_S)
+
+    def came(self) -> None:
+        """What a ``Soon`` announced came: back to sleeping while idle."""
+        self.spin_until = 0.0
 
     def on_log_level(self, msg: m.LogLevel, frames: list) -> None:
         procutil.set_level(msg.level)

@@ -12,6 +12,7 @@ Contract:
   (too big, a full buffer, a receiver not listening or gone), and the caller sends the same message on its
   ZeroMQ socket, where the same handler takes it.  A receiver that restarts is connected to again on the
   next send (a failed connect is retried at most every ``RETRY_S``).
+- A hint (``Outbound.hint``) is the one record with no fallback: lost when the lane cannot take it.
 - Each end counts what it carried (``Outbound.sent``/``fell_back``, ``Inbound.received``): the workers'
   hellos and the frontend's health show them (``counts``).
 - What one sender sends one receiver on a lane arrives in order; a message that fell back to ZeroMQ may
@@ -110,6 +111,11 @@ class Outbound:
             return True
         self.fell_back += 1
         return False
+
+    def hint(self, dest: str, msg: bytes) -> bool:
+        """A record that may be lost (``messages.Soon``): neither counted nor sent another way when it
+        cannot go at once."""
+        return self.enabled and self.put(dest, msg, None)
 
     def put(self, dest: str, msg: bytes, body) -> bool:
         chan = self.chans.get(dest)

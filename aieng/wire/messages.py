@@ -194,6 +194,16 @@ class Bundle:
     items: list[bytes]
 
 
+@dataclass(slots=True)
+class Soon:
+    """A request for the receiver is on its way (a lone request on an idle server): it polls without
+    sleeping until it comes, at most ``for_s``, so the hand-off does not wait for its idle CPU to wake."""
+    T: ClassVar[str] = "soon"
+    for_s: float
+    key: str = ""  # the request's version, when the receiver may announce it on (the executor's)
+    post: str = ""  # its postprocess worker: the executor announces it there if its run will be quick
+
+
 # The executor's ``Failed`` message for a task whose input ring it could not open (its preprocess worker died,
 # its segment is gone): the frontend skips it for a request on its second try (``frontend/requests/retries``)
 PRE_WORKER_GONE = "preprocess worker went away before inference"
@@ -314,7 +324,7 @@ class VersionFailed:
 
 TYPES: dict[str, type] = {
     cls.T: cls for cls in (Hello, PreTask, Preprocessed, InferTask, Inferred, PostTask, PostBatch, Result,
-                           Failed, Bundle, WorkerDown, ServiceState, Pulse, LogLevel, Drain, Drained,
+                           Failed, Bundle, Soon, WorkerDown, ServiceState, Pulse, LogLevel, Drain, Drained,
                            Reload, Reloaded, LoadVersion, UnloadVersion, VersionLoaded, VersionFailed)
 }
 _CODECS = {name: codecs(cls) for name, cls in TYPES.items()}  # nested records: how each travels

@@ -38,6 +38,7 @@ SAMPLES = {
                        features={"img:width": 640.0}),
     "failed": m.Failed(rid=7, code="INVALID_INPUT", message="input 'text' is empty ✗", ref=REF),
     "bundle": m.Bundle(items=[m.encode(m.Failed(rid=8, code="INTERNAL", message="x")), b"\x01"]),
+    "soon": m.Soon(for_s=0.002),
     "worker_down": m.WorkerDown(worker="post1", exitcode=-9, pid=777),
     "state": m.ServiceState(ready=True, processes={"pre0": m.ProcessState("preprocess", 1, True, 2),
                                                    "post0": m.ProcessState("postprocess", None, False, 0)},
