@@ -117,8 +117,8 @@ class PostprocessWorker(HubWorker):
         ring, chain = claimed
         try:
             blocks = ring.views(ref.slot, ref.tensors)
-            for i in range(len(batch.items)):
-                self.reply(answer(chain, batch.task(i), {name: b[i] for name, b in blocks.items()}, self.log))
+            for i, item in enumerate(batch.items):  # a row's item reads as its PostTask would (``answer``)
+                self.reply(answer(chain, item, {name: b[i] for name, b in blocks.items()}, self.log))
         finally:
             ring.free(ref.slot, ref.gen)  # results are copies now; the slot may be reused
 

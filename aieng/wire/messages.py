@@ -138,13 +138,7 @@ class PostBatch:
     model: str
     version: str
     ref: Ref
-    items: list[PostItem]
-
-    def task(self, i: int) -> PostTask:
-        """Row ``i`` as the ``PostTask`` it stands for (what ``processing.post.answer`` reads)."""
-        it = self.items[i]
-        return PostTask(it.rid, self.model, self.version, self.ref, it.params, it.degraded, it.trace,
-                        it.trail, it.geometry, it.features, it.request)
+    items: list[PostItem]  # each read by ``processing.post.answer`` as the ``PostTask`` it stands for
 
 
 @dataclass(slots=True)

@@ -125,10 +125,3 @@ def test_internal_limits_follow_the_client_limits():
     finally:
         m.configure(32 * 1024 * 1024)
 
-
-def test_a_batch_row_reads_as_the_post_task_it_stands_for():
-    batch = m.decode(m.encode(SAMPLES["postbatch"]))
-    item = SAMPLES["postbatch"].items[0]
-    expected = m.PostTask(item.rid, "tabular", "1", REF, item.params, item.degraded, item.trace, item.trail,
-                          item.geometry, item.features, item.request)
-    assert batch.task(0) == expected

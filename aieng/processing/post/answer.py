@@ -6,8 +6,9 @@ packs the values (``to_wire``: arrays as tensor maps, numpy scalars as plain one
 trail's ``post_started``/``post_us``.  It returns the ``Result``, or the ``Failed`` the request gets:
 TIMEOUT with the step timings for a step past its ``fail`` limit, the request's own ``RequestError``
 (user code's, ``python_op``: INVALID_INPUT from a ValueError, INTERNAL "Type: message" with its
-traceback logged with the trace id), INTERNAL for anything else (logged).  ``task``: a ``PostTask`` or an
-``InferTask``.
+traceback logged with the trace id), INTERNAL for anything else (logged).  ``task``: a ``PostTask``, a
+``PostBatch``'s ``PostItem`` or an ``InferTask`` (what it reads: rid, params, degraded, geometry, request,
+trace, trail, features).
 """
 from __future__ import annotations
 
@@ -35,9 +36,10 @@ def answer(chain: Chain, task: Any, views: dict[str, Any], log) -> m.Result | m.
     t0 = time.perf_counter_ns()
     try:
         outcome = chain.run(views, task.params, task.degraded, task.geometry, task.request)
-        packed = pack({k: to_wire(v) for k, v in outcome.values.items()})
+        packed = pack({k: encode_tensor(v) if isinstance(v, np.ndarray)  # to_wire, inline (per value)
+                       else v.item() if isinstance(v, np.generic) else v for k, v in outcome.values.items()})
     except StepTimedOut as exc:
-        log.warning("%s:%s: %s", task.model, task.version, exc.message, extra={"trace": task.trace})
+        log.warning("%s: %s", chain.key, exc.message, extra={"trace": task.trace})
         return m.Failed(task.rid, exc.code, exc.message, None, exc.steps)
     except RequestError as exc:
         usercode.log_failure(log, exc, task.rid, task.trace)  # user code's own exception: its traceback

@@ -76,10 +76,20 @@ class PythonStep(Op):
                 values = self.instance.post(outputs, inputs)
         except Exception as exc:
             raise usercode.mapped(exc, self.entry) from None
-        if not isinstance(values, dict) or not all(isinstance(k, str) for k in values):
-            raise usercode.mapped(TypeError(
-                f"post() must return a dict of names to values, got {type(values).__name__}"), self.entry)
-        return {k: (plain(v) if isinstance(v, (list, tuple, dict)) else v) for k, v in values.items()}
+        if not isinstance(values, dict):
+            raise self.not_names(values)
+        nested = False  # one pass over what it returned: the names checked, nested values looked for
+        for k, v in values.items():
+            if type(k) is not str and not isinstance(k, str):
+                raise self.not_names(values)
+            nested = nested or isinstance(v, (list, tuple, dict))
+        if not nested:
+            return values
+        return {k: plain(v) if isinstance(v, (list, tuple, dict)) else v for k, v in values.items()}
+
+    def not_names(self, values: Any) -> Exception:
+        return usercode.mapped(TypeError(
+            f"post() must return a dict of names to values, got {type(values).__name__}"), self.entry)
 
     def limit_ms(self, given: float) -> float:
         """The step's ``timeout_ms``, else the model's, else ``DEFAULT_LIMIT_MS``: user code is timed."""
