@@ -77,14 +77,14 @@ class Outputs:
             ref = self.publish(self.ring, block, min(live[r].deadline for r in rows), INTERNAL)
         except RequestError:
             return None
-        items = []
+        items, spot = [], ref.place()
         for r in rows:
             p = live[r]
             t = p.payload
             items.append(m.PostItem(p.rid, t.params, t.degraded, t.trace, t.trail, t.geometry, t.features,
                                     t.request))
             done.rids.append(p.rid)
-            done.refs.append(ref)
+            done.refs.append(spot)
         task = live[rows[0]].payload
         return m.encode(m.PostBatch(task.model, task.version, ref, items))
 
@@ -105,7 +105,7 @@ class Outputs:
                                              task.trace, task.trail, task.geometry, task.features,
                                              task.request)))
             done.rids.append(p.rid)
-            done.refs.append(ref)
+            done.refs.append(ref.place())
         return tasks
 
     def answer_inline(self, key: str, task: m.InferTask, tensors: list) -> None:

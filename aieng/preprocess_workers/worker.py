@@ -211,7 +211,7 @@ class PreprocessWorker(HubWorker):
         if not self.outbound.send("executor", data):  # the lane when it can (wire/lanes), else ZeroMQ
             self.to_exec.send(data)
         self.notice.rids.append(task.rid)
-        self.notice.refs.append(ref)
+        self.notice.refs.append(ref.place())
         self.log.debug("preprocessed %s:%s into slot %d", task.model, task.version, ref.slot,
                        extra={"trace": task.trace})
 

@@ -108,7 +108,7 @@ class Preprocessed:
     """pre[i] -> FE, once per group it forwarded: these requests' input slots are the executor's now."""
     T: ClassVar[str] = "preprocessed"
     rids: list[int]
-    refs: list[Ref]
+    refs: list[Ref]  # each slot's place (``Ref.place``: no tensors), for the frontend to free
 
 
 @dataclass(slots=True)
@@ -147,7 +147,7 @@ class Inferred:
     handed to its postprocess worker."""
     T: ClassVar[str] = "inferred"
     rids: list[int]
-    refs: list[Ref]
+    refs: list[Ref]  # each slot's place (``Ref.place``: no tensors), for the frontend to free
 
 
 @dataclass(slots=True)

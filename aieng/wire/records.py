@@ -33,6 +33,11 @@ class Ref:
     def wire(self) -> list:
         return [self.seg, self.slot, self.gen, self.tensors]
 
+    def place(self) -> "Ref":
+        """The slot without its tensors: what a notice to the frontend carries (it only ever frees the slot;
+        the tensors' descriptions would cost encoding and decoding a row on every notice)."""
+        return Ref(self.seg, self.slot, self.gen, [])
+
 
 @dataclass(slots=True)
 class Trail:

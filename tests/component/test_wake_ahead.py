@@ -4,6 +4,8 @@ by hand: the preprocess worker tells the executor that a lone request comes once
 are known to take it at most ``SOON_WORK_S``; the executor, told, tells the postprocess worker in turn when
 the request's run will be quick and start at once; a worker told polls without sleeping until the message
 comes (``came``), at most ``SPIN_MAX_S``.  A request sent under load (``alone`` False) is announced nowhere.
+The same chain shows the preprocess worker's notice to the frontend carrying each slot's place, not its
+tensors.
 """
 from __future__ import annotations
 
@@ -64,6 +66,8 @@ class Chain:
             w.refresh_hello()  # as its loop does first: the heartbeats between requests send it
         self.answers: list = []
         self.post.send_data = lambda data: self.answers.append(m.decode(data))
+        self.notices: list = []  # what the preprocess worker tells the frontend
+        self.pre.send_data = lambda data: self.notices.append(m.decode(data))
         self.pollers = {w: zmq.Poller() for w in (self.ex, self.post)}
         self.rid = 0
 
@@ -161,6 +165,14 @@ def test_an_executor_with_a_batch_waiting_does_not_announce_on(chain):
     dispatch(m.encode(m.Soon(SPIN_MAX_S, KEY, "post-0")), chain.ex.handlers, log, "a lane", [])
     assert chain.arrived(chain.post) == []
     assert [type(x) for x in chain.run([])] == [m.PostBatch]  # the waiting one's answer, unannounced
+
+
+def test_the_preprocess_workers_notice_carries_each_slots_place_not_its_tensors(chain):
+    rid = chain.to_pre(alone=False)
+    task, = chain.arrived(chain.ex)
+    notice = chain.notices[-1]  # the frontend only frees the slot: the tensors' descriptions stay off it
+    assert (type(notice), notice.rids, notice.refs) == (m.Preprocessed, [rid], [task.ref.place()])
+    assert task.ref.tensors != []
 
 
 def test_a_slow_lone_preprocessing_is_not_announced(tmp_path):
