@@ -77,14 +77,15 @@ class Outputs:
             ref = self.publish(self.ring, block, min(live[r].deadline for r in rows), INTERNAL)
         except RequestError:
             return None
-        items, spot = [], ref.place()
+        items, spot = [], ref.place()  # the notice names the slot once for all its rows
         for r in rows:
             p = live[r]
             t = p.payload
             items.append(m.PostItem(p.rid, t.params, t.degraded, t.trace, t.trail, t.geometry, t.features,
                                     t.request))
             done.rids.append(p.rid)
-            done.refs.append(spot)
+        done.refs.append(spot)
+        done.counts.append(len(rows))
         task = live[rows[0]].payload
         return m.encode(m.PostBatch(task.model, task.version, ref, items))
 
@@ -106,6 +107,7 @@ class Outputs:
                                              task.request)))
             done.rids.append(p.rid)
             done.refs.append(ref.place())
+            done.counts.append(1)
         return tasks
 
     def answer_inline(self, key: str, task: m.InferTask, tensors: list) -> None:

@@ -189,6 +189,24 @@ def test_success_path_and_who_frees(rig):
     assert r.busy(inp) and r.busy(out)  # the executor and the postprocess worker free those, not the frontend
 
 
+def test_rows_sharing_one_output_slot_are_handed_on_by_one_ref_and_freed_when_their_worker_dies(rig):
+    """A ``PostBatch``'s rows share one slot, named once in the executor's notice (``Inferred.counts``): each
+    request holds it, and the death of their postprocess worker fails both and frees it."""
+    r, a = running(rig)
+    r.send({"id": "b", "model": "tabular", "inputs": TAB})
+    b = dispatched(r, "b")
+    out = r.slot("executor")
+    r.peers["pre-0"].send(m.encode(m.Preprocessed([a.rid, b.rid], [r.slot("pre-0"), r.slot("pre-0")])))
+    r.peers["executor"].send(m.encode(m.Inferred([a.rid, b.rid], [out], [2])))
+    r.until(lambda: all(r.fe.table.get(t.rid).stage == "postprocess" for t in (a, b)))
+    held = [r.fe.table.get(t.rid) for t in (a, b)]
+    assert [(req.holder, req.ref) for req in held] == [("post-0", out), ("post-0", out)]
+    r.peers["supervisor"].send(m.encode(m.WorkerDown("post-0", -9, 1006)))
+    replies = sorted((x["id"], x["error"]["code"]) for x in (r.answer(), r.answer()))
+    assert replies == [("a", "UNAVAILABLE"), ("b", "UNAVAILABLE")]
+    assert not r.busy(out)
+
+
 @pytest.mark.parametrize("shadow", [False, True])
 def test_an_answer_feeds_drift_and_a_shadow_copy_never_does(rig, shadow):
     r, task = running(rig)

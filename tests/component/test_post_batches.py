@@ -94,7 +94,8 @@ def test_the_rows_for_one_worker_share_one_slot_and_message(session, ring):
         np.testing.assert_array_equal(views[name], out[[0, 2]])
     notice, = sent.frontend
     assert notice.rids == [100, 102, 101]  # by worker
-    assert notice.refs == [b0.ref.place(), b0.ref.place(), b1.ref.place()]  # the slots, not their tensors
+    assert (notice.refs, notice.counts) == ([b0.ref.place(), b1.ref.place()], [2, 1])  # each slot once
+    assert list(notice.each()) == [(100, b0.ref.place()), (102, b0.ref.place()), (101, b1.ref.place())]
     assert b0.ref.tensors != []  # the PostBatch's own ref describes the tensors
     assert sent.failed == []
 
@@ -115,7 +116,8 @@ def test_rows_too_big_for_one_slot_take_a_slot_each(session, ring):
     assert [t.rid for t in tasks] == list(range(100, 100 + MANY))
     assert {type(t) for t in tasks} == {m.PostTask}
     assert len({t.ref.slot for t in tasks}) == MANY
-    assert sent.frontend[0].refs == [t.ref.place() for t in tasks]
+    assert list(sent.frontend[0].each()) == [(t.rid, t.ref.place()) for t in tasks]
+    assert sent.frontend[0].counts == [1] * MANY
 
 
 def test_rows_that_are_not_whole_take_a_slot_each(session, ring, monkeypatch):

@@ -202,7 +202,7 @@ class Pipeline:
     def on_inferred(self, msg: m.Inferred, ident: bytes) -> None:
         if ident != b"executor":
             return
-        for rid, ref in zip(msg.rids, msg.refs):
+        for rid, ref in msg.each():
             req = self.table.get(rid)
             if req is None:
                 self.ghost_passed(rid, ident, POST, ref)
