@@ -13,11 +13,10 @@ messages, one wake-up a hand-off) and the role's ``wake_fds``, drains every mess
 type through a dispatch table (``LogLevel`` and ``Soon`` here for every role), then calls ``after_drain`` and
 sends a heartbeat ``Hello`` at most once a second.  A ``Soon`` (``soon``, ``on_soon``) has the loop poll
 without sleeping until the message it announced comes (the role calls ``came``), at most ``SPIN_MAX_S``.
-``send`` takes the lane to the frontend for the data path's
-messages (``LANE_TYPES``), the hub for the rest and whenever the lane cannot take one at once.  A message
-that cannot be decoded is logged and skipped, never fatal.  ``publish`` is the one ring-publishing path: a
-slot of the payload's size class (waiting while that class is full, bounded by the request's deadline), the
-tensors written, their ``Ref`` returned.
+``send`` takes the lane to the frontend for the data path's messages (``LANE_TYPES``), the hub for the rest
+and whenever the lane cannot take one at once.  A message that cannot be decoded is logged and skipped, never
+fatal.  ``publish`` is the one ring-publishing path: a slot of the payload's size class (waiting while that
+class is full, bounded by the request's deadline), the tensors written, their ``Ref`` returned.
 """
 from __future__ import annotations
 

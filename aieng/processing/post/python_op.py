@@ -80,7 +80,7 @@ class PythonStep(Op):
             raise self.not_names(values)
         nested = False  # one pass over what it returned: the names checked, nested values looked for
         for k, v in values.items():
-            if type(k) is not str and not isinstance(k, str):
+            if not isinstance(k, str):
                 raise self.not_names(values)
             nested = nested or isinstance(v, (list, tuple, dict))
         if not nested:
