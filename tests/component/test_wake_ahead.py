@@ -23,7 +23,7 @@ from aieng.postprocess_workers.worker import PostprocessWorker
 from aieng.preprocess_workers.worker import PreprocessWorker
 from aieng.runtime.hub import dispatch
 from aieng.runtime.specbook import SpecBook, pack
-from aieng.runtime.worker import SPIN_MAX_S
+from aieng.runtime.worker import SOON_WORK_S, SPIN_MAX_S
 from aieng.wire import lanes
 from aieng.wire import messages as m
 from tests.e2e.test_examples import build_examples
@@ -125,26 +125,33 @@ def chain(tmp_path):
 
 def test_a_lone_request_is_announced_at_each_hop_once_its_steps_are_known_to_be_quick(chain):
     chain.warm()
-    first = chain.to_pre(alone=True)  # the worker has not timed a lone request of the model yet
+    chain.to_pre(alone=True)  # the worker has not timed a lone request of the model yet
     assert [type(x) for x in chain.arrived(chain.ex)] == [m.InferTask]
+    for _ in range(50):  # until one is timed quick here (a loaded machine may stretch one past the limit)
+        if chain.pre.alone_s[KEY] < SOON_WORK_S:
+            break
+        chain.to_pre(alone=True)
+        chain.arrived(chain.ex)
+    assert chain.pre.alone_s[KEY] < SOON_WORK_S
     second = chain.to_pre(alone=True)
     soon, task = chain.arrived(chain.ex)
     assert (type(soon), type(task), task.rid) == (m.Soon, m.InferTask, second)
     assert (soon.for_s, soon.key, soon.post) == (SPIN_MAX_S, KEY, "post-0")
 
+    told = time.monotonic()  # (a moment before: the check holds however long the machine pauses us)
     dispatch(m.encode(soon), chain.ex.handlers, log, "a lane", [])
-    assert chain.ex.wait_ms(time.monotonic(), 200) == 0  # polling, not sleeping
+    assert chain.ex.wait_ms(told, 200) == 0  # polling, not sleeping
     got = chain.run([task])
     assert chain.ex.spin_until == 0.0  # its task came
     assert [type(x) for x in got] == [m.Soon, m.PostBatch]
     assert [it.rid for it in got[1].items] == [second]
 
+    told = time.monotonic()
     dispatch(m.encode(got[0]), chain.post.handlers, log, "a lane", [])
-    assert chain.post.wait_ms(time.monotonic(), 200) == 0
+    assert chain.post.wait_ms(told, 200) == 0
     chain.post_all(got[1:])
     assert chain.post.spin_until == 0.0
     assert [(type(a), a.rid) for a in chain.answers][-1] == (m.Result, second)
-    assert first < second
 
 
 def test_a_request_sent_under_load_is_announced_nowhere(chain):
@@ -186,10 +193,11 @@ def test_a_slow_lone_preprocessing_is_not_announced(tmp_path):
 
 def test_an_announcement_holds_the_loop_awake_at_most_spin_max_s(chain):
     w = chain.post
+    before = time.monotonic()
     dispatch(m.encode(m.Soon(60.0)), w.handlers, log, "a lane", [])  # a sender asking for more is bounded
-    now = time.monotonic()
-    assert w.wait_ms(now, 200) == 0
-    assert w.spin_until <= now + SPIN_MAX_S
-    assert w.wait_ms(now + SPIN_MAX_S + 0.001, 50) == 50  # past it: what the role asked for
+    after = time.monotonic()
+    assert w.wait_ms(before, 200) == 0
+    assert w.spin_until <= after + SPIN_MAX_S
+    assert w.wait_ms(after + SPIN_MAX_S + 0.001, 50) == 50  # past it: what the role asked for
     assert w.spin_until == 0.0
-    assert w.wait_ms(now, None) == 200
+    assert w.wait_ms(before, None) == 200
