@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 import zmq
 
+from aieng import envs
 from aieng.config import Config
 from aieng.runtime import procutil
 from aieng.runtime.hub import HEARTBEAT_S, dispatch
@@ -124,6 +125,9 @@ class HubWorker:
         self.handlers: dict[type, Callable[[Any, list], None]] = {m.LogLevel: self.on_log_level,
                                                                    m.Soon: self.on_soon}
         self.spin_until = 0.0  # a ``Soon`` came: poll without sleeping until then (or its task comes)
+        # announce only with a core to spare: on one CPU a process polling for a message would take the CPU
+        # from the process that is to send it
+        self.wake_ahead = envs.cpu_count() >= 2
         self.next_hello = 0.0
         self.hello: m.Hello | None = None  # the last built (``refresh_hello``)
         self.hello_bytes = b""
@@ -220,8 +224,9 @@ class HubWorker:
 
     def soon(self, dest: str, key: str = "", post: str = "") -> None:
         """Tell ``dest`` that a message is on its way (``Soon``): a hint on its lane, dropped when the lane
-        cannot take it at once (never sent on ZeroMQ, never counted as a fallback)."""
-        self.outbound.hint(dest, m.encode(m.Soon(SPIN_MAX_S, key, post)) if key else SOON)
+        cannot take it at once (never sent on ZeroMQ, never counted as a fallback); never on one CPU."""
+        if self.wake_ahead:
+            self.outbound.hint(dest, m.encode(m.Soon(SPIN_MAX_S, key, post)) if key else SOON)
 
     def on_soon(self, msg: m.Soon, frames: list) -> None:
         self.spin_until = time.monotonic() + min(msg.for_s, SPIN_MAX_S)

@@ -10,6 +10,7 @@ tensors.
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import msgpack
@@ -189,6 +190,28 @@ def test_a_slow_lone_preprocessing_is_not_announced(tmp_path):
         assert [(type(x), x.rid) for x in chain.arrived(chain.ex)] == [(m.InferTask, rid) for rid in ids]
     finally:
         chain.close()
+
+
+def test_nothing_is_announced_by_workers_started_with_one_cpu(tmp_path):
+    """On one CPU a process polling for a message would take the CPU from the one that is to send it."""
+    cpus = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cpus)})  # the workers are built seeing one usable CPU
+    try:
+        one = Chain(tmp_path)
+    finally:
+        os.sched_setaffinity(0, cpus)
+    try:
+        assert (one.pre.wake_ahead, one.ex.wake_ahead) == (False, False)
+        for _ in range(50):  # until a lone request is timed quick: the next would be announced on two CPUs
+            one.to_pre(alone=True)
+            one.arrived(one.ex)
+            if one.pre.alone_s[KEY] < SOON_WORK_S:
+                break
+        assert one.pre.alone_s[KEY] < SOON_WORK_S
+        rid = one.to_pre(alone=True)
+        assert [(type(x), x.rid) for x in one.arrived(one.ex)] == [(m.InferTask, rid)]
+    finally:
+        one.close()
 
 
 def test_an_announcement_holds_the_loop_awake_at_most_spin_max_s(chain):
