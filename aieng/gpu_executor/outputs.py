@@ -43,7 +43,7 @@ class Outputs:
     def deliver(self, key: str, sess: ModelSession, outputs, sizes: list, live: list, started: float,
                 infer_us: int, padded: int) -> None:
         """Answer each request of a batch that ran (``live``, row by row)."""
-        done = m.Inferred([], [])
+        done = m.Inferred([], [], [])
         rows_of: dict[tuple[str, int], list[int]] = {}  # (postprocess worker, its epoch) -> the rows it gets
         for row, p in enumerate(live):
             task = p.payload

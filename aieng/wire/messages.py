@@ -145,16 +145,14 @@ class PostBatch:
 class Inferred:
     """executor -> FE once per batch: these requests' outputs, handed to their postprocess workers, are at
     ``refs``: ``refs[k]`` holds the next ``counts[k]`` of ``rids`` (a ``PostBatch``'s rows share one slot,
-    sent once); no ``counts``: one each.  ``each()`` pairs them."""
+    sent once; a ``PostTask``'s slot counts 1).  ``each()`` pairs them."""
     T: ClassVar[str] = "inferred"
     rids: list[int]
     refs: list[Ref]  # each slot's place (``Ref.place``: no tensors), for the frontend to free
-    counts: list[int] = field(default_factory=list)
+    counts: list[int]
 
     def each(self):
         """``(rid, ref)`` for every request."""
-        if not self.counts:
-            return zip(self.rids, self.refs)
         return zip(self.rids, (ref for ref, n in zip(self.refs, self.counts) for _ in range(n)))
 
 

@@ -178,7 +178,7 @@ def test_success_path_and_who_frees(rig):
     r, task = running(rig)
     inp, out = r.slot("pre-0"), r.slot("executor")
     r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp])))
-    r.peers["executor"].send(m.encode(m.Inferred([task.rid], [out])))
+    r.peers["executor"].send(m.encode(m.Inferred([task.rid], [out], [1])))
     r.until(lambda: r.fe.table.get(task.rid).stage == "postprocess")
     assert r.fe.table.get(task.rid).stage == "postprocess" and r.fe.table.get(task.rid).holder == "post-0"
     r.peers["post-0"].send(m.encode(result(task.rid)))
@@ -215,7 +215,7 @@ def test_an_answer_feeds_drift_and_a_shadow_copy_never_does(rig, shadow):
         req.kind, req.link = SHADOW, 10 ** 9
     inp, out = r.slot("pre-0"), r.slot("executor")
     r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp])))
-    r.peers["executor"].send(m.encode(m.Inferred([task.rid], [out])))
+    r.peers["executor"].send(m.encode(m.Inferred([task.rid], [out], [1])))
     r.until(lambda: r.fe.table.get(task.rid).stage == "postprocess")
     answer = result(task.rid)
     answer.confidence = 0.9
@@ -250,7 +250,7 @@ def test_notices_out_of_order(rig):
     """The executor's notice can overtake the preprocess worker's: the request only moves forward."""
     r, task = running(rig)
     inp, out = r.slot("pre-0"), r.slot("executor")
-    r.peers["executor"].send(m.encode(m.Inferred([task.rid], [out])))
+    r.peers["executor"].send(m.encode(m.Inferred([task.rid], [out], [1])))
     r.settle()
     r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp])))
     r.settle()
@@ -267,7 +267,7 @@ def test_result_overtaking_both_notices_still_counts_every_stage(rig):
     r, task = running(rig)
     r.peers["post-0"].send(m.encode(result(task.rid)))
     assert r.answer()["ok"]
-    r.peers["executor"].send(m.encode(m.Inferred([task.rid], [r.slot("executor")])))
+    r.peers["executor"].send(m.encode(m.Inferred([task.rid], [r.slot("executor")], [1])))
     r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [r.slot("pre-0")])))
     r.settle()
     assert worker_counts(r) == {("preprocess", "pre-0"): 1, ("executor", "executor"): 1,
@@ -544,7 +544,7 @@ def test_an_answered_requests_route_ending_leaves_its_slots_to_their_holders(rig
     r, task = timed_out_at_preprocess(rig)
     inp, out = r.slot("pre-0"), r.slot("executor")
     r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp])))
-    r.peers["executor"].send(m.encode(m.Inferred([task.rid], [out])))
+    r.peers["executor"].send(m.encode(m.Inferred([task.rid], [out], [1])))
     r.until(lambda: r.fe.table.ghosts.get(task.rid) is not None and r.fe.table.ghosts[task.rid].ref == out)
     r.peers["post-0"].send(m.encode(result(task.rid)))  # the postprocess worker read and freed ``out``
     r.until(lambda: task.rid not in r.fe.table.ghosts)
@@ -561,7 +561,7 @@ def test_worker_death_answers_what_it_held_and_frees_its_slot(rig, victim, stage
     inp, out = r.slot("pre-0"), r.slot("executor")
     r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [inp])))
     if victim == "post-0":
-        r.peers["executor"].send(m.encode(m.Inferred([task.rid], [out])))
+        r.peers["executor"].send(m.encode(m.Inferred([task.rid], [out], [1])))
     r.until(lambda: r.fe.table.get(task.rid).stage == stage)
     assert r.fe.table.get(task.rid).stage == stage
     r.peers["supervisor"].send(m.encode(m.WorkerDown(victim, -9, 1000 + len(victim))))
@@ -642,7 +642,7 @@ def test_an_answer_sent_on_a_lane_before_its_worker_died_is_answered_not_failed(
     record of a connection made while the loop was stopped."""
     r, task = running(rig)
     r.peers["pre-0"].send(m.encode(m.Preprocessed([task.rid], [r.slot("pre-0")])))
-    r.peers["executor"].send(m.encode(m.Inferred([task.rid], [r.slot("executor")])))
+    r.peers["executor"].send(m.encode(m.Inferred([task.rid], [r.slot("executor")], [1])))
     r.until(lambda: r.fe.table.get(task.rid).stage == "postprocess")
     post = lanes.Outbound("post-0", lambda name: lane_path(r.cfg.runtime_dir, name))
     # not first_record: an established connection, a record for a request long answered, read now
@@ -665,7 +665,7 @@ def test_an_answer_sent_on_a_lane_before_its_worker_died_is_answered_not_failed(
 
 def test_only_the_executor_may_hand_requests_to_postprocessing(rig):
     r, task = running(rig)
-    r.peers["pre-0"].send(m.encode(m.Inferred([task.rid], [r.slot("executor")])))
+    r.peers["pre-0"].send(m.encode(m.Inferred([task.rid], [r.slot("executor")], [1])))
     r.settle()
     assert r.fe.table.get(task.rid).stage == "preprocess"
 

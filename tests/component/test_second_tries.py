@@ -79,7 +79,7 @@ def test_a_dead_workers_requests_are_sent_again_one_at_a_time_and_a_second_death
     reply = r.answer()
     assert (reply["id"], reply["error"]["code"], reply["error"]["message"]) == (
         "b", "UNAVAILABLE", "pre-0 exited (code -11) while holding the request")
-    r.peers["executor"].send(m.encode(m.Inferred([a.rid], [r.slot("executor")])))
+    r.peers["executor"].send(m.encode(m.Inferred([a.rid], [r.slot("executor")], [1])))
     r.until(lambda: t.get(a.rid).stage == "postprocess")
     assert t.get(a.rid).body is None  # dropped once it left PRE
     r.peers["post-0"].send(m.encode(result(a.rid)))

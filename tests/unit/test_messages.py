@@ -25,7 +25,7 @@ SAMPLES = {
     "preprocessed": m.Preprocessed(rids=[2, 3], refs=[REF, REF2]),
     "infer": m.InferTask(rid=3, model="minilm", version="1", deadline=99.5, ref=REF, seq_len=12, upstream=4,
                          post="post-1", params={"top_k": 2}, trail=TRAIL, features={"tokens": 12.0}),
-    "inferred": m.Inferred(rids=[4, 5], refs=[REF, REF2]),
+    "inferred": m.Inferred(rids=[4, 5], refs=[REF, REF2], counts=[1, 1]),
     "post": m.PostTask(rid=5, model="orientation", version="1", ref=REF, params={"top_k": 2}, degraded=1,
                        trail=TRAIL, features={"img:width": 640.0}),
     "postbatch": m.PostBatch("tabular", "1", REF, [

@@ -36,8 +36,7 @@ def answer(chain: Chain, task: Any, views: dict[str, Any], log) -> m.Result | m.
     t0 = time.perf_counter_ns()
     try:
         outcome = chain.run(views, task.params, task.degraded, task.geometry, task.request)
-        packed = pack({k: encode_tensor(v) if isinstance(v, np.ndarray)  # to_wire, inline (per value)
-                       else v.item() if isinstance(v, np.generic) else v for k, v in outcome.values.items()})
+        packed = pack({k: to_wire(v) for k, v in outcome.values.items()})
     except StepTimedOut as exc:
         log.warning("%s: %s", chain.key, exc.message, extra={"trace": task.trace})
         return m.Failed(task.rid, exc.code, exc.message, None, exc.steps)

@@ -50,6 +50,12 @@ class StepTimedOut(RequestError):
         super().__init__(TIMEOUT, message)
         self.steps = steps
 
+    @classmethod
+    def of(cls, step: dict, steps: list[Step]) -> "StepTimedOut":
+        """``step`` (its parsed section) ran past its limit; ``steps``: the timings so far, its own last."""
+        return cls(f"postprocess step '{step['name']}' (op {step['op']}) ran past its "
+                   f"{step['timeout_ms']:g} ms limit", steps)
+
 
 _GUARD = Guard()  # one per process: it owns SIGALRM and the helper threads
 
@@ -117,8 +123,7 @@ class Chain:
                 op.abandoned()
                 if s["on_timeout"] == "fail":
                     out.steps.append(Step(name, us, "timeout"))
-                    raise StepTimedOut(f"postprocess step '{name}' (op {s['op']}) ran past its "
-                                       f"{s['timeout_ms']:g} ms limit", out.steps)
+                    raise StepTimedOut.of(s, out.steps)
                 out.steps.append(Step(name, us, "skipped"))
                 out.skipped.append(name)
                 missing.update(op.outputs)
@@ -154,8 +159,7 @@ class Chain:
         if not ok:
             op.abandoned()
             if s["on_timeout"] == "fail":
-                raise StepTimedOut(f"postprocess step '{name}' (op {s['op']}) ran past its "
-                                   f"{s['timeout_ms']:g} ms limit", [Step(name, us, "timeout")])
+                raise StepTimedOut.of(s, [Step(name, us, "timeout")])
             kept = {k: outs[k] for k in self.answer or () if k in outs and k not in op.outputs}
             return Outcome(kept, [Step(name, us, "skipped")], [name])
         if self.answer is None:
