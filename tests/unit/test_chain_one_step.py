@@ -69,8 +69,12 @@ def test_a_one_step_chain_past_its_fail_limit_times_out_with_its_step(tmp_path):
     assert [(s.name, s.outcome) for s in exc.value.steps] == [("python", "timeout")]
 
 
-def test_an_image_requests_geometry_takes_the_general_path(tmp_path):
+def test_an_image_requests_geometry_takes_the_general_path(tmp_path, monkeypatch):
     chain = Chain(load(version_dir(tmp_path, CHAINS["hook"])))
+
+    def not_here(*args):
+        raise AssertionError("run_one took a request with an image's geometry")
+    monkeypatch.setattr(chain, "run_one", not_here)
     fast, slow = both(chain, {}, Geometry(480, 640, 96, 128))
     assert fast == slow
     assert "geometry" not in fast[0]["seen"] and fast[0]["seen"] == ["probabilities"]
