@@ -40,8 +40,10 @@ class Rig:
     """A frontend in a thread and the fake peers around it."""
 
     def __init__(self, tmp_path, **cfg):
+        # not a number: a server starting beside the suite removes the segments of a numeric instance whose
+        # supervisor pid is gone (``shm.clean_stale``), which would take this rig's rings from under it
         self.cfg = Config(frontend_addr=f"tcp://127.0.0.1:{free_port()}", http_addr="",
-                          runtime_dir=str(tmp_path), instance=f"9{os.getpid()}", preprocess_workers=1,
+                          runtime_dir=str(tmp_path), instance=f"rig{os.getpid()}", preprocess_workers=1,
                           postprocess_workers=1, **cfg)
         self.fe = Frontend(self.cfg, {"tabular:1": spec("tabular"), "orientation:1": spec("orientation")},
                            "frontend", logging.getLogger("test.fe"))
