@@ -6,7 +6,8 @@ Per model version a queue of pending requests, each with its sequence length (0 
 * The batch grows with the requests nearest in length to the anchor within ``max_padding_waste`` and
   ``max_batch_size`` (only those of the anchor's shapes, ``Pending.shape``, for a model whose tensors may
   not be padded); it runs the smallest count whose measured cost per row is within 5% of the
-  cheapest (``best_rows``).
+  cheapest (``best_rows``), a batch's fixed cost outside its run counted in (``batch_cost``: a
+  version answered by the postprocess pool pays a hand-off per batch).
 * It runs when full, when nothing more is on its way (``upstream``), when the anchor has waited
   ``max_wait_ms``, or when waiting is not expected to pay (``cost`` learned online, ``CostModel``).
 * Among models with a runnable batch, the oldest anchor goes; the last free lane goes only to a model
@@ -89,6 +90,7 @@ class ModelQueue:
     last_arrival: float | None = None
     capped: bool = False
     run_s: float | None = None  # EMA of a batch's measured run, whatever its rows (``crowded``)
+    fixed_s: float = 0.0  # what each batch costs besides its run (``batch_cost``)
 
 
 def padding_waste(lengths: list[int]) -> float:
@@ -110,6 +112,10 @@ class Batcher:
 
     def add_model(self, key: str, max_batch_size: int, max_wait_ms: float, max_padding_waste: float) -> None:
         self.queues[key] = ModelQueue(max_batch_size, max_wait_ms / 1000.0, max_padding_waste)
+
+    def batch_cost(self, key: str, seconds: float) -> None:
+        """Each of ``key``'s batches costs ``seconds`` besides its run (``best_rows`` counts it per row)."""
+        self.queues[key].fixed_s = seconds
 
     def put(self, key: str, item: Pending, upstream: int) -> None:
         q = self.queues[key]
@@ -181,7 +187,8 @@ class Batcher:
     @staticmethod
     def best_rows(q: ModelQueue, lengths: list[int]) -> int:
         """How many of the chosen (nearest-length first) to run: a bigger batch only when it pays,
-        i.e. the smallest count whose measured cost per row is within 5% of the cheapest count's.
+        i.e. the smallest count whose measured cost per row (its run and the batch's ``fixed_s``) is
+        within 5% of the cheapest count's.
 
         On a GPU a bigger batch is nearly free, so it grows; on this CPU the cost per row is flat
         from a few rows and rises at long lengths (measured: 7.9 ms/row at 8 x 32 tokens, 7.8 at
@@ -196,7 +203,7 @@ class Batcher:
             longest = max(longest, lengths[n - 1])
             est = q.cost.estimate(n, longest)
             if est is not None:
-                per_row[n] = est / n
+                per_row[n] = (est + q.fixed_s) / n
         if not per_row:
             return n_all
         cheapest = min(per_row.values())

@@ -34,6 +34,9 @@ from aieng.wire.addresses import exec_addr, express_path
 from aieng.wire.protocol import INTERNAL, INVALID_INPUT, UNAVAILABLE
 
 QUICK_RUN_S = 0.0005  # a lone batch whose run takes at most this long runs in the loop, not on a lane
+# What a batch answered by the postprocess pool costs besides its run: its PostBatch and notice, and a
+# postprocess worker woken with cold caches (~0.2 ms of CPU on 2 shared cores; architecture.md 'Batching')
+HANDOFF_S = 0.0002
 
 
 class Executor(HubWorker):
@@ -105,6 +108,9 @@ class Executor(HubWorker):
         self.add_to_batcher(spec, sess)
         self.inline.adopt(spec.key)
         self.inline_pre.adopt(spec.key)
+        if not self.inline.answers(spec.key):  # answered by the postprocess pool: a hand-off per batch
+            for batcher in (self.batcher, self.bg_batcher):
+                batcher.batch_cost(spec.key, HANDOFF_S)
 
     def add_to_batcher(self, spec: ModelSpec, sess: ModelSession) -> None:
         b = spec.batching

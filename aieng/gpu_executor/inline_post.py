@@ -113,8 +113,13 @@ class InlinePost:
     def serves(self, key: str) -> bool:
         return key in self.chains
 
+    def answers(self, key: str) -> bool:
+        """Whether ``key``'s requests are answered here (the frontend is told so: ``advertised``)."""
+        choice = self.choices.get(key)
+        return choice is not None and choice.where == EXECUTOR
+
     def advertised(self) -> list[str]:
-        return sorted(k for k, c in self.choices.items() if c.where == EXECUTOR)
+        return sorted(k for k in self.choices if self.answers(k))
 
     def answer(self, key: str, task: m.InferTask, tensors: list, log) -> m.Result | m.Failed:
         """``key``'s chain run on one request's output rows (views of the batch outputs): the message the

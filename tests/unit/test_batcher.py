@@ -313,6 +313,31 @@ def test_rising_cost_per_row_runs_one():
     assert Batcher.best_rows(b.queues["m:1"], [32] * 32) == 1
 
 
+def test_a_cost_each_batch_pays_besides_its_run_runs_the_rows_ready_together():
+    """A run costing the same per row (a small model on a CPU) runs one row at a time; a version whose every
+    batch also pays a hand-off (answered by the postprocess pool: ``batch_cost``) runs the six as one."""
+    def ready(fixed_s: float) -> list[int]:
+        b = Batcher()
+        b.add_model("m:1", 8, 5.0, 1.0)
+        if fixed_s:
+            b.batch_cost("m:1", fixed_s)
+        for rows in (1, 2, 4, 8):
+            b.observe("m:1", rows, 0, 0.00004 * rows)
+        for i in range(6):
+            b.put("m:1", P(i, 0, arrived=1.0 + i * 1e-6), upstream=0)
+        return rids(b.next_batch(now=1.001)[1])
+
+    assert ready(0.0) == [0]
+    assert ready(0.0002) == [0, 1, 2, 3, 4, 5]
+
+
+def test_a_cost_per_batch_small_beside_the_run_leaves_the_choice_as_it_was():
+    """Long runs (7.9 ms a row): a 0.2 ms hand-off per batch changes nothing, still 2 rows (as above)."""
+    b = _queue_with_costs(lambda rows: 0.0099 if rows == 1 else 0.0079 * rows)
+    b.batch_cost("m:1", 0.0002)
+    assert Batcher.best_rows(b.queues["m:1"], [32] * 32) == 2
+
+
 # ------------------------------------------------------------ sharing the lanes (issue 20, finding 16)
 def two_models() -> Batcher:
     b = Batcher()
