@@ -319,8 +319,7 @@ def test_a_cost_each_batch_pays_besides_its_run_runs_the_rows_ready_together():
     def ready(fixed_s: float) -> list[int]:
         b = Batcher()
         b.add_model("m:1", 8, 5.0, 1.0)
-        if fixed_s:
-            b.batch_cost("m:1", fixed_s)
+        b.batch_cost("m:1", fixed_s)
         for rows in (1, 2, 4, 8):
             b.observe("m:1", rows, 0, 0.00004 * rows)
         for i in range(6):
