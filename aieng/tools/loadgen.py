@@ -316,7 +316,7 @@ async def run_level(addr: str | None, model: str, inputs: list[dict], concurrenc
 
 def merge_levels(parts: list[dict]) -> dict[str, Any]:
     """One level's figures from several rounds of it: requests over the summed time, percentiles over every
-    latency, errors added up, the mean batch over every request, every round's hop timings."""
+    latency, errors added up, the mean batch over every request, every round's hop timings and req/s."""
     lat = np.concatenate([p["latencies_ms"] for p in parts])
     n, secs = sum(p["requests"] for p in parts), sum(p["seconds"] for p in parts)
     errors: dict[str, int] = {}
@@ -329,7 +329,8 @@ def merge_levels(parts: list[dict]) -> dict[str, Any]:
             "p95_ms": round(float(np.percentile(lat, 95)), 2),
             "p99_ms": round(float(np.percentile(lat, 99)), 2), "errors": errors, "latencies_ms": lat,
             "mean_batch": round(sum(p["mean_batch"] * p["requests"] for p in parts) / max(1, n), 2),
-            "hops": [h for p in parts for h in p.get("hops", [])]}
+            "hops": [h for p in parts for h in p.get("hops", [])],
+            "round_rps": [p["rps"] for p in parts]}
 
 
 async def open_loop(addr: str, model: str, inputs: list[dict], rate: float, duration: float,

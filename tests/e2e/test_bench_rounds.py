@@ -40,6 +40,8 @@ def test_each_server_gets_every_round_of_every_level_and_only_its_own_cpu():
         assert [(r["concurrency"], r["requests"], r["rounds"], r["errors"]) for r in rows] == [
             (1, N, 3, {}), (4, N, 3, {})]
         assert all(r["cpu"]["total"] > 0 for r in rows)
+        assert [len(r["round_rps"]) for r in rows] == [3, 3]  # each round's own req/s, for its spread
+        assert all(min(r["round_rps"]) > 0 for r in rows)
     aieng_roles = set(out["aieng"][0]["cpu"])
     assert {"frontend", "executor", "total"} <= aieng_roles  # the server's processes, by title
     assert set(out["baseline"][0]["cpu"]) == {"supervisor", "total"}  # one process, its tree's root

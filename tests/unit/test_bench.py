@@ -283,15 +283,17 @@ def test_against_table_sets_two_models_side_by_side_with_ratios_and_hop_differen
 
     hook = [level(1, 50.0, 1.0, {"frontend": 0.4, "postprocess[0]": 0.2, "total": 1.0}, p50_ms=1.3,
                   hops=[dict(HOP_ROW, handoff=150)]),
-            level(32, 80.0, 6.5, {"frontend": 0.2, "total": 0.5})]
+            level(32, 80.0, 6.5, {"frontend": 0.2, "total": 0.5}, round_rps=[90.0, 70.0, 80.0])]
     built = [level(1, 60.0, 1.0, {"frontend": 0.5, "total": 0.9}, p50_ms=1.0,
                    hops=[dict(HOP_ROW, handoff=10)]),
-             level(32, 100.0, 7.0, {"frontend": 0.2, "total": 0.4}, errors={"TIMEOUT": 2})]
+             level(32, 100.0, 7.0, {"frontend": 0.2, "total": 0.4}, errors={"TIMEOUT": 2},
+                   round_rps=[100.0, 100.0, 100.0])]
     text = fmt_against("penguins", "tabular", {"penguins": hook, "tabular": built}, 300, 3)
     lines = text.splitlines()
     head = cells(next(x for x in lines if x.startswith("| concurrency | penguins req/s")))
     rows = [dict(zip(head, cells(x))) for x in lines if x.startswith(("| 1 | 50.0", "| 32 | 80.0"))]
     assert [r["req/s ratio"] for r in rows] == ["0.83", "0.80"]
+    assert [r["ratio by round"] for r in rows] == ["-", "0.90 0.70 0.80"]  # c=1 given no rounds' figures
     assert rows[0]["p50 difference ms"] == "+0.30"
     assert rows[1]["penguins mean batch"] == "6.50"
     assert (rows[0]["penguins CPU ms/req"], rows[0]["tabular CPU ms/req"]) == ("1.000", "0.900")

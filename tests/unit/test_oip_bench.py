@@ -40,11 +40,12 @@ def test_oip_tensors_of_native_rows():
 def test_rounds_merge_into_one_row():
     import numpy as np
 
-    a = {"concurrency": 4, "transport": "http", "requests": 10, "seconds": 1.0, "errors": {"HTTP_503": 1},
-         "latencies_ms": np.full(10, 5.0), "mean_batch": 0.0}
-    b = dict(a, requests=30, seconds=1.0, errors={"HTTP_503": 2}, latencies_ms=np.full(30, 9.0))
+    a = {"concurrency": 4, "transport": "http", "requests": 10, "seconds": 1.0, "rps": 10.0,
+         "errors": {"HTTP_503": 1}, "latencies_ms": np.full(10, 5.0), "mean_batch": 0.0}
+    b = dict(a, requests=30, seconds=1.0, rps=30.0, errors={"HTTP_503": 2}, latencies_ms=np.full(30, 9.0))
     r = loadgen.merge_levels([a, b])
     assert (r["requests"], r["rps"], r["p50_ms"], r["errors"]) == (40, 20.0, 9.0, {"HTTP_503": 3})
+    assert r["round_rps"] == [10.0, 30.0]  # each round's own, in order
     # the mean batch over every request (it was the first round's), every round's hop timings
     a.update(mean_batch=1.0, hops=[{"total": 1}])
     b.update(mean_batch=3.0, hops=[{"total": 2}, {"total": 3}])

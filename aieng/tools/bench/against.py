@@ -6,8 +6,9 @@ serving ``--model`` from the repository (``AIENG_MODEL_REPOSITORY``), the other 
 ``--against-repo`` (default: the same repository), are loaded with the same inputs (made for ``--model``)
 at each concurrency in ``ROUNDS`` interleaved rounds (``rounds.closed_rounds``), so a shared machine's
 drift falls on both alike.  Writes ``<out>/<model>-against-<other>.md``: per level each side's req/s and
-their ratio, p50 and the difference, p99, the answers' mean batch, CPU ms per request and errors; CPU per
-process; each side's per-hop p50s at the lowest level (``kit.HOPS``).  A model with its own code loads only
+their ratio (over all rounds, and round by round: how far one round's pair strays), p50 and the difference,
+p99, the answers' mean batch, CPU ms per request and errors; CPU per process; each side's per-hop p50s at
+the lowest level (``kit.HOPS``).  A model with its own code loads only
 with ``AIENG_ALLOW_MODEL_CODE=1`` in the bench's environment (passed to both servers).
 """
 from __future__ import annotations
@@ -49,20 +50,27 @@ def hop_p50s(level: dict) -> list[float | None]:
     return [float(np.percentile(v, 50)) if v else None for v in hop_values(level)]
 
 
+def by_round(x: dict, y: dict) -> str:
+    """Each round's req/s ratio, in order (the rounds' spread: one run's noise), or "-" without them."""
+    pairs = list(zip(x.get("round_rps") or (), y.get("round_rps") or ()))
+    return " ".join(fmt_num(ratio(p, q)) for p, q in pairs) or "-"
+
+
 def fmt_against(a: str, b: str, rows: dict[str, list[dict]], n: int, rounds: int) -> str:
     """The report: ``a`` measured beside ``b`` (ratios are a over b)."""
     ra, rb = rows[a], rows[b]
     lines = [f"# aieng bench: {a} against {b}", "",
              f"Two servers, the same inputs, {n} requests per level in {rounds} interleaved rounds; ratios "
              f"and differences are {a} over (minus) {b}.", "",
-             f"| concurrency | {a} req/s | {b} req/s | req/s ratio | {a} p50 ms | {b} p50 ms | "
-             f"p50 difference ms | {a} p99 ms | {b} p99 ms | {a} mean batch | {b} mean batch | "
-             f"{a} CPU ms/req | {b} CPU ms/req | errors |", "|---:|" + "---:|" * 12 + "---|"]
+             f"| concurrency | {a} req/s | {b} req/s | req/s ratio | ratio by round | {a} p50 ms | "
+             f"{b} p50 ms | p50 difference ms | {a} p99 ms | {b} p99 ms | {a} mean batch | {b} mean batch | "
+             f"{a} CPU ms/req | {b} CPU ms/req | errors |", "|---:|" + "---:|" * 13 + "---|"]
     for x, y in zip(ra, rb):
         errors = "; ".join(f"{k}: " + ", ".join(f"{code} {count}" for code, count in e.items())
                            for k, e in ((a, x["errors"]), (b, y["errors"])) if e) or "-"
         lines.append(f"| {x['concurrency']} | {x['rps']:.1f} | {y['rps']:.1f} | "
-                     f"{fmt_num(ratio(x['rps'], y['rps']))} | {x['p50_ms']:.2f} | {y['p50_ms']:.2f} | "
+                     f"{fmt_num(ratio(x['rps'], y['rps']))} | {by_round(x, y)} | {x['p50_ms']:.2f} | "
+                     f"{y['p50_ms']:.2f} | "
                      f"{x['p50_ms'] - y['p50_ms']:+.2f} | {x['p99_ms']:.2f} | {y['p99_ms']:.2f} | "
                      f"{x['mean_batch']:.2f} | {y['mean_batch']:.2f} | {x['cpu']['total']:.3f} | "
                      f"{y['cpu']['total']:.3f} | {errors} |")
