@@ -35,7 +35,7 @@ from aieng.wire.protocol import INTERNAL, INVALID_INPUT, UNAVAILABLE
 
 QUICK_RUN_S = 0.0005  # a lone batch whose run takes at most this long runs in the loop, not on a lane
 # What a batch answered by the postprocess pool costs besides its run: its PostBatch and notice, and a
-# postprocess worker woken with cold caches (~0.2 ms of CPU on 2 shared cores; architecture.md 'Batching')
+# postprocess worker woken with cold caches (0.1-0.2 ms of CPU on 2 shared cores; architecture.md 'Batching')
 HANDOFF_S = 0.0002
 
 
