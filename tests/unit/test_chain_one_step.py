@@ -77,7 +77,8 @@ def test_an_image_requests_geometry_takes_the_general_path(tmp_path, monkeypatch
     monkeypatch.setattr(chain, "run_one", not_here)
     fast, slow = both(chain, {}, Geometry(480, 640, 96, 128))
     assert fast == slow
-    assert "geometry" not in fast[0]["seen"] and fast[0]["seen"] == ["probabilities"]
+    assert "geometry" not in fast[0]["seen"]  # the hook never sees the geometry the general path carries
+    assert fast[0]["seen"] == ["probabilities"]
 
 
 def test_a_skipped_one_step_drops_a_model_output_it_declares_it_writes(tmp_path):
