@@ -76,6 +76,7 @@ class Config:
     intra_op_threads: int = _default("intra_op_threads")
     ort_spinning: bool = _default("ort_spinning")
     worker_nice: int = _default("worker_nice")
+    worker_sched_batch: bool = _default("worker_sched_batch")
     executor_cpus: str = _default("executor_cpus")
     worker_cpus: str = _default("worker_cpus")
     max_inflight: int = _default("max_inflight")

@@ -182,6 +182,11 @@ REGISTRY: tuple[EnvVar, ...] = (
            "nice increment for preprocess/postprocess workers "
            "(>0 lets the executor's threads win a contended core)",
            "worker_nice"),
+    EnvVar("AIENG_WORKER_SCHED_BATCH", boolean, True,
+           "Run the pools and the executor's loop thread under Linux's SCHED_BATCH policy: a worker woken by "
+           "a message does not preempt the running frontend, which every request passes twice (the threads "
+           "that run models keep the default policy; 0: every thread the default policy)",
+           "worker_sched_batch"),
     EnvVar("AIENG_EXECUTOR_CPUS", str, "",
            "CPU list for the executor, e.g. '0-1' (empty: no pinning)", "executor_cpus"),
     EnvVar("AIENG_WORKER_CPUS", str, "",

@@ -13,6 +13,7 @@ loop thread.  Padding never changes a result: docs/architecture.md, 'Padding and
 """
 from __future__ import annotations
 
+import os
 import time
 
 from aieng.config import Config
@@ -26,6 +27,7 @@ from aieng.gpu_executor.outputs import Outputs
 from aieng.gpu_executor.sessions import ModelSession, gpu_count
 from aieng.models import repo as model_repo
 from aieng.models.repo import ModelSpec
+from aieng.runtime import procutil
 from aieng.runtime.worker import HubWorker, own_ring
 from aieng.runtime.worker_hotswap import Versions, lower_priority
 from aieng.wire import messages as m
@@ -44,6 +46,7 @@ class Executor(HubWorker):
 
     def __init__(self, cfg: Config, specs: dict[str, ModelSpec], worker: str, log):
         super().__init__(cfg, worker, log)
+        self.start_policy = os.sched_getscheduler(0)  # the process's, before the loop's (``run``)
         self.init_sessions(specs)
         self.init_batcher()
         self.init_rings()
@@ -53,6 +56,17 @@ class Executor(HubWorker):
         self.outputs = Outputs(cfg, self.ring, self.publish, self.inline, self.send, self.fail,
                                self.outbound, log)
         self.init_direct()
+
+    def run(self, stop) -> None:
+        """The loop, its thread alone under SCHED_BATCH (``worker_sched_batch``, ``procutil.place``): woken by
+        every message, it waits for the running thread's slice instead of preempting the frontend.  The
+        lanes' and ONNX Runtime's threads, made before it, keep the process's policy, and so does a run-time
+        load's thread (``build_in_background``): they run models."""
+        if self.cfg.worker_sched_batch:
+            refused = procutil.thread_policy(os.SCHED_BATCH)
+            if refused:
+                self.log.warning("%s; the executor's loop runs under the default policy", refused)
+        super().run(stop)
 
     def init_sessions(self, specs: dict[str, ModelSpec]) -> None:
         """One session per model, each built on its own: a model that fails (a corrupt file, a file
@@ -93,6 +107,7 @@ class Executor(HubWorker):
     def build_in_background(self, spec: ModelSpec, urgent: bool) -> ModelSession:
         """A run-time load: on its own thread, no wide session; a cold load (``urgent``: a request waits)
         at the loop's priority with its warm-up unpaced, any other beside serving, politely."""
+        procutil.thread_policy(self.start_policy)  # made by the loop: its session's threads run models
         return self.builder.build(spec, wide=False, background=True, urgent=urgent)
 
     def check_loaded(self, key: str, sess: ModelSession) -> None:

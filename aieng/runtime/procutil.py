@@ -1,5 +1,6 @@
-"""Process plumbing shared by every role: title, logging, parent-death hooks,
-the startup handshake with the supervisor, the worker's hub socket, and systemd's notify protocol.
+"""Process plumbing shared by every role: title, placement (CPU affinity, nice, scheduling policy: ``place``),
+logging, parent-death hooks, the startup handshake with the supervisor, the worker's hub socket, and
+systemd's notify protocol.
 
 ``runtime.worker.run_process`` (every child's entry point) calls
 :func:`child_setup` first and :func:`report_ready` (or :func:`report_failure`)
@@ -119,13 +120,41 @@ def parse_cpus(text: str) -> set[int]:
     return cpus
 
 
-def place(role: str, cfg: dict) -> None:
-    """CPU affinity and priority for this role, so the executor and the pools do not fight."""
+# Roles run under SCHED_BATCH whole (``place``); the executor puts its loop thread alone under it (its lanes
+# and ONNX Runtime's threads run models: under SCHED_BATCH they measured slower runs while idle); the frontend
+# and the gateways, which face clients, keep the default policy
+POOL_ROLES = ("preprocess", "postprocess")
+
+
+def place(role: str, cfg: dict) -> str | None:
+    """CPU affinity, priority and scheduling policy for this role, so the executor, the pools and the
+    frontend do not fight; returns why the policy could not be set, if it could not.
+
+    Under ``SCHED_BATCH`` a thread woken by a message waits for the running thread's slice instead of
+    preempting it: the frontend, which every request passes on its way in and out, keeps its core
+    (docs/architecture.md, 'Scheduling policy')."""
     cpus = cfg.get("executor_cpus") if role == "executor" else cfg.get("worker_cpus")
     if cpus:
         os.sched_setaffinity(0, parse_cpus(cpus))
     if role in ("preprocess", "postprocess") and cfg.get("worker_nice"):
         os.nice(int(cfg["worker_nice"]))
+    if role in POOL_ROLES and cfg.get("worker_sched_batch"):
+        refused = thread_policy(os.SCHED_BATCH)
+        return f"{refused}; this {role} runs under the default policy" if refused else None
+    return None
+
+
+def thread_policy(policy: int) -> str | None:
+    """The calling thread to scheduling ``policy`` (``os.SCHED_*``: Linux schedules threads, and the threads
+    one creates inherit its policy); returns why not, if refused."""
+    try:
+        os.sched_setscheduler(0, policy, os.sched_param(0))
+    except OSError as exc:  # a sandbox that forbids it: serve anyway
+        return f"{POLICY_NAMES.get(policy, policy)} not set ({exc})"
+    return None
+
+
+POLICY_NAMES = {os.SCHED_OTHER: "SCHED_OTHER", os.SCHED_BATCH: "SCHED_BATCH", os.SCHED_IDLE: "SCHED_IDLE"}
 
 
 def title_of(role: str, worker: str) -> str:
@@ -142,8 +171,10 @@ def child_setup(role: str, worker: str, cfg: dict, ready_conn: Any) -> logging.L
     except OSError:  # pragma: no cover
         pass
     set_title(title_of(role, worker))
-    place(role, cfg)
+    unplaced = place(role, cfg)
     log = setup_logging(worker, cfg.get("log_level", "INFO"), cfg.get("log_format", "text"))
+    if unplaced:
+        log.warning("%s", unplaced)
     die_with_parent(ready_conn)
     return log
 

@@ -45,6 +45,7 @@ def axes(cpus: int, max_batch: int) -> list[tuple[tuple[str, ...], list[tuple]]]
         (("executor_lanes", "intra_op_threads"), [(n, max(1, cpus // n)) for n in upto]),
         (("intra_op_threads",), [(n,) for n in upto]),
         (("idle_wide_spinning",), [(False,), (True,)]),
+        (("worker_sched_batch",), [(False,), (True,)]),
         (("preprocess_workers",), [(n,) for n in upto]),
         (("max_batch_size",), [(n,) for n in sorted({max_batch, min(8, max_batch)})]),
     ]
@@ -52,9 +53,10 @@ def axes(cpus: int, max_batch: int) -> list[tuple[tuple[str, ...], list[tuple]]]
 
 def defaults(cpus: int, max_batch: int) -> dict[str, Any]:
     lanes = max(1, min(4, cpus))
-    spinning = next(v for v in envs.REGISTRY if v.field == "idle_wide_spinning").default_value()
+    default = {v.field: v.default_value() for v in envs.REGISTRY}
     return {"executor_lanes": lanes, "intra_op_threads": max(1, cpus // lanes),
-            "idle_wide_spinning": spinning, "preprocess_workers": max(1, min(4, cpus)),
+            "idle_wide_spinning": default["idle_wide_spinning"],
+            "worker_sched_batch": default["worker_sched_batch"], "preprocess_workers": max(1, min(4, cpus)),
             "max_batch_size": max_batch}
 
 

@@ -25,7 +25,8 @@ def test_axes_and_defaults_follow_the_machine():
     assert dict(tune.axes(16, 32))[("preprocess_workers",)] == [(1,), (2,), (4,), (8,), (16,)]
     assert dict(tune.axes(2, 6))[("max_batch_size",)] == [(6,)]
     assert tune.defaults(16, 32) == {"executor_lanes": 4, "intra_op_threads": 4, "idle_wide_spinning": True,
-                                     "preprocess_workers": 4, "max_batch_size": 32}
+                                     "worker_sched_batch": True, "preprocess_workers": 4,
+                                     "max_batch_size": 32}
 
 
 def test_oversubscribed_rows_are_never_measured(monkeypatch):
@@ -44,7 +45,7 @@ def test_a_change_is_kept_only_when_it_pays_and_the_budget_holds(monkeypatch):
     monkeypatch.setattr(tune, "measure", measure)
     rows, best = tune.search("m", "repo", 2, 32, [], 10, 8, budget=50)
     assert best.settings == {"executor_lanes": 1, "intra_op_threads": 2, "idle_wide_spinning": True,
-                             "preprocess_workers": 1, "max_batch_size": 32}
+                             "worker_sched_batch": True, "preprocess_workers": 1, "max_batch_size": 32}
     assert best.rps == 130.0
     rows, _ = tune.search("m", "repo", 2, 32, [], 10, 8, budget=3)
     assert len(rows) == 3
