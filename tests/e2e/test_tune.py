@@ -26,8 +26,8 @@ def test_tune_measures_rows_and_writes_a_config_that_serve_takes(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     assert "measured again:" in run.stdout
     settings = yaml.safe_load(open(out, encoding="utf-8"))
-    assert set(settings) == {"executor_lanes", "intra_op_threads", "idle_wide_spinning", "preprocess_workers",
-                             "max_batch_size"}
+    assert set(settings) == {"executor_lanes", "intra_op_threads", "idle_wide_spinning", "worker_sched_batch",
+                             "preprocess_workers", "max_batch_size"}
     rows = [line for line in open(out, encoding="utf-8") if line.startswith("# | ") and "req/s" not in line]
     assert len(rows) == 2  # the defaults and one more: --rows 2
     shown = aieng("config", "--config", out)
