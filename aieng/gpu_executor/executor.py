@@ -107,7 +107,8 @@ class Executor(HubWorker):
     def build_in_background(self, spec: ModelSpec, urgent: bool) -> ModelSession:
         """A run-time load: on its own thread, no wide session; a cold load (``urgent``: a request waits)
         at the loop's priority with its warm-up unpaced, any other beside serving, politely."""
-        procutil.thread_policy(self.start_policy)  # made by the loop: its session's threads run models
+        if self.cfg.worker_sched_batch:  # made by the loop thread: its session's threads run models
+            procutil.thread_policy(self.start_policy)
         return self.builder.build(spec, wide=False, background=True, urgent=urgent)
 
     def check_loaded(self, key: str, sess: ModelSession) -> None:

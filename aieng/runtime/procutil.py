@@ -136,7 +136,7 @@ def place(role: str, cfg: dict) -> str | None:
     cpus = cfg.get("executor_cpus") if role == "executor" else cfg.get("worker_cpus")
     if cpus:
         os.sched_setaffinity(0, parse_cpus(cpus))
-    if role in ("preprocess", "postprocess") and cfg.get("worker_nice"):
+    if role in POOL_ROLES and cfg.get("worker_nice"):
         os.nice(int(cfg["worker_nice"]))
     if role in POOL_ROLES and cfg.get("worker_sched_batch"):
         refused = thread_policy(os.SCHED_BATCH)
