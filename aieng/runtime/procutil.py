@@ -144,6 +144,9 @@ def place(role: str, cfg: dict) -> str | None:
     return None
 
 
+POLICY_NAMES = {os.SCHED_OTHER: "SCHED_OTHER", os.SCHED_BATCH: "SCHED_BATCH", os.SCHED_IDLE: "SCHED_IDLE"}
+
+
 def thread_policy(policy: int) -> str | None:
     """The calling thread to scheduling ``policy`` (``os.SCHED_*``: Linux schedules threads, and the threads
     one creates inherit its policy); returns why not, if refused."""
@@ -152,9 +155,6 @@ def thread_policy(policy: int) -> str | None:
     except OSError as exc:  # a sandbox that forbids it: serve anyway
         return f"{POLICY_NAMES.get(policy, policy)} not set ({exc})"
     return None
-
-
-POLICY_NAMES = {os.SCHED_OTHER: "SCHED_OTHER", os.SCHED_BATCH: "SCHED_BATCH", os.SCHED_IDLE: "SCHED_IDLE"}
 
 
 def title_of(role: str, worker: str) -> str:

@@ -53,11 +53,10 @@ def axes(cpus: int, max_batch: int) -> list[tuple[tuple[str, ...], list[tuple]]]
 
 def defaults(cpus: int, max_batch: int) -> dict[str, Any]:
     lanes = max(1, min(4, cpus))
-    default = {v.field: v.default_value() for v in envs.REGISTRY}
     return {"executor_lanes": lanes, "intra_op_threads": max(1, cpus // lanes),
-            "idle_wide_spinning": default["idle_wide_spinning"],
-            "worker_sched_batch": default["worker_sched_batch"], "preprocess_workers": max(1, min(4, cpus)),
-            "max_batch_size": max_batch}
+            "idle_wide_spinning": envs.BY_FIELD["idle_wide_spinning"].default_value(),
+            "worker_sched_batch": envs.BY_FIELD["worker_sched_batch"].default_value(),
+            "preprocess_workers": max(1, min(4, cpus)), "max_batch_size": max_batch}
 
 
 def valid(s: dict[str, Any], cpus: int) -> bool:
